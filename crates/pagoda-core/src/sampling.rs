@@ -1,0 +1,139 @@
+//! What a request asks of generation: sampling knobs and stop conditions.
+
+use serde::{Deserialize, Serialize};
+
+/// Per-request generation parameters (vLLM's SamplingParams, OpenAI's names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// Keep the k most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Drop tokens below `min_p * p_max`; 0 disables.
+    pub min_p: f32,
+    /// Divides positive logits (multiplies negative ones) of tokens seen in
+    /// prompt or output; 1 disables.
+    pub repetition_penalty: f32,
+    /// Subtracted once per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurs in the output.
+    pub presence_penalty: f32,
+    /// Seed of this request's own random stream; sampling with a seed gives the
+    /// same tokens whatever else is in the batch.
+    pub seed: Option<u64>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Keep going past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Token ids that end the request (besides the model's EOS).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end the request; they are not included in the text.
+    pub stop: Vec<String>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: None,
+            max_tokens: 16,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// A parameter outside its valid range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid {param}: {message}")]
+pub struct SamplingParamsError {
+    pub param: &'static str,
+    pub message: String,
+}
+
+impl SamplingParams {
+    /// Greedy decoding of up to `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            max_tokens,
+            ..Default::default()
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Rejects values no sampler can honour, naming the parameter.
+    pub fn validate(&self) -> Result<(), SamplingParamsError> {
+        let err = |param, message: String| Err(SamplingParamsError { param, message });
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return err(
+                "temperature",
+                format!("must be >= 0, got {}", self.temperature),
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return err("top_p", format!("must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return err("min_p", format!("must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return err(
+                "repetition_penalty",
+                format!("must be > 0, got {}", self.repetition_penalty),
+            );
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return err(name, format!("must be in [-2, 2], got {v}"));
+            }
+        }
+        if self.max_tokens == 0 {
+            return err("max_tokens", "must be at least 1".into());
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return err("stop", "stop strings must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_name_their_parameter() {
+        assert!(SamplingParams::default().validate().is_ok());
+        let bad = SamplingParams {
+            temperature: -0.5,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().param, "temperature");
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().param, "top_p");
+        let bad = SamplingParams {
+            max_tokens: 0,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().param, "max_tokens");
+    }
+}

@@ -1,0 +1,1 @@
+//! The engine: model runner, sampler, detokenization, step loop.

@@ -1,0 +1,171 @@
+//! The op set pagoda's models are written in.
+//!
+//! A model file holds `B::Weight`s and calls these ops on `B::Tensor`s; it never
+//! touches device memory directly and never owns KV state (the runner owns the
+//! per-layer `B::KvCache` and lends it to each forward pass).
+//!
+//! Conventions, for every implementation:
+//! - activations are row-major `[rows, cols]`, one row per token of the step;
+//! - a linear weight is `[out_features, in_features]`; `linear` computes
+//!   `x @ w^T (+ bias)`;
+//! - a KV cache layer holds K and V, each `[num_blocks, block_size,
+//!   num_kv_heads, head_dim]`, and `slot = block * block_size + offset`;
+//! - ops that read batch metadata take the backend's `Step`, made once per
+//!   forward pass by [`Backend::begin_step`] from a [`ForwardContext`].
+
+use crate::{ForwardContext, HostTensor, Result};
+
+/// How rotary embedding pairs up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// GPT-NeoX / Hugging Face "rotate_half": dimension `i` pairs with `i + rotary_dim/2`.
+    Neox,
+    /// GPT-J / original Llama: dimension `2i` pairs with `2i + 1`.
+    Interleaved,
+}
+
+/// Shape of one layer's KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheShape {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvCacheShape {
+    /// Elements of K (or of V) in one layer.
+    pub fn elements(&self) -> usize {
+        self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
+    }
+}
+
+/// Head layout and scale of an attention op.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Softmax scale, usually `1/sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// A device able to run pagoda's models.
+pub trait Backend: Send + Sync + 'static {
+    /// A row-major `[rows, cols]` activation in device memory.
+    type Tensor: Send;
+    /// A weight (matrix, vector or table) prepared for this device.
+    type Weight: Send + Sync;
+    /// One layer's paged K and V cache.
+    type KvCache: Send;
+    /// Batch metadata of one forward pass, resident where the ops need it.
+    type Step;
+
+    /// Human-readable device name, e.g. "cpu (2 threads)".
+    fn name(&self) -> String;
+
+    // ---- memory -------------------------------------------------------------
+
+    /// Uploads a weight, converting it to the backend's storage dtype.
+    fn load_weight(&self, w: HostTensor) -> Result<Self::Weight>;
+    /// Allocates one layer's KV cache, zero-filled.
+    fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<Self::KvCache>;
+    /// Bytes one layer's KV cache of `shape` takes (K and V together).
+    fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize;
+    /// Makes an activation from host rows.
+    fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor>;
+    /// Copies an activation back to the host as f32, row-major.
+    fn tensor_to_host(&self, x: &Self::Tensor) -> Result<Vec<f32>>;
+    /// `(rows, cols)` of an activation.
+    fn dims(&self, x: &Self::Tensor) -> (usize, usize);
+    /// Prepares the batch metadata of one forward pass.
+    fn begin_step(&self, ctx: &ForwardContext) -> Result<Self::Step>;
+
+    // ---- ops ----------------------------------------------------------------
+
+    /// Rows of `table` (`[vocab, hidden]`) for each id.
+    fn embedding(&self, ids: &[u32], table: &Self::Weight) -> Result<Self::Tensor>;
+    /// `x @ w^T + bias` for `x: [rows, in]`, `w: [out, in]`, `bias: [out]`.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+    ) -> Result<Self::Tensor>;
+    /// RMSNorm of each row with weight `w: [cols]`.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
+    /// `residual += x`, then returns RMSNorm(residual) (the fused pre-norm step).
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Tensor,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+    /// RMSNorm applied to every `head_dim` slice of each row, in place (Qwen3's q/k norm).
+    fn head_rms_norm(
+        &self,
+        x: &mut Self::Tensor,
+        w: &Self::Weight,
+        head_dim: usize,
+        eps: f32,
+    ) -> Result<()>;
+    /// LayerNorm of each row with weight and bias `[cols]`.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        b: &Self::Weight,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+    /// Rotary embedding in place on every head of every row, at the step's positions.
+    /// `cos_sin` is a `[max_positions, rotary_dim]` table: cosines in the first
+    /// `rotary_dim/2` columns, sines in the rest. Dimensions past `rotary_dim`
+    /// are left alone.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        step: &Self::Step,
+        cos_sin: &Self::Weight,
+        head_dim: usize,
+        style: RopeStyle,
+    ) -> Result<()>;
+    /// `silu(gate) * up` for `gate_up: [rows, 2 * n]` (gate in the first half).
+    fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `silu(gate) * up` for separate `[rows, n]` inputs.
+    fn silu_mul2(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// ReLU in place.
+    fn relu(&self, x: &mut Self::Tensor) -> Result<()>;
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
+    /// `x += table[row]` for row = `positions[i] + offset` (learned position embeddings).
+    fn add_position_embedding(
+        &self,
+        x: &mut Self::Tensor,
+        step: &Self::Step,
+        table: &Self::Weight,
+        offset: usize,
+    ) -> Result<()>;
+    /// The rows of `x` named by the step's `logits_indices`.
+    fn gather_logits_rows(&self, x: &Self::Tensor, step: &Self::Step) -> Result<Self::Tensor>;
+    /// Writes each token's K and V (`[rows, num_kv_heads * head_dim]`) into its
+    /// slot; tokens whose slot is -1 are skipped.
+    fn store_kv(
+        &self,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        step: &Self::Step,
+    ) -> Result<()>;
+    /// Causal attention of each sequence's queries (`q: [rows, num_heads * head_dim]`)
+    /// over its cached K/V (context and the step's own tokens, already stored),
+    /// read through the block tables. Returns `[rows, num_heads * head_dim]`.
+    /// Query token `j` of sequence `i` sees cache positions `0..=context_len + j`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        step: &Self::Step,
+        params: &AttentionParams,
+    ) -> Result<Self::Tensor>;
+}

@@ -1,0 +1,21 @@
+//! The device boundary of pagoda.
+//!
+//! This crate owns the small op set every model is written in ([`Backend`]),
+//! the per-step batch metadata those ops read ([`ForwardContext`]), and the
+//! host-side weight container loaders produce ([`HostTensor`]). It knows
+//! nothing of requests, scheduling or HTTP.
+//!
+//! Implementations:
+//! - [`cpu::CpuBackend`]: multi-threaded, f32 activations; also the reference
+//!   every other backend is tested against.
+
+pub mod backend;
+pub mod context;
+pub mod cpu;
+pub mod error;
+pub mod host;
+
+pub use backend::{AttentionParams, Backend, KvCacheShape, RopeStyle};
+pub use context::ForwardContext;
+pub use error::{KernelError, Result};
+pub use host::{HostData, HostTensor};

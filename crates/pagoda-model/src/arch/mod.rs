@@ -1,0 +1,1 @@
+//! Architectures, one file each.

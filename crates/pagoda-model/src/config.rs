@@ -1,0 +1,141 @@
+//! The architecture-neutral model configuration.
+//!
+//! Every loader (Hugging Face `config.json`, GGUF metadata) produces a
+//! [`ModelConfig`] with Hugging Face's field names and meanings; model files
+//! read nothing else. Derived quantities (`head_dim`, KV width) are methods so
+//! they cannot disagree with the fields.
+
+use serde::{Deserialize, Serialize};
+
+/// The architectures pagoda implements, one file each under `arch/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM2, Mistral-style (no biases, RMSNorm, SwiGLU, RoPE).
+    Llama,
+    /// Llama plus biases on q/k/v.
+    Qwen2,
+    /// Llama plus per-head RMSNorm on q and k.
+    Qwen3,
+    /// Learned positions (offset 2), LayerNorm, ReLU, biases everywhere.
+    Opt,
+}
+
+impl Architecture {
+    /// Maps a Hugging Face `architectures[0]` / `model_type` or a GGUF
+    /// `general.architecture` to an [`Architecture`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        let n = name.to_ascii_lowercase();
+        let n = n.trim_end_matches("forcausallm");
+        match n {
+            "llama" | "mistral" | "smollm" | "smollm2" => Some(Architecture::Llama),
+            "qwen2" => Some(Architecture::Qwen2),
+            "qwen3" => Some(Architecture::Qwen3),
+            "opt" => Some(Architecture::Opt),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Opt => "opt",
+        }
+    }
+}
+
+/// Rotary-embedding frequency scaling (Hugging Face `rope_scaling`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RopeScaling {
+    /// Llama 3.x: frequencies between the two wavelengths are interpolated.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+}
+
+/// Everything a model file needs to build itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    /// MLP width (`ffn_dim` for OPT).
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    /// Explicit head dimension (Qwen3); `None` means `hidden_size / num_attention_heads`.
+    pub head_dim: Option<usize>,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon (LayerNorm epsilon for OPT).
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub tie_word_embeddings: bool,
+    /// Biases on q/k/v (Qwen2 sets this; OPT has biases everywhere regardless).
+    pub attention_bias: bool,
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence ids (generation_config.json may list several).
+    pub eos_token_ids: Vec<u32>,
+    /// OPT: projection width of the embeddings when it differs from hidden_size.
+    pub word_embed_proj_dim: Option<usize>,
+    /// OPT: pre-norm (true for all OPT sizes except 350m).
+    pub do_layer_norm_before: bool,
+    /// Storage dtype named by the checkpoint ("bfloat16", "float16", "float32", or a GGUF quant mix).
+    pub torch_dtype: Option<String>,
+}
+
+impl ModelConfig {
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Width of the q projection output.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim()
+    }
+
+    /// Width of the k (and v) projection output.
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim()
+    }
+
+    /// Checks the relations model files rely on; loaders call it before returning.
+    pub fn validate(&self) -> Result<(), String> {
+        let nonzero = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (name, v) in nonzero {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+            return Err("hidden_size must be a multiple of num_attention_heads".into());
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err("head_dim must be even".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,17 @@
+//! Weight sources: where a model's tensors come from.
+//!
+//! Every source answers by Hugging Face tensor name
+//! (`model.layers.0.self_attn.q_proj.weight`), so model files know one naming.
+//! GGUF files are mapped to those names (and llama's Q/K row permutation is
+//! undone) inside the GGUF source.
+
+use crate::Result;
+use pagoda_kernels::HostTensor;
+
+/// A source of named host tensors.
+pub trait WeightSource: Send + Sync {
+    /// The tensor called `name` (Hugging Face naming), dequantized to f32/f16/bf16.
+    fn get(&self, name: &str) -> Result<HostTensor>;
+    /// Whether the source has a tensor called `name`.
+    fn contains(&self, name: &str) -> bool;
+}

@@ -1,0 +1,2 @@
+//! The pagoda command line.
+fn main() {}
