@@ -83,8 +83,8 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- ops ----------------------------------------------------------------
 
-    /// Rows of `table` (`[vocab, hidden]`) for each id.
-    fn embedding(&self, ids: &[u32], table: &Self::Weight) -> Result<Self::Tensor>;
+    /// Rows of `table` (`[vocab, hidden]`) for each of the step's `input_ids`.
+    fn embedding(&self, step: &Self::Step, table: &Self::Weight) -> Result<Self::Tensor>;
     /// `x @ w^T + bias` for `x: [rows, in]`, `w: [out, in]`, `bias: [out]`.
     fn linear(
         &self,
