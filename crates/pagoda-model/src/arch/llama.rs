@@ -1,0 +1,220 @@
+//! The Llama family: Llama 2/3, SmolLM2, Mistral-style models, and the shared
+//! body of Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm).
+//!
+//! Read top-down like Hugging Face's modeling_llama.py:
+//! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP ->
+//! residual) -> RMSNorm -> LM head. The two architecture-specific switches are
+//! fields of [`Variant`], chosen by the architecture's own file, never by flags
+//! inside this one.
+
+use super::weights::{concat_rows, load, load_opt, read};
+use super::{rope, BuildOptions, CausalLm};
+use crate::loader::WeightSource;
+use crate::{ModelConfig, Result};
+use pagoda_kernels::{AttentionParams, Backend, RopeStyle};
+
+/// What distinguishes the members of the family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    /// q/k/v projections carry biases (Qwen2).
+    pub qkv_bias: bool,
+    /// RMSNorm over each head of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+/// Self-attention of one layer.
+struct Attention<B: Backend> {
+    q_proj: B::Weight,
+    k_proj: B::Weight,
+    v_proj: B::Weight,
+    o_proj: B::Weight,
+    q_bias: Option<B::Weight>,
+    k_bias: Option<B::Weight>,
+    v_bias: Option<B::Weight>,
+    q_norm: Option<B::Weight>,
+    k_norm: Option<B::Weight>,
+}
+
+/// SwiGLU MLP with gate_proj and up_proj stacked into one matrix.
+struct Mlp<B: Backend> {
+    gate_up_proj: B::Weight,
+    down_proj: B::Weight,
+}
+
+struct DecoderLayer<B: Backend> {
+    input_layernorm: B::Weight,
+    self_attn: Attention<B>,
+    post_attention_layernorm: B::Weight,
+    mlp: Mlp<B>,
+}
+
+/// A Llama-family model on backend `B`.
+pub struct LlamaFamily<B: Backend> {
+    cfg: ModelConfig,
+    embed_tokens: B::Weight,
+    layers: Vec<DecoderLayer<B>>,
+    norm: B::Weight,
+    /// `None` when tied to `embed_tokens`.
+    lm_head: Option<B::Weight>,
+    cos_sin: B::Weight,
+    attn: AttentionParams,
+    eps: f32,
+}
+
+/// Builds a plain Llama model.
+pub fn build<B: Backend>(
+    b: &B,
+    cfg: &ModelConfig,
+    src: &dyn WeightSource,
+    opts: BuildOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<LlamaFamily<B>> {
+    LlamaFamily::new(b, cfg, src, Variant { qkv_bias: false, qk_norm: false }, opts, progress)
+}
+
+impl<B: Backend> LlamaFamily<B> {
+    /// Loads every weight of the model, checking shapes against `cfg`.
+    pub fn new(
+        b: &B,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        variant: Variant,
+        opts: BuildOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let (h, hd, v) = (cfg.hidden_size, cfg.head_dim(), cfg.vocab_size);
+        let (q_dim, kv_dim, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let total = cfg.num_hidden_layers + 2;
+        let embed_tokens = load(b, src, "model.embed_tokens.weight", &[v, h])?;
+        progress(1, total);
+
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let bias = |name: &str, n: usize| -> Result<Option<B::Weight>> {
+                if variant.qkv_bias {
+                    load(b, src, &format!("{p}.self_attn.{name}.bias"), &[n]).map(Some)
+                } else {
+                    load_opt(b, src, &format!("{p}.self_attn.{name}.bias"), &[n])
+                }
+            };
+            let head_norm = |name: &str| -> Result<Option<B::Weight>> {
+                if variant.qk_norm {
+                    load(b, src, &format!("{p}.self_attn.{name}.weight"), &[hd]).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let self_attn = Attention {
+                q_proj: load(b, src, &format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?,
+                k_proj: load(b, src, &format!("{p}.self_attn.k_proj.weight"), &[kv_dim, h])?,
+                v_proj: load(b, src, &format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?,
+                o_proj: load(b, src, &format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?,
+                q_bias: bias("q_proj", q_dim)?,
+                k_bias: bias("k_proj", kv_dim)?,
+                v_bias: bias("v_proj", kv_dim)?,
+                q_norm: head_norm("q_norm")?,
+                k_norm: head_norm("k_norm")?,
+            };
+            let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+            let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+            let mlp = Mlp {
+                gate_up_proj: b.load_weight(concat_rows(gate, up))?,
+                down_proj: load(b, src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: load(b, src, &format!("{p}.input_layernorm.weight"), &[h])?,
+                self_attn,
+                post_attention_layernorm: load(
+                    b,
+                    src,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[h],
+                )?,
+                mlp,
+            });
+            progress(i + 2, total);
+        }
+
+        let norm = load(b, src, "model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            load_opt(b, src, "lm_head.weight", &[v, h])?
+        };
+        let max_pos = opts.max_model_len.min(cfg.max_position_embeddings).max(1);
+        let cos_sin = b.load_weight(rope::cos_sin_table(cfg, hd, max_pos))?;
+        progress(total, total);
+        Ok(LlamaFamily {
+            cfg: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            cos_sin,
+            attn: AttentionParams {
+                num_heads: cfg.num_attention_heads,
+                num_kv_heads: cfg.num_key_value_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+            },
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    fn attention(
+        &self,
+        b: &B,
+        a: &Attention<B>,
+        x: &B::Tensor,
+        step: &B::Step,
+        kv: &mut B::KvCache,
+    ) -> Result<B::Tensor> {
+        let hd = self.attn.head_dim;
+        // 1. Project.
+        let mut q = b.linear(x, &a.q_proj, a.q_bias.as_ref())?;
+        let mut k = b.linear(x, &a.k_proj, a.k_bias.as_ref())?;
+        let v = b.linear(x, &a.v_proj, a.v_bias.as_ref())?;
+        // 2. Qwen3 normalizes each head of q and k.
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            b.head_rms_norm(&mut q, qn, hd, self.eps)?;
+            b.head_rms_norm(&mut k, kn, hd, self.eps)?;
+        }
+        // 3. Rotate by position.
+        b.rope(&mut q, step, &self.cos_sin, hd, RopeStyle::Neox)?;
+        b.rope(&mut k, step, &self.cos_sin, hd, RopeStyle::Neox)?;
+        // 4. Store this step's K/V, then attend over the whole cached sequence.
+        b.store_kv(&k, &v, kv, step)?;
+        let o = b.attention(&q, kv, step, &self.attn)?;
+        Ok(b.linear(&o, &a.o_proj, None)?)
+    }
+}
+
+impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
+    fn forward(&self, b: &B, step: &B::Step, kv: &mut [B::KvCache]) -> Result<B::Tensor> {
+        // `x` is the residual stream; `h` the normalized input of the next block.
+        let mut x = b.embedding(step, &self.embed_tokens)?;
+        let Some(first) = self.layers.first() else {
+            return Err(crate::ModelError::Config("model has no layers".into()));
+        };
+        let mut h = b.rms_norm(&x, &first.input_layernorm, self.eps)?;
+        for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
+            let attn_out = self.attention(b, &layer.self_attn, &h, step, cache)?;
+            h = b.add_rms_norm(&mut x, &attn_out, &layer.post_attention_layernorm, self.eps)?;
+            let gate_up = b.linear(&h, &layer.mlp.gate_up_proj, None)?;
+            let mlp_out = b.linear(&b.silu_mul(&gate_up)?, &layer.mlp.down_proj, None)?;
+            let next_norm = match self.layers.get(i + 1) {
+                Some(next) => &next.input_layernorm,
+                None => &self.norm,
+            };
+            h = b.add_rms_norm(&mut x, &mlp_out, next_norm, self.eps)?;
+        }
+        let last = b.gather_logits_rows(&h, step)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        Ok(b.linear(&last, head, None)?)
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+}
