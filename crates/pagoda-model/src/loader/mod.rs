@@ -8,6 +8,9 @@
 use crate::Result;
 use pagoda_kernels::HostTensor;
 
+pub mod hf_config;
+pub mod safetensors;
+
 /// A source of named host tensors.
 pub trait WeightSource: Send + Sync {
     /// The tensor called `name` (Hugging Face naming), dequantized to f32/f16/bf16.

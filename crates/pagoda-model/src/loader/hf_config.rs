@@ -1,0 +1,514 @@
+//! Hugging Face `config.json` (+ `generation_config.json`) -> [`ModelConfig`].
+//!
+//! Owns the mapping from a checkpoint directory's JSON to pagoda's
+//! architecture-neutral config, with the defaults of transformers' config
+//! classes (`LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
+//! `OPTConfig`) wherever a field may be absent. Those defaults are per class
+//! and not always intuitive: an absent `num_key_value_heads` is
+//! `num_attention_heads` for Llama and OPT but 8 for Mistral and 32 for
+//! Qwen2/Qwen3; Qwen3's absent `head_dim` is 128; only OPT ties its word
+//! embeddings by default.
+//!
+//! Invariants:
+//! - the architecture comes from `architectures[0]`, or from `model_type`
+//!   only when `architectures` is absent or empty;
+//! - the five shape fields (`hidden_size`, `intermediate_size` / OPT's
+//!   `ffn_dim`, `num_hidden_layers`, `num_attention_heads`, `vocab_size`) are
+//!   required: a class default of 4096 hidden units is never what a real
+//!   checkpoint meant. A missing or mistyped field is a [`ModelError::Config`]
+//!   naming the field and the file;
+//! - RoPE parameters are read from `rope_scaling` or transformers 5's
+//!   `rope_parameters` (keys `rope_type` or `type`); `rope_theta` from the
+//!   top level or from inside `rope_parameters`. Only `default`, `linear` and
+//!   `llama3` are accepted; anything else is an error, never silently ignored;
+//! - features pagoda's model files do not implement (`mlp_bias`, a non-SiLU /
+//!   non-ReLU activation, OPT without biases) are rejected here rather than
+//!   failing later on a missing tensor; sliding-window attention, which only
+//!   changes results past the window, is accepted with a warning;
+//! - end-of-sequence ids are `config.json`'s followed by
+//!   `generation_config.json`'s, without duplicates.
+//!
+//! Costs: one small JSON parse per file.
+
+use crate::{Architecture, ModelConfig, ModelError, Result, RopeScaling};
+use serde_json::{Map, Value};
+use std::path::Path;
+
+/// The Hugging Face config class a checkpoint names; decides the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HfClass {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Opt,
+}
+
+impl HfClass {
+    /// `LlamaForCausalLM` or `llama` (case-insensitive).
+    fn from_name(name: &str) -> Option<HfClass> {
+        let lower = name.to_ascii_lowercase();
+        match lower.strip_suffix("forcausallm").unwrap_or(&lower) {
+            "llama" => Some(HfClass::Llama),
+            "mistral" => Some(HfClass::Mistral),
+            "qwen2" => Some(HfClass::Qwen2),
+            "qwen3" => Some(HfClass::Qwen3),
+            "opt" => Some(HfClass::Opt),
+            _ => None,
+        }
+    }
+
+    fn architecture(self) -> Architecture {
+        match self {
+            HfClass::Llama | HfClass::Mistral => Architecture::Llama,
+            HfClass::Qwen2 => Architecture::Qwen2,
+            HfClass::Qwen3 => Architecture::Qwen3,
+            HfClass::Opt => Architecture::Opt,
+        }
+    }
+
+    /// transformers' class defaults for the optional fields.
+    fn defaults(self) -> Defaults {
+        let llama = Defaults {
+            max_position_embeddings: 2048,
+            tie_word_embeddings: false,
+            num_key_value_heads: None,
+            head_dim: None,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+        };
+        match self {
+            HfClass::Llama => llama,
+            HfClass::Mistral => Defaults {
+                max_position_embeddings: 4096 * 32,
+                num_key_value_heads: Some(8),
+                ..llama
+            },
+            HfClass::Qwen2 | HfClass::Qwen3 => Defaults {
+                max_position_embeddings: 32768,
+                num_key_value_heads: Some(32),
+                head_dim: (self == HfClass::Qwen3).then_some(128),
+                bos_token_id: None,
+                eos_token_id: None,
+                ..llama
+            },
+            HfClass::Opt => Defaults {
+                max_position_embeddings: 2048,
+                tie_word_embeddings: true,
+                num_key_value_heads: None,
+                head_dim: None,
+                bos_token_id: Some(2),
+                eos_token_id: Some(2),
+            },
+        }
+    }
+}
+
+/// Defaults of one config class.
+#[derive(Debug, Clone, Copy)]
+struct Defaults {
+    max_position_embeddings: usize,
+    tie_word_embeddings: bool,
+    /// `None`: equal to `num_attention_heads`.
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<u32>,
+}
+
+/// Default RMSNorm epsilon of the Llama-family classes.
+const RMS_NORM_EPS: f64 = 1e-6;
+/// OPT's LayerNorm epsilon (torch's default; not a config field).
+const OPT_LAYER_NORM_EPS: f64 = 1e-5;
+/// transformers' `default_theta`.
+const ROPE_THETA: f64 = 10_000.0;
+
+/// Typed access to one JSON object, with errors naming the field and the file.
+#[derive(Clone, Copy)]
+struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    file: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    fn new(value: &'a Value, file: &'a str) -> Result<Self> {
+        match value.as_object() {
+            Some(obj) => Ok(Fields { obj, file }),
+            None => Err(ModelError::Config(format!(
+                "{file}: expected a JSON object at the top level"
+            ))),
+        }
+    }
+
+    /// The value of `key`; `null` reads as absent.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn bad(&self, key: &str, expected: &str, got: &Value) -> ModelError {
+        ModelError::Config(format!(
+            "{}: field {key:?} must be {expected}, got {got}",
+            self.file
+        ))
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| self.bad(key, "a non-negative integer", v))
+            })
+            .transpose()
+    }
+
+    fn usize_req(&self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| {
+            ModelError::Config(format!("{}: missing required field {key:?}", self.file))
+        })
+    }
+
+    fn u32_opt(&self, key: &str) -> Result<Option<u32>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| self.bad(key, "a token id", v))
+            })
+            .transpose()
+    }
+
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        self.get(key)
+            .map(|v| v.as_f64().ok_or_else(|| self.bad(key, "a number", v)))
+            .transpose()
+    }
+
+    fn f64_req(&self, key: &str) -> Result<f64> {
+        self.f64_opt(key)?.ok_or_else(|| {
+            ModelError::Config(format!("{}: missing required field {key:?}", self.file))
+        })
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.bad(key, "true or false", v)),
+        }
+    }
+
+    fn str_opt(&self, key: &str) -> Result<Option<&'a str>> {
+        self.get(key)
+            .map(|v| v.as_str().ok_or_else(|| self.bad(key, "a string", v)))
+            .transpose()
+    }
+
+    /// A token id or a list of them; `Ok(None)` when the key is absent
+    /// (an explicit `null` is an empty list).
+    fn token_ids(&self, key: &str) -> Result<Option<Vec<u32>>> {
+        let Some(v) = self.obj.get(key) else {
+            return Ok(None);
+        };
+        let as_id = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
+        let ids = match v {
+            Value::Null => Some(Vec::new()),
+            Value::Array(items) => items.iter().map(as_id).collect(),
+            other => as_id(other).map(|id| vec![id]),
+        };
+        ids.map(Some)
+            .ok_or_else(|| self.bad(key, "a token id or a list of token ids", v))
+    }
+
+    /// A nested object (`rope_scaling`), as [`Fields`] of the same file.
+    fn object(&self, key: &str) -> Result<Option<Fields<'a>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_object() {
+                Some(obj) => Ok(Some(Fields {
+                    obj,
+                    file: self.file,
+                })),
+                None => Err(self.bad(key, "an object", v)),
+            },
+        }
+    }
+}
+
+/// Reads `dir/config.json` and, when present, `dir/generation_config.json`.
+pub fn load_hf_config(dir: &Path) -> Result<ModelConfig> {
+    load_config_file(&dir.join("config.json"))
+}
+
+/// Reads a `config.json` at any path, and the `generation_config.json` next
+/// to it when there is one.
+pub fn load_config_file(config_path: &Path) -> Result<ModelConfig> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let config = read(config_path)?;
+    let gen_path = config_path
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("generation_config.json");
+    let generation = if gen_path.is_file() {
+        Some(read(&gen_path)?)
+    } else {
+        None
+    };
+    parse_with_names(
+        &config,
+        &config_path.display().to_string(),
+        generation
+            .as_deref()
+            .map(|g| (g, gen_path.display().to_string())),
+    )
+}
+
+/// Parses the text of `config.json` and optionally of `generation_config.json`.
+pub fn parse_hf_config(
+    config_json: &str,
+    generation_config_json: Option<&str>,
+) -> Result<ModelConfig> {
+    parse_with_names(
+        config_json,
+        "config.json",
+        generation_config_json.map(|g| (g, "generation_config.json".to_string())),
+    )
+}
+
+fn parse_json(text: &str, file: &str) -> Result<Value> {
+    serde_json::from_str(text)
+        .map_err(|e| ModelError::Config(format!("{file}: not valid JSON: {e}")))
+}
+
+fn parse_with_names(
+    config_json: &str,
+    config_file: &str,
+    generation: Option<(&str, String)>,
+) -> Result<ModelConfig> {
+    let value = parse_json(config_json, config_file)?;
+    let f = Fields::new(&value, config_file)?;
+    let class = detect_class(&f)?;
+    let mut cfg = build(&f, class)?;
+
+    if let Some((text, file)) = generation {
+        let gen_value = parse_json(text, &file)?;
+        let g = Fields::new(&gen_value, &file)?;
+        for id in g.token_ids("eos_token_id")?.unwrap_or_default() {
+            if !cfg.eos_token_ids.contains(&id) {
+                cfg.eos_token_ids.push(id);
+            }
+        }
+        if cfg.bos_token_id.is_none() {
+            cfg.bos_token_id = g.u32_opt("bos_token_id")?;
+        }
+    }
+    cfg.validate()
+        .map_err(|e| ModelError::Config(format!("{config_file}: {e}")))?;
+    Ok(cfg)
+}
+
+fn detect_class(f: &Fields) -> Result<HfClass> {
+    let first_arch = match f.get("architectures") {
+        None => None,
+        Some(Value::Array(items)) => match items.first() {
+            None => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(other) => return Err(f.bad("architectures", "a list of strings", other)),
+        },
+        Some(other) => return Err(f.bad("architectures", "a list of strings", other)),
+    };
+    let name = match first_arch {
+        Some(name) => name,
+        None => f.str_opt("model_type")?.ok_or_else(|| {
+            ModelError::Config(format!(
+                "{}: neither \"architectures\" nor \"model_type\" is set",
+                f.file
+            ))
+        })?,
+    };
+    HfClass::from_name(name).ok_or_else(|| ModelError::UnknownArchitecture(name.to_string()))
+}
+
+fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
+    let d = class.defaults();
+    let is_opt = class == HfClass::Opt;
+    let hidden_size = f.usize_req("hidden_size")?;
+    let intermediate_size = f.usize_req(if is_opt {
+        "ffn_dim"
+    } else {
+        "intermediate_size"
+    })?;
+    let num_hidden_layers = f.usize_req("num_hidden_layers")?;
+    let num_attention_heads = f.usize_req("num_attention_heads")?;
+    let vocab_size = f.usize_req("vocab_size")?;
+    let max_position_embeddings = f
+        .usize_opt("max_position_embeddings")?
+        .unwrap_or(d.max_position_embeddings);
+
+    check_supported(f, class)?;
+
+    let (num_key_value_heads, head_dim) = if is_opt {
+        (num_attention_heads, None)
+    } else {
+        let kv = f.usize_opt("num_key_value_heads")?;
+        (
+            kv.or(d.num_key_value_heads).unwrap_or(num_attention_heads),
+            f.usize_opt("head_dim")?.or(d.head_dim),
+        )
+    };
+    let (rope_theta, rope_scaling) = if is_opt {
+        (ROPE_THETA, None)
+    } else {
+        rope(f, max_position_embeddings)?
+    };
+    let attention_bias = match class {
+        // Qwen2's q/k/v biases are unconditional (no config field).
+        HfClass::Qwen2 => true,
+        HfClass::Llama | HfClass::Qwen3 => f.bool_or("attention_bias", false)?,
+        HfClass::Mistral | HfClass::Opt => false,
+    };
+    let eos_token_ids = match f.token_ids("eos_token_id")? {
+        Some(ids) => ids,
+        None => d.eos_token_id.into_iter().collect(),
+    };
+    let bos_token_id = match f.obj.get("bos_token_id") {
+        None => d.bos_token_id,
+        Some(_) => f.u32_opt("bos_token_id")?,
+    };
+    let torch_dtype = match f.str_opt("dtype")? {
+        Some(s) => Some(s),
+        None => f.str_opt("torch_dtype")?,
+    };
+
+    Ok(ModelConfig {
+        architecture: class.architecture(),
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        vocab_size,
+        max_position_embeddings,
+        rms_norm_eps: if is_opt {
+            OPT_LAYER_NORM_EPS
+        } else {
+            f.f64_opt("rms_norm_eps")?.unwrap_or(RMS_NORM_EPS)
+        },
+        rope_theta,
+        rope_scaling,
+        tie_word_embeddings: f.bool_or("tie_word_embeddings", d.tie_word_embeddings)?,
+        attention_bias,
+        bos_token_id,
+        eos_token_ids,
+        word_embed_proj_dim: if is_opt {
+            f.usize_opt("word_embed_proj_dim")?
+        } else {
+            None
+        },
+        do_layer_norm_before: if is_opt {
+            f.bool_or("do_layer_norm_before", true)?
+        } else {
+            true
+        },
+        torch_dtype: torch_dtype.map(str::to_string),
+    })
+}
+
+/// Rejects config values whose model pagoda's architecture files cannot build.
+fn check_supported(f: &Fields, class: HfClass) -> Result<()> {
+    let unsupported = |what: String| {
+        Err(ModelError::Config(format!(
+            "{}: {what} is not supported",
+            f.file
+        )))
+    };
+    if class == HfClass::Opt {
+        let act = f.str_opt("activation_function")?.unwrap_or("relu");
+        if act != "relu" {
+            return unsupported(format!("activation_function {act:?} (OPT needs \"relu\")"));
+        }
+        if !f.bool_or("enable_bias", true)? {
+            return unsupported("OPT with enable_bias = false".into());
+        }
+        if !f.bool_or("layer_norm_elementwise_affine", true)? {
+            return unsupported("OPT with layer_norm_elementwise_affine = false".into());
+        }
+        return Ok(());
+    }
+    let act = f.str_opt("hidden_act")?.unwrap_or("silu");
+    if act != "silu" {
+        return unsupported(format!("hidden_act {act:?} (only \"silu\")"));
+    }
+    if f.bool_or("mlp_bias", false)? {
+        return unsupported("mlp_bias = true".into());
+    }
+    let sliding = match class {
+        HfClass::Mistral => f.usize_opt("sliding_window")?,
+        HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
+            f.usize_opt("sliding_window")?
+        }
+        _ => None,
+    };
+    if let Some(window) = sliding {
+        tracing::warn!(
+            "{}: sliding_window = {window} is not implemented; attention is full, \
+             so outputs differ from the reference past {window} tokens",
+            f.file
+        );
+    }
+    Ok(())
+}
+
+/// `(rope_theta, rope_scaling)` from `rope_scaling` / `rope_parameters`.
+fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeScaling>)> {
+    let params = f.object("rope_parameters")?;
+    let scaling = match f.object("rope_scaling")? {
+        Some(s) => Some(s),
+        None => params,
+    };
+    let theta = match params
+        .map(|p| p.f64_opt("rope_theta"))
+        .transpose()?
+        .flatten()
+    {
+        Some(t) => t,
+        None => f.f64_opt("rope_theta")?.unwrap_or(ROPE_THETA),
+    };
+    let Some(s) = scaling else {
+        return Ok((theta, None));
+    };
+    let kind = match s.str_opt("rope_type")? {
+        Some(k) => k,
+        None => s.str_opt("type")?.unwrap_or("default"),
+    };
+    let scaling = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: s.f64_req("factor")?,
+        }),
+        "llama3" => Some(RopeScaling::Llama3 {
+            factor: s.f64_req("factor")?,
+            low_freq_factor: s.f64_req("low_freq_factor")?,
+            high_freq_factor: s.f64_req("high_freq_factor")?,
+            original_max_position_embeddings: s
+                .usize_opt("original_max_position_embeddings")?
+                .unwrap_or(max_position_embeddings),
+        }),
+        other => {
+            return Err(ModelError::Config(format!(
+                "{}: unsupported rope scaling type {other:?} (supported: default, linear, llama3)",
+                f.file
+            )))
+        }
+    };
+    Ok((theta, scaling))
+}
+
+#[cfg(test)]
+#[path = "hf_config_tests.rs"]
+mod tests;

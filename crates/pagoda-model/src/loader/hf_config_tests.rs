@@ -1,0 +1,338 @@
+//! Tests of `config.json` parsing. Expected defaults are transformers 5's
+//! (checked with `LlamaConfig(hidden_size=64, num_attention_heads=4)` and
+//! friends in the reference venv), not read back from the code under test.
+
+use super::*;
+
+fn parse(json: &str) -> Result<ModelConfig> {
+    parse_hf_config(json, None)
+}
+
+fn config_err(r: Result<ModelConfig>) -> String {
+    match r {
+        Err(ModelError::Config(msg)) => msg,
+        other => panic!("expected a config error, got {other:?}"),
+    }
+}
+
+/// The smallest Llama-shaped config: only the required fields.
+const LLAMA_MIN: &str = r#"{
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "vocab_size": 100
+}"#;
+
+#[test]
+fn llama_minimal_gets_transformers_defaults() {
+    let c = parse(LLAMA_MIN).unwrap();
+    assert_eq!(c.architecture, Architecture::Llama);
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_hidden_layers),
+        (64, 128, 2)
+    );
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads), (4, 4));
+    assert_eq!(c.head_dim, None);
+    assert_eq!(c.head_dim(), 16);
+    assert_eq!(c.vocab_size, 100);
+    assert_eq!(c.max_position_embeddings, 2048);
+    assert_eq!(c.rms_norm_eps, 1e-6);
+    assert_eq!(c.rope_theta, 10000.0);
+    assert_eq!(c.rope_scaling, None);
+    assert!(!c.tie_word_embeddings);
+    assert!(!c.attention_bias);
+    assert_eq!(c.bos_token_id, Some(1));
+    assert_eq!(c.eos_token_ids, vec![2]);
+    assert_eq!(c.torch_dtype, None);
+}
+
+#[test]
+fn llama3_full_config_with_rope_scaling_and_eos_list() {
+    // Shaped like meta-llama/Llama-3.2-1B-Instruct's config.json (smaller dims).
+    let json = r#"{
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 1000, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+        "torch_dtype": "bfloat16", "hidden_act": "silu"
+    }"#;
+    let c = parse(json).unwrap();
+    assert_eq!(c.num_key_value_heads, 2);
+    assert_eq!(c.head_dim, Some(16));
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert_eq!(c.rope_theta, 500000.0);
+    assert_eq!(
+        c.rope_scaling,
+        Some(RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        })
+    );
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.bos_token_id, Some(128000));
+    assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+    assert_eq!(c.torch_dtype.as_deref(), Some("bfloat16"));
+}
+
+#[test]
+fn llama3_rope_without_original_max_uses_max_position_embeddings() {
+    let json = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0}}"#;
+    match parse(json).unwrap().rope_scaling {
+        Some(RopeScaling::Llama3 {
+            original_max_position_embeddings,
+            ..
+        }) => {
+            assert_eq!(original_max_position_embeddings, 4096)
+        }
+        other => panic!("expected llama3 scaling, got {other:?}"),
+    }
+}
+
+#[test]
+fn linear_rope_under_old_type_key_and_transformers5_rope_parameters() {
+    let old = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}}"#;
+    let c = parse(old).unwrap();
+    assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 2.0 }));
+    assert_eq!(c.rope_theta, 500000.0);
+
+    let new = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 250000.0}}"#;
+    let c = parse(new).unwrap();
+    assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+    assert_eq!(c.rope_theta, 250000.0);
+
+    let default = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}"#;
+    let c = parse(default).unwrap();
+    assert_eq!(c.rope_scaling, None);
+    assert_eq!(c.rope_theta, 1e6);
+}
+
+#[test]
+fn unknown_rope_type_is_rejected_by_name() {
+    let json = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
+    let msg = config_err(parse(json));
+    assert!(msg.contains("yarn") && msg.contains("config.json"), "{msg}");
+    let missing_factor = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "rope_scaling": {"rope_type": "linear"}}"#;
+    let msg = config_err(parse(missing_factor));
+    assert!(msg.contains("\"factor\""), "{msg}");
+}
+
+#[test]
+fn mistral_defaults_eight_kv_heads_and_long_context() {
+    let json = r#"{"architectures": ["MistralForCausalLM"], "hidden_size": 128,
+        "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 16,
+        "vocab_size": 10, "sliding_window": null, "rope_theta": 1000000.0}"#;
+    let c = parse(json).unwrap();
+    assert_eq!(c.architecture, Architecture::Llama);
+    assert_eq!(c.num_key_value_heads, 8);
+    assert_eq!(c.max_position_embeddings, 131072);
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(1), vec![2])
+    );
+}
+
+#[test]
+fn qwen2_has_qkv_bias_and_no_default_special_tokens() {
+    // Shaped like Qwen/Qwen2.5-0.5B-Instruct.
+    let json = r#"{"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+        "use_sliding_window": false, "sliding_window": 32768,
+        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"}"#;
+    let c = parse(json).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen2);
+    assert!(c.attention_bias);
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.num_key_value_heads, 2);
+    assert_eq!(c.eos_token_ids, vec![151645]);
+
+    let minimal = r#"{"model_type": "qwen2", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 1, "num_attention_heads": 32, "vocab_size": 10}"#;
+    let c = parse(minimal).unwrap();
+    assert_eq!(c.num_key_value_heads, 32, "Qwen2Config's literal default");
+    assert_eq!(c.max_position_embeddings, 32768);
+    assert!(!c.tie_word_embeddings);
+    assert_eq!((c.bos_token_id, c.eos_token_ids.len()), (None, 0));
+}
+
+#[test]
+fn qwen3_head_dim_is_explicit_with_default_128() {
+    let json = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 300,
+        "attention_bias": false, "tie_word_embeddings": true, "dtype": "bfloat16",
+        "eos_token_id": 151645}"#;
+    let c = parse(json).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen3);
+    assert_eq!(c.head_dim, Some(32));
+    assert_eq!((c.q_dim(), c.kv_dim()), (128, 64));
+    assert_eq!(c.torch_dtype.as_deref(), Some("bfloat16"));
+    assert!(!c.attention_bias);
+
+    let no_head_dim = r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "vocab_size": 10}"#;
+    assert_eq!(parse(no_head_dim).unwrap().head_dim, Some(128));
+}
+
+#[test]
+fn opt_maps_ffn_dim_and_ties_embeddings_by_default() {
+    // Shaped like facebook/opt-125m.
+    let json = r#"{"architectures": ["OPTForCausalLM"], "model_type": "opt",
+        "hidden_size": 64, "ffn_dim": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 500, "max_position_embeddings": 2048,
+        "word_embed_proj_dim": 64, "do_layer_norm_before": true, "enable_bias": true,
+        "activation_function": "relu", "bos_token_id": 2, "eos_token_id": 2,
+        "torch_dtype": "float16"}"#;
+    let c = parse(json).unwrap();
+    assert_eq!(c.architecture, Architecture::Opt);
+    assert_eq!(c.intermediate_size, 256);
+    assert_eq!(c.num_key_value_heads, 4);
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.word_embed_proj_dim, Some(64));
+    assert!(c.do_layer_norm_before);
+    assert_eq!(c.rope_scaling, None);
+
+    let post_norm = r#"{"model_type": "opt", "hidden_size": 64, "ffn_dim": 256,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+        "do_layer_norm_before": false}"#;
+    let c = parse(post_norm).unwrap();
+    assert!(!c.do_layer_norm_before);
+    assert_eq!((c.max_position_embeddings, c.bos_token_id), (2048, Some(2)));
+
+    let no_ffn = r#"{"model_type": "opt", "hidden_size": 64, "intermediate_size": 256,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10}"#;
+    let msg = config_err(parse(no_ffn));
+    assert!(msg.contains("\"ffn_dim\""), "{msg}");
+
+    let no_bias = post_norm.replace("\"do_layer_norm_before\": false", "\"enable_bias\": false");
+    assert!(config_err(parse(&no_bias)).contains("enable_bias"));
+}
+
+#[test]
+fn generation_config_eos_ids_are_merged_without_duplicates() {
+    let gen = r#"{"bos_token_id": 1, "eos_token_id": [2, 7, 9], "do_sample": true}"#;
+    let c = parse_hf_config(LLAMA_MIN, Some(gen)).unwrap();
+    assert_eq!(c.eos_token_ids, vec![2, 7, 9]);
+    let gen_int = r#"{"eos_token_id": 5}"#;
+    assert_eq!(
+        parse_hf_config(LLAMA_MIN, Some(gen_int))
+            .unwrap()
+            .eos_token_ids,
+        vec![2, 5]
+    );
+    let bad = r#"{"eos_token_id": "x"}"#;
+    let msg = config_err(parse_hf_config(LLAMA_MIN, Some(bad)));
+    assert!(
+        msg.contains("generation_config.json") && msg.contains("eos_token_id"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_required_field_names_field_and_file() {
+    let json = LLAMA_MIN.replace("\"vocab_size\": 100", "\"vocab_size\": null");
+    let msg = config_err(parse(&json));
+    assert!(
+        msg.contains("\"vocab_size\"") && msg.contains("config.json"),
+        "{msg}"
+    );
+    let json = LLAMA_MIN.replace("\"hidden_size\": 64,", "");
+    assert!(config_err(parse(&json)).contains("\"hidden_size\""));
+}
+
+#[test]
+fn wrong_types_and_bad_json_are_config_errors() {
+    let json = LLAMA_MIN.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": \"two\"");
+    let msg = config_err(parse(&json));
+    assert!(
+        msg.contains("num_hidden_layers") && msg.contains("\"two\""),
+        "{msg}"
+    );
+    let json = LLAMA_MIN.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": -2");
+    assert!(config_err(parse(&json)).contains("num_hidden_layers"));
+    assert!(config_err(parse("{not json")).contains("not valid JSON"));
+    assert!(config_err(parse("[1, 2]")).contains("object"));
+}
+
+#[test]
+fn inconsistent_shapes_fail_validation() {
+    let json = LLAMA_MIN.replace(
+        "\"num_attention_heads\": 4",
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 3",
+    );
+    let msg = config_err(parse(&json));
+    assert!(msg.contains("num_key_value_heads"), "{msg}");
+}
+
+#[test]
+fn unknown_architecture_is_its_own_error() {
+    let json = LLAMA_MIN.replace("LlamaForCausalLM", "GPT2LMHeadModel");
+    match parse(&json) {
+        Err(ModelError::UnknownArchitecture(name)) => assert_eq!(name, "GPT2LMHeadModel"),
+        other => panic!("expected UnknownArchitecture, got {other:?}"),
+    }
+    let json = r#"{"model_type": "gemma", "hidden_size": 64}"#;
+    assert!(matches!(parse(json), Err(ModelError::UnknownArchitecture(n)) if n == "gemma"));
+    let neither = r#"{"hidden_size": 64}"#;
+    assert!(config_err(parse(neither)).contains("model_type"));
+}
+
+#[test]
+fn unsupported_features_are_rejected_not_ignored() {
+    let json = LLAMA_MIN.replace(
+        "\"vocab_size\": 100",
+        "\"vocab_size\": 100, \"mlp_bias\": true",
+    );
+    assert!(config_err(parse(&json)).contains("mlp_bias"));
+    let json = LLAMA_MIN.replace(
+        "\"vocab_size\": 100",
+        "\"vocab_size\": 100, \"hidden_act\": \"gelu\"",
+    );
+    assert!(config_err(parse(&json)).contains("gelu"));
+}
+
+#[test]
+fn load_hf_config_reads_both_files_and_names_missing_dir() {
+    let dir = std::env::temp_dir().join(format!("pagoda-hfcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), LLAMA_MIN).unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [2, 3]}"#,
+    )
+    .unwrap();
+    let c = load_hf_config(&dir).unwrap();
+    assert_eq!(c.eos_token_ids, vec![2, 3]);
+    std::fs::write(dir.join("config.json"), "{").unwrap();
+    let msg = config_err(load_hf_config(&dir));
+    assert!(
+        msg.contains(&dir.join("config.json").display().to_string()),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(matches!(load_hf_config(&dir), Err(ModelError::Io { .. })));
+}
