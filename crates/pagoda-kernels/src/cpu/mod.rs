@@ -1,7 +1,276 @@
-//! The CPU backend: multi-threaded (rayon), f32 activations.
+//! The CPU backend: f32 activations, weights in f32/f16/bf16, its own rayon pool.
 //!
-//! Placeholder until the implementation lands.
+//! Every op runs inside the backend's thread pool (`CpuOptions::threads`
+//! threads), parallel over rows, output features, or (token, head) pairs.
+//! Activations are plain row-major f32 ([`CpuTensor`]); weight matrices are
+//! stored in [`WeightDtype`] and widened to f32 in registers (decode GEMV) or
+//! per tile (prefill GEMM); accumulation is always f32. The KV cache is f32.
+//!
+//! This backend is also the reference other backends are tested against, so
+//! every op is checked against a naive f64 implementation in `tests/`.
+//!
+//! Files: [`storage`] (types), [`matmul`] + [`gemv`] (linear), [`attention`]
+//! (store_kv, paged attention), [`norm`], [`ops`] (embedding, rope,
+//! activations), `convert` and `simd` (vectorized helpers).
+
+mod attention;
+mod convert;
+mod gemv;
+mod matmul;
+mod norm;
+mod ops;
+mod simd;
+mod storage;
+
+pub use storage::{CpuKvCache, CpuStep, CpuTensor, CpuWeight, WeightData, WeightDtype};
+
+use crate::{
+    AttentionParams, Backend, ForwardContext, HostTensor, KernelError, KvCacheShape, Result,
+    RopeStyle,
+};
+
+/// How to build a [`CpuBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Worker threads of the backend's pool (0 = one per available core).
+    pub threads: usize,
+    /// Storage dtype of weight matrices and tables.
+    pub weight_dtype: WeightDtype,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            threads: 0,
+            weight_dtype: WeightDtype::F32,
+        }
+    }
+}
 
 /// The CPU implementation of [`crate::Backend`].
-#[derive(Debug, Clone, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+    weight_dtype: WeightDtype,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("threads", &self.threads)
+            .field("weight_dtype", &self.weight_dtype)
+            .finish()
+    }
+}
+
+impl CpuBackend {
+    /// Starts the backend's thread pool.
+    pub fn new(opts: CpuOptions) -> Result<Self> {
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("pagoda-cpu-{i}"))
+            .build()
+            .map_err(|e| KernelError::Device(format!("cannot start {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend {
+            pool,
+            threads,
+            weight_dtype: opts.weight_dtype,
+        })
+    }
+
+    /// Threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Storage dtype of weight matrices.
+    pub fn weight_dtype(&self) -> WeightDtype {
+        self.weight_dtype
+    }
+
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        self.pool.install(f)
+    }
+}
+
+/// Dot product in f32 with 8 partial sums (vectorizable).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type KvCache = CpuKvCache;
+    type Step = CpuStep;
+
+    fn name(&self) -> String {
+        let dtype = match self.weight_dtype {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+            WeightDtype::BF16 => "bf16",
+        };
+        let simd = if simd::has_avx2_f16c() { ", avx2" } else { "" };
+        format!("cpu ({} threads, {dtype} weights{simd})", self.threads)
+    }
+
+    fn load_weight(&self, w: HostTensor) -> Result<CpuWeight> {
+        CpuWeight::from_host(w, self.weight_dtype)
+    }
+
+    fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<CpuKvCache> {
+        CpuKvCache::new(shape)
+    }
+
+    fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize {
+        2 * shape.elements() * std::mem::size_of::<f32>()
+    }
+
+    fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CpuTensor> {
+        if data.len() != rows * cols {
+            return Err(KernelError::Shape {
+                op: "tensor_from_host",
+                detail: format!("{} values for [{rows}, {cols}]", data.len()),
+            });
+        }
+        Ok(CpuTensor {
+            rows,
+            cols,
+            data: data.to_vec(),
+        })
+    }
+
+    fn tensor_to_host(&self, x: &CpuTensor) -> Result<Vec<f32>> {
+        Ok(x.data.clone())
+    }
+
+    fn dims(&self, x: &CpuTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn begin_step(&self, ctx: &ForwardContext) -> Result<CpuStep> {
+        CpuStep::new(ctx)
+    }
+
+    fn embedding(&self, step: &CpuStep, table: &CpuWeight) -> Result<CpuTensor> {
+        self.run(|| ops::embedding(step, table))
+    }
+
+    fn linear(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuWeight>) -> Result<CpuTensor> {
+        self.run(|| matmul::linear(x, w, bias, self.threads))
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32) -> Result<CpuTensor> {
+        self.run(|| norm::rms_norm(x, w, eps))
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CpuTensor,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        self.run(|| norm::add_rms_norm(residual, x, w, eps))
+    }
+
+    fn head_rms_norm(
+        &self,
+        x: &mut CpuTensor,
+        w: &CpuWeight,
+        head_dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.run(|| norm::head_rms_norm(x, w, head_dim, eps))
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuWeight,
+        b: &CpuWeight,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        self.run(|| norm::layer_norm(x, w, b, eps))
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        step: &CpuStep,
+        cos_sin: &CpuWeight,
+        head_dim: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        self.run(|| ops::rope(x, step, cos_sin, head_dim, style))
+    }
+
+    fn silu_mul(&self, gate_up: &CpuTensor) -> Result<CpuTensor> {
+        self.run(|| ops::silu_mul(gate_up))
+    }
+
+    fn silu_mul2(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
+        self.run(|| ops::silu_mul2(gate, up))
+    }
+
+    fn relu(&self, x: &mut CpuTensor) -> Result<()> {
+        self.run(|| ops::relu(x))
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
+        self.run(|| ops::add(x, y))
+    }
+
+    fn add_position_embedding(
+        &self,
+        x: &mut CpuTensor,
+        step: &CpuStep,
+        table: &CpuWeight,
+        offset: usize,
+    ) -> Result<()> {
+        self.run(|| ops::add_position_embedding(x, step, table, offset))
+    }
+
+    fn gather_logits_rows(&self, x: &CpuTensor, step: &CpuStep) -> Result<CpuTensor> {
+        ops::gather_logits_rows(x, step)
+    }
+
+    fn store_kv(
+        &self,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        cache: &mut CpuKvCache,
+        step: &CpuStep,
+    ) -> Result<()> {
+        attention::store_kv(k, v, cache, step)
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        cache: &CpuKvCache,
+        step: &CpuStep,
+        params: &AttentionParams,
+    ) -> Result<CpuTensor> {
+        self.run(|| attention::attention(q, cache, step, params))
+    }
+}

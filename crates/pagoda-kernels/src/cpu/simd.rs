@@ -1,0 +1,20 @@
+//! Run-time CPU feature detection shared by the vectorized kernels.
+//!
+//! `is_x86_feature_detected!` caches its answer in a static, so calling these
+//! per op costs a load and a branch.
+
+/// AVX2 + FMA + F16C: what the x86-64 GEMV and conversion kernels need.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has_avx2_f16c() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// AVX2 + FMA + F16C: never on other architectures.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+pub fn has_avx2_f16c() -> bool {
+    false
+}

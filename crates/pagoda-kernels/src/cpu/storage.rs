@@ -1,0 +1,267 @@
+//! Memory of the CPU backend: activations, weights, KV cache and step metadata.
+//!
+//! - [`CpuTensor`]: a row-major `[rows, cols]` f32 buffer (`data.len() == rows * cols`).
+//! - [`CpuWeight`]: a `[rows, cols]` weight in f32, f16 or bf16. Matrices and
+//!   tables (2-D and up) are stored in the backend's [`WeightDtype`]; vectors
+//!   (norm weights, biases) always in f32. Narrow storage halves the bytes a
+//!   decode step streams, which is what bounds its speed.
+//! - [`CpuKvCache`]: f32 K and V, each `[num_blocks, block_size, num_kv_heads,
+//!   head_dim]`, zero-filled at allocation.
+//! - [`CpuStep`]: a validated copy of the [`ForwardContext`] plus the derived
+//!   token -> sequence map the ops index by. Building it is O(tokens + seqs).
+
+use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
+use half::{bf16, f16};
+
+/// Storage dtype of weight matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    #[default]
+    F32,
+    F16,
+    BF16,
+}
+
+/// An activation: row-major `[rows, cols]` f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) data: Vec<f32>,
+}
+
+impl CpuTensor {
+    /// A tensor of `rows * cols` elements filled with `value`.
+    pub(crate) fn filled(rows: usize, cols: usize, value: f32) -> Self {
+        CpuTensor {
+            rows,
+            cols,
+            data: vec![value; rows * cols],
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// A tensor whose every element the caller overwrites: NaN-filled in
+    /// debug builds so that tests catch an element left unwritten.
+    pub(crate) fn for_overwrite(rows: usize, cols: usize) -> Self {
+        let fill = if cfg!(debug_assertions) { f32::NAN } else { 0.0 };
+        Self::filled(rows, cols, fill)
+    }
+
+    /// The elements, row-major.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+/// Element storage of a weight.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WeightData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+/// A weight: `[rows, cols]` (a vector is one row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuWeight {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) data: WeightData,
+}
+
+impl CpuWeight {
+    /// Converts a host tensor: 2-D and up to `dtype`, vectors to f32.
+    pub(crate) fn from_host(w: HostTensor, dtype: WeightDtype) -> Result<Self> {
+        let (rows, cols) = w.dims2();
+        if w.data.len() != rows * cols {
+            return Err(KernelError::Shape {
+                op: "load_weight",
+                detail: format!("shape {:?} but {} elements", w.shape, w.data.len()),
+            });
+        }
+        let dtype = if w.shape.len() < 2 {
+            WeightDtype::F32
+        } else {
+            dtype
+        };
+        let data = match (dtype, w.data) {
+            (WeightDtype::F32, HostData::F32(v)) => WeightData::F32(v),
+            (WeightDtype::F16, HostData::F16(v)) => WeightData::F16(v),
+            (WeightDtype::BF16, HostData::BF16(v)) => WeightData::BF16(v),
+            (WeightDtype::F32, d) => WeightData::F32(host_to_f32(d)),
+            (WeightDtype::F16, d) => {
+                WeightData::F16(host_to_f32(d).into_iter().map(f16::from_f32).collect())
+            }
+            (WeightDtype::BF16, d) => {
+                WeightData::BF16(host_to_f32(d).into_iter().map(bf16::from_f32).collect())
+            }
+        };
+        Ok(CpuWeight { rows, cols, data })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Storage dtype.
+    pub fn dtype(&self) -> WeightDtype {
+        match self.data {
+            WeightData::F32(_) => WeightDtype::F32,
+            WeightData::F16(_) => WeightDtype::F16,
+            WeightData::BF16(_) => WeightDtype::BF16,
+        }
+    }
+
+    /// Bytes of storage.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            WeightData::F32(v) => v.len() * 4,
+            WeightData::F16(v) => v.len() * 2,
+            WeightData::BF16(v) => v.len() * 2,
+        }
+    }
+
+    /// Writes row `r` as f32 into `out` (`out.len() == cols`).
+    pub(crate) fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        self.rows_to_f32(r, r + 1, out)
+    }
+
+    /// Writes rows `r0..r1` as f32 into `out` (`out.len() == (r1 - r0) * cols`).
+    pub(crate) fn rows_to_f32(&self, r0: usize, r1: usize, out: &mut [f32]) {
+        let range = r0 * self.cols..r1 * self.cols;
+        match &self.data {
+            WeightData::F32(v) => out.copy_from_slice(&v[range]),
+            WeightData::F16(v) => super::convert::f16_to_f32(&v[range], out),
+            WeightData::BF16(v) => super::convert::bf16_to_f32(&v[range], out),
+        }
+    }
+
+    /// The elements when stored as f32 (vectors always are).
+    pub(crate) fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            WeightData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The elements as f32, converting if stored narrower.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        self.rows_to_f32(0, self.rows, &mut out);
+        out
+    }
+}
+
+fn host_to_f32(d: HostData) -> Vec<f32> {
+    match d {
+        HostData::F32(v) => v,
+        HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+    }
+}
+
+/// One layer's paged KV cache.
+#[derive(Debug, Clone)]
+pub struct CpuKvCache {
+    pub(crate) shape: KvCacheShape,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+}
+
+impl CpuKvCache {
+    pub(crate) fn new(shape: KvCacheShape) -> Result<Self> {
+        let n = shape.elements();
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        k.try_reserve_exact(n)
+            .and_then(|_| v.try_reserve_exact(n))
+            .map_err(|e| KernelError::OutOfMemory(format!("KV cache {shape:?}: {e}")))?;
+        k.resize(n, 0.0);
+        v.resize(n, 0.0);
+        Ok(CpuKvCache { shape, k, v })
+    }
+
+    pub fn shape(&self) -> KvCacheShape {
+        self.shape
+    }
+
+    /// K, `[num_blocks, block_size, num_kv_heads, head_dim]`.
+    pub fn k(&self) -> &[f32] {
+        &self.k
+    }
+
+    /// V, same layout as K.
+    pub fn v(&self) -> &[f32] {
+        &self.v
+    }
+
+    /// Number of slots (`num_blocks * block_size`).
+    pub(crate) fn num_slots(&self) -> usize {
+        self.shape.num_blocks * self.shape.block_size
+    }
+}
+
+/// The batch metadata of one forward pass, validated.
+#[derive(Debug, Clone)]
+pub struct CpuStep {
+    pub(crate) ctx: ForwardContext,
+    /// Sequence index of each token.
+    pub(crate) token_seq: Vec<u32>,
+}
+
+impl CpuStep {
+    pub(crate) fn new(ctx: &ForwardContext) -> Result<Self> {
+        let shape_err = |detail: &str| KernelError::Shape {
+            op: "begin_step",
+            detail: detail.to_string(),
+        };
+        // `validate` subtracts neighbouring prefix sums: check their order first.
+        let n = ctx.num_seqs();
+        if ctx.cu_seqlens_q.len() != n + 1 || ctx.cu_seqlens_k.len() != n + 1 {
+            return Err(shape_err("cu_seqlens_q/k must have num_seqs + 1 entries"));
+        }
+        let sorted = |v: &[u32]| v.windows(2).all(|w| w[0] <= w[1]);
+        if !sorted(&ctx.cu_seqlens_q) || !sorted(&ctx.cu_seqlens_k) {
+            return Err(shape_err("cu_seqlens_q/k must be non-decreasing"));
+        }
+        if ctx.block_size == 0 {
+            return Err(shape_err("block_size must be positive"));
+        }
+        if ctx.context_lens.iter().any(|&c| c > u32::MAX / 2) {
+            return Err(shape_err("context_len out of range"));
+        }
+        ctx.validate().map_err(|detail| KernelError::Shape {
+            op: "begin_step",
+            detail,
+        })?;
+        let mut token_seq = vec![0u32; ctx.num_tokens()];
+        for i in 0..ctx.num_seqs() {
+            let (a, b) = (
+                ctx.cu_seqlens_q[i] as usize,
+                ctx.cu_seqlens_q[i + 1] as usize,
+            );
+            token_seq[a..b].fill(i as u32);
+        }
+        Ok(CpuStep {
+            ctx: ctx.clone(),
+            token_seq,
+        })
+    }
+
+    /// The context this step was built from.
+    pub fn context(&self) -> &ForwardContext {
+        &self.ctx
+    }
+}
