@@ -8,8 +8,10 @@
 use crate::Result;
 use pagoda_kernels::HostTensor;
 
+pub mod dummy;
 pub mod hf_config;
 pub mod safetensors;
+pub mod safetensors_writer;
 
 /// A source of named host tensors.
 pub trait WeightSource: Send + Sync {

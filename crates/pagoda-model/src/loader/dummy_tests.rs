@@ -1,0 +1,296 @@
+//! Tests of the dummy weights against the NumPy twin
+//! (`scripts/golden/dummy_weights.py`) and Hugging Face's parameter lists.
+
+use super::*;
+
+/// Llama-shaped config with the given sizes; other fields neutral.
+fn config(
+    arch: Architecture,
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    heads: usize,
+    kv: usize,
+    vocab: usize,
+) -> ModelConfig {
+    ModelConfig {
+        architecture: arch,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv,
+        head_dim: None,
+        vocab_size: vocab,
+        max_position_embeddings: 2048,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        tie_word_embeddings: true,
+        attention_bias: false,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        word_embed_proj_dim: None,
+        do_layer_norm_before: true,
+        torch_dtype: None,
+    }
+}
+
+fn bits(name: &str, shape: &[usize], idx: usize) -> u32 {
+    dummy_values(name, shape)[idx].to_bits()
+}
+
+#[test]
+fn fnv1a64_matches_reference_vectors() {
+    // Published FNV-1a 64 test vectors: "" is the offset basis, "a" -> 0xaf63dc4c8601ec8c.
+    assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    // /work/refenv/bin/python -c "import sys; sys.path.insert(0,'scripts/golden'); import dummy_weights as d; print(hex(d.fnv1a64('model.embed_tokens.weight')))"
+    assert_eq!(fnv1a64(b"model.embed_tokens.weight"), 0xa88f_d795_d5c6_d156);
+}
+
+/// Bit patterns produced by the NumPy implementation:
+/// /work/refenv/bin/python -c "import sys, numpy as np; sys.path.insert(0,'scripts/golden'); import dummy_weights as d; v=d.dummy_values(NAME, SHAPE).reshape(-1); print('%#010x' % int(v[I:I+1].view(np.uint32)[0]))"
+/// (the same table is `CHECKS` in dummy_weights.py, which checks itself against it).
+const NUMPY_VALUES: &[(&str, &[usize], usize, u32)] = &[
+    ("model.embed_tokens.weight", &[512, 64], 0, 0xbd644827), // -0.05573287
+    ("model.embed_tokens.weight", &[512, 64], 1, 0xbd9f9c14),
+    ("model.embed_tokens.weight", &[512, 64], 63, 0x3d6b0e87),
+    ("model.embed_tokens.weight", &[512, 64], 64, 0xbe4996a1),
+    ("model.embed_tokens.weight", &[512, 64], 32767, 0xbe5a3a28),
+    (
+        "model.layers.0.input_layernorm.weight",
+        &[64],
+        0,
+        0x3f7c9717,
+    ), // 0.98668045
+    (
+        "model.layers.0.input_layernorm.weight",
+        &[64],
+        5,
+        0x3f705ca8,
+    ),
+    (
+        "model.layers.0.input_layernorm.weight",
+        &[64],
+        63,
+        0x3f8a33b5,
+    ),
+    ("model.layers.1.self_attn.q_proj.bias", &[64], 0, 0xbcee6700),
+    ("model.layers.1.self_attn.q_proj.bias", &[64], 7, 0x3d2db0da),
+    (
+        "model.layers.0.mlp.down_proj.weight",
+        &[64, 128],
+        0,
+        0xbca52b18,
+    ),
+    (
+        "model.layers.0.mlp.down_proj.weight",
+        &[64, 128],
+        8191,
+        0x3e0e8223,
+    ),
+    ("model.decoder.final_layer_norm.bias", &[64], 3, 0x3d4283d7),
+    (
+        "model.layers.0.self_attn.q_norm.weight",
+        &[32],
+        31,
+        0x3f7fff0d,
+    ),
+    // Across the rayon chunk boundary (65536 elements per chunk).
+    ("lm_head.weight", &[300, 512], 65535, 0xbc2f6a0a),
+    ("lm_head.weight", &[300, 512], 65536, 0xbb0ac542),
+    ("lm_head.weight", &[300, 512], 153599, 0xbd038042),
+];
+
+#[test]
+fn values_match_numpy_implementation() {
+    for &(name, shape, idx, expected) in NUMPY_VALUES {
+        let got = bits(name, shape, idx);
+        assert_eq!(
+            got,
+            expected,
+            "{name} {shape:?} [{idx}]: {} ({got:#010x})",
+            f32::from_bits(got)
+        );
+    }
+}
+
+#[test]
+fn uniform_at_large_indices_matches_numpy() {
+    // Indices inside Qwen3-0.6B's [151936, 1024] embedding, without generating it:
+    // /work/refenv/bin/python -c "import sys, numpy as np; sys.path.insert(0,'scripts/golden'); import dummy_weights as d; print([hex(x) for x in d.uniform(d.fnv1a64('model.embed_tokens.weight'), np.array([123456789, 155582463], dtype=np.uint64)).view(np.uint32)])"
+    let seed = fnv1a64(b"model.embed_tokens.weight");
+    assert_eq!(uniform(seed, 123_456_789).to_bits(), 0x3f1499b4);
+    assert_eq!(uniform(seed, 155_582_463).to_bits(), 0x3f7bc5d8);
+}
+
+#[test]
+fn values_are_in_their_ranges_and_independent_of_call_order() {
+    let a = dummy_values("x.weight", &[40, 75]);
+    let bound = (3.0f64 / 75.0).sqrt() as f32;
+    assert!(a.iter().all(|v| v.abs() <= bound));
+    let n = dummy_values("x.norm.weight", &[75]);
+    assert!(n.iter().all(|v| (0.9..=1.1).contains(v)));
+    let b = dummy_values("x.bias", &[75]);
+    assert!(b.iter().all(|v| v.abs() <= 0.1));
+    // A prefix of a tensor's values does not depend on the tensor's size.
+    assert_eq!(dummy_values("x.bias", &[10])[..], b[..10]);
+    assert_eq!(dummy_values("x.weight", &[40, 75]), a);
+}
+
+/// Tensor counts and parameter totals of Hugging Face models built on the meta
+/// device from these configs (`len(state_dict)` without a tied `lm_head.weight`,
+/// and the sum of `numel`), with transformers 5.x.
+#[test]
+fn tensor_lists_match_hugging_face_parameter_counts() {
+    let mut qwen3 = config(Architecture::Qwen3, 1024, 3072, 28, 16, 8, 151_936);
+    qwen3.head_dim = Some(128);
+    let smollm2 = config(Architecture::Llama, 576, 1536, 30, 9, 3, 49_152);
+    let mut qwen2 = config(Architecture::Qwen2, 896, 4864, 24, 14, 2, 151_936);
+    qwen2.attention_bias = true;
+    let opt125 = config(Architecture::Opt, 768, 3072, 12, 12, 12, 50_272);
+    let mut opt350 = config(Architecture::Opt, 1024, 4096, 24, 16, 16, 50_272);
+    opt350.word_embed_proj_dim = Some(512);
+    opt350.do_layer_norm_before = false;
+    for (label, cfg, tensors, params) in [
+        ("Qwen3-0.6B", qwen3, 310, 596_049_920),
+        ("SmolLM2-135M", smollm2, 272, 134_515_008),
+        ("Qwen2-0.5B", qwen2, 290, 494_032_768),
+        ("OPT-125m", opt125, 196, 125_239_296),
+        ("OPT-350m", opt350, 388, 331_196_416),
+    ] {
+        let src = DummySource::new(&cfg).unwrap();
+        assert_eq!(src.tensor_names().len(), tensors, "{label} tensor count");
+        assert_eq!(src.num_parameters(), params, "{label} parameters");
+    }
+}
+
+#[test]
+fn names_and_shapes_per_architecture() {
+    let mut qwen3 = config(Architecture::Qwen3, 64, 128, 2, 4, 2, 512);
+    qwen3.head_dim = Some(32);
+    qwen3.tie_word_embeddings = false;
+    let src = DummySource::new(&qwen3).unwrap();
+    assert_eq!(
+        src.shape("model.layers.1.self_attn.q_proj.weight"),
+        Some(&[128, 64][..])
+    );
+    assert_eq!(
+        src.shape("model.layers.1.self_attn.k_proj.weight"),
+        Some(&[64, 64][..])
+    );
+    assert_eq!(
+        src.shape("model.layers.1.self_attn.o_proj.weight"),
+        Some(&[64, 128][..])
+    );
+    assert_eq!(
+        src.shape("model.layers.0.self_attn.k_norm.weight"),
+        Some(&[32][..])
+    );
+    assert_eq!(src.shape("lm_head.weight"), Some(&[512, 64][..]));
+    assert!(!src.contains("model.layers.0.self_attn.q_proj.bias"));
+    assert!(!src.contains("model.layers.2.input_layernorm.weight"));
+
+    let mut qwen2 = config(Architecture::Qwen2, 64, 128, 2, 4, 2, 512);
+    qwen2.tie_word_embeddings = false;
+    let src = DummySource::new(&qwen2).unwrap();
+    assert_eq!(
+        src.shape("model.layers.0.self_attn.k_proj.bias"),
+        Some(&[32][..])
+    );
+    assert!(!src.contains("model.layers.0.self_attn.o_proj.bias"));
+    assert!(!src.contains("model.layers.0.self_attn.q_norm.weight"));
+
+    let llama = config(Architecture::Llama, 64, 128, 2, 4, 2, 512);
+    let src = DummySource::new(&llama).unwrap();
+    assert!(!src.contains("lm_head.weight"));
+    assert_eq!(
+        src.tensor_names().first().map(String::as_str),
+        Some("model.embed_tokens.weight")
+    );
+    assert_eq!(
+        src.tensor_names().last().map(String::as_str),
+        Some("model.norm.weight")
+    );
+
+    let mut opt = config(Architecture::Opt, 64, 128, 2, 4, 4, 512);
+    opt.max_position_embeddings = 256;
+    let src = DummySource::new(&opt).unwrap();
+    assert_eq!(
+        src.shape("model.decoder.embed_positions.weight"),
+        Some(&[258, 64][..])
+    );
+    assert_eq!(
+        src.shape("model.decoder.layers.1.fc1.weight"),
+        Some(&[128, 64][..])
+    );
+    assert_eq!(
+        src.shape("model.decoder.layers.1.fc2.bias"),
+        Some(&[64][..])
+    );
+    assert_eq!(
+        src.shape("model.decoder.layers.0.self_attn.out_proj.bias"),
+        Some(&[64][..])
+    );
+    assert_eq!(
+        src.shape("model.decoder.layers.0.self_attn_layer_norm.weight"),
+        Some(&[64][..])
+    );
+    assert_eq!(
+        src.shape("model.decoder.final_layer_norm.bias"),
+        Some(&[64][..])
+    );
+}
+
+#[test]
+fn get_generates_the_named_tensor() {
+    let cfg = config(Architecture::Llama, 64, 128, 2, 4, 2, 512);
+    let src = DummySource::new(&cfg).unwrap();
+    let t = src.get("model.embed_tokens.weight").unwrap();
+    assert_eq!(t.shape, vec![512, 64]);
+    let v = t.into_f32_vec();
+    assert_eq!(v[32767].to_bits(), 0xbe5a3a28);
+    let n = src
+        .get("model.layers.0.input_layernorm.weight")
+        .unwrap()
+        .into_f32_vec();
+    assert_eq!(n[5].to_bits(), 0x3f705ca8);
+    assert!(matches!(
+        src.get("lm_head.weight"),
+        Err(ModelError::MissingTensor(_))
+    ));
+}
+
+#[test]
+fn invalid_config_is_rejected() {
+    let cfg = config(Architecture::Llama, 64, 128, 2, 4, 3, 512);
+    assert!(matches!(DummySource::new(&cfg), Err(ModelError::Config(_))));
+}
+
+#[test]
+fn safetensors_round_trip_of_dummy_weights() {
+    use super::super::safetensors_writer::{write_safetensors, StorageDtype};
+    let cfg = config(Architecture::Qwen2, 64, 128, 1, 4, 2, 512);
+    let src = DummySource::new(&cfg).unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "pagoda-dummy-rt-{}.safetensors",
+        std::process::id()
+    ));
+    write_safetensors(&src, src.tensor_names(), StorageDtype::F32, &path).unwrap();
+    let buf = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let st = safetensors::SafeTensors::deserialize(&buf).unwrap();
+    assert_eq!(st.len(), src.tensor_names().len());
+    for name in src.tensor_names() {
+        let view = st.tensor(name).unwrap();
+        let expected = src.get(name).unwrap();
+        assert_eq!(view.shape(), &expected.shape[..], "{name}");
+        let got: Vec<f32> = view
+            .data()
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(got, expected.into_f32_vec(), "{name}");
+    }
+}
