@@ -1,1 +1,3 @@
 //! The engine: model runner, sampler, detokenization, step loop.
+
+pub mod sampler;

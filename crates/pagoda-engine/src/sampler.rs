@@ -1,0 +1,480 @@
+//! The sampler: one step's logits row + a request's [`SamplingParams`] -> the
+//! next token (and, on request, its logprob and the top-N alternatives).
+//!
+//! Order of the transforms (vLLM's / OpenAI's semantics):
+//! 1. penalties on the raw logits: repetition (tokens of prompt + output;
+//!    positive logits divided by the penalty, negative ones multiplied), then
+//!    frequency (times the count in the output) and presence (once if in the
+//!    output), both subtracted;
+//! 2. temperature below [`SAMPLING_EPS`] is greedy: argmax, ties to the lowest
+//!    id, NaN never chosen;
+//! 3. otherwise logits / temperature, softmax, then top-k, top-p (the
+//!    smallest set of most likely tokens whose mass reaches p, at least one),
+//!    min-p (drop tokens below `min_p * p_max`), and one draw from what is left,
+//!    renormalized.
+//!
+//! Ranking ties are always broken by the lower token id, so the kept set is a
+//! function of the logits alone. Logprobs are the log-softmax of the
+//! distribution actually sampled from (penalized, temperature-scaled,
+//! filtered, renormalized; temperature 1 and no filters for greedy); tokens
+//! the filters removed have no logprob and never appear in the top-N list.
+//!
+//! Randomness: each request owns a [`RequestRng`] (xoshiro256** seeded by
+//! SplitMix64) and every call to [`sample`] advances it by exactly one draw,
+//! greedy or not. A request's k-th token therefore depends only on its seed,
+//! its logits and k, never on which other requests share the batch or their
+//! order; [`sample_batch`] may run rows in parallel for the same reason.
+//!
+//! Costs, for a vocabulary of V: greedy O(V); sampling O(V) for the
+//! softmax plus, for top-k, an O(V) scan keeping a small sorted buffer
+//! (k <= 128) or an O(V) selection then an O(k log k) sort; top-p alone
+//! selects the top 64, 256, ... tokens until their mass reaches p, so a
+//! peaked distribution never sorts the vocabulary. Penalties cost
+//! O(n log n) in the prompt + output length n. The row is used as scratch.
+
+use pagoda_core::SamplingParams;
+use rayon::prelude::*;
+use std::cmp::Ordering;
+
+/// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`).
+pub const SAMPLING_EPS: f32 = 1e-5;
+/// First candidate count tried by top-p without top-k (grows 4x per round).
+const TOP_P_FIRST_ROUND: usize = 64;
+/// Up to this many candidates, top-k keeps a sorted buffer during one scan.
+const SMALL_K: usize = 128;
+
+/// A request's own random stream: xoshiro256** seeded through SplitMix64.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRng {
+    s: [u64; 4],
+}
+
+/// One SplitMix64 step: advances `state` and returns the next output.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl RequestRng {
+    /// The stream of `seed` (any value; the state is never all zero).
+    pub fn new(seed: u64) -> Self {
+        let mut st = seed;
+        let mut s = [0u64; 4];
+        for x in &mut s {
+            *x = splitmix64(&mut st);
+        }
+        if s == [0; 4] {
+            s[0] = 1;
+        }
+        RequestRng { s }
+    }
+
+    /// The stream of `seed`, or of a seed drawn from `seed_source` when the
+    /// request brought none.
+    pub fn for_request(seed: Option<u64>, seed_source: &mut RequestRng) -> Self {
+        RequestRng::new(seed.unwrap_or_else(|| seed_source.next_u64()))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Logprobs of one sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    /// Log-probability of the chosen token.
+    pub logprob: f32,
+    /// The most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What [`sample`] picked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleOutput {
+    pub token: u32,
+    /// Present when logprobs were asked for.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// One sequence of a batch: its parameters, history and random stream.
+#[derive(Debug)]
+pub struct SeqSampling<'a> {
+    pub params: &'a SamplingParams,
+    pub prompt_token_ids: &'a [u32],
+    pub output_token_ids: &'a [u32],
+    pub rng: &'a mut RequestRng,
+    /// `None`: no logprobs; `Some(n)`: the chosen token's and the top n.
+    pub num_logprobs: Option<usize>,
+}
+
+/// Picks the next token from `logits` (one row, vocab wide; used as scratch).
+pub fn sample(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    prompt_token_ids: &[u32],
+    output_token_ids: &[u32],
+    rng: &mut RequestRng,
+) -> SampleOutput {
+    sample_with_logprobs(
+        logits,
+        params,
+        prompt_token_ids,
+        output_token_ids,
+        rng,
+        None,
+    )
+}
+
+/// Samples every row of `logits` (`seqs.len()` rows of `vocab_size`), rows
+/// in parallel; each row's result depends only on that row and its sequence.
+pub fn sample_batch(
+    logits: &mut [f32],
+    vocab_size: usize,
+    seqs: &mut [SeqSampling<'_>],
+) -> Vec<SampleOutput> {
+    debug_assert_eq!(logits.len(), vocab_size * seqs.len());
+    logits
+        .par_chunks_exact_mut(vocab_size.max(1))
+        .zip(seqs.par_iter_mut())
+        .map(|(row, s)| {
+            sample_with_logprobs(
+                row,
+                s.params,
+                s.prompt_token_ids,
+                s.output_token_ids,
+                s.rng,
+                s.num_logprobs,
+            )
+        })
+        .collect()
+}
+
+/// [`sample`], also returning logprobs when `num_logprobs` is `Some(n)`.
+pub fn sample_with_logprobs(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    prompt_token_ids: &[u32],
+    output_token_ids: &[u32],
+    rng: &mut RequestRng,
+    num_logprobs: Option<usize>,
+) -> SampleOutput {
+    // Exactly one draw per token, so the stream's position is the step index.
+    let u = rng.next_f64();
+    apply_penalties(logits, params, prompt_token_ids, output_token_ids);
+    if logits.is_empty() {
+        return SampleOutput {
+            token: 0,
+            logprobs: num_logprobs.map(|_| TokenLogprobs {
+                logprob: f32::NEG_INFINITY,
+                top: Vec::new(),
+            }),
+        };
+    }
+    let temperature = params.temperature;
+    // NaN temperatures (rejected by validation) fall to greedy too.
+    if temperature.is_nan() || temperature < SAMPLING_EPS {
+        let token = argmax(logits);
+        let logprobs = num_logprobs.map(|n| {
+            let support = Support::Dense(to_weights(logits, 1.0));
+            support.logprobs(logits, token, n)
+        });
+        return SampleOutput { token, logprobs };
+    }
+
+    // Weights w_i = exp((l_i - max) / T) in place: the largest is exactly 1.
+    let mut support = Support::Dense(to_weights(logits, temperature));
+    let vocab = logits.len();
+    if params.top_k > 0 && params.top_k < vocab {
+        support = Support::Sparse(top_by_weight(logits, params.top_k));
+    }
+    if params.top_p < 1.0 {
+        support = support.top_p(logits, params.top_p as f64);
+    }
+    if params.min_p > 0.0 {
+        // p_i >= min_p * p_max  <=>  w_i >= min_p (w_max = 1; clamped so the
+        // most likely token always survives).
+        support.min_p(logits, params.min_p.min(1.0));
+    }
+    let token = support.draw(logits, u);
+    let logprobs = num_logprobs.map(|n| support.logprobs(logits, token, n));
+    SampleOutput { token, logprobs }
+}
+
+/// Repetition, frequency and presence penalties, in place.
+pub fn apply_penalties(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    prompt_token_ids: &[u32],
+    output_token_ids: &[u32],
+) {
+    let vocab = logits.len();
+    let rep = params.repetition_penalty;
+    if rep != 1.0 && rep > 0.0 {
+        let mut seen: Vec<u32> = prompt_token_ids
+            .iter()
+            .chain(output_token_ids)
+            .copied()
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for t in seen {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 { *l / rep } else { *l * rep };
+            }
+        }
+    }
+    let (freq, presence) = (params.frequency_penalty, params.presence_penalty);
+    if freq != 0.0 || presence != 0.0 {
+        let mut out = output_token_ids.to_vec();
+        out.sort_unstable();
+        for run in out.chunk_by(|a, b| a == b) {
+            let t = run[0] as usize;
+            if t < vocab {
+                // Two subtractions, in vLLM's order (bit-for-bit the same).
+                logits[t] -= freq * run.len() as f32;
+                logits[t] -= presence;
+            }
+        }
+    }
+}
+
+/// Index of the largest logit; ties go to the lowest id, NaN is skipped.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+/// Rewrites `logits` as weights `exp((l - max) / t)` (NaN -> 0) and returns
+/// their sum. All weights are 0 only if no logit is finite or above -inf.
+fn to_weights(logits: &mut [f32], t: f32) -> f64 {
+    let mut max = f32::NEG_INFINITY;
+    for l in logits.iter_mut() {
+        if l.is_nan() {
+            *l = f32::NEG_INFINITY;
+        }
+        *l /= t;
+        max = max.max(*l);
+    }
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        logits.fill(0.0);
+        return 0.0;
+    }
+    let mut total = 0.0f64;
+    for l in logits.iter_mut() {
+        // max = +inf (overflowing logits): those tokens share the mass.
+        *l = if max == f32::INFINITY {
+            if *l == f32::INFINITY {
+                1.0
+            } else {
+                0.0
+            }
+        } else {
+            (*l - max).exp()
+        };
+        total += *l as f64;
+    }
+    total
+}
+
+/// Ranking order: higher weight first, then lower id.
+fn rank(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The `m` (< len) highest-weight tokens of `w`, in [`rank`] order.
+fn top_by_weight(w: &[f32], m: usize) -> Vec<(u32, f32)> {
+    let m = m.min(w.len());
+    if m == 0 {
+        return Vec::new();
+    }
+    if m <= SMALL_K {
+        // One scan with a sorted buffer; ids grow, so an equal weight seen
+        // later ranks after the ones kept.
+        let mut buf: Vec<(u32, f32)> = Vec::with_capacity(m + 1);
+        for (i, &x) in w.iter().enumerate() {
+            if buf.len() == m && x <= buf[m - 1].1 {
+                continue;
+            }
+            let pos = buf.partition_point(|e| e.1 >= x);
+            buf.insert(pos, (i as u32, x));
+            buf.truncate(m);
+        }
+        return buf;
+    }
+    let mut all: Vec<(u32, f32)> = w.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
+    if m < all.len() {
+        all.select_nth_unstable_by(m - 1, rank);
+        all.truncate(m);
+    }
+    all.sort_unstable_by(rank);
+    all
+}
+
+/// The tokens still allowed, with the sum of their weights.
+enum Support {
+    /// Every token; the weights are the row itself (0 = removed). Holds the total.
+    Dense(f64),
+    /// The listed tokens only, in [`rank`] order.
+    Sparse(Vec<(u32, f32)>),
+}
+
+impl Support {
+    fn total(&self) -> f64 {
+        match self {
+            Support::Dense(total) => *total,
+            Support::Sparse(c) => c.iter().map(|e| e.1 as f64).sum(),
+        }
+    }
+
+    /// Keeps the smallest prefix (in rank order) whose mass reaches `p`.
+    fn top_p(self, w: &[f32], p: f64) -> Support {
+        let nucleus = |cands: &[(u32, f32)], total: f64| -> Option<usize> {
+            let target = p * total;
+            let mut cum = 0.0f64;
+            for (j, e) in cands.iter().enumerate() {
+                cum += e.1 as f64;
+                if cum >= target {
+                    return Some(j + 1);
+                }
+            }
+            None
+        };
+        match self {
+            Support::Sparse(mut c) => {
+                let total = c.iter().map(|e| e.1 as f64).sum();
+                let keep = nucleus(&c, total).unwrap_or(c.len()).max(1);
+                c.truncate(keep);
+                Support::Sparse(c)
+            }
+            Support::Dense(total) => {
+                let mut m = TOP_P_FIRST_ROUND;
+                while m < w.len() {
+                    let mut c = top_by_weight(w, m);
+                    if let Some(keep) = nucleus(&c, total) {
+                        c.truncate(keep.max(1));
+                        return Support::Sparse(c);
+                    }
+                    m = m.saturating_mul(4);
+                }
+                // The nucleus needs (nearly) every token: sort them all.
+                let mut c = top_by_weight(w, w.len());
+                let keep = nucleus(&c, total).unwrap_or(c.len()).max(1);
+                c.truncate(keep);
+                Support::Sparse(c)
+            }
+        }
+    }
+
+    /// Drops tokens whose weight is below `min_w` (at most 1: the top stays).
+    fn min_p(&mut self, w: &mut [f32], min_w: f32) {
+        match self {
+            Support::Sparse(c) => c.retain(|e| e.1 >= min_w),
+            Support::Dense(total) => {
+                let mut t = 0.0f64;
+                for x in w.iter_mut() {
+                    if *x < min_w {
+                        *x = 0.0;
+                    }
+                    t += *x as f64;
+                }
+                *total = t;
+            }
+        }
+    }
+
+    /// The token at mass `u * total` (u uniform in [0, 1)).
+    fn draw(&self, w: &[f32], u: f64) -> u32 {
+        let target = u * self.total();
+        let mut cum = 0.0f64;
+        let mut last = None;
+        let mut pick = |id: u32, x: f32| {
+            if x > 0.0 {
+                cum += x as f64;
+                last = Some(id);
+                cum > target
+            } else {
+                false
+            }
+        };
+        match self {
+            Support::Sparse(c) => {
+                for &(id, x) in c {
+                    if pick(id, x) {
+                        return id;
+                    }
+                }
+            }
+            Support::Dense(_) => {
+                for (i, &x) in w.iter().enumerate() {
+                    if pick(i as u32, x) {
+                        return i as u32;
+                    }
+                }
+            }
+        }
+        // Rounding left `target` at the very end, or nothing has weight.
+        last.unwrap_or_else(|| match self {
+            Support::Sparse(c) => c.first().map_or(0, |e| e.0),
+            Support::Dense(_) => argmax(w),
+        })
+    }
+
+    /// Logprob of `token` and the `n` most likely kept tokens.
+    fn logprobs(&self, w: &[f32], token: u32, n: usize) -> TokenLogprobs {
+        let log_total = self.total().ln();
+        let lp = |x: f32| {
+            if x > 0.0 {
+                ((x as f64).ln() - log_total) as f32
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let (token_w, top) = match self {
+            Support::Sparse(c) => {
+                let tw = c.iter().find(|e| e.0 == token).map_or(0.0, |e| e.1);
+                (tw, c.iter().take(n).copied().collect::<Vec<_>>())
+            }
+            Support::Dense(_) => {
+                let tw = w.get(token as usize).copied().unwrap_or(0.0);
+                (tw, top_by_weight(w, n))
+            }
+        };
+        TokenLogprobs {
+            logprob: lp(token_w),
+            top: top
+                .into_iter()
+                .filter(|e| e.1 > 0.0)
+                .map(|(id, x)| (id, lp(x)))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "sampler_tests.rs"]
+mod tests;
