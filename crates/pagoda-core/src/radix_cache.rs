@@ -1,0 +1,715 @@
+//! Radix prefix cache (SGLang's RadixAttention) over token ids, holding KV blocks.
+//!
+//! Each node owns a run of tokens `key` at positions `[start, end)` of every
+//! sequence that passes through it, and the KV blocks of that run:
+//! - `blocks`: the *full* blocks completed inside the node, i.e. block indices
+//!   `start / bs .. end / bs`; a full block holds valid K/V for all its slots
+//!   (the earlier slots belong to ancestors' tokens of the same path);
+//! - `tail`: for a leaf that ends mid-block, the block holding its last
+//!   `end % bs` tokens (slots `0 .. end % bs` valid). An inner node needs no
+//!   tail: any child's first block holds the same slots.
+//!
+//! Reuse is token-granular: [`RadixCache::match_prefix`] returns the shared
+//! full blocks plus, when the match ends mid-block, the block to copy the first
+//! `len % bs` slots from (copy-on-write by the caller).
+//!
+//! Invariants (checked by [`RadixCache::check_invariants`]):
+//! - the tree holds one pool reference for every block in `blocks` and `tail`;
+//! - `blocks.len() == end / bs - start / bs`; a tail only on a leaf with `end % bs != 0`;
+//! - `lock_ref` of a node counts the locks on it and on its descendants
+//!   (as SGLang's), so a locked node and its ancestors are never evicted;
+//! - `evictable` holds exactly the non-root leaves that are unlocked (evict the
+//!   node) or locked with a tail (drop only the tail), ordered LRU first.
+//!
+//! Costs: `match_prefix` and `insert` are O(tokens walked + nodes walked ·
+//! log nodes); `relock` is O(nodes between the two nodes); `inc_lock_ref` /
+//! `dec_lock_ref` O(depth); `evict` O(log nodes) per node evicted.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::block_pool::{BlockId, BlockPool};
+use crate::error::{CoreError, Result};
+
+/// Handle of a radix tree node; stays valid (and keeps its `end`) until the
+/// node is evicted, which cannot happen while it is locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(u32);
+
+impl NodeId {
+    /// The root: the empty prefix; never evicted, never holds blocks.
+    pub const ROOT: NodeId = NodeId(0);
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    parent: NodeId,
+    /// Children by the first token of their key.
+    children: HashMap<u32, NodeId>,
+    key: Vec<u32>,
+    /// Position of `key[0]` in the sequence.
+    start: usize,
+    blocks: Vec<BlockId>,
+    tail: Option<BlockId>,
+    lock_ref: u32,
+    last_access: u64,
+}
+
+impl Node {
+    fn end(&self) -> usize {
+        self.start + self.key.len()
+    }
+}
+
+/// Result of [`RadixCache::match_prefix`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixMatch {
+    /// Node ending exactly at `num_tokens` (lock it to keep the prefix).
+    pub node: NodeId,
+    /// Tokens whose K/V can be reused.
+    pub num_tokens: usize,
+    /// Full blocks of the prefix, `num_tokens / block_size` of them.
+    pub blocks: Vec<BlockId>,
+    /// When `num_tokens % block_size != 0`: a block whose first
+    /// `num_tokens % block_size` slots hold the rest of the prefix.
+    pub partial_block: Option<BlockId>,
+}
+
+/// Result of [`RadixCache::insert`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct InsertOutcome {
+    /// Node ending exactly at the inserted length.
+    pub node: NodeId,
+    /// `(block index, block)` where the tree already held a full block for that
+    /// index that differs from the caller's: the caller may switch to it and
+    /// free its own copy.
+    pub shared_blocks: Vec<(usize, BlockId)>,
+}
+
+/// The radix tree. Block references go through a [`BlockPool`] passed in.
+#[derive(Debug, Clone)]
+pub struct RadixCache {
+    block_size: usize,
+    nodes: Vec<Option<Node>>,
+    free_slots: Vec<u32>,
+    evictable: BTreeSet<(u64, NodeId)>,
+    clock: u64,
+    num_tokens: usize,
+}
+
+fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl RadixCache {
+    pub fn new(block_size: usize) -> Self {
+        let root = Node {
+            parent: NodeId::ROOT,
+            children: HashMap::new(),
+            key: Vec::new(),
+            start: 0,
+            blocks: Vec::new(),
+            tail: None,
+            lock_ref: 0,
+            last_access: 0,
+        };
+        RadixCache {
+            block_size: block_size.max(1),
+            nodes: vec![Some(root)],
+            free_slots: Vec::new(),
+            evictable: BTreeSet::new(),
+            clock: 0,
+            num_tokens: 0,
+        }
+    }
+
+    /// Tokens stored in the tree (each path token once).
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    pub fn is_live(&self, id: NodeId) -> bool {
+        matches!(self.nodes.get(id.0 as usize), Some(Some(_)))
+    }
+
+    /// Position just past the node's last token, or `None` for a dead node.
+    pub fn node_end(&self, id: NodeId) -> Option<usize> {
+        self.get(id).map(Node::end)
+    }
+
+    pub fn lock_ref(&self, id: NodeId) -> Option<u32> {
+        self.get(id).map(|n| n.lock_ref)
+    }
+
+    /// The tokens from the root to the end of `id`. O(depth); for tests.
+    pub fn node_tokens(&self, id: NodeId) -> Option<Vec<u32>> {
+        let mut parts = Vec::new();
+        let mut cur = id;
+        while cur != NodeId::ROOT {
+            let n = self.get(cur)?;
+            parts.push(&n.key[..]);
+            cur = n.parent;
+        }
+        Some(parts.into_iter().rev().flatten().copied().collect())
+    }
+
+    fn get(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    fn n(&self, id: NodeId) -> &Node {
+        self.get(id)
+            .expect("radix node ids held internally are live")
+    }
+
+    fn n_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id.0 as usize]
+            .as_mut()
+            .expect("radix node ids held internally are live")
+    }
+
+    fn is_evictable(&self, id: NodeId) -> bool {
+        let n = self.n(id);
+        id != NodeId::ROOT && n.children.is_empty() && (n.lock_ref == 0 || n.tail.is_some())
+    }
+
+    /// Re-derives `id`'s membership in the eviction set after a change.
+    fn refresh(&mut self, id: NodeId) {
+        let key = (self.n(id).last_access, id);
+        self.evictable.remove(&key);
+        if self.is_evictable(id) {
+            self.evictable.insert(key);
+        }
+    }
+
+    fn touch(&mut self, id: NodeId, now: u64) {
+        self.evictable.remove(&(self.n(id).last_access, id));
+        self.n_mut(id).last_access = now;
+        self.refresh(id);
+    }
+
+    fn add_node(&mut self, node: Node) -> NodeId {
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.nodes[slot as usize] = Some(node);
+                NodeId(slot)
+            }
+            None => {
+                self.nodes.push(Some(node));
+                NodeId(self.nodes.len() as u32 - 1)
+            }
+        }
+    }
+
+    /// Block of index `q` held by `node` (full block or tail), if any.
+    fn block_at(&self, node: &Node, q: usize) -> Option<BlockId> {
+        let bs = self.block_size;
+        let first = node.start / bs;
+        if q >= first && q < node.end() / bs {
+            return node.blocks.get(q - first).copied();
+        }
+        if q == node.end() / bs && node.end() % bs != 0 {
+            return node.tail;
+        }
+        None
+    }
+
+    /// A block holding slots `0 .. m % bs` of block `m / bs`, where `holder`
+    /// contains position `m - 1`. O(nodes starting inside that block).
+    fn partial_source(&self, holder: NodeId, m: usize) -> Option<BlockId> {
+        // Every node below `holder` that starts inside block q holds these
+        // slots if it has a block for q; search that part of the subtree.
+        let q = m / self.block_size;
+        let mut stack = vec![holder];
+        while let Some(id) = stack.pop() {
+            let n = self.n(id);
+            if let Some(b) = self.block_at(n, q) {
+                return Some(b);
+            }
+            if n.end() / self.block_size == q {
+                stack.extend(n.children.values());
+            }
+        }
+        None
+    }
+
+    /// Splits `id` after its first `k` tokens (0 < k < key.len()). `id` keeps
+    /// the lower part (so handles to it keep their `end`); returns the new upper node.
+    fn split(&mut self, id: NodeId, k: usize) -> NodeId {
+        let bs = self.block_size;
+        let n = self.n_mut(id);
+        let split_at = n.start + k;
+        let upper_full = split_at / bs - n.start / bs;
+        let upper = Node {
+            parent: n.parent,
+            children: HashMap::from([(n.key[k], id)]),
+            key: n.key[..k].to_vec(),
+            start: n.start,
+            blocks: n.blocks.drain(..upper_full).collect(),
+            tail: None,
+            lock_ref: n.lock_ref,
+            last_access: n.last_access,
+        };
+        n.key.drain(..k);
+        n.start = split_at;
+        let (parent, first) = (upper.parent, upper.key[0]);
+        let up = self.add_node(upper);
+        self.n_mut(id).parent = up;
+        self.n_mut(parent).children.insert(first, up);
+        up
+    }
+
+    /// Longest cached prefix of `tokens` whose K/V is available. Splits the
+    /// node where the match ends so that the returned node ends exactly there.
+    /// Takes no references: lock the node (and incref what you keep) at once.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> PrefixMatch {
+        self.clock += 1;
+        let bs = self.block_size;
+        // 1. Walk down as far as tokens agree.
+        let (mut cur, mut m, mut last) = (NodeId::ROOT, 0, None);
+        while m < tokens.len() {
+            let Some(&child) = self.n(cur).children.get(&tokens[m]) else {
+                break;
+            };
+            let c = self.n(child);
+            let k = common_prefix_len(&c.key, &tokens[m..]);
+            let full = k == c.key.len();
+            m += k;
+            last = Some(child);
+            if !full {
+                break;
+            }
+            cur = child;
+        }
+        // 2. A match ending mid-block needs a source for that block's slots.
+        let mut partial_block = None;
+        if let (Some(holder), true) = (last, m % bs != 0) {
+            partial_block = self.partial_source(holder, m);
+            if partial_block.is_none() {
+                m -= m % bs;
+            }
+        }
+        // 3. Find (or split off) the node ending at m; collect its path.
+        let mut node = NodeId::ROOT;
+        let mut cur = NodeId::ROOT;
+        while self.n(cur).end() < m {
+            let child = self.n(cur).children[&tokens[self.n(cur).end()]];
+            let c = self.n(child);
+            node = if c.end() > m {
+                self.split(child, m - c.start)
+            } else {
+                child
+            };
+            cur = node;
+        }
+        let mut path = Vec::new();
+        let mut up = node;
+        while up != NodeId::ROOT {
+            path.push(up);
+            up = self.n(up).parent;
+        }
+        let mut blocks = Vec::with_capacity(m / bs);
+        for &id in path.iter().rev() {
+            blocks.extend_from_slice(&self.n(id).blocks);
+            self.touch(id, self.clock);
+        }
+        PrefixMatch {
+            node,
+            num_tokens: m,
+            blocks,
+            partial_block,
+        }
+    }
+
+    /// Stores `tokens` (a whole sequence prefix) whose K/V is in `blocks`
+    /// (the sequence's block table), walking down from `from`, a node on that
+    /// sequence's path (the root, or a node it holds locked). Tokens beyond
+    /// the blocks are ignored. The tree takes references on the blocks it keeps.
+    pub fn insert(
+        &mut self,
+        pool: &mut BlockPool,
+        from: NodeId,
+        tokens: &[u32],
+        blocks: &[BlockId],
+    ) -> Result<InsertOutcome> {
+        let bs = self.block_size;
+        let from_end = self
+            .get(from)
+            .ok_or(CoreError::StaleRadixNode(from.0))?
+            .end();
+        let end = tokens.len().min(blocks.len() * bs);
+        if let Some(&b) = blocks[..end.div_ceil(bs)]
+            .iter()
+            .find(|&&b| pool.ref_count(b) == 0)
+        {
+            return Err(CoreError::BlockNotAllocated(b));
+        }
+        self.clock += 1;
+        let (mut cur, mut pos) = (from, from_end);
+        let mut shared_blocks = Vec::new();
+        self.touch(cur, self.clock);
+        while pos < end {
+            let Some(&child) = self.n(cur).children.get(&tokens[pos]) else {
+                let tail = (end % bs != 0).then(|| blocks[end / bs]);
+                let full = blocks[pos / bs..end / bs].to_vec();
+                for &b in full.iter().chain(&tail) {
+                    pool.incref(b)?;
+                }
+                if let Some(old_tail) = self.n_mut(cur).tail.take() {
+                    pool.decref(old_tail)?;
+                }
+                let leaf = self.add_node(Node {
+                    parent: cur,
+                    children: HashMap::new(),
+                    key: tokens[pos..end].to_vec(),
+                    start: pos,
+                    blocks: full,
+                    tail,
+                    lock_ref: 0,
+                    last_access: self.clock,
+                });
+                self.n_mut(cur).children.insert(tokens[pos], leaf);
+                self.num_tokens += end - pos;
+                self.refresh(cur);
+                self.refresh(leaf);
+                cur = leaf;
+                break;
+            };
+            let c = self.n(child);
+            let k = common_prefix_len(&c.key, &tokens[pos..end]);
+            let next = if k < c.key.len() {
+                self.split(child, k)
+            } else {
+                child
+            };
+            let n = self.n(next);
+            let first = n.start / bs;
+            for (i, &b) in n.blocks.iter().enumerate() {
+                if blocks[first + i] != b {
+                    shared_blocks.push((first + i, b));
+                }
+            }
+            self.touch(next, self.clock);
+            cur = next;
+            pos += k;
+        }
+        // A leaf that lost its tail under memory pressure gets it back.
+        let n = self.n(cur);
+        if cur != NodeId::ROOT && end % bs != 0 && n.children.is_empty() && n.tail.is_none() {
+            pool.incref(blocks[end / bs])?;
+            self.n_mut(cur).tail = Some(blocks[end / bs]);
+            self.refresh(cur);
+        }
+        Ok(InsertOutcome {
+            node: cur,
+            shared_blocks,
+        })
+    }
+
+    fn path_to_root(&self, id: NodeId) -> Result<Vec<NodeId>> {
+        self.get(id).ok_or(CoreError::StaleRadixNode(id.0))?;
+        let mut path = Vec::new();
+        let mut cur = id;
+        while cur != NodeId::ROOT {
+            path.push(cur);
+            cur = self.n(cur).parent;
+        }
+        Ok(path)
+    }
+
+    /// Locks `id` and its ancestors against eviction. O(depth).
+    pub fn inc_lock_ref(&mut self, id: NodeId) -> Result<()> {
+        for n in self.path_to_root(id)? {
+            self.n_mut(n).lock_ref += 1;
+            self.refresh(n);
+        }
+        Ok(())
+    }
+
+    /// Releases a lock taken with [`Self::inc_lock_ref`]. O(depth).
+    pub fn dec_lock_ref(&mut self, id: NodeId) -> Result<()> {
+        let path = self.path_to_root(id)?;
+        if let Some(&n) = path.iter().find(|&&n| self.n(n).lock_ref == 0) {
+            return Err(CoreError::RadixNodeNotLocked(n.0));
+        }
+        for n in path {
+            self.n_mut(n).lock_ref -= 1;
+            self.refresh(n);
+        }
+        Ok(())
+    }
+
+    /// Moves a lock from `old` to its descendant `new` (same effect as
+    /// `inc_lock_ref(new); dec_lock_ref(old)`), in O(nodes between them).
+    pub fn relock(&mut self, old: NodeId, new: NodeId) -> Result<()> {
+        let old_locked = self
+            .get(old)
+            .is_some_and(|n| n.lock_ref > 0 || old == NodeId::ROOT);
+        if !old_locked {
+            return Err(CoreError::RadixNodeNotLocked(old.0));
+        }
+        let mut between = Vec::new();
+        let mut cur = new;
+        while cur != old {
+            if cur == NodeId::ROOT {
+                return Err(CoreError::StaleRadixNode(new.0));
+            }
+            between.push(cur);
+            cur = self
+                .get(cur)
+                .ok_or(CoreError::StaleRadixNode(cur.0))?
+                .parent;
+        }
+        for n in between {
+            self.n_mut(n).lock_ref += 1;
+            self.refresh(n);
+        }
+        Ok(())
+    }
+
+    /// Frees blocks, least recently used first, until the pool has
+    /// `target_free` free blocks or nothing is evictable: removes unlocked
+    /// leaves, and drops the tail of locked leaves. Returns blocks freed.
+    pub fn evict(&mut self, pool: &mut BlockPool, target_free: usize) -> Result<usize> {
+        let mut freed = 0;
+        while pool.num_free() < target_free {
+            let Some((_, id)) = self.evictable.pop_first() else {
+                break;
+            };
+            if self.n(id).lock_ref > 0 {
+                if let Some(b) = self.n_mut(id).tail.take() {
+                    freed += pool.decref(b)? as usize;
+                }
+                continue;
+            }
+            freed += self.remove_leaf(pool, id)?;
+        }
+        Ok(freed)
+    }
+
+    /// Evicts everything that is not locked. Returns blocks freed.
+    pub fn flush(&mut self, pool: &mut BlockPool) -> Result<usize> {
+        self.evict(pool, usize::MAX)
+    }
+
+    fn remove_leaf(&mut self, pool: &mut BlockPool, id: NodeId) -> Result<usize> {
+        let bs = self.block_size;
+        let Some(node) = self.nodes[id.0 as usize].take() else {
+            return Ok(0);
+        };
+        self.free_slots.push(id.0);
+        self.num_tokens -= node.key.len();
+        let parent = node.parent;
+        self.n_mut(parent).children.remove(&node.key[0]);
+        // A parent left as a leaf that ends mid-block keeps this block's slots
+        // of its own tokens as its tail.
+        let p = self.n(parent);
+        let keep = (parent != NodeId::ROOT && node.start % bs != 0 && p.children.is_empty())
+            .then(|| self.block_at(&node, node.start / bs))
+            .flatten();
+        let mut freed = 0;
+        for &b in node.blocks.iter().chain(&node.tail) {
+            if Some(b) != keep {
+                freed += pool.decref(b)? as usize;
+            }
+        }
+        if keep.is_some() {
+            self.n_mut(parent).tail = keep;
+        }
+        self.refresh(parent);
+        Ok(freed)
+    }
+
+    /// Checks every structural invariant; returns how many references the
+    /// tree holds on each block. O(nodes + blocks); for tests.
+    pub fn check_invariants(
+        &self,
+        pool: &BlockPool,
+    ) -> std::result::Result<HashMap<BlockId, u32>, String> {
+        let bs = self.block_size;
+        let mut refs: HashMap<BlockId, u32> = HashMap::new();
+        let (mut seen, mut tokens) = (0usize, 0usize);
+        let mut stack = vec![NodeId::ROOT];
+        while let Some(id) = stack.pop() {
+            let n = self.get(id).ok_or(format!("dead node {id:?} reachable"))?;
+            seen += 1;
+            tokens += n.key.len();
+            if id != NodeId::ROOT && n.key.is_empty() {
+                return Err(format!("{id:?}: empty key"));
+            }
+            if n.blocks.len() != n.end() / bs - n.start / bs {
+                return Err(format!(
+                    "{id:?}: {} blocks for [{}, {})",
+                    n.blocks.len(),
+                    n.start,
+                    n.end()
+                ));
+            }
+            if n.tail.is_some()
+                && (!n.children.is_empty() || n.end() % bs == 0 || id == NodeId::ROOT)
+            {
+                return Err(format!("{id:?}: tail on a node that must not have one"));
+            }
+            let mut child_locks = 0;
+            for (&first, &c) in &n.children {
+                let cn = self.get(c).ok_or(format!("{id:?}: dead child {c:?}"))?;
+                if cn.parent != id || cn.start != n.end() || cn.key.first() != Some(&first) {
+                    return Err(format!("{c:?}: inconsistent with parent {id:?}"));
+                }
+                child_locks += cn.lock_ref;
+                stack.push(c);
+            }
+            if id != NodeId::ROOT && n.lock_ref < child_locks {
+                return Err(format!(
+                    "{id:?}: lock_ref {} < children's {child_locks}",
+                    n.lock_ref
+                ));
+            }
+            if self.evictable.contains(&(n.last_access, id)) != self.is_evictable(id) {
+                return Err(format!("{id:?}: eviction set membership is stale"));
+            }
+            for &b in n.blocks.iter().chain(&n.tail) {
+                *refs.entry(b).or_default() += 1;
+            }
+        }
+        let live = self.nodes.iter().filter(|n| n.is_some()).count();
+        if seen != live || self.evictable.len() > live || tokens != self.num_tokens {
+            return Err(format!(
+                "{seen} reachable of {live} live nodes; {tokens} tokens vs {}",
+                self.num_tokens
+            ));
+        }
+        if let Some((b, c)) = refs.iter().find(|(&b, &c)| pool.ref_count(b) < c) {
+            return Err(format!(
+                "block {b}: tree holds {c} refs, pool counts {}",
+                pool.ref_count(*b)
+            ));
+        }
+        Ok(refs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Computes `tokens` into fresh blocks, caches them, drops the request's refs.
+    fn cache_seq(tree: &mut RadixCache, pool: &mut BlockPool, tokens: &[u32]) -> Vec<BlockId> {
+        let bs = pool.block_size();
+        let blocks: Vec<_> = (0..tokens.len().div_ceil(bs))
+            .map(|_| pool.allocate().unwrap())
+            .collect();
+        tree.insert(pool, NodeId::ROOT, tokens, &blocks).unwrap();
+        for &b in &blocks {
+            pool.decref(b).unwrap();
+        }
+        blocks
+    }
+
+    #[test]
+    fn match_ending_mid_block_names_the_block_to_copy() {
+        let (mut tree, mut pool) = (RadixCache::new(16), BlockPool::new(8, 16));
+        let first = [1, 29871, 29896, 29906, 29941, 29946, 29945, 13, 14];
+        let b = cache_seq(&mut tree, &mut pool, &first);
+        let m = tree.match_prefix(&[1, 29871, 29896, 29906, 29941, 29946, 29945, 29896, 29906]);
+        assert_eq!(
+            (m.num_tokens, m.blocks.clone(), m.partial_block),
+            (7, vec![], Some(b[0]))
+        );
+        assert_eq!(tree.node_tokens(m.node).unwrap(), first[..7].to_vec());
+        assert_eq!(tree.num_tokens(), first.len(), "a split adds no tokens");
+        tree.check_invariants(&pool).unwrap();
+    }
+
+    #[test]
+    fn full_blocks_are_shared_and_divergent_inserts_report_nothing_shared() {
+        let (mut tree, mut pool) = (RadixCache::new(4), BlockPool::new(16, 4));
+        let a = cache_seq(&mut tree, &mut pool, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let m = tree.match_prefix(&[1, 2, 3, 4, 5, 6, 7, 8, 0, 0]);
+        assert_eq!(
+            (m.num_tokens, m.blocks, m.partial_block),
+            (8, a[..2].to_vec(), None)
+        );
+        // The same prefix computed again into other blocks: the tree keeps its own.
+        let other: Vec<_> = (0..3).map(|_| pool.allocate().unwrap()).collect();
+        let out = tree
+            .insert(
+                &mut pool,
+                NodeId::ROOT,
+                &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+                &other,
+            )
+            .unwrap();
+        assert_eq!(out.shared_blocks, vec![(0, a[0]), (1, a[1])]);
+        assert_eq!(tree.node_end(out.node), Some(9));
+        tree.check_invariants(&pool).unwrap();
+    }
+
+    #[test]
+    fn locked_nodes_survive_eviction_and_lru_goes_first() {
+        let (mut tree, mut pool) = (RadixCache::new(4), BlockPool::new(6, 4));
+        cache_seq(&mut tree, &mut pool, &[1, 1, 1, 1, 1, 1, 1, 1]);
+        cache_seq(&mut tree, &mut pool, &[2, 2, 2, 2]);
+        cache_seq(&mut tree, &mut pool, &[3, 3, 3, 3]);
+        assert_eq!(pool.num_free(), 2);
+        let locked = tree.match_prefix(&[1, 1, 1, 1, 1, 1, 1, 1]).node;
+        tree.inc_lock_ref(locked).unwrap();
+        tree.match_prefix(&[2, 2, 2, 2]); // touch: [3..] is now least recently used
+        assert_eq!(tree.evict(&mut pool, 3).unwrap(), 1);
+        assert_eq!(tree.match_prefix(&[3, 3, 3, 3]).num_tokens, 0);
+        assert_eq!(tree.match_prefix(&[2, 2, 2, 2]).num_tokens, 4);
+        assert_eq!(tree.flush(&mut pool).unwrap(), 1);
+        assert_eq!(
+            tree.match_prefix(&[1; 8]).num_tokens,
+            8,
+            "locked prefix kept"
+        );
+        tree.dec_lock_ref(locked).unwrap();
+        assert!(
+            tree.dec_lock_ref(locked).is_err(),
+            "lock_ref never underflows"
+        );
+        tree.flush(&mut pool).unwrap();
+        assert_eq!((pool.num_free(), tree.num_tokens()), (6, 0));
+        tree.check_invariants(&pool).unwrap();
+    }
+
+    #[test]
+    fn evicting_a_child_hands_its_block_to_a_parent_ending_mid_block() {
+        let (mut tree, mut pool) = (RadixCache::new(4), BlockPool::new(8, 4));
+        cache_seq(&mut tree, &mut pool, &[1, 2, 3, 4, 5]);
+        let b = cache_seq(&mut tree, &mut pool, &[1, 2, 9, 9, 9]);
+        // Splits [9, 9, 9] into [9] -> [9, 9]; [3, 4, 5] is now least recent.
+        assert_eq!(tree.match_prefix(&[1, 2, 9]).num_tokens, 3);
+        let target = pool.num_free() + 1;
+        assert_eq!(tree.evict(&mut pool, target).unwrap(), 2);
+        // [1, 2] is inner; its partial block is found below [9] (an inner node too).
+        let m = tree.match_prefix(&[1, 2, 3]);
+        assert_eq!((m.num_tokens, m.partial_block), (2, Some(b[0])));
+        // Evicting [9, 9] leaves [9] a leaf ending mid-block: it keeps block b0.
+        let target = pool.num_free() + 1;
+        assert_eq!(tree.evict(&mut pool, target).unwrap(), 1);
+        let m = tree.match_prefix(&[1, 2, 9, 9]);
+        assert_eq!((m.num_tokens, m.partial_block), (3, Some(b[0])));
+        tree.check_invariants(&pool).unwrap();
+        tree.flush(&mut pool).unwrap();
+        assert_eq!(pool.num_free(), 8);
+    }
+
+    #[test]
+    fn relock_moves_a_lock_down_the_path() {
+        let (mut tree, mut pool) = (RadixCache::new(2), BlockPool::new(8, 2));
+        cache_seq(&mut tree, &mut pool, &[1, 2, 3, 4, 5, 6]);
+        let upper = tree.match_prefix(&[1, 2]).node;
+        let lower = tree.match_prefix(&[1, 2, 3, 4]).node;
+        tree.inc_lock_ref(upper).unwrap();
+        tree.relock(upper, lower).unwrap();
+        assert_eq!(
+            (tree.lock_ref(upper), tree.lock_ref(lower)),
+            (Some(1), Some(1))
+        );
+        assert!(tree.relock(lower, upper).is_err(), "not a descendant");
+        tree.dec_lock_ref(lower).unwrap();
+        assert_eq!(tree.lock_ref(upper), Some(0));
+        tree.check_invariants(&pool).unwrap();
+    }
+}

@@ -1,0 +1,205 @@
+//! A request as the engine submits it, and its per-sequence state.
+//!
+//! [`Sequence`] is deliberately small: token ids (prompt then output), how many
+//! of them have K/V in the cache (`num_computed_tokens`), the block table, and
+//! where its prefix sits in the radix tree. Everything else is derived.
+//!
+//! Invariants: `num_computed_tokens <= token_ids.len()`; the block table covers
+//! at least `num_computed_tokens` tokens; a waiting sequence holds no blocks and
+//! no radix lock. Stop checks are O(stop ids + eos ids) per token.
+
+use std::fmt;
+
+use crate::block_pool::BlockId;
+use crate::radix_cache::NodeId;
+use crate::sampling::SamplingParams;
+
+/// Engine-assigned id of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What the engine submits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt_token_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// The model's end-of-sequence ids (ignored when `sampling.ignore_eos`).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Why a request ended (OpenAI's `finish_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// EOS, a stop token id or a stop string.
+    Stop,
+    /// `max_tokens` or `max_model_len` reached.
+    Length,
+    /// Aborted by the client or the engine.
+    Abort,
+}
+
+impl FinishReason {
+    /// The OpenAI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceStatus {
+    Waiting,
+    Running,
+}
+
+/// The sequence's prefix held in the radix tree: `node` (locked by this
+/// sequence) ends at `num_tokens`, and those tokens are this sequence's first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RadixHold {
+    pub node: NodeId,
+    pub num_tokens: usize,
+}
+
+/// One request's state inside the scheduler.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub request_id: RequestId,
+    /// Prompt followed by generated tokens.
+    pub token_ids: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Tokens whose K/V is in the cache (vLLM's `num_computed_tokens`).
+    pub num_computed_tokens: usize,
+    /// Tokens taken from the prefix cache at the latest admission.
+    pub num_cached_tokens: usize,
+    pub block_table: Vec<BlockId>,
+    pub status: SequenceStatus,
+    pub sampling: SamplingParams,
+    pub eos_token_ids: Vec<u32>,
+    /// Set while running with prefix caching on.
+    pub radix_hold: Option<RadixHold>,
+}
+
+impl Sequence {
+    pub fn new(request: Request) -> Self {
+        Sequence {
+            request_id: request.id,
+            num_prompt_tokens: request.prompt_token_ids.len(),
+            token_ids: request.prompt_token_ids,
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+            block_table: Vec::new(),
+            status: SequenceStatus::Waiting,
+            sampling: request.sampling,
+            eos_token_ids: request.eos_token_ids,
+            radix_hold: None,
+        }
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn num_output_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
+
+    pub fn output_token_ids(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+
+    /// Tokens still to compute before the next token can be sampled.
+    pub fn num_uncomputed_tokens(&self) -> usize {
+        self.token_ids.len() - self.num_computed_tokens
+    }
+
+    /// The most tokens (prompt + output) this request can reach.
+    pub fn max_num_tokens(&self, max_model_len: usize) -> usize {
+        let cap = max_model_len.max(self.num_prompt_tokens + 1);
+        (self.num_prompt_tokens + self.sampling.max_tokens).min(cap)
+    }
+
+    /// Whether the latest token ends the request, and why. Stop ids win over
+    /// length when both apply.
+    pub fn stop_reason(&self, max_model_len: usize) -> Option<FinishReason> {
+        let last = *self.output_token_ids().last()?;
+        let is_eos = !self.sampling.ignore_eos && self.eos_token_ids.contains(&last);
+        if is_eos || self.sampling.stop_token_ids.contains(&last) {
+            return Some(FinishReason::Stop);
+        }
+        if self.num_output_tokens() >= self.sampling.max_tokens
+            || self.num_tokens() >= max_model_len
+        {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(prompt: &[u32], max_tokens: usize, ignore_eos: bool) -> Sequence {
+        Sequence::new(Request {
+            id: RequestId(1),
+            prompt_token_ids: prompt.to_vec(),
+            sampling: SamplingParams {
+                max_tokens,
+                ignore_eos,
+                stop_token_ids: vec![7],
+                ..SamplingParams::greedy(max_tokens)
+            },
+            eos_token_ids: vec![2],
+        })
+    }
+
+    #[test]
+    fn stop_conditions() {
+        let mut s = seq(&[5, 6], 3, false);
+        assert_eq!(s.stop_reason(100), None);
+        s.token_ids.push(9);
+        assert_eq!(s.stop_reason(100), None);
+        s.token_ids.push(2);
+        assert_eq!(s.stop_reason(100), Some(FinishReason::Stop));
+        let mut s = seq(&[5, 6], 3, true);
+        s.token_ids.extend([2, 2]);
+        assert_eq!(s.stop_reason(100), None, "EOS ignored");
+        s.token_ids.push(2);
+        assert_eq!(s.stop_reason(100), Some(FinishReason::Length));
+        let mut s = seq(&[5, 6], 3, true);
+        s.token_ids.push(7);
+        assert_eq!(
+            s.stop_reason(100),
+            Some(FinishReason::Stop),
+            "stop ids apply with ignore_eos"
+        );
+        let mut s = seq(&[5, 6], 10, false);
+        s.token_ids.push(9);
+        assert_eq!(
+            s.stop_reason(3),
+            Some(FinishReason::Length),
+            "max_model_len"
+        );
+    }
+
+    #[test]
+    fn max_num_tokens_respects_both_limits() {
+        assert_eq!(seq(&[1; 10], 5, false).max_num_tokens(100), 15);
+        assert_eq!(seq(&[1; 10], 50, false).max_num_tokens(20), 20);
+        assert_eq!(
+            seq(&[1; 20], 50, false).max_num_tokens(20),
+            21,
+            "one token past a full prompt"
+        );
+    }
+}
