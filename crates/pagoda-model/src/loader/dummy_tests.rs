@@ -294,3 +294,56 @@ fn safetensors_round_trip_of_dummy_weights() {
         assert_eq!(got, expected.into_f32_vec(), "{name}");
     }
 }
+
+/// The `tensors` list of `tests/golden/tiny-<arch>/golden.json`: Hugging Face's
+/// `state_dict()` names and shapes (a tied `lm_head.weight` left out), written by
+/// scripts/golden/models.py.
+fn hf_tensors(arch: &str) -> Vec<(String, Vec<usize>)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/golden")
+        .join(format!("tiny-{arch}"))
+        .join("golden.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out: Vec<(String, Vec<usize>)> = json["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let shape = t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            (t["name"].as_str().unwrap().to_string(), shape)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn tiny_golden_models_have_exactly_the_dummy_tensors() {
+    // The configs of scripts/golden/models.py's tiny models.
+    let mut llama = config(Architecture::Llama, 64, 128, 2, 4, 2, 512);
+    llama.head_dim = Some(16);
+    let mut qwen2 = config(Architecture::Qwen2, 64, 128, 2, 4, 2, 512);
+    qwen2.tie_word_embeddings = false;
+    qwen2.attention_bias = true;
+    let mut qwen3 = config(Architecture::Qwen3, 64, 128, 3, 4, 2, 512);
+    qwen3.head_dim = Some(32);
+    qwen3.tie_word_embeddings = false;
+    let mut opt = config(Architecture::Opt, 64, 128, 2, 4, 4, 512);
+    opt.max_position_embeddings = 256;
+    for (arch, cfg) in [
+        ("llama", llama),
+        ("qwen2", qwen2),
+        ("qwen3", qwen3),
+        ("opt", opt),
+    ] {
+        let mut ours = tensor_shapes(&cfg);
+        ours.sort();
+        assert_eq!(ours, hf_tensors(arch), "{arch}");
+    }
+}
