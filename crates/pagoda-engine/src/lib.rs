@@ -1,3 +1,33 @@
-//! The engine: model runner, sampler, detokenization, step loop.
+//! The engine: turns requests into tokens on a model.
+//!
+//! - [`context`]: a step's [`pagoda_kernels::ForwardContext`] from the scheduled sequences.
+//! - [`runner`]: backend + model + paged KV cache; one step in, logits out.
+//! - [`sampler`]: penalties, temperature, top-k/top-p/min-p, per-request seeds.
+//! - [`stop`]: stop strings matched across token boundaries.
+//! - [`generate`]: the offline batch call behind `pagoda generate`.
 
+pub mod context;
+pub mod generate;
+pub mod runner;
 pub mod sampler;
+pub mod stop;
+
+pub use generate::{EngineOptions, FinishReason, GenerateOutput, GenerateRequest, LlmEngine};
+pub use runner::ModelRunner;
+
+/// The one error type of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] pagoda_model::ModelError),
+    #[error(transparent)]
+    Kernel(#[from] pagoda_kernels::KernelError),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("KV cache too small: {0}")]
+    CacheTooSmall(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
