@@ -347,3 +347,28 @@ fn tiny_golden_models_have_exactly_the_dummy_tensors() {
         assert_eq!(ours, hf_tensors(arch), "{arch}");
     }
 }
+
+/// The tiny golden directories' config.json, read by pagoda's own parser, give
+/// the same tensors as Hugging Face built from them.
+#[test]
+fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden");
+    for arch in ["llama", "qwen2", "qwen3", "opt"] {
+        let cfg =
+            super::super::hf_config::load_hf_config(&root.join(format!("tiny-{arch}"))).unwrap();
+        let mut ours = tensor_shapes(&cfg);
+        ours.sort();
+        assert_eq!(ours, hf_tensors(arch), "{arch}");
+    }
+    let llama = super::super::hf_config::load_hf_config(&root.join("tiny-llama")).unwrap();
+    assert_eq!(
+        llama.rope_scaling,
+        Some(crate::RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 32,
+        })
+    );
+    assert_eq!(llama.rope_theta, 500000.0);
+}
