@@ -9,6 +9,7 @@ use crate::Result;
 use pagoda_kernels::HostTensor;
 
 pub mod dummy;
+pub mod gguf;
 pub mod hf_config;
 pub mod safetensors;
 pub mod safetensors_writer;

@@ -1,0 +1,463 @@
+//! The GGUF weight source: a [`GgufFile`] answering by Hugging Face names.
+//!
+//! Owns three translations from llama.cpp's conventions to pagoda's:
+//! - metadata -> [`ModelConfig`] ([`config_from_gguf`]): `{arch}.*` keys
+//!   become Hugging Face config fields; a missing required key is a
+//!   [`ModelError::Config`] naming it;
+//! - tensor names: `blk.N.attn_q.weight` <-> `model.layers.N.self_attn.q_proj.weight`
+//!   ([`hf_to_gguf_name`], [`gguf_to_hf_name`]);
+//! - llama.cpp's converter reorders the rows of llama-architecture q_proj and
+//!   k_proj so that each head's rotary pairs are adjacent (interleaved RoPE);
+//!   [`unpermute_qk_rows`] restores Hugging Face's rotate-half order, so model
+//!   files see one layout. Qwen2/Qwen3 files are stored unpermuted.
+//!
+//! Costs: opening maps the file and parses its header; each `get` dequantizes
+//! one tensor (quantized types to f32, F16/BF16 kept as stored) and, for
+//! llama q/k, copies it once more to reorder rows.
+
+use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::loader::{TensorInfo, WeightSource};
+use crate::{ModelError, Result};
+use pagoda_gguf::{GgufFile, Metadata, TensorValues};
+use pagoda_kernels::{HostData, HostTensor};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Per-layer tensor names: (Hugging Face suffix, GGUF suffix), without `.weight`/`.bias`.
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("self_attn.q_proj", "attn_q"),
+    ("self_attn.k_proj", "attn_k"),
+    ("self_attn.v_proj", "attn_v"),
+    ("self_attn.o_proj", "attn_output"),
+    ("self_attn.q_norm", "attn_q_norm"),
+    ("self_attn.k_norm", "attn_k_norm"),
+    ("input_layernorm", "attn_norm"),
+    ("post_attention_layernorm", "ffn_norm"),
+    ("mlp.gate_proj", "ffn_gate"),
+    ("mlp.up_proj", "ffn_up"),
+    ("mlp.down_proj", "ffn_down"),
+];
+
+/// Whole-model tensor names: (Hugging Face, GGUF).
+const GLOBAL_NAMES: &[(&str, &str)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// The GGUF name of the Hugging Face tensor `name`, if it has one.
+pub fn hf_to_gguf_name(name: &str) -> Option<String> {
+    if let Some(&(_, g)) = GLOBAL_NAMES.iter().find(|(h, _)| *h == name) {
+        return Some(g.to_string());
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let (stem, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    let &(_, g) = LAYER_NAMES.iter().find(|(h, _)| *h == stem)?;
+    Some(format!("blk.{layer}.{g}.{kind}"))
+}
+
+/// The Hugging Face name of the GGUF tensor `name`, if it has one.
+pub fn gguf_to_hf_name(name: &str) -> Option<String> {
+    if let Some(&(h, _)) = GLOBAL_NAMES.iter().find(|(_, g)| *g == name) {
+        return Some(h.to_string());
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    layer.parse::<usize>().ok()?;
+    let (stem, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    let &(h, _) = LAYER_NAMES.iter().find(|(_, g)| *g == stem)?;
+    Some(format!("model.layers.{layer}.{h}.{kind}"))
+}
+
+/// Undoes llama.cpp's q/k row permutation of a `[n_head * head_dim, cols]`
+/// row-major matrix (a bias is `cols = 1`).
+///
+/// The converter views the rows of each head as `[2, head_dim / 2]` (the two
+/// rotate-half halves) and transposes that to `[head_dim / 2, 2]`, so stored
+/// row `2j + i` of a head is Hugging Face row `i * head_dim / 2 + j`.
+/// Returns `None` when the rows do not split into `n_head` heads of even size.
+pub fn unpermute_qk_rows<T: Copy>(data: &[T], cols: usize, n_head: usize) -> Option<Vec<T>> {
+    if cols == 0 || n_head == 0 || data.len() % cols != 0 {
+        return None;
+    }
+    let rows = data.len() / cols;
+    if rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+        return None;
+    }
+    let half = rows / n_head / 2;
+    let mut out = Vec::with_capacity(data.len());
+    for h in 0..n_head {
+        for i in 0..2 {
+            for j in 0..half {
+                let src = (h * 2 * half + 2 * j + i) * cols;
+                out.extend_from_slice(&data[src..src + cols]);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// `tokenizer.*` metadata of a GGUF file, as the tokenizer module needs it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufTokenizerMetadata {
+    /// `tokenizer.ggml.model`: `gpt2`, `llama`, ...
+    pub model: String,
+    /// `tokenizer.ggml.pre`: which pre-tokenizer (`smollm`, `llama-bpe`, `qwen2` ...).
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`, indexed by token id.
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.merges`, highest priority first (empty when absent).
+    pub merges: Vec<String>,
+    /// `tokenizer.ggml.token_type`, indexed by token id (empty when absent).
+    pub token_types: Vec<i32>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub add_bos_token: Option<bool>,
+    pub add_eos_token: Option<bool>,
+    /// `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+}
+
+/// A GGUF file as a [`WeightSource`] keyed by Hugging Face names.
+pub struct GgufSource {
+    file: GgufFile,
+    architecture: Architecture,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    /// Hugging Face name -> GGUF name, for every tensor with a mapping.
+    names: HashMap<String, String>,
+}
+
+impl GgufSource {
+    /// Opens `path` and reads its config.
+    pub fn open(path: impl AsRef<Path>) -> Result<(ModelConfig, Self)> {
+        Self::from_file(GgufFile::open(path)?)
+    }
+
+    /// Wraps an opened file and reads its config.
+    pub fn from_file(file: GgufFile) -> Result<(ModelConfig, Self)> {
+        let config = config_from_gguf(&file)?;
+        let names = file
+            .tensors()
+            .iter()
+            .filter_map(|t| gguf_to_hf_name(&t.name).map(|h| (h, t.name.clone())))
+            .collect();
+        let source = GgufSource {
+            file,
+            architecture: config.architecture,
+            num_attention_heads: config.num_attention_heads,
+            num_key_value_heads: config.num_key_value_heads,
+            names,
+        };
+        Ok((config, source))
+    }
+
+    /// The underlying file (metadata, raw tensors).
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// Total number of tensor elements in the file.
+    pub fn num_parameters(&self) -> u64 {
+        self.file
+            .tensors()
+            .iter()
+            .map(|t| t.n_elements() as u64)
+            .sum()
+    }
+
+    /// The tokenizer metadata; `tokenizer.ggml.model` and `.tokens` are required.
+    pub fn tokenizer_metadata(&self) -> Result<GgufTokenizerMetadata> {
+        let md = self.file.metadata();
+        let e = |e: pagoda_gguf::GgufError| ModelError::Tokenizer(e.to_string());
+        let opt_str = |k: &str| -> Result<Option<String>> {
+            Ok(md
+                .optional(k, Metadata::get_str)
+                .map_err(e)?
+                .map(str::to_string))
+        };
+        Ok(GgufTokenizerMetadata {
+            model: md.get_str("tokenizer.ggml.model").map_err(e)?.to_string(),
+            pre: opt_str("tokenizer.ggml.pre")?,
+            tokens: md
+                .get_string_array("tokenizer.ggml.tokens")
+                .map_err(e)?
+                .to_vec(),
+            merges: md
+                .optional("tokenizer.ggml.merges", Metadata::get_string_array)
+                .map_err(e)?
+                .map(<[String]>::to_vec)
+                .unwrap_or_default(),
+            token_types: md
+                .optional("tokenizer.ggml.token_type", Metadata::get_i32_array)
+                .map_err(e)?
+                .unwrap_or_default(),
+            bos_token_id: md
+                .optional("tokenizer.ggml.bos_token_id", Metadata::get_u32)
+                .map_err(e)?,
+            eos_token_id: md
+                .optional("tokenizer.ggml.eos_token_id", Metadata::get_u32)
+                .map_err(e)?,
+            add_bos_token: md
+                .optional("tokenizer.ggml.add_bos_token", Metadata::get_bool)
+                .map_err(e)?,
+            add_eos_token: md
+                .optional("tokenizer.ggml.add_eos_token", Metadata::get_bool)
+                .map_err(e)?,
+            chat_template: opt_str("tokenizer.chat_template")?,
+        })
+    }
+
+    /// Rows of one head-group for the llama q/k permutation of `name`, if any.
+    fn permutation_heads(&self, hf_name: &str) -> Option<usize> {
+        if self.architecture != Architecture::Llama {
+            return None;
+        }
+        if hf_name.contains(".self_attn.q_proj.") {
+            Some(self.num_attention_heads)
+        } else if hf_name.contains(".self_attn.k_proj.") {
+            Some(self.num_key_value_heads)
+        } else {
+            None
+        }
+    }
+}
+
+impl WeightSource for GgufSource {
+    fn tensor_infos(&self) -> Vec<TensorInfo> {
+        self.file
+            .tensors()
+            .iter()
+            .map(|t| TensorInfo {
+                name: t.name.clone(),
+                shape: t.shape(),
+                dtype: t.ggml_type.name().to_ascii_lowercase(),
+            })
+            .collect()
+    }
+
+    fn get(&self, name: &str) -> Result<HostTensor> {
+        let gguf_name = self
+            .names
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let info = self
+            .file
+            .tensor(gguf_name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let shape = info.shape();
+        let mut data = match self.file.tensor_values(gguf_name)? {
+            TensorValues::F32(v) => HostData::F32(v),
+            TensorValues::F16(v) => HostData::F16(v),
+            TensorValues::BF16(v) => HostData::BF16(v),
+        };
+        if let Some(n_head) = self.permutation_heads(name) {
+            let cols = if shape.len() >= 2 {
+                shape[1..].iter().product()
+            } else {
+                1
+            };
+            let bad = || {
+                ModelError::Config(format!(
+                    "{name}: shape {shape:?} does not split into {n_head} heads of even size"
+                ))
+            };
+            data = match data {
+                HostData::F32(v) => {
+                    HostData::F32(unpermute_qk_rows(&v, cols, n_head).ok_or_else(bad)?)
+                }
+                HostData::F16(v) => {
+                    HostData::F16(unpermute_qk_rows(&v, cols, n_head).ok_or_else(bad)?)
+                }
+                HostData::BF16(v) => {
+                    HostData::BF16(unpermute_qk_rows(&v, cols, n_head).ok_or_else(bad)?)
+                }
+            };
+        }
+        Ok(HostTensor { shape, data })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+}
+
+/// Builds the [`ModelConfig`] of a llama, qwen2 or qwen3 GGUF file.
+pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+    let md = file.metadata();
+    let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
+    let arch_name = md.get_str("general.architecture").map_err(cfg)?;
+    let architecture = match arch_name {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
+        other => return Err(ModelError::UnknownArchitecture(other.to_string())),
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let usize_key = |k: &str| md.get_usize(&key(k)).map_err(cfg);
+    let opt_usize = |k: &str| md.optional(&key(k), Metadata::get_usize).map_err(cfg);
+
+    let hidden_size = usize_key("embedding_length")?;
+    let num_attention_heads = usize_key("attention.head_count")?;
+    let num_key_value_heads = opt_usize("attention.head_count_kv")?.unwrap_or(num_attention_heads);
+    let head_dim = opt_usize("attention.key_length")?;
+    let rope_theta = md
+        .optional(&key("rope.freq_base"), Metadata::get_f64)
+        .map_err(cfg)?
+        .unwrap_or(10_000.0);
+    let vocab_size = match file.tensor("token_embd.weight") {
+        Some(t) => t.shape()[0],
+        None => match md
+            .optional("tokenizer.ggml.tokens", Metadata::get_string_array)
+            .map_err(cfg)?
+        {
+            Some(tokens) => tokens.len(),
+            None => usize_key("vocab_size")?,
+        },
+    };
+    let bos_token_id = md
+        .optional("tokenizer.ggml.bos_token_id", Metadata::get_u32)
+        .map_err(cfg)?;
+    let eos_token_id = md
+        .optional("tokenizer.ggml.eos_token_id", Metadata::get_u32)
+        .map_err(cfg)?;
+
+    let mut config = ModelConfig {
+        architecture,
+        hidden_size,
+        intermediate_size: usize_key("feed_forward_length")?,
+        num_hidden_layers: usize_key("block_count")?,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        vocab_size,
+        max_position_embeddings: usize_key("context_length")?,
+        rms_norm_eps: md
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))
+            .map_err(cfg)? as f64,
+        rope_theta,
+        rope_scaling: None,
+        tie_word_embeddings: file.tensor("output.weight").is_none(),
+        attention_bias: architecture == Architecture::Qwen2,
+        bos_token_id,
+        eos_token_ids: eos_token_id.into_iter().collect(),
+        word_embed_proj_dim: None,
+        do_layer_norm_before: true,
+        torch_dtype: dominant_weight_type(file),
+    };
+    if let Some(rot) = opt_usize("rope.dimension_count")? {
+        if rot != config.head_dim() {
+            return Err(ModelError::Config(format!(
+                "{}: rotary dimension {rot} differs from head_dim {} (partial rotary is not supported)",
+                key("rope.dimension_count"),
+                config.head_dim()
+            )));
+        }
+    }
+    config.rope_scaling = rope_scaling(file, arch_name, &config)?;
+    config.validate().map_err(ModelError::Config)?;
+    Ok(config)
+}
+
+/// The most common storage type among matrices ("Q4_1"), for `torch_dtype`.
+fn dominant_weight_type(file: &GgufFile) -> Option<String> {
+    let mut counts: HashMap<&'static str, usize> = HashMap::new();
+    for t in file.tensors().iter().filter(|t| t.ne.len() >= 2) {
+        *counts.entry(t.ggml_type.name()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(name, n)| (n, std::cmp::Reverse(name)))
+        .map(|(name, _)| name.to_string())
+}
+
+/// Rotary scaling from `{arch}.rope.scaling.*`, or Llama 3's frequency
+/// scaling, which llama.cpp stores as per-frequency divisors in the
+/// `rope_freqs.weight` tensor instead of metadata.
+fn rope_scaling(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Option<RopeScaling>> {
+    let md = file.metadata();
+    let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
+    let kind = md
+        .optional(&format!("{arch}.rope.scaling.type"), Metadata::get_str)
+        .map_err(cfg)?;
+    let factor_key = format!("{arch}.rope.scaling.factor");
+    match kind {
+        Some("linear") => {
+            let factor = md.get_f64(&factor_key).map_err(cfg)?;
+            return Ok(Some(RopeScaling::Linear { factor }));
+        }
+        Some("none") | None => {}
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "{arch}.rope.scaling.type {other:?} is not supported (supported: none, linear)"
+            )))
+        }
+    }
+    if kind.is_none() {
+        if let Some(factor) = md
+            .optional(&format!("{arch}.rope.scale_linear"), Metadata::get_f64)
+            .map_err(cfg)?
+        {
+            return Ok((factor != 1.0).then_some(RopeScaling::Linear { factor }));
+        }
+    }
+    if file.tensor("rope_freqs.weight").is_none() {
+        return Ok(None);
+    }
+    let freqs = file.dequantize("rope_freqs.weight")?;
+    llama3_scaling_from_freqs(&freqs, config.head_dim(), config.rope_theta)
+        .map(Some)
+        .ok_or_else(|| {
+            ModelError::Config(
+                "rope_freqs.weight does not match Llama 3 rotary scaling (low_freq_factor 1, \
+                 high_freq_factor 4, original context 8192)"
+                    .into(),
+            )
+        })
+}
+
+/// Recovers Llama 3 scaling parameters from llama.cpp's per-frequency
+/// divisors: 1 for short wavelengths, `factor` for long ones, a smooth blend
+/// between. Llama 3.1/3.2 all use low 1, high 4, original context 8192;
+/// `factor` is the largest divisor. `None` if the divisors do not fit.
+pub fn llama3_scaling_from_freqs(
+    freqs: &[f32],
+    head_dim: usize,
+    theta: f64,
+) -> Option<RopeScaling> {
+    let (low, high, original) = (1.0f64, 4.0f64, 8192usize);
+    if freqs.len() != head_dim / 2 || freqs.is_empty() {
+        return None;
+    }
+    let factor = freqs.iter().fold(0f32, |m, &x| m.max(x)) as f64;
+    let (low_wavelen, high_wavelen) = (original as f64 / low, original as f64 / high);
+    for (i, &got) in freqs.iter().enumerate() {
+        let inv_freq = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+        let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+        let want = if wavelen < high_wavelen {
+            1.0
+        } else if wavelen > low_wavelen {
+            factor
+        } else {
+            let smooth = (original as f64 / wavelen - low) / (high - low);
+            1.0 / ((1.0 - smooth) / factor + smooth)
+        };
+        if (got as f64 - want).abs() > 1e-3 * want {
+            return None;
+        }
+    }
+    Some(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        original_max_position_embeddings: original,
+    })
+}

@@ -1,0 +1,574 @@
+//! The GGUF weight source: config from metadata, name mapping, llama's q/k
+//! row order, dtypes, tokenizer metadata — on small files built with
+//! pagoda-gguf's writer, and on the real SmolLM2 file against Hugging Face
+//! transformers' GGUF loader (scripts/golden/gguf_qk_unpermute.py ->
+//! tests/golden/smollm2_gguf_qk.json).
+
+use pagoda_gguf::{GgufFile, GgufWriter, MetadataArray, MetadataValue};
+use pagoda_kernels::HostData;
+use pagoda_model::loader::gguf::{
+    config_from_gguf, gguf_to_hf_name, hf_to_gguf_name, llama3_scaling_from_freqs,
+    unpermute_qk_rows, GgufSource,
+};
+use pagoda_model::loader::WeightSource;
+use pagoda_model::{Architecture, ModelError, RopeScaling};
+use proptest::prelude::*;
+use std::path::PathBuf;
+
+/// llama.cpp's convert-time permutation, from its definition: each head's
+/// rows, viewed as `[2, head_dim / 2, cols]`, are transposed to
+/// `[head_dim / 2, 2, cols]`.
+fn permute_forward<T: Copy>(w: &[T], cols: usize, n_head: usize) -> Vec<T> {
+    let rows = w.len() / cols;
+    let half = rows / n_head / 2;
+    let mut out = Vec::with_capacity(w.len());
+    for h in 0..n_head {
+        for j in 0..half {
+            for i in 0..2 {
+                let src = h * 2 * half + i * half + j;
+                out.extend_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #[test]
+    fn unpermute_inverts_llama_cpp_permutation(n_head in 1usize..6, half in 1usize..9, cols in 1usize..5) {
+        let n = n_head * 2 * half * cols;
+        let w: Vec<u32> = (0..n as u32).collect();
+        let stored = permute_forward(&w, cols, n_head);
+        prop_assert_eq!(unpermute_qk_rows(&stored, cols, n_head).unwrap(), w);
+    }
+}
+
+#[test]
+fn unpermute_rejects_shapes_that_do_not_split() {
+    assert!(unpermute_qk_rows(&[0u8; 6], 1, 2).is_none()); // head of 3 rows
+    assert!(unpermute_qk_rows(&[0u8; 8], 3, 1).is_none());
+    assert!(unpermute_qk_rows(&[0u8; 8], 1, 0).is_none());
+}
+
+#[test]
+fn names_map_both_ways() {
+    let pairs = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "blk.0.attn_q.weight",
+        ),
+        ("model.layers.3.self_attn.k_proj.bias", "blk.3.attn_k.bias"),
+        (
+            "model.layers.12.self_attn.v_proj.weight",
+            "blk.12.attn_v.weight",
+        ),
+        (
+            "model.layers.1.self_attn.o_proj.weight",
+            "blk.1.attn_output.weight",
+        ),
+        (
+            "model.layers.1.input_layernorm.weight",
+            "blk.1.attn_norm.weight",
+        ),
+        (
+            "model.layers.1.post_attention_layernorm.weight",
+            "blk.1.ffn_norm.weight",
+        ),
+        (
+            "model.layers.1.mlp.gate_proj.weight",
+            "blk.1.ffn_gate.weight",
+        ),
+        ("model.layers.1.mlp.up_proj.weight", "blk.1.ffn_up.weight"),
+        (
+            "model.layers.1.mlp.down_proj.weight",
+            "blk.1.ffn_down.weight",
+        ),
+        (
+            "model.layers.2.self_attn.q_norm.weight",
+            "blk.2.attn_q_norm.weight",
+        ),
+        (
+            "model.layers.2.self_attn.k_norm.weight",
+            "blk.2.attn_k_norm.weight",
+        ),
+    ];
+    for (hf, g) in pairs {
+        assert_eq!(hf_to_gguf_name(hf).as_deref(), Some(g));
+        assert_eq!(gguf_to_hf_name(g).as_deref(), Some(hf));
+    }
+    for bad in [
+        "model.layers.x.mlp.up_proj.weight",
+        "model.layers.0.mlp.up_proj.scale",
+        "rope_freqs.weight",
+        "blk.0.attn_q",
+    ] {
+        assert_eq!(hf_to_gguf_name(bad), None, "{bad}");
+        assert_eq!(gguf_to_hf_name(bad), None, "{bad}");
+    }
+}
+
+struct Tiny {
+    arch: &'static str,
+    heads: u32,
+    kv_heads: Option<u32>,
+    tied: bool,
+}
+
+const HIDDEN: usize = 64;
+
+/// A one-layer model of `arch` with hidden size 64 and head_dim 16.
+fn tiny(t: &Tiny) -> GgufWriter {
+    let a = t.arch;
+    let mut w = GgufWriter::new();
+    let s = |x: &str| MetadataValue::String(x.into());
+    w.add_metadata("general.architecture", s(a))
+        .add_metadata(&format!("{a}.context_length"), MetadataValue::U32(256))
+        .add_metadata(
+            &format!("{a}.embedding_length"),
+            MetadataValue::U32(HIDDEN as u32),
+        )
+        .add_metadata(&format!("{a}.block_count"), MetadataValue::U32(1))
+        .add_metadata(&format!("{a}.feed_forward_length"), MetadataValue::U64(96))
+        .add_metadata(
+            &format!("{a}.attention.head_count"),
+            MetadataValue::U32(t.heads),
+        )
+        .add_metadata(
+            &format!("{a}.attention.layer_norm_rms_epsilon"),
+            MetadataValue::F32(1e-6),
+        )
+        .add_metadata("tokenizer.ggml.model", s("gpt2"))
+        .add_metadata(
+            "tokenizer.ggml.tokens",
+            MetadataValue::Array(MetadataArray::String(
+                (0..32).map(|i| format!("t{i}")).collect(),
+            )),
+        )
+        .add_metadata(
+            "tokenizer.ggml.token_type",
+            MetadataValue::Array(MetadataArray::I32(vec![1; 32])),
+        )
+        .add_metadata("tokenizer.ggml.eos_token_id", MetadataValue::U32(2))
+        .add_metadata("tokenizer.ggml.add_bos_token", MetadataValue::Bool(false));
+    if let Some(kv) = t.kv_heads {
+        w.add_metadata(
+            &format!("{a}.attention.head_count_kv"),
+            MetadataValue::U32(kv),
+        );
+    }
+    let kv_rows = 16 * t.kv_heads.unwrap_or(t.heads) as usize;
+    let ramp = |n: usize| (0..n).map(|i| i as f32).collect::<Vec<f32>>();
+    w.add_q8_0("token_embd.weight", &[32, HIDDEN], &ramp(32 * HIDDEN))
+        .unwrap();
+    w.add_f32("blk.0.attn_norm.weight", &[HIDDEN], &ramp(HIDDEN))
+        .unwrap();
+    // q rows hold their own index so the row order is visible after loading.
+    let q: Vec<f32> = (0..HIDDEN * HIDDEN).map(|i| (i / HIDDEN) as f32).collect();
+    w.add_f16("blk.0.attn_q.weight", &[HIDDEN, HIDDEN], &q)
+        .unwrap();
+    let k: Vec<f32> = (0..kv_rows * HIDDEN).map(|i| (i / HIDDEN) as f32).collect();
+    w.add_f32("blk.0.attn_k.weight", &[kv_rows, HIDDEN], &k)
+        .unwrap();
+    if a == "qwen2" {
+        w.add_f32("blk.0.attn_q.bias", &[HIDDEN], &ramp(HIDDEN))
+            .unwrap();
+    }
+    if !t.tied {
+        w.add_f32("output.weight", &[32, HIDDEN], &ramp(32 * HIDDEN))
+            .unwrap();
+    }
+    w
+}
+
+fn open(w: &GgufWriter) -> pagoda_model::Result<(pagoda_model::ModelConfig, GgufSource)> {
+    GgufSource::from_file(GgufFile::from_bytes(w.to_bytes())?)
+}
+
+#[test]
+fn llama_config_names_and_unpermuted_rows() {
+    let (cfg, src) = open(&tiny(&Tiny {
+        arch: "llama",
+        heads: 4,
+        kv_heads: Some(2),
+        tied: true,
+    }))
+    .unwrap();
+    assert_eq!(cfg.architecture, Architecture::Llama);
+    assert_eq!(
+        (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_hidden_layers
+        ),
+        (64, 96, 1)
+    );
+    assert_eq!(
+        (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim()
+        ),
+        (4, 2, 16)
+    );
+    assert_eq!((cfg.vocab_size, cfg.max_position_embeddings), (32, 256));
+    assert_eq!(cfg.rope_theta, 10_000.0);
+    assert!((cfg.rms_norm_eps - 1e-6).abs() < 1e-12);
+    assert!(cfg.tie_word_embeddings && !cfg.attention_bias);
+    assert_eq!(
+        (cfg.bos_token_id, cfg.eos_token_ids.as_slice()),
+        (None, &[2u32][..])
+    );
+    assert!(src.contains("model.embed_tokens.weight"));
+    assert!(!src.contains("lm_head.weight"));
+
+    // q (F16, kept as F16): stored row 2j + i of a head is HF row i * 8 + j.
+    let q = src.get("model.layers.0.self_attn.q_proj.weight").unwrap();
+    assert_eq!(q.shape, [64, 64]);
+    let HostData::F16(qv) = &q.data else {
+        panic!("q_proj should stay f16, got {}", q.data.dtype_name())
+    };
+    for (hf_row, &v) in qv.iter().step_by(HIDDEN).enumerate() {
+        let (h, r) = (hf_row / 16, hf_row % 16);
+        let stored = h * 16 + 2 * (r % 8) + r / 8;
+        assert_eq!(v.to_f32(), stored as f32, "q row {hf_row}");
+    }
+    // k uses the KV head count for its permutation.
+    let k = src.get("model.layers.0.self_attn.k_proj.weight").unwrap();
+    assert_eq!(k.shape, [32, 64]);
+    let kv = k.to_f32_vec();
+    for hf_row in 0..32 {
+        let (h, r) = (hf_row / 16, hf_row % 16);
+        assert_eq!(kv[hf_row * HIDDEN], (h * 16 + 2 * (r % 8) + r / 8) as f32);
+    }
+    // Quantized tensors come back as f32, in GGUF's shape reversed.
+    let e = src.get("model.embed_tokens.weight").unwrap();
+    assert_eq!(
+        (e.shape.as_slice(), e.data.dtype_name()),
+        (&[32, 64][..], "f32")
+    );
+    assert!(matches!(
+        src.get("lm_head.weight"),
+        Err(ModelError::MissingTensor(_))
+    ));
+
+    let infos = src.tensor_infos();
+    assert_eq!(infos.len(), 4);
+    let q_info = infos
+        .iter()
+        .find(|t| t.name == "blk.0.attn_q.weight")
+        .unwrap();
+    assert_eq!(
+        (q_info.shape.as_slice(), q_info.dtype.as_str()),
+        (&[64, 64][..], "f16")
+    );
+    assert_eq!(
+        src.num_parameters(),
+        (32 * 64 + 64 + 64 * 64 + 32 * 64) as u64
+    );
+}
+
+#[test]
+fn qwen2_is_not_permuted_and_has_biases() {
+    let (cfg, src) = open(&tiny(&Tiny {
+        arch: "qwen2",
+        heads: 4,
+        kv_heads: None,
+        tied: false,
+    }))
+    .unwrap();
+    assert_eq!(cfg.architecture, Architecture::Qwen2);
+    assert_eq!(
+        cfg.num_key_value_heads, 4,
+        "head_count_kv defaults to head_count"
+    );
+    assert!(cfg.attention_bias && !cfg.tie_word_embeddings);
+    assert!(src.contains("lm_head.weight"));
+    let q = src
+        .get("model.layers.0.self_attn.q_proj.weight")
+        .unwrap()
+        .to_f32_vec();
+    for row in 0..HIDDEN {
+        assert_eq!(q[row * HIDDEN], row as f32);
+    }
+    let b = src.get("model.layers.0.self_attn.q_proj.bias").unwrap();
+    assert_eq!(b.shape, [64]);
+    assert_eq!(
+        b.to_f32_vec(),
+        (0..64).map(|i| i as f32).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn qwen3_reads_head_dim_and_scaling() {
+    let mut w = tiny(&Tiny {
+        arch: "qwen3",
+        heads: 4,
+        kv_heads: Some(4),
+        tied: true,
+    });
+    w.add_metadata("qwen3.attention.key_length", MetadataValue::U32(16))
+        .add_metadata("qwen3.rope.freq_base", MetadataValue::F32(1e6))
+        .add_metadata(
+            "qwen3.rope.scaling.type",
+            MetadataValue::String("linear".into()),
+        )
+        .add_metadata("qwen3.rope.scaling.factor", MetadataValue::F32(4.0));
+    w.add_f32("blk.0.attn_q_norm.weight", &[16], &[1.0; 16])
+        .unwrap();
+    let (cfg, src) = open(&w).unwrap();
+    assert_eq!(cfg.architecture, Architecture::Qwen3);
+    assert_eq!(cfg.head_dim, Some(16));
+    assert_eq!(cfg.rope_theta, 1e6);
+    assert_eq!(cfg.rope_scaling, Some(RopeScaling::Linear { factor: 4.0 }));
+    assert!(!cfg.attention_bias);
+    assert_eq!(
+        src.get("model.layers.0.self_attn.q_norm.weight")
+            .unwrap()
+            .shape,
+        [16]
+    );
+    // Not permuted.
+    let q = src
+        .get("model.layers.0.self_attn.q_proj.weight")
+        .unwrap()
+        .to_f32_vec();
+    assert_eq!(q[HIDDEN], 1.0);
+}
+
+#[test]
+fn config_errors_name_the_problem() {
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", MetadataValue::String("gpt2".into()));
+    match open(&w) {
+        Err(ModelError::UnknownArchitecture(a)) => assert_eq!(a, "gpt2"),
+        other => panic!("{:?}", other.err()),
+    }
+    let mut w = GgufWriter::new();
+    w.add_metadata(
+        "general.architecture",
+        MetadataValue::String("llama".into()),
+    )
+    .add_metadata("llama.embedding_length", MetadataValue::U32(64))
+    .add_metadata("llama.attention.head_count", MetadataValue::U32(4));
+    let e = open(&w).err().unwrap();
+    assert!(matches!(e, ModelError::Config(_)), "{e}");
+    assert!(e.to_string().contains("llama."), "{e}");
+    assert!(e.to_string().contains("missing metadata key"), "{e}");
+    let mut w = tiny(&Tiny {
+        arch: "llama",
+        heads: 4,
+        kv_heads: Some(2),
+        tied: true,
+    });
+    w.add_metadata(
+        "llama.rope.scaling.type",
+        MetadataValue::String("yarn".into()),
+    );
+    let e = open(&w).err().unwrap();
+    assert!(
+        matches!(e, ModelError::Config(_)) && e.to_string().contains("yarn"),
+        "{e}"
+    );
+    let w = tiny(&Tiny {
+        arch: "llama",
+        heads: 4,
+        kv_heads: Some(3),
+        tied: true,
+    });
+    let e = open(&w).err().unwrap();
+    assert!(e.to_string().contains("num_key_value_heads"), "{e}");
+}
+
+#[test]
+fn tokenizer_metadata_reads_all_fields() {
+    let (_, src) = open(&tiny(&Tiny {
+        arch: "llama",
+        heads: 4,
+        kv_heads: None,
+        tied: true,
+    }))
+    .unwrap();
+    let t = src.tokenizer_metadata().unwrap();
+    assert_eq!(t.model, "gpt2");
+    assert_eq!((t.tokens.len(), t.tokens[5].as_str()), (32, "t5"));
+    assert!(t.merges.is_empty() && t.pre.is_none() && t.chat_template.is_none());
+    assert_eq!(t.token_types, vec![1; 32]);
+    assert_eq!((t.bos_token_id, t.eos_token_id), (None, Some(2)));
+    assert_eq!((t.add_bos_token, t.add_eos_token), (Some(false), None));
+}
+
+#[test]
+fn llama3_scaling_is_recovered_from_rope_freqs() {
+    // Divisors as Llama 3.1 defines them (factor 8, low 1, high 4, original 8192).
+    let (head_dim, theta, factor) = (64usize, 500_000f64, 8f64);
+    let freqs: Vec<f32> = (0..head_dim / 2)
+        .map(|i| {
+            let wavelen = 2.0 * std::f64::consts::PI * theta.powf(2.0 * i as f64 / head_dim as f64);
+            if wavelen < 8192.0 / 4.0 {
+                1.0
+            } else if wavelen > 8192.0 {
+                factor as f32
+            } else {
+                let smooth = (8192.0 / wavelen - 1.0) / 3.0;
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect();
+    assert!(
+        freqs.iter().any(|&f| f > 1.0 && f < 8.0),
+        "the test should cover the blend"
+    );
+    assert_eq!(
+        llama3_scaling_from_freqs(&freqs, head_dim, theta),
+        Some(RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        })
+    );
+    let mut off = freqs.clone();
+    off[10] *= 1.5;
+    assert_eq!(llama3_scaling_from_freqs(&off, head_dim, theta), None);
+}
+
+fn smollm2() -> (pagoda_model::ModelConfig, GgufSource) {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-default-model.sh",
+        p.display()
+    );
+    GgufSource::open(&p).unwrap()
+}
+
+#[test]
+fn smollm2_matches_transformers() {
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("golden/smollm2_gguf_qk.json")).unwrap();
+    let (cfg, src) = smollm2();
+    let g = &golden["config"];
+    assert_eq!(cfg.architecture, Architecture::Llama);
+    assert_eq!(cfg.hidden_size, 576);
+    assert_eq!(cfg.num_hidden_layers, 30);
+    assert_eq!((cfg.num_attention_heads, cfg.num_key_value_heads), (9, 3));
+    assert_eq!(cfg.intermediate_size, 1536);
+    assert_eq!(cfg.vocab_size, 49152);
+    assert!(cfg.tie_word_embeddings);
+    for (field, ours) in [
+        ("hidden_size", cfg.hidden_size),
+        ("num_hidden_layers", cfg.num_hidden_layers),
+        ("num_attention_heads", cfg.num_attention_heads),
+        ("num_key_value_heads", cfg.num_key_value_heads),
+        ("intermediate_size", cfg.intermediate_size),
+        ("vocab_size", cfg.vocab_size),
+    ] {
+        assert_eq!(ours as u64, g[field].as_u64().unwrap(), "{field}");
+    }
+    assert_eq!(cfg.rope_theta, g["rope_theta"].as_f64().unwrap());
+    assert!((cfg.rms_norm_eps - g["rms_norm_eps"].as_f64().unwrap()).abs() < 1e-12);
+    assert_eq!(
+        cfg.tie_word_embeddings,
+        g["tie_word_embeddings"].as_bool().unwrap()
+    );
+    assert_eq!(
+        (cfg.bos_token_id, cfg.eos_token_ids.as_slice()),
+        (Some(1), &[2u32][..])
+    );
+    assert_eq!(cfg.torch_dtype.as_deref(), Some("Q4_1"));
+    assert_eq!(config_from_gguf(src.file()).unwrap(), cfg);
+
+    let cols: Vec<usize> = golden["cols"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap() as usize)
+        .collect();
+    for name in [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+    ] {
+        let want = &golden[name];
+        let t = src.get(name).unwrap();
+        let shape: Vec<usize> = want["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(t.shape, shape, "{name}");
+        let v = t.to_f32_vec();
+        let ncols = shape[1];
+        let rows = want["rows"].as_array().unwrap();
+        for (ri, r) in rows.iter().enumerate() {
+            let r = r.as_u64().unwrap() as usize;
+            for (ci, &c) in cols.iter().enumerate() {
+                let w = want["values"][ri][ci].as_f64().unwrap() as f32;
+                let got = v[r * ncols + c];
+                assert!(
+                    (got - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                    "{name}[{r},{c}]: {got} vs {w}"
+                );
+            }
+            let sum: f64 = v[r * ncols..(r + 1) * ncols]
+                .iter()
+                .map(|&x| x as f64)
+                .sum();
+            let want_sum = want["row_sums"][ri].as_f64().unwrap();
+            assert!(
+                (sum - want_sum).abs() < 1e-4,
+                "{name} row {r} sum {sum} vs {want_sum}"
+            );
+        }
+    }
+}
+
+#[test]
+fn smollm2_tokenizer_metadata_and_listing() {
+    let (_, src) = smollm2();
+    let t = src.tokenizer_metadata().unwrap();
+    assert_eq!(
+        (t.model.as_str(), t.pre.as_deref()),
+        ("gpt2", Some("smollm"))
+    );
+    assert_eq!(
+        (t.tokens.len(), t.merges.len(), t.token_types.len()),
+        (49152, 48900, 49152)
+    );
+    assert_eq!(
+        (t.bos_token_id, t.eos_token_id, t.add_bos_token),
+        (Some(1), Some(2), Some(false))
+    );
+    assert!(t.chat_template.unwrap().contains("<|im_start|>"));
+    let infos = src.tensor_infos();
+    assert_eq!(infos.len(), 272);
+    let embd = infos
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .unwrap();
+    assert_eq!(
+        (embd.shape.as_slice(), embd.dtype.as_str()),
+        (&[49152, 576][..], "q8_0")
+    );
+    assert_eq!(
+        src.num_parameters(),
+        infos
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>() as u64)
+            .sum::<u64>()
+    );
+    // 134.5M parameters, tied embeddings counted once.
+    assert!(
+        (134_000_000..135_000_000).contains(&src.num_parameters()),
+        "{}",
+        src.num_parameters()
+    );
+    // Every tensor of the file maps to a Hugging Face name.
+    for t in &infos {
+        assert!(gguf_to_hf_name(&t.name).is_some(), "{}", t.name);
+    }
+}
