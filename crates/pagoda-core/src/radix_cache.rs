@@ -337,6 +337,12 @@ impl RadixCache {
             .ok_or(CoreError::StaleRadixNode(from.0))?
             .end();
         let end = tokens.len().min(blocks.len() * bs);
+        if end <= from_end {
+            return Ok(InsertOutcome {
+                node: from,
+                shared_blocks: Vec::new(),
+            });
+        }
         if let Some(&b) = blocks[..end.div_ceil(bs)]
             .iter()
             .find(|&&b| pool.ref_count(b) == 0)
@@ -517,6 +523,20 @@ impl RadixCache {
         }
         self.refresh(parent);
         Ok(freed)
+    }
+
+    /// Locks held on each node itself (`lock_ref` minus its children's), for
+    /// nodes with any. O(nodes); for tests.
+    pub fn own_locks(&self) -> HashMap<NodeId, u32> {
+        let mut out = HashMap::new();
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            let Some(n) = n else { continue };
+            let below: u32 = n.children.values().map(|&c| self.n(c).lock_ref).sum();
+            if n.lock_ref > below {
+                out.insert(NodeId(i as u32), n.lock_ref - below);
+            }
+        }
+        out
     }
 
     /// Checks every structural invariant; returns how many references the

@@ -1,0 +1,102 @@
+//! Whole-state consistency checks of the scheduler, for tests and debugging.
+//!
+//! O(blocks + radix nodes + tokens of all requests): never called per step.
+
+use std::collections::HashMap;
+
+use crate::block_pool::BlockId;
+use crate::scheduler::Scheduler;
+use crate::sequence::SequenceStatus;
+
+impl Scheduler {
+    /// Holders of a block (0 = free).
+    pub fn block_ref_count(&self, id: BlockId) -> u32 {
+        self.kv.pool.ref_count(id)
+    }
+
+    /// Checks that every block reference is accounted for (tables + radix tree
+    /// + pending copy sources = ref count; free exactly when 0), that each
+    /// running request holds one radix lock on its own prefix and no other
+    /// locks exist, and that queues and states agree.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let kv = &self.kv;
+        kv.pool.check_invariants()?;
+        let mut refs: HashMap<BlockId, u32> = match &kv.radix {
+            Some(radix) => radix.check_invariants(&kv.pool)?,
+            None => HashMap::new(),
+        };
+        for &b in &kv.pending_copy_srcs {
+            *refs.entry(b).or_default() += 1;
+        }
+        let mut holds = HashMap::new();
+        for seq in self.requests.values() {
+            for &b in &seq.block_table {
+                *refs.entry(b).or_default() += 1;
+            }
+            let id = seq.request_id;
+            if seq.num_computed_tokens > seq.block_table.len() * self.config.block_size {
+                return Err(format!("request {id}: computed tokens beyond its blocks"));
+            }
+            if seq.status == SequenceStatus::Waiting
+                && (!seq.block_table.is_empty()
+                    || seq.radix_hold.is_some()
+                    || seq.num_computed_tokens > 0)
+            {
+                return Err(format!("waiting request {id} holds cache state"));
+            }
+            if let (Some(hold), Some(radix)) = (seq.radix_hold, &kv.radix) {
+                *holds.entry(hold.node).or_insert(0u32) += 1;
+                let tokens = radix
+                    .node_tokens(hold.node)
+                    .ok_or(format!("request {id}: hold on dead node"))?;
+                if tokens[..] != seq.token_ids[..hold.num_tokens]
+                    || hold.num_tokens > seq.num_computed_tokens
+                {
+                    return Err(format!(
+                        "request {id}: radix hold is not its computed prefix"
+                    ));
+                }
+            } else if seq.status == SequenceStatus::Running && kv.radix.is_some() {
+                return Err(format!("running request {id} without a radix hold"));
+            }
+        }
+        if let Some(radix) = &kv.radix {
+            if radix.own_locks() != holds {
+                return Err(format!(
+                    "radix locks {:?} != holds {holds:?}",
+                    radix.own_locks()
+                ));
+            }
+        }
+        for i in 0..kv.pool.num_blocks() as u32 {
+            let b = BlockId(i);
+            let expected = refs.get(&b).copied().unwrap_or(0);
+            if kv.pool.ref_count(b) != expected {
+                return Err(format!(
+                    "block {b}: ref count {} but {expected} holders",
+                    kv.pool.ref_count(b)
+                ));
+            }
+        }
+        let running_ok = self.running.iter().all(|id| {
+            self.requests
+                .get(id)
+                .is_some_and(|s| s.status == SequenceStatus::Running)
+        });
+        let waiting_ok = self.waiting.iter().all(|id| {
+            self.requests
+                .get(id)
+                .is_some_and(|s| s.status == SequenceStatus::Waiting)
+        });
+        if !running_ok
+            || !waiting_ok
+            || self.running.len() + self.waiting.len() != self.requests.len()
+        {
+            return Err("running/waiting queues disagree with request states".into());
+        }
+        if self.running.len() > self.config.max_num_seqs {
+            return Err("more running requests than max_num_seqs".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,387 @@
+//! Continuous-batching scheduler with chunked prefill and preemption (vLLM v1's
+//! policy), over the block pool and radix prefix cache.
+//!
+//! Each step spends a token budget: running decodes first, then the prompt
+//! chunks of running requests, then new requests from the waiting queue (FIFO)
+//! until the budget, `max_num_seqs` or the free blocks run out. A prompt longer
+//! than what is left of the budget is cut into chunks over several steps.
+//!
+//! When a running request cannot get a block, the radix cache is evicted
+//! first; then the newest running requests not yet scheduled in this step, and
+//! newer than the one asking, are preempted by recompute (their K/V goes to
+//! the prefix cache, they go back to the front of the waiting queue). New
+//! requests are not admitted in a step where a running one was preempted or
+//! left out for want of blocks.
+//!
+//! Liveness: a request is admitted only if it fits the whole cache on its own;
+//! the oldest running request can be preempted by no one and, once the others
+//! finish or are preempted, has the whole cache; so every request finishes.
+//!
+//! Costs: `schedule` is O(running + scheduled tokens + blocks of scheduled
+//! sequences) plus O(prompt) for each admission (prefix match);
+//! `update_from_output` O(batch + newly full blocks); `abort` O(queue length).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::config::SchedulerConfig;
+use crate::error::{CoreError, Result};
+use crate::kv_cache_manager::KvCacheManager;
+use crate::output::{BlockCopy, RequestUpdate, ScheduledSequence, SchedulerOutput};
+use crate::sequence::{FinishReason, Request, RequestId, Sequence, SequenceStatus};
+use crate::stats::{SchedulerStats, StatCounters};
+
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    pub(crate) config: SchedulerConfig,
+    pub(crate) kv: KvCacheManager,
+    pub(crate) requests: HashMap<RequestId, Sequence>,
+    /// FIFO; preempted requests go back to the front.
+    pub(crate) waiting: VecDeque<RequestId>,
+    /// In admission order: earlier = higher priority.
+    pub(crate) running: Vec<RequestId>,
+    pub(crate) counters: StatCounters,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Scheduler {
+            kv: KvCacheManager::new(
+                config.num_blocks,
+                config.block_size,
+                config.enable_prefix_caching,
+            ),
+            config,
+            requests: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: StatCounters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Queues a request, or refuses one that could never be served.
+    pub fn add_request(&mut self, request: Request) -> Result<()> {
+        let id = request.id;
+        request.sampling.validate()?;
+        if request.prompt_token_ids.is_empty() {
+            return Err(CoreError::EmptyPrompt(id));
+        }
+        if self.requests.contains_key(&id) {
+            return Err(CoreError::DuplicateRequest(id));
+        }
+        let max_model_len = self.config.max_model_len;
+        if request.prompt_token_ids.len() > max_model_len {
+            return Err(CoreError::PromptTooLong {
+                id,
+                prompt_len: request.prompt_token_ids.len(),
+                max_model_len,
+            });
+        }
+        let seq = Sequence::new(request);
+        // The last token is never computed, so at most max_num_tokens - 1 K/V.
+        let needed = self
+            .config
+            .blocks_for(seq.max_num_tokens(max_model_len) - 1);
+        if needed > self.config.num_blocks {
+            return Err(CoreError::ExceedsKvCache {
+                id,
+                needed,
+                num_blocks: self.config.num_blocks,
+            });
+        }
+        self.requests.insert(id, seq);
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    pub fn num_unfinished_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The state of an unfinished request (prompt and output token ids, ...).
+    pub fn sequence(&self, id: RequestId) -> Option<&Sequence> {
+        self.requests.get(&id)
+    }
+
+    /// Plans the next step. Call [`Self::update_from_output`] with its results
+    /// before planning another.
+    pub fn schedule(&mut self) -> Result<SchedulerOutput> {
+        self.kv.end_step()?;
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        let order = std::mem::take(&mut self.running);
+        let mut scheduled = vec![false; order.len()];
+        let mut preempted = vec![false; order.len()];
+        let mut blocked = false;
+        // 1. Running requests: decodes (one token left), then prompt chunks.
+        for decodes in [true, false] {
+            for i in 0..order.len() {
+                let seq = &self.requests[&order[i]];
+                let left = seq.num_uncomputed_tokens();
+                if budget == 0
+                    || scheduled[i]
+                    || preempted[i]
+                    || left == 0
+                    || (left == 1) != decodes
+                {
+                    continue;
+                }
+                let num_new = left.min(budget);
+                if self.allocate_or_preempt(
+                    &order,
+                    i,
+                    num_new,
+                    &scheduled,
+                    &mut preempted,
+                    &mut out,
+                )? {
+                    scheduled[i] = true;
+                    budget -= num_new;
+                    out.push(self.plan(order[i], num_new));
+                } else {
+                    blocked = true;
+                }
+            }
+        }
+        self.running = order
+            .into_iter()
+            .zip(preempted)
+            .filter(|(_, p)| !p)
+            .map(|(id, _)| id)
+            .collect();
+        // 2. Waiting requests, unless blocks are already short.
+        if blocked || !out.preempted.is_empty() {
+            return Ok(out);
+        }
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
+            let Some((num_new, copy)) = self.admit(id, budget)? else {
+                break;
+            };
+            self.waiting.pop_front();
+            self.running.push(id);
+            budget -= num_new;
+            out.block_copies.extend(copy);
+            out.push(self.plan(id, num_new));
+        }
+        Ok(out)
+    }
+
+    /// Gives running request `order[i]` blocks for `num_new` more tokens,
+    /// preempting newer unscheduled requests if needed. `false`: it must wait.
+    fn allocate_or_preempt(
+        &mut self,
+        order: &[RequestId],
+        i: usize,
+        num_new: usize,
+        scheduled: &[bool],
+        preempted: &mut [bool],
+        out: &mut SchedulerOutput,
+    ) -> Result<bool> {
+        loop {
+            let seq = self
+                .requests
+                .get_mut(&order[i])
+                .ok_or(CoreError::UnknownRequest(order[i]))?;
+            let total = seq.num_computed_tokens + num_new;
+            if self.kv.allocate_slots(seq, total)? {
+                return Ok(true);
+            }
+            let Some(j) = (i + 1..order.len())
+                .rev()
+                .find(|&j| !scheduled[j] && !preempted[j])
+            else {
+                return Ok(false);
+            };
+            preempted[j] = true;
+            self.preempt(order[j])?;
+            out.preempted.push(order[j]);
+        }
+    }
+
+    fn preempt(&mut self, id: RequestId) -> Result<()> {
+        let seq = self
+            .requests
+            .get_mut(&id)
+            .ok_or(CoreError::UnknownRequest(id))?;
+        self.kv.release(seq)?;
+        seq.status = SequenceStatus::Waiting;
+        self.waiting.push_front(id);
+        self.counters.num_preemptions += 1;
+        Ok(())
+    }
+
+    /// Starts waiting request `id` from its cached prefix and gives it blocks
+    /// for a first chunk; `None` (and no change) if the blocks are not there.
+    fn admit(
+        &mut self,
+        id: RequestId,
+        budget: usize,
+    ) -> Result<Option<(usize, Option<BlockCopy>)>> {
+        let bs = self.config.block_size;
+        let seq = self
+            .requests
+            .get_mut(&id)
+            .ok_or(CoreError::UnknownRequest(id))?;
+        // Retry without a mid-block prefix: its copy needs one block more.
+        for allow_partial in [true, false] {
+            let src = self.kv.acquire_prefix(seq, allow_partial)?;
+            let num_new = seq.num_uncomputed_tokens().min(budget);
+            if self
+                .kv
+                .allocate_slots(seq, seq.num_computed_tokens + num_new)?
+            {
+                let cached = seq.num_computed_tokens;
+                seq.status = SequenceStatus::Running;
+                self.counters.prefix_cache_queried_tokens += seq.num_tokens() as u64;
+                self.counters.prefix_cache_hit_tokens += cached as u64;
+                let copy = src.map(|src| BlockCopy {
+                    src,
+                    dst: seq.block_table[cached / bs],
+                    num_tokens: cached % bs,
+                });
+                return Ok(Some((num_new, copy)));
+            }
+            self.kv.release(seq)?;
+            seq.num_cached_tokens = 0;
+            if src.is_none() {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    fn plan(&self, id: RequestId, num_new: usize) -> ScheduledSequence {
+        let seq = &self.requests[&id];
+        let start = seq.num_computed_tokens;
+        let end = start + num_new;
+        ScheduledSequence {
+            request_id: id,
+            token_ids: seq.token_ids[start..end].to_vec(),
+            num_computed_tokens: start,
+            block_table: seq.block_table.clone(),
+            needs_logits: end == seq.num_tokens(),
+            is_prefill: num_new > 1 || start < seq.num_prompt_tokens,
+            num_cached_tokens: seq.num_cached_tokens,
+        }
+    }
+
+    /// Applies a step's results: advances the computed tokens, caches newly
+    /// full blocks, appends each sampled token and runs the stop checks.
+    /// Finished requests have released their blocks when this returns.
+    /// A sequence that needed a token but got none is planned again unchanged.
+    pub fn update_from_output(
+        &mut self,
+        output: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+    ) -> Result<Vec<RequestUpdate>> {
+        self.kv.end_step()?;
+        let sampled: HashMap<RequestId, u32> = sampled.iter().copied().collect();
+        let mut updates = Vec::new();
+        for s in &output.scheduled {
+            let Some(seq) = self.requests.get_mut(&s.request_id) else {
+                continue;
+            };
+            let fresh = seq.status == SequenceStatus::Running
+                && seq.num_computed_tokens == s.num_computed_tokens;
+            let token = sampled.get(&s.request_id).copied();
+            if !fresh || (s.needs_logits && token.is_none()) {
+                continue;
+            }
+            seq.num_computed_tokens += s.query_len();
+            self.kv.cache_full_blocks(seq)?;
+            let Some(token_id) = token.filter(|_| s.needs_logits) else {
+                continue;
+            };
+            seq.token_ids.push(token_id);
+            let finish_reason = seq.stop_reason(self.config.max_model_len);
+            updates.push(RequestUpdate {
+                request_id: s.request_id,
+                token_id,
+                finish_reason,
+                num_output_tokens: seq.num_output_tokens(),
+                num_cached_tokens: seq.num_cached_tokens,
+            });
+            if let Some(reason) = finish_reason {
+                self.remove(s.request_id, reason)?;
+            }
+        }
+        if updates.iter().any(|u| u.finish_reason.is_some()) {
+            let requests = &self.requests;
+            self.running.retain(|id| requests.contains_key(id));
+        }
+        Ok(updates)
+    }
+
+    /// Ends a request for a reason found outside (a stop string, a client
+    /// going away); its blocks are released at once.
+    pub fn finish(&mut self, id: RequestId, reason: FinishReason) -> Result<()> {
+        let status = self
+            .requests
+            .get(&id)
+            .ok_or(CoreError::UnknownRequest(id))?
+            .status;
+        self.remove(id, reason)?;
+        match status {
+            SequenceStatus::Running => self.running.retain(|&r| r != id),
+            SequenceStatus::Waiting => self.waiting.retain(|&r| r != id),
+        }
+        Ok(())
+    }
+
+    /// Aborts a request, running or waiting, at any time.
+    pub fn abort(&mut self, id: RequestId) -> Result<()> {
+        self.finish(id, FinishReason::Abort)
+    }
+
+    /// Drops the request and releases its blocks; the caller fixes the queues.
+    fn remove(&mut self, id: RequestId, reason: FinishReason) -> Result<()> {
+        let Some(mut seq) = self.requests.remove(&id) else {
+            return Err(CoreError::UnknownRequest(id));
+        };
+        self.kv.release(&mut seq)?;
+        match reason {
+            FinishReason::Abort => self.counters.num_aborted += 1,
+            _ => self.counters.num_finished += 1,
+        }
+        Ok(())
+    }
+
+    /// Evicts every unlocked prefix from the radix cache; returns blocks freed.
+    pub fn flush_prefix_cache(&mut self) -> Result<usize> {
+        match self.kv.radix.as_mut() {
+            Some(radix) => radix.flush(&mut self.kv.pool),
+            None => Ok(0),
+        }
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        let bs = self.config.block_size;
+        let internal_fragmentation_slots = self
+            .running
+            .iter()
+            .filter_map(|id| self.requests.get(id))
+            .map(|s| (s.block_table.len() * bs).saturating_sub(s.num_computed_tokens))
+            .sum();
+        SchedulerStats {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            num_blocks_total: self.kv.pool.num_blocks(),
+            num_blocks_used: self.kv.pool.num_used(),
+            num_blocks_free: self.kv.pool.num_free(),
+            radix_cached_tokens: self.kv.radix.as_ref().map_or(0, |r| r.num_tokens()),
+            internal_fragmentation_slots,
+            counters: self.counters,
+        }
+    }
+}
