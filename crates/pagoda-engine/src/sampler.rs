@@ -25,23 +25,28 @@
 //! its logits and k, never on which other requests share the batch or their
 //! order; [`sample_batch`] may run rows in parallel for the same reason.
 //!
-//! Costs, for a vocabulary of V: greedy O(V); sampling O(V) for the
-//! softmax plus, for top-k, an O(V) scan keeping a small sorted buffer
-//! (k <= 128) or an O(V) selection then an O(k log k) sort; top-p alone
-//! selects the top 64, 256, ... tokens until their mass reaches p, so a
-//! peaked distribution never sorts the vocabulary. Penalties cost
-//! O(n log n) in the prompt + output length n. The row is used as scratch.
+//! Costs, for a vocabulary of V: greedy O(V) (one vectorized scan);
+//! sampling O(V) for the softmax (a vectorized polynomial `exp`) and the
+//! draw (block sums, then a walk through one block); top-k an O(V) scan with
+//! a small sorted buffer (k <= 128) or an O(V) selection; top-p first tries
+//! the top 64 tokens (enough for peaked distributions), else a quickselect
+//! on probability mass, expected O(V); the vocabulary is never sorted.
+//! Penalties cost O(n log n) in the prompt + output length n. The logits
+//! row is used as scratch.
 
+mod ops;
+
+pub use ops::argmax;
+use ops::{nucleus, partition_top, sum_f64, to_weights, top_by_weight, top_of_pairs, SMALL_K};
 use pagoda_core::SamplingParams;
 use rayon::prelude::*;
-use std::cmp::Ordering;
 
 /// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`).
 pub const SAMPLING_EPS: f32 = 1e-5;
-/// First candidate count tried by top-p without top-k (grows 4x per round).
+/// Candidates top-p tries before partitioning the whole vocabulary.
 const TOP_P_FIRST_ROUND: usize = 64;
-/// Up to this many candidates, top-k keeps a sorted buffer during one scan.
-const SMALL_K: usize = 128;
+/// Tokens per block of the dense draw's block sums.
+const DRAW_BLOCK: usize = 4096;
 
 /// A request's own random stream: xoshiro256** seeded through SplitMix64.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +208,18 @@ pub fn sample_with_logprobs(
     let mut support = Support::Dense(to_weights(logits, temperature));
     let vocab = logits.len();
     if params.top_k > 0 && params.top_k < vocab {
-        support = Support::Sparse(top_by_weight(logits, params.top_k));
+        support = Support::Sparse(if params.top_k <= SMALL_K {
+            top_by_weight(logits, params.top_k)
+        } else {
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (i as u32, x))
+                .collect();
+            partition_top(&mut all, params.top_k);
+            all.truncate(params.top_k);
+            all
+        });
     }
     if params.top_p < 1.0 {
         support = support.top_p(logits, params.top_p as f64);
@@ -256,138 +272,56 @@ pub fn apply_penalties(
     }
 }
 
-/// Index of the largest logit; ties go to the lowest id, NaN is skipped.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
-        }
-    }
-    best as u32
-}
-
-/// Rewrites `logits` as weights `exp((l - max) / t)` (NaN -> 0) and returns
-/// their sum. All weights are 0 only if no logit is finite or above -inf.
-fn to_weights(logits: &mut [f32], t: f32) -> f64 {
-    let mut max = f32::NEG_INFINITY;
-    for l in logits.iter_mut() {
-        if l.is_nan() {
-            *l = f32::NEG_INFINITY;
-        }
-        *l /= t;
-        max = max.max(*l);
-    }
-    if max == f32::NEG_INFINITY || max.is_nan() {
-        logits.fill(0.0);
-        return 0.0;
-    }
-    let mut total = 0.0f64;
-    for l in logits.iter_mut() {
-        // max = +inf (overflowing logits): those tokens share the mass.
-        *l = if max == f32::INFINITY {
-            if *l == f32::INFINITY {
-                1.0
-            } else {
-                0.0
-            }
-        } else {
-            (*l - max).exp()
-        };
-        total += *l as f64;
-    }
-    total
-}
-
-/// Ranking order: higher weight first, then lower id.
-fn rank(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
-
-/// The `m` (< len) highest-weight tokens of `w`, in [`rank`] order.
-fn top_by_weight(w: &[f32], m: usize) -> Vec<(u32, f32)> {
-    let m = m.min(w.len());
-    if m == 0 {
-        return Vec::new();
-    }
-    if m <= SMALL_K {
-        // One scan with a sorted buffer; ids grow, so an equal weight seen
-        // later ranks after the ones kept.
-        let mut buf: Vec<(u32, f32)> = Vec::with_capacity(m + 1);
-        for (i, &x) in w.iter().enumerate() {
-            if buf.len() == m && x <= buf[m - 1].1 {
-                continue;
-            }
-            let pos = buf.partition_point(|e| e.1 >= x);
-            buf.insert(pos, (i as u32, x));
-            buf.truncate(m);
-        }
-        return buf;
-    }
-    let mut all: Vec<(u32, f32)> = w.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
-    if m < all.len() {
-        all.select_nth_unstable_by(m - 1, rank);
-        all.truncate(m);
-    }
-    all.sort_unstable_by(rank);
-    all
-}
-
 /// The tokens still allowed, with the sum of their weights.
 enum Support {
     /// Every token; the weights are the row itself (0 = removed). Holds the total.
     Dense(f64),
-    /// The listed tokens only, in [`rank`] order.
+    /// The listed tokens only, in no particular order.
     Sparse(Vec<(u32, f32)>),
 }
 
 impl Support {
-    fn total(&self) -> f64 {
+    fn total(&self, w: &[f32]) -> f64 {
         match self {
             Support::Dense(total) => *total,
-            Support::Sparse(c) => c.iter().map(|e| e.1 as f64).sum(),
+            Support::Sparse(c) => {
+                debug_assert!(c.iter().all(|e| w.get(e.0 as usize) == Some(&e.1)));
+                c.iter().map(|e| e.1 as f64).sum()
+            }
         }
     }
 
-    /// Keeps the smallest prefix (in rank order) whose mass reaches `p`.
+    /// Keeps the smallest rank-order prefix whose mass reaches `p`.
     fn top_p(self, w: &[f32], p: f64) -> Support {
-        let nucleus = |cands: &[(u32, f32)], total: f64| -> Option<usize> {
-            let target = p * total;
-            let mut cum = 0.0f64;
-            for (j, e) in cands.iter().enumerate() {
-                cum += e.1 as f64;
-                if cum >= target {
-                    return Some(j + 1);
-                }
-            }
-            None
-        };
-        match self {
-            Support::Sparse(mut c) => {
-                let total = c.iter().map(|e| e.1 as f64).sum();
-                let keep = nucleus(&c, total).unwrap_or(c.len()).max(1);
-                c.truncate(keep);
-                Support::Sparse(c)
+        let (mut c, target) = match self {
+            Support::Sparse(c) => {
+                let total: f64 = c.iter().map(|e| e.1 as f64).sum();
+                (c, p * total)
             }
             Support::Dense(total) => {
-                let mut m = TOP_P_FIRST_ROUND;
-                while m < w.len() {
-                    let mut c = top_by_weight(w, m);
-                    if let Some(keep) = nucleus(&c, total) {
-                        c.truncate(keep.max(1));
-                        return Support::Sparse(c);
-                    }
-                    m = m.saturating_mul(4);
+                // Peaked distributions: the nucleus is among the top few.
+                let mut c = top_by_weight(w, TOP_P_FIRST_ROUND);
+                let keep = nucleus(&mut c, p * total);
+                if keep < c.len() || c.len() == w.len() {
+                    c.truncate(keep.max(1));
+                    return Support::Sparse(c);
                 }
-                // The nucleus needs (nearly) every token: sort them all.
-                let mut c = top_by_weight(w, w.len());
-                let keep = nucleus(&c, total).unwrap_or(c.len()).max(1);
-                c.truncate(keep);
-                Support::Sparse(c)
+                // Tokens below tau = (1 - p) * total / 2V weigh less than
+                // (1 - p) * total together: they rank last and lie outside
+                // the nucleus, so they never enter the selection.
+                let tau = (0.5 * (1.0 - p) * total / w.len() as f64) as f32;
+                let c = w
+                    .iter()
+                    .enumerate()
+                    .filter(|e| *e.1 >= tau)
+                    .map(|(i, &x)| (i as u32, x))
+                    .collect();
+                (c, p * total)
             }
-        }
+        };
+        let keep = nucleus(&mut c, target).max(1);
+        c.truncate(keep);
+        Support::Sparse(c)
     }
 
     /// Drops tokens whose weight is below `min_w` (at most 1: the top stays).
@@ -395,50 +329,61 @@ impl Support {
         match self {
             Support::Sparse(c) => c.retain(|e| e.1 >= min_w),
             Support::Dense(total) => {
-                let mut t = 0.0f64;
                 for x in w.iter_mut() {
-                    if *x < min_w {
-                        *x = 0.0;
-                    }
-                    t += *x as f64;
+                    *x = if *x < min_w { 0.0 } else { *x };
                 }
-                *total = t;
+                *total = sum_f64(w);
             }
         }
     }
 
     /// The token at mass `u * total` (u uniform in [0, 1)).
     fn draw(&self, w: &[f32], u: f64) -> u32 {
-        let target = u * self.total();
-        let mut cum = 0.0f64;
-        let mut last = None;
-        let mut pick = |id: u32, x: f32| {
-            if x > 0.0 {
-                cum += x as f64;
-                last = Some(id);
-                cum > target
-            } else {
-                false
+        let walk = |items: &mut dyn Iterator<Item = (u32, f32)>, target: f64| {
+            let mut cum = 0.0f64;
+            let mut last = None;
+            for (id, x) in items {
+                if x > 0.0 {
+                    cum += x as f64;
+                    last = Some(id);
+                    if cum > target {
+                        return Some(id);
+                    }
+                }
+            }
+            // Rounding left `target` at the very end: the last positive one.
+            last
+        };
+        let found = match self {
+            Support::Sparse(c) => walk(&mut c.iter().copied(), u * self.total(w)),
+            Support::Dense(_) => {
+                // Block sums first, so the scalar walk covers one block.
+                let sums: Vec<f64> = w.chunks(DRAW_BLOCK).map(sum_f64).collect();
+                let mut target = u * sums.iter().sum::<f64>();
+                // The block holding `target`, else (rounding) the last with mass.
+                let mut chosen = None;
+                for (b, &s) in sums.iter().enumerate() {
+                    if s > 0.0 {
+                        chosen = Some((b, target));
+                        if target < s {
+                            break;
+                        }
+                    }
+                    target -= s;
+                }
+                chosen.and_then(|(b, target)| {
+                    let start = b * DRAW_BLOCK;
+                    let block = &w[start..(start + DRAW_BLOCK).min(w.len())];
+                    let mut it = block
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| ((start + i) as u32, x));
+                    walk(&mut it, target)
+                })
             }
         };
-        match self {
-            Support::Sparse(c) => {
-                for &(id, x) in c {
-                    if pick(id, x) {
-                        return id;
-                    }
-                }
-            }
-            Support::Dense(_) => {
-                for (i, &x) in w.iter().enumerate() {
-                    if pick(i as u32, x) {
-                        return i as u32;
-                    }
-                }
-            }
-        }
-        // Rounding left `target` at the very end, or nothing has weight.
-        last.unwrap_or_else(|| match self {
+        // Nothing has weight (no finite logit): the greedy choice.
+        found.unwrap_or_else(|| match self {
             Support::Sparse(c) => c.first().map_or(0, |e| e.0),
             Support::Dense(_) => argmax(w),
         })
@@ -446,7 +391,7 @@ impl Support {
 
     /// Logprob of `token` and the `n` most likely kept tokens.
     fn logprobs(&self, w: &[f32], token: u32, n: usize) -> TokenLogprobs {
-        let log_total = self.total().ln();
+        let log_total = self.total(w).ln();
         let lp = |x: f32| {
             if x > 0.0 {
                 ((x as f64).ln() - log_total) as f32
@@ -457,7 +402,7 @@ impl Support {
         let (token_w, top) = match self {
             Support::Sparse(c) => {
                 let tw = c.iter().find(|e| e.0 == token).map_or(0.0, |e| e.1);
-                (tw, c.iter().take(n).copied().collect::<Vec<_>>())
+                (tw, top_of_pairs(c.clone(), n))
             }
             Support::Dense(_) => {
                 let tw = w.get(token as usize).copied().unwrap_or(0.0);
