@@ -11,6 +11,7 @@ pub mod arch;
 pub mod config;
 pub mod error;
 pub mod loader;
+pub mod open;
 pub mod tokenizer;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};

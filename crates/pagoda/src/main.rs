@@ -1,2 +1,47 @@
-//! The pagoda command line.
-fn main() {}
+//! The pagoda command line: wiring only. Each subcommand lives in
+//! `commands/`, parses its options with clap, and calls the engine.
+
+mod commands;
+mod progress;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// pagoda: an LLM inference engine.
+#[derive(Parser)]
+#[command(name = "pagoda", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text for one or more prompts, run together as one batch.
+    Generate(commands::generate::GenerateArgs),
+    /// Describe a model: architecture, shapes, dtypes, vocabulary, parameters.
+    Info(commands::info::InfoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Info(args) => commands::info::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

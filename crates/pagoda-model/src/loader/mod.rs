@@ -14,8 +14,23 @@ pub mod hf_config;
 pub mod safetensors;
 pub mod safetensors_writer;
 
+/// What `pagoda info` shows of one stored tensor.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TensorInfo {
+    /// Name in the source's own naming (GGUF names for GGUF files).
+    pub name: String,
+    /// Outermost dimension first.
+    pub shape: Vec<usize>,
+    /// Storage type as the file has it: f32, f16, bf16, q4_1, q8_0, ...
+    pub dtype: String,
+}
+
 /// A source of named host tensors.
 pub trait WeightSource: Send + Sync {
+    /// Every tensor the source holds, as stored.
+    fn tensor_infos(&self) -> Vec<TensorInfo> {
+        Vec::new()
+    }
     /// The tensor called `name` (Hugging Face naming), dequantized to f32/f16/bf16.
     fn get(&self, name: &str) -> Result<HostTensor>;
     /// Whether the source has a tensor called `name`.
