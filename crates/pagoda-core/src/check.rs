@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use crate::block_pool::BlockId;
+use crate::radix_cache::NodeId;
 use crate::scheduler::Scheduler;
 use crate::sequence::SequenceStatus;
 
@@ -45,7 +46,9 @@ impl Scheduler {
                 return Err(format!("waiting request {id} holds cache state"));
             }
             if let (Some(hold), Some(radix)) = (seq.radix_hold, &kv.radix) {
-                *holds.entry(hold.node).or_insert(0u32) += 1;
+                if hold.node != NodeId::ROOT {
+                    *holds.entry(hold.node).or_insert(0u32) += 1;
+                }
                 let tokens = radix
                     .node_tokens(hold.node)
                     .ok_or(format!("request {id}: hold on dead node"))?;

@@ -1,0 +1,298 @@
+//! Property tests of the scheduler with small pools (so preemption and
+//! eviction happen all the time), driven by random adds, steps, aborts and
+//! finishes. A fake model runner keeps a simulated KV cache whose slots record
+//! which prefix they were computed for, so every reuse (shared blocks, block
+//! copies, recompute) is checked against the test's own record of each
+//! request's tokens.
+
+use std::collections::{BTreeMap, HashMap};
+
+use pagoda_core::{
+    BlockId, CoreError, FinishReason, Request, RequestId, SamplingParams, Scheduler,
+    SchedulerConfig, SchedulerOutput,
+};
+use proptest::prelude::*;
+
+const EOS: u32 = 99;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add {
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        ignore_eos: bool,
+    },
+    Step {
+        seed: u64,
+        eos_percent: u64,
+    },
+    Abort(usize),
+    Finish(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (prop::collection::vec(0u32..4, 1..28), 1usize..16, any::<bool>())
+            .prop_map(|(prompt, max_tokens, ignore_eos)| Op::Add { prompt, max_tokens, ignore_eos }),
+        6 => (any::<u64>(), 0u64..30).prop_map(|(seed, eos_percent)| Op::Step { seed, eos_percent }),
+        1 => any::<usize>().prop_map(Op::Abort),
+        1 => any::<usize>().prop_map(Op::Finish),
+    ]
+}
+
+fn config() -> impl Strategy<Value = SchedulerConfig> {
+    (
+        1usize..9,
+        2usize..24,
+        1usize..64,
+        1usize..6,
+        8usize..64,
+        any::<bool>(),
+    )
+        .prop_map(
+            |(block_size, num_blocks, budget, max_num_seqs, max_model_len, caching)| {
+                SchedulerConfig {
+                    block_size,
+                    num_blocks,
+                    max_num_batched_tokens: budget,
+                    max_num_seqs,
+                    max_model_len,
+                    enable_prefix_caching: caching,
+                }
+            },
+        )
+}
+
+fn kv_of(prefix: &[u32]) -> u64 {
+    prefix.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| {
+        (h ^ (t as u64 + 1)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The test's own record of a live request.
+struct Live {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    ignore_eos: bool,
+}
+
+struct Harness {
+    cfg: SchedulerConfig,
+    sched: Scheduler,
+    live: BTreeMap<RequestId, Live>,
+    kv: Vec<Option<u64>>,
+    next_id: u64,
+    rng: u64,
+}
+
+impl Harness {
+    fn rand(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn add(&mut self, prompt: Vec<u32>, max_tokens: usize, ignore_eos: bool) {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let req = Request {
+            id,
+            prompt_token_ids: prompt.clone(),
+            sampling: SamplingParams {
+                max_tokens,
+                ignore_eos,
+                ..SamplingParams::greedy(max_tokens)
+            },
+            eos_token_ids: vec![EOS],
+        };
+        let final_len =
+            (prompt.len() + max_tokens).min(self.cfg.max_model_len.max(prompt.len() + 1));
+        let needed = (final_len - 1).div_ceil(self.cfg.block_size);
+        match self.sched.add_request(req) {
+            Ok(()) => {
+                assert!(prompt.len() <= self.cfg.max_model_len && needed <= self.cfg.num_blocks);
+                let live = Live {
+                    prompt_len: prompt.len(),
+                    tokens: prompt,
+                    max_tokens,
+                    ignore_eos,
+                };
+                self.live.insert(id, live);
+            }
+            Err(CoreError::PromptTooLong { .. }) => assert!(prompt.len() > self.cfg.max_model_len),
+            Err(CoreError::ExceedsKvCache { needed: n, .. }) => {
+                assert!(prompt.len() <= self.cfg.max_model_len);
+                assert_eq!(n, needed);
+                assert!(needed > self.cfg.num_blocks);
+            }
+            Err(e) => panic!("unexpected refusal {e}"),
+        }
+    }
+
+    /// Checks the plan, runs it on the simulated KV cache, samples, updates.
+    fn step(&mut self, eos_percent: u64) -> SchedulerOutput {
+        let out = self.sched.schedule().unwrap();
+        let bs = self.cfg.block_size;
+        assert!(
+            out.num_scheduled_tokens() <= self.cfg.max_num_batched_tokens,
+            "token budget"
+        );
+        assert!(out.scheduled.len() <= self.cfg.max_num_seqs, "max_num_seqs");
+        assert_eq!(
+            out.scheduled.iter().map(|s| s.query_len()).sum::<usize>(),
+            out.num_scheduled_tokens()
+        );
+        let mut ids: Vec<_> = out.scheduled.iter().map(|s| s.request_id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            out.scheduled.len(),
+            "a request at most once per step"
+        );
+        for c in &out.block_copies {
+            assert!(c.src != c.dst && c.num_tokens > 0 && c.num_tokens < bs);
+            assert!(out
+                .scheduled
+                .iter()
+                .any(|s| s.block_table.get(s.context_len() / bs) == Some(&c.dst)));
+            for off in 0..c.num_tokens {
+                self.kv[c.dst.index() * bs + off] = self.kv[c.src.index() * bs + off];
+            }
+        }
+        let slot = |table: &[BlockId], p: usize| table[p / bs].index() * bs + p % bs;
+        for s in &out.scheduled {
+            let live = &self.live[&s.request_id];
+            assert!(s.query_len() > 0 && s.block_table.len() * bs >= s.seq_len());
+            assert_eq!(
+                s.token_ids[..],
+                live.tokens[s.context_len()..s.seq_len()],
+                "tokens to compute"
+            );
+            assert_eq!(s.needs_logits, s.seq_len() == live.tokens.len());
+            for p in 0..s.context_len() {
+                assert_eq!(
+                    self.kv[slot(&s.block_table, p)],
+                    Some(kv_of(&live.tokens[..=p])),
+                    "cached K/V at {p}"
+                );
+            }
+            for p in s.positions() {
+                let b = s.block_table[p / bs];
+                assert_eq!(
+                    self.sched.block_ref_count(b),
+                    1,
+                    "writes only into unshared blocks"
+                );
+                self.kv[slot(&s.block_table, p)] = Some(kv_of(&live.tokens[..=p]));
+            }
+        }
+        let mut sampled = Vec::new();
+        for s in out.scheduled.iter().filter(|s| s.needs_logits) {
+            let t = if self.rand() % 100 < eos_percent {
+                EOS
+            } else {
+                (self.rand() % 4) as u32
+            };
+            sampled.push((s.request_id, t));
+        }
+        let updates = self.sched.update_from_output(&out, &sampled).unwrap();
+        assert_eq!(updates.len(), sampled.len());
+        for (u, &(id, t)) in updates.iter().zip(&sampled) {
+            assert_eq!((u.request_id, u.token_id), (id, t));
+            let live = self.live.get_mut(&id).unwrap();
+            live.tokens.push(t);
+            let n_out = live.tokens.len() - live.prompt_len;
+            let expected = if t == EOS && !live.ignore_eos {
+                Some(FinishReason::Stop)
+            } else if n_out >= live.max_tokens || live.tokens.len() >= self.cfg.max_model_len {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            assert_eq!(u.finish_reason, expected, "stop checks");
+            if expected.is_some() {
+                self.live.remove(&id);
+            }
+        }
+        out
+    }
+
+    fn nth_live(&self, i: usize) -> Option<RequestId> {
+        (!self.live.is_empty()).then(|| *self.live.keys().nth(i % self.live.len()).unwrap())
+    }
+
+    fn check(&self) {
+        self.sched.check_invariants().unwrap();
+        let stats = self.sched.stats();
+        assert_eq!(stats.num_running + stats.num_waiting, self.live.len());
+        assert!(stats.num_running <= self.cfg.max_num_seqs);
+        assert_eq!(
+            stats.num_blocks_used + stats.num_blocks_free,
+            self.cfg.num_blocks
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn scheduler_keeps_its_invariants_and_drains(cfg in config(), seed in any::<u64>(),
+                                                 ops in prop::collection::vec(op(), 1..120)) {
+        let mut h = Harness {
+            sched: Scheduler::new(cfg.clone()).unwrap(),
+            kv: vec![None; cfg.num_blocks * cfg.block_size],
+            cfg,
+            live: BTreeMap::new(),
+            next_id: 0,
+            rng: seed | 1,
+        };
+        for op in ops {
+            match op {
+                Op::Add { prompt, max_tokens, ignore_eos } => h.add(prompt, max_tokens, ignore_eos),
+                Op::Step { seed, eos_percent } => {
+                    h.rng ^= seed | 1;
+                    h.step(eos_percent);
+                }
+                Op::Abort(i) => {
+                    if let Some(id) = h.nth_live(i) {
+                        h.sched.abort(id).unwrap();
+                        h.live.remove(&id);
+                    }
+                    prop_assert_eq!(h.sched.abort(RequestId(u64::MAX)), Err(CoreError::UnknownRequest(RequestId(u64::MAX))));
+                }
+                Op::Finish(i) => {
+                    if let Some(id) = h.nth_live(i) {
+                        h.sched.finish(id, FinishReason::Stop).unwrap();
+                        h.live.remove(&id);
+                    }
+                }
+            }
+            h.check();
+        }
+        // No new arrivals: everything finishes within a bounded number of
+        // steps, and each step does some work.
+        let bound = 10 * h.live.values().map(|l| l.max_tokens + l.tokens.len()).sum::<usize>() + 10;
+        let mut steps = 0;
+        let mut work: HashMap<RequestId, usize> = HashMap::new();
+        while !h.live.is_empty() {
+            let out = h.step(0);
+            prop_assert!(!out.is_empty(), "a step with unfinished requests schedules something");
+            for s in &out.scheduled {
+                *work.entry(s.request_id).or_default() += s.query_len();
+            }
+            h.check();
+            steps += 1;
+            prop_assert!(steps <= bound, "did not drain in {} steps", bound);
+        }
+        prop_assert!(!h.sched.has_unfinished_requests());
+        h.sched.flush_prefix_cache().unwrap();
+        let stats = h.sched.stats();
+        prop_assert_eq!(stats.num_blocks_free, stats.num_blocks_total, "no block leaks");
+        prop_assert_eq!(stats.radix_cached_tokens, 0);
+        h.check();
+    }
+}
