@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace (fetching the default model first: the
+# golden tests compare against it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/fetch-default-model.sh >/dev/null
+cargo test --release --workspace "$@"
