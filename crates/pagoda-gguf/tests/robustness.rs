@@ -157,3 +157,43 @@ proptest! {
         check(b);
     }
 }
+
+/// The real SmolLM2 file up to the start of its tensor data (its header:
+/// 49k tokens, 49k merges, 272 tensor infos), or `None` if it is missing.
+fn smollm2_header() -> Vec<u8> {
+    use std::sync::OnceLock;
+    static HEADER: OnceLock<Vec<u8>> = OnceLock::new();
+    HEADER
+        .get_or_init(|| {
+            let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+            let file = GgufFile::open(&p)
+                .unwrap_or_else(|e| panic!("{e}: run scripts/fetch-default-model.sh"));
+            let bytes = std::fs::read(&p).unwrap();
+            bytes[..file.data_offset() + 64].to_vec()
+        })
+        .clone()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn real_header_cut_or_corrupted_never_panics(
+        cut in 0usize..2_000_000,
+        edits in proptest::collection::vec((0usize..2_000_000, any::<u8>()), 0..4),
+    ) {
+        let mut b = smollm2_header();
+        let len = b.len();
+        let edited = !edits.is_empty();
+        for (at, v) in edits {
+            b[at % len] = v;
+        }
+        b.truncate(cut.min(len));
+        let n = b.len();
+        let (r, largest) = tracked(|| GgufFile::from_bytes(b).map(|f| f.tensors().len()));
+        prop_assert!(largest <= 4 * n + 4096, "{largest} bytes for {n}");
+        // Unedited and cut anywhere: the tensor data is not all there.
+        prop_assert!(edited || r.is_err());
+    }
+}

@@ -313,8 +313,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         .optional(&key("rope.freq_base"), Metadata::get_f64)
         .map_err(cfg)?
         .unwrap_or(10_000.0);
-    let vocab_size = match file.tensor("token_embd.weight") {
-        Some(t) => t.shape()[0],
+    let vocab_size = match file
+        .tensor("token_embd.weight")
+        .and_then(|t| t.shape().first().copied())
+    {
+        Some(rows) => rows,
         None => match md
             .optional("tokenizer.ggml.tokens", Metadata::get_string_array)
             .map_err(cfg)?
