@@ -11,7 +11,8 @@
 //! Invariants:
 //! - A delta never holds part of a character: while the window's text ends in
 //!   U+FFFD (an incomplete UTF-8 sequence from byte-level or byte-fallback
-//!   tokens), or its last token is a `<0xNN>` byte-fallback token, nothing is
+//!   tokens), or its last token is a `<0xNN>` byte-fallback token (or one
+//!   that decodes to nothing, such as a skipped special token), nothing is
 //!   emitted and the ids stay pending until a later token completes them.
 //! - The concatenation of every delta plus [`IncrementalDetokenizer::finish`]
 //!   equals `decode(all ids)` for byte-level and byte-fallback tokenizers:
@@ -78,7 +79,13 @@ impl<'a> IncrementalDetokenizer<'a> {
     pub fn step(&mut self, id: u32) -> Result<String> {
         self.window.push(id);
         self.num_tokens += 1;
-        if self.tokenizer.byte_fallback() && is_byte_fallback_token(self.tokenizer, id) {
+        // A token that decodes to nothing (a skipped special token, an
+        // unknown id) changes no text: deciding now could wrongly settle a
+        // byte-fallback group that the following bytes extend.
+        let silent = self.tokenizer.id_to_token(id).is_none()
+            || (self.skip_special_tokens && self.tokenizer.is_special(id));
+        if silent || (self.tokenizer.byte_fallback() && is_byte_fallback_token(self.tokenizer, id))
+        {
             return Ok(String::new());
         }
         let text = self.decode_window(self.window.len())?;
