@@ -143,6 +143,21 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// Undoes [`Self::acquire_prefix`] and [`Self::allocate_slots`] for a
+    /// sequence that is not scheduled after all: drops its blocks, its lock and
+    /// the reference on its unused copy source `src`.
+    pub fn cancel_admission(&mut self, seq: &mut Sequence, src: Option<BlockId>) -> Result<()> {
+        self.release(seq)?;
+        seq.num_cached_tokens = 0;
+        if let Some(src) = src {
+            if let Some(i) = self.pending_copy_srcs.iter().rposition(|&b| b == src) {
+                self.pending_copy_srcs.swap_remove(i);
+                self.pool.decref(src)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Drops the references on copy sources once their step has run.
     pub fn end_step(&mut self) -> Result<()> {
         for b in self.pending_copy_srcs.drain(..) {

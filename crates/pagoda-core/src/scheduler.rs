@@ -252,8 +252,7 @@ impl Scheduler {
                 });
                 return Ok(Some((num_new, copy)));
             }
-            self.kv.release(seq)?;
-            seq.num_cached_tokens = 0;
+            self.kv.cancel_admission(seq, src)?;
             if src.is_none() {
                 break;
             }
