@@ -6,100 +6,7 @@
 //! metadata and from the saved Hugging Face directory, must reproduce its
 //! encodings, decodes and chat template renderings exactly.
 
-mod gguf_meta {
-    //! Just enough of a GGUF header reader to pull `tokenizer.*` metadata
-    //! (the model crate's own loader is exercised elsewhere).
-    use std::io::{BufReader, Read};
-
-    #[derive(Debug, Clone)]
-    pub enum Meta {
-        Int(i64),
-        Bool(bool),
-        Str(String),
-        Strs(Vec<String>),
-        Ints(Vec<i64>),
-        Other,
-    }
-
-    fn u32_(r: &mut impl Read) -> u32 {
-        let mut b = [0u8; 4];
-        r.read_exact(&mut b).unwrap();
-        u32::from_le_bytes(b)
-    }
-    fn u64_(r: &mut impl Read) -> u64 {
-        let mut b = [0u8; 8];
-        r.read_exact(&mut b).unwrap();
-        u64::from_le_bytes(b)
-    }
-    fn string(r: &mut impl Read) -> String {
-        let n = u64_(r) as usize;
-        let mut b = vec![0u8; n];
-        r.read_exact(&mut b).unwrap();
-        String::from_utf8(b).unwrap()
-    }
-    fn scalar(r: &mut impl Read, ty: u32) -> Meta {
-        let mut fixed = |n: usize| {
-            let mut b = [0u8; 8];
-            r.read_exact(&mut b[..n]).unwrap();
-            b
-        };
-        match ty {
-            0 => Meta::Int(fixed(1)[0] as i64),
-            1 => Meta::Int(fixed(1)[0] as i8 as i64),
-            2 => Meta::Int(u16::from_le_bytes(fixed(2)[..2].try_into().unwrap()) as i64),
-            3 => Meta::Int(i16::from_le_bytes(fixed(2)[..2].try_into().unwrap()) as i64),
-            4 => Meta::Int(u32::from_le_bytes(fixed(4)[..4].try_into().unwrap()) as i64),
-            5 => Meta::Int(i32::from_le_bytes(fixed(4)[..4].try_into().unwrap()) as i64),
-            6 => {
-                fixed(4);
-                Meta::Other
-            }
-            7 => Meta::Bool(fixed(1)[0] != 0),
-            10 | 11 => Meta::Int(i64::from_le_bytes(fixed(8))),
-            12 => {
-                fixed(8);
-                Meta::Other
-            }
-            _ => panic!("unexpected GGUF scalar type {ty}"),
-        }
-    }
-
-    /// Every metadata key/value of a GGUF file (v2/v3).
-    pub fn read(path: &std::path::Path) -> Vec<(String, Meta)> {
-        let mut r = BufReader::new(std::fs::File::open(path).unwrap());
-        assert_eq!(u32_(&mut r), u32::from_le_bytes(*b"GGUF"));
-        assert!(u32_(&mut r) >= 2);
-        let _tensors = u64_(&mut r);
-        let kvs = u64_(&mut r);
-        (0..kvs)
-            .map(|_| {
-                let key = string(&mut r);
-                let value = match u32_(&mut r) {
-                    8 => Meta::Str(string(&mut r)),
-                    9 => {
-                        let ty = u32_(&mut r);
-                        let n = u64_(&mut r) as usize;
-                        if ty == 8 {
-                            Meta::Strs((0..n).map(|_| string(&mut r)).collect())
-                        } else {
-                            let items: Vec<_> = (0..n).map(|_| scalar(&mut r, ty)).collect();
-                            Meta::Ints(
-                                items
-                                    .into_iter()
-                                    .map(|m| if let Meta::Int(i) = m { i } else { 0 })
-                                    .collect(),
-                            )
-                        }
-                    }
-                    ty => scalar(&mut r, ty),
-                };
-                (key, value)
-            })
-            .collect()
-    }
-}
-
-use gguf_meta::Meta;
+use pagoda_model::loader::gguf::GgufSource;
 use pagoda_model::tokenizer::{
     ChatMessage, ChatTemplate, ChatTemplateOptions, GgufTokenizerSpec, Tokenizer,
 };
@@ -119,27 +26,10 @@ fn golden() -> &'static Value {
     })
 }
 
-pub fn gguf_spec() -> GgufTokenizerSpec {
+fn gguf_spec() -> GgufTokenizerSpec {
     let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let mut spec = GgufTokenizerSpec::default();
-    for (key, value) in gguf_meta::read(&path) {
-        match (key.as_str(), value) {
-            ("tokenizer.ggml.model", Meta::Str(s)) => spec.model = s,
-            ("tokenizer.ggml.pre", Meta::Str(s)) => spec.pre = Some(s),
-            ("tokenizer.ggml.tokens", Meta::Strs(v)) => spec.tokens = v,
-            ("tokenizer.ggml.merges", Meta::Strs(v)) => spec.merges = v,
-            ("tokenizer.ggml.token_type", Meta::Ints(v)) => {
-                spec.token_types = v.into_iter().map(|x| x as i32).collect()
-            }
-            ("tokenizer.ggml.bos_token_id", Meta::Int(i)) => spec.bos_token_id = Some(i as u32),
-            ("tokenizer.ggml.eos_token_id", Meta::Int(i)) => spec.eos_token_id = Some(i as u32),
-            ("tokenizer.ggml.add_bos_token", Meta::Bool(b)) => spec.add_bos_token = Some(b),
-            ("tokenizer.ggml.add_eos_token", Meta::Bool(b)) => spec.add_eos_token = Some(b),
-            ("tokenizer.chat_template", Meta::Str(s)) => spec.chat_template = Some(s),
-            _ => {}
-        }
-    }
-    spec
+    let (_, source) = GgufSource::open(path).unwrap();
+    source.tokenizer_metadata().unwrap()
 }
 
 fn from_gguf() -> &'static Tokenizer {

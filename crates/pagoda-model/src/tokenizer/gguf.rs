@@ -26,26 +26,8 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-/// The `tokenizer.*` metadata of a GGUF file that the tokenizer needs.
-#[derive(Debug, Clone, Default)]
-pub struct GgufTokenizerSpec {
-    /// `tokenizer.ggml.model`: `gpt2`, `llama`, ...
-    pub model: String,
-    /// `tokenizer.ggml.pre`: which pre-tokenizer regex (`llama-bpe`, `qwen2` ...).
-    pub pre: Option<String>,
-    /// `tokenizer.ggml.tokens`, indexed by token id.
-    pub tokens: Vec<String>,
-    /// `tokenizer.ggml.merges`, highest priority first, `"left right"`.
-    pub merges: Vec<String>,
-    /// `tokenizer.ggml.token_type`, indexed by token id (may be empty).
-    pub token_types: Vec<i32>,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_id: Option<u32>,
-    pub add_bos_token: Option<bool>,
-    pub add_eos_token: Option<bool>,
-    /// `tokenizer.chat_template`.
-    pub chat_template: Option<String>,
-}
+/// The `tokenizer.*` metadata of a GGUF file (read by the GGUF loader).
+pub type GgufTokenizerSpec = crate::loader::gguf::GgufTokenizerMetadata;
 
 /// `tokenizer.ggml.token_type` values.
 const TOKEN_TYPE_CONTROL: i32 = 3;
