@@ -27,6 +27,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+mod check;
+mod tree;
+
 use crate::block_pool::{BlockId, BlockPool};
 use crate::error::{CoreError, Result};
 
@@ -41,7 +44,7 @@ impl NodeId {
 }
 
 #[derive(Debug, Clone)]
-struct Node {
+pub(crate) struct Node {
     parent: NodeId,
     /// Children by the first token of their key.
     children: HashMap<u32, NodeId>,
@@ -138,124 +141,6 @@ impl RadixCache {
 
     pub fn lock_ref(&self, id: NodeId) -> Option<u32> {
         self.get(id).map(|n| n.lock_ref)
-    }
-
-    /// The tokens from the root to the end of `id`. O(depth); for tests.
-    pub fn node_tokens(&self, id: NodeId) -> Option<Vec<u32>> {
-        let mut parts = Vec::new();
-        let mut cur = id;
-        while cur != NodeId::ROOT {
-            let n = self.get(cur)?;
-            parts.push(&n.key[..]);
-            cur = n.parent;
-        }
-        Some(parts.into_iter().rev().flatten().copied().collect())
-    }
-
-    fn get(&self, id: NodeId) -> Option<&Node> {
-        self.nodes.get(id.0 as usize).and_then(Option::as_ref)
-    }
-
-    fn n(&self, id: NodeId) -> &Node {
-        self.get(id)
-            .expect("radix node ids held internally are live")
-    }
-
-    fn n_mut(&mut self, id: NodeId) -> &mut Node {
-        self.nodes[id.0 as usize]
-            .as_mut()
-            .expect("radix node ids held internally are live")
-    }
-
-    fn is_evictable(&self, id: NodeId) -> bool {
-        let n = self.n(id);
-        id != NodeId::ROOT && n.children.is_empty() && (n.lock_ref == 0 || n.tail.is_some())
-    }
-
-    /// Re-derives `id`'s membership in the eviction set after a change.
-    fn refresh(&mut self, id: NodeId) {
-        let key = (self.n(id).last_access, id);
-        self.evictable.remove(&key);
-        if self.is_evictable(id) {
-            self.evictable.insert(key);
-        }
-    }
-
-    fn touch(&mut self, id: NodeId, now: u64) {
-        self.evictable.remove(&(self.n(id).last_access, id));
-        self.n_mut(id).last_access = now;
-        self.refresh(id);
-    }
-
-    fn add_node(&mut self, node: Node) -> NodeId {
-        match self.free_slots.pop() {
-            Some(slot) => {
-                self.nodes[slot as usize] = Some(node);
-                NodeId(slot)
-            }
-            None => {
-                self.nodes.push(Some(node));
-                NodeId(self.nodes.len() as u32 - 1)
-            }
-        }
-    }
-
-    /// Block of index `q` held by `node` (full block or tail), if any.
-    fn block_at(&self, node: &Node, q: usize) -> Option<BlockId> {
-        let bs = self.block_size;
-        let first = node.start / bs;
-        if q >= first && q < node.end() / bs {
-            return node.blocks.get(q - first).copied();
-        }
-        if q == node.end() / bs && node.end() % bs != 0 {
-            return node.tail;
-        }
-        None
-    }
-
-    /// A block holding slots `0 .. m % bs` of block `m / bs`, where `holder`
-    /// contains position `m - 1`. O(nodes starting inside that block).
-    fn partial_source(&self, holder: NodeId, m: usize) -> Option<BlockId> {
-        // Every node below `holder` that starts inside block q holds these
-        // slots if it has a block for q; search that part of the subtree.
-        let q = m / self.block_size;
-        let mut stack = vec![holder];
-        while let Some(id) = stack.pop() {
-            let n = self.n(id);
-            if let Some(b) = self.block_at(n, q) {
-                return Some(b);
-            }
-            if n.end() / self.block_size == q {
-                stack.extend(n.children.values());
-            }
-        }
-        None
-    }
-
-    /// Splits `id` after its first `k` tokens (0 < k < key.len()). `id` keeps
-    /// the lower part (so handles to it keep their `end`); returns the new upper node.
-    fn split(&mut self, id: NodeId, k: usize) -> NodeId {
-        let bs = self.block_size;
-        let n = self.n_mut(id);
-        let split_at = n.start + k;
-        let upper_full = split_at / bs - n.start / bs;
-        let upper = Node {
-            parent: n.parent,
-            children: HashMap::from([(n.key[k], id)]),
-            key: n.key[..k].to_vec(),
-            start: n.start,
-            blocks: n.blocks.drain(..upper_full).collect(),
-            tail: None,
-            lock_ref: n.lock_ref,
-            last_access: n.last_access,
-        };
-        n.key.drain(..k);
-        n.start = split_at;
-        let (parent, first) = (upper.parent, upper.key[0]);
-        let up = self.add_node(upper);
-        self.n_mut(id).parent = up;
-        self.n_mut(parent).children.insert(first, up);
-        up
     }
 
     /// Longest cached prefix of `tokens` whose K/V is available. Splits the
@@ -411,17 +296,6 @@ impl RadixCache {
         })
     }
 
-    fn path_to_root(&self, id: NodeId) -> Result<Vec<NodeId>> {
-        self.get(id).ok_or(CoreError::StaleRadixNode(id.0))?;
-        let mut path = Vec::new();
-        let mut cur = id;
-        while cur != NodeId::ROOT {
-            path.push(cur);
-            cur = self.n(cur).parent;
-        }
-        Ok(path)
-    }
-
     /// Locks `id` and its ancestors against eviction. O(depth).
     pub fn inc_lock_ref(&mut self, id: NodeId) -> Result<()> {
         for n in self.path_to_root(id)? {
@@ -495,116 +369,6 @@ impl RadixCache {
     /// Evicts everything that is not locked. Returns blocks freed.
     pub fn flush(&mut self, pool: &mut BlockPool) -> Result<usize> {
         self.evict(pool, usize::MAX)
-    }
-
-    fn remove_leaf(&mut self, pool: &mut BlockPool, id: NodeId) -> Result<usize> {
-        let bs = self.block_size;
-        let Some(node) = self.nodes[id.0 as usize].take() else {
-            return Ok(0);
-        };
-        self.free_slots.push(id.0);
-        self.num_tokens -= node.key.len();
-        let parent = node.parent;
-        self.n_mut(parent).children.remove(&node.key[0]);
-        // A parent left as a leaf that ends mid-block keeps this block's slots
-        // of its own tokens as its tail.
-        let p = self.n(parent);
-        let keep = (parent != NodeId::ROOT && node.start % bs != 0 && p.children.is_empty())
-            .then(|| self.block_at(&node, node.start / bs))
-            .flatten();
-        let mut freed = 0;
-        for &b in node.blocks.iter().chain(&node.tail) {
-            if Some(b) != keep {
-                freed += pool.decref(b)? as usize;
-            }
-        }
-        if keep.is_some() {
-            self.n_mut(parent).tail = keep;
-        }
-        self.refresh(parent);
-        Ok(freed)
-    }
-
-    /// Locks held on each node itself (`lock_ref` minus its children's), for
-    /// nodes with any. O(nodes); for tests.
-    pub fn own_locks(&self) -> HashMap<NodeId, u32> {
-        let mut out = HashMap::new();
-        for (i, n) in self.nodes.iter().enumerate().skip(1) {
-            let Some(n) = n else { continue };
-            let below: u32 = n.children.values().map(|&c| self.n(c).lock_ref).sum();
-            if n.lock_ref > below {
-                out.insert(NodeId(i as u32), n.lock_ref - below);
-            }
-        }
-        out
-    }
-
-    /// Checks every structural invariant; returns how many references the
-    /// tree holds on each block. O(nodes + blocks); for tests.
-    pub fn check_invariants(
-        &self,
-        pool: &BlockPool,
-    ) -> std::result::Result<HashMap<BlockId, u32>, String> {
-        let bs = self.block_size;
-        let mut refs: HashMap<BlockId, u32> = HashMap::new();
-        let (mut seen, mut tokens) = (0usize, 0usize);
-        let mut stack = vec![NodeId::ROOT];
-        while let Some(id) = stack.pop() {
-            let n = self.get(id).ok_or(format!("dead node {id:?} reachable"))?;
-            seen += 1;
-            tokens += n.key.len();
-            if id != NodeId::ROOT && n.key.is_empty() {
-                return Err(format!("{id:?}: empty key"));
-            }
-            if n.blocks.len() != n.end() / bs - n.start / bs {
-                return Err(format!(
-                    "{id:?}: {} blocks for [{}, {})",
-                    n.blocks.len(),
-                    n.start,
-                    n.end()
-                ));
-            }
-            if n.tail.is_some()
-                && (!n.children.is_empty() || n.end() % bs == 0 || id == NodeId::ROOT)
-            {
-                return Err(format!("{id:?}: tail on a node that must not have one"));
-            }
-            let mut child_locks = 0;
-            for (&first, &c) in &n.children {
-                let cn = self.get(c).ok_or(format!("{id:?}: dead child {c:?}"))?;
-                if cn.parent != id || cn.start != n.end() || cn.key.first() != Some(&first) {
-                    return Err(format!("{c:?}: inconsistent with parent {id:?}"));
-                }
-                child_locks += cn.lock_ref;
-                stack.push(c);
-            }
-            if id != NodeId::ROOT && n.lock_ref < child_locks {
-                return Err(format!(
-                    "{id:?}: lock_ref {} < children's {child_locks}",
-                    n.lock_ref
-                ));
-            }
-            if self.evictable.contains(&(n.last_access, id)) != self.is_evictable(id) {
-                return Err(format!("{id:?}: eviction set membership is stale"));
-            }
-            for &b in n.blocks.iter().chain(&n.tail) {
-                *refs.entry(b).or_default() += 1;
-            }
-        }
-        let live = self.nodes.iter().filter(|n| n.is_some()).count();
-        if seen != live || self.evictable.len() > live || tokens != self.num_tokens {
-            return Err(format!(
-                "{seen} reachable of {live} live nodes; {tokens} tokens vs {}",
-                self.num_tokens
-            ));
-        }
-        if let Some((b, c)) = refs.iter().find(|(&b, &c)| pool.ref_count(b) < c) {
-            return Err(format!(
-                "block {b}: tree holds {c} refs, pool counts {}",
-                pool.ref_count(*b)
-            ));
-        }
-        Ok(refs)
     }
 }
 
