@@ -326,3 +326,63 @@ fn abort_returns_blocks_at_any_time() {
     sched.flush_prefix_cache().unwrap();
     assert_eq!(sched.stats().num_blocks_free, 8);
 }
+
+#[test]
+fn running_requests_share_full_blocks_as_they_complete() {
+    let config = SchedulerConfig {
+        block_size: 4,
+        num_blocks: 16,
+        ..SchedulerConfig::default()
+    };
+    let mut sched = Scheduler::new(config).unwrap();
+    let a: Vec<u32> = (1..=10).collect();
+    sched.add_request(request(0, a.clone(), 5)).unwrap();
+    let s1 = sched.schedule().unwrap();
+    sched.update_from_output(&s1, &sample_all(&s1, 50)).unwrap();
+    // Request 0 is still running; its two full blocks are already cached.
+    assert_eq!(sched.stats().radix_cached_tokens, 8);
+    let mut b = a[..9].to_vec();
+    b.extend([77, 78]);
+    sched.add_request(request(1, b, 5)).unwrap();
+    let s2 = sched.schedule().unwrap();
+    assert_eq!(shape(&s2), vec![(0, 1, 10, 11, true), (1, 3, 8, 11, true)]);
+    assert_eq!(
+        s2.scheduled[1].block_table[..2],
+        s2.scheduled[0].block_table[..2]
+    );
+    assert!(
+        s2.block_copies.is_empty(),
+        "a block-aligned prefix needs no copy"
+    );
+    // Allocated slots minus cached tokens: 0 has 3 blocks for 10 tokens, 1 has 3 for 8.
+    assert_eq!(sched.stats().internal_fragmentation_slots, 2 + 4);
+    sched.check_invariants().unwrap();
+}
+
+#[test]
+fn identical_prompts_admitted_together_end_up_sharing_blocks() {
+    let config = SchedulerConfig {
+        block_size: 4,
+        num_blocks: 16,
+        ..SchedulerConfig::default()
+    };
+    let mut sched = Scheduler::new(config).unwrap();
+    let prompt: Vec<u32> = (1..=8).collect();
+    sched.add_request(request(0, prompt.clone(), 3)).unwrap();
+    sched.add_request(request(1, prompt, 3)).unwrap();
+    let s1 = sched.schedule().unwrap();
+    assert_eq!(shape(&s1), vec![(0, 8, 0, 8, true), (1, 8, 0, 8, true)]);
+    assert_eq!(sched.stats().num_blocks_used, 4);
+    sched.update_from_output(&s1, &sample_all(&s1, 50)).unwrap();
+    // Request 1 switched to request 0's cached blocks and freed its copies.
+    let table = |id| sched.sequence(RequestId(id)).unwrap().block_table.clone();
+    assert_eq!(table(0), table(1));
+    assert_eq!(sched.stats().num_blocks_used, 2);
+    let s2 = sched.schedule().unwrap();
+    assert_eq!(shape(&s2), vec![(0, 1, 8, 9, true), (1, 1, 8, 9, true)]);
+    assert_ne!(
+        s2.scheduled[0].block_table[2],
+        s2.scheduled[1].block_table[2]
+    );
+    sched.check_invariants().unwrap();
+}
