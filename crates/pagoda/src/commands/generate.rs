@@ -107,7 +107,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         } else {
             tokenizer.encode(prompt, true)?
         };
-        requests.push(GenerateRequest { prompt_token_ids: ids, params: params.clone() });
+        requests.push(GenerateRequest {
+            prompt_token_ids: ids,
+            params: params.clone(),
+        });
     }
 
     let mut engine = build_engine(files, &args.model, &args.cache, quiet)?;
@@ -135,7 +138,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 finish_reason: o.finish_reason,
                 num_cached_tokens: o.num_cached_tokens,
             };
-            writeln!(out, "{}", serde_json::to_string(&line).context("serializing output")?)?;
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&line).context("serializing output")?
+            )?;
         } else if args.prompts.len() == 1 {
             writeln!(out, "{}", o.text)?;
         } else {

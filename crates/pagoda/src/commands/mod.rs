@@ -61,7 +61,9 @@ pub struct CacheArgs {
 /// Parses sizes like `512MiB`, `2GiB`, `1.5GB`, `1000000`.
 pub fn parse_size(s: &str) -> Result<usize> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num.parse().with_context(|| format!("invalid size {s:?}"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -96,15 +98,20 @@ pub fn build_engine(
     cache: &CacheArgs,
     quiet: bool,
 ) -> Result<LlmEngine<CpuBackend>> {
-    let threads = model
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = model.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     let weight_dtype = match model.weight_dtype {
         WeightDtypeArg::F32 => WeightDtype::F32,
         WeightDtypeArg::F16 => WeightDtype::F16,
         WeightDtypeArg::Bf16 => WeightDtype::BF16,
     };
-    let backend = CpuBackend::new(CpuOptions { threads, weight_dtype })?;
+    let backend = CpuBackend::new(CpuOptions {
+        threads,
+        weight_dtype,
+    })?;
     let cfg = files.config.clone();
     let max_model_len = cache.max_model_len.unwrap_or(cfg.max_position_embeddings);
     if max_model_len == 0 || max_model_len > cfg.max_position_embeddings {
@@ -133,7 +140,11 @@ pub fn build_engine(
     let budget = parse_size(&cache.kv_cache_memory)?;
     let num_blocks = budget / per_block.max(1);
     if num_blocks == 0 {
-        bail!("--kv-cache-memory {} holds no KV block ({} bytes each)", cache.kv_cache_memory, per_block);
+        bail!(
+            "--kv-cache-memory {} holds no KV block ({} bytes each)",
+            cache.kv_cache_memory,
+            per_block
+        );
     }
     tracing::info!(
         num_blocks,
@@ -144,7 +155,11 @@ pub fn build_engine(
         num_blocks * cache.block_size
     );
     let runner = ModelRunner::new(backend, model, cache.block_size, num_blocks)?;
-    let opts = EngineOptions { block_size: cache.block_size, num_blocks, max_model_len };
+    let opts = EngineOptions {
+        block_size: cache.block_size,
+        num_blocks,
+        max_model_len,
+    };
     Ok(LlmEngine::new(runner, files.tokenizer.map(Arc::new), opts))
 }
 

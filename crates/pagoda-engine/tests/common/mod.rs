@@ -1,0 +1,132 @@
+//! Shared helpers of the engine's end-to-end tests: building a CPU runner,
+//! a plain greedy loop that keeps every step's logits, and comparisons.
+
+#![allow(dead_code)]
+
+use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_engine::ModelRunner;
+use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use pagoda_model::arch::{self, BuildOptions};
+use pagoda_model::loader::WeightSource;
+use pagoda_model::ModelConfig;
+use std::path::PathBuf;
+
+pub const BLOCK_SIZE: usize = 16;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn default_model() -> PathBuf {
+    let p = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-default-model.sh",
+        p.display()
+    );
+    p
+}
+
+pub fn read_json(rel: &str) -> serde_json::Value {
+    let p = repo_root().join(rel);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+pub fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// A CPU runner with room for `num_blocks` blocks.
+pub fn cpu_runner(
+    cfg: &ModelConfig,
+    weights: &dyn WeightSource,
+    dtype: WeightDtype,
+    num_blocks: usize,
+) -> ModelRunner<CpuBackend> {
+    let backend = CpuBackend::new(CpuOptions {
+        threads: 2,
+        weight_dtype: dtype,
+    })
+    .unwrap();
+    let max_model_len = cfg.max_position_embeddings.min(4096);
+    let model = arch::build(
+        &backend,
+        cfg,
+        weights,
+        BuildOptions { max_model_len },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    ModelRunner::new(backend, model, BLOCK_SIZE, num_blocks).unwrap()
+}
+
+/// Greedy decoding of one prompt through the runner, one step per token,
+/// returning the tokens and the logits each was picked from.
+pub fn greedy_trace(
+    runner: &mut ModelRunner<CpuBackend>,
+    prompt: &[u32],
+    new_tokens: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let blocks: Vec<u32> = (0..(prompt.len() + new_tokens).div_ceil(BLOCK_SIZE) as u32).collect();
+    let mut tokens = Vec::new();
+    let mut all_logits = Vec::new();
+    let mut input = prompt.to_vec();
+    let mut context_len = 0;
+    for _ in 0..new_tokens {
+        let seq = ScheduledSeq {
+            token_ids: &input,
+            context_len,
+            block_table: &blocks,
+            want_logits: true,
+        };
+        let ctx = build_forward_context(&[seq], BLOCK_SIZE);
+        let logits = runner.execute(&ctx).unwrap();
+        let next = argmax(&logits);
+        context_len += input.len();
+        input = vec![next];
+        tokens.push(next);
+        all_logits.push(logits);
+    }
+    (tokens, all_logits)
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Indices of the `k` largest values, largest first.
+pub fn top_k(v: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..v.len() as u32).collect();
+    idx.sort_by(|&a, &b| v[b as usize].total_cmp(&v[a as usize]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// max |got - want| / max |want|.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}

@@ -1,0 +1,97 @@
+//! The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against Hugging Face
+//! transformers loading the same file (tests/golden/smollm2_q4_1.json):
+//! tokenization, 20 greedy tokens, top-5 at every step and the logits of 64
+//! fixed ids at the first 10 steps within 1e-3 relative.
+
+mod common;
+
+use common::*;
+use pagoda_core::SamplingParams;
+use pagoda_engine::{EngineOptions, GenerateRequest, LlmEngine};
+use pagoda_kernels::cpu::WeightDtype;
+use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
+use std::sync::Arc;
+
+fn open() -> ModelFiles {
+    open_model(&OpenOptions {
+        model: Some(default_model()),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn greedy_tokens_and_logits_match_transformers_with_f32_weights() {
+    let files = open();
+    let golden = read_json("tests/golden/smollm2_q4_1.json");
+    let main = &golden["main"];
+    let tokenizer = files.tokenizer.as_ref().unwrap();
+    let prompt = tokenizer
+        .encode(main["prompt"].as_str().unwrap(), true)
+        .unwrap();
+    assert_eq!(prompt, vec![504, 3575, 282, 4649, 314]);
+    assert_eq!(prompt, ids(&main["prompt_ids"]));
+
+    let mut runner = cpu_runner(&files.config, files.weights.as_ref(), WeightDtype::F32, 16);
+    let want = ids(&main["output_ids"]);
+    let (got, logits) = greedy_trace(&mut runner, &prompt, want.len());
+    assert_eq!(got, want);
+    assert_eq!(
+        tokenizer.decode(&got, true).unwrap(),
+        main["output_text"].as_str().unwrap()
+    );
+    let logit_ids = ids(&main["logit_ids"]);
+    for (s, step) in main["steps"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(
+            top_k(&logits[s], 5),
+            ids(&step["top_ids"]),
+            "step {s}: top-5 ids"
+        );
+        if let Some(want) = step.get("logits") {
+            let got: Vec<f32> = logit_ids.iter().map(|&i| logits[s][i as usize]).collect();
+            let err = rel_err(&got, &floats(want));
+            assert!(err < 1e-3, "step {s}: logits off by {err}");
+        }
+    }
+    for p in golden["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["prompt_ids"]);
+        let (got, _) = greedy_trace(&mut runner, &prompt, 16);
+        assert_eq!(got, ids(&p["output_ids"]), "prompt {:?}", p["prompt"]);
+    }
+}
+
+#[test]
+fn batched_f16_generation_gives_the_reference_tokens_and_text() {
+    let files = open();
+    let golden = read_json("tests/golden/smollm2_q4_1.json");
+    let runner = cpu_runner(&files.config, files.weights.as_ref(), WeightDtype::F16, 64);
+    let tokenizer = Arc::new(files.tokenizer.unwrap());
+    let opts = EngineOptions {
+        block_size: BLOCK_SIZE,
+        num_blocks: 64,
+        max_model_len: 2048,
+    };
+    let mut engine = LlmEngine::new(runner, Some(tokenizer), opts);
+    let mut cases = vec![&golden["main"]];
+    cases.extend(golden["prompts"].as_array().unwrap());
+    let requests = cases
+        .iter()
+        .map(|c| GenerateRequest {
+            prompt_token_ids: ids(&c["prompt_ids"]),
+            params: SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(ids(&c["output_ids"]).len())
+            },
+        })
+        .collect();
+    let outputs = engine.generate(requests, &mut |_| {}).unwrap();
+    for (c, o) in cases.iter().zip(&outputs) {
+        assert_eq!(
+            o.token_ids,
+            ids(&c["output_ids"]),
+            "prompt {:?}",
+            c["prompt"]
+        );
+        assert_eq!(o.text, c["output_text"].as_str().unwrap());
+    }
+}
