@@ -15,9 +15,9 @@ impl Scheduler {
         self.kv.pool.ref_count(id)
     }
 
-    /// Checks that every block reference is accounted for (tables + radix tree
-    /// + pending copy sources = ref count; free exactly when 0), that each
-    /// running request holds one radix lock on its own prefix and no other
+    /// Checks that every block reference is accounted for (ref count = block
+    /// tables, radix tree and pending copy sources; free exactly when 0), that
+    /// each running request holds one radix lock on its own prefix and no other
     /// locks exist, and that queues and states agree.
     pub fn check_invariants(&self) -> Result<(), String> {
         let kv = &self.kv;
