@@ -101,6 +101,38 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["city"]}}}]
 
 
+# Pre-tokenizer splits by the Python `regex` engine, for each
+# tokenizer.ggml.pre family, as published in the models' tokenizer.json files
+# and llama.cpp's llama-vocab.
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+SPLIT_TEXTS = [
+    "Hello world, it's 2024!",
+    "  x  =  12345678;\n\n\tdone\r\n",
+    "I'M HERE'S You'Ve got 3.14159 and 1,000",
+    "naïve 你好世界 😀😀 ...?! $100",
+    "def f(a_b):\n    return [a_b**2]  # ok\n\n",
+    "trailing spaces   ",
+]
+
+
+def splits(kind, text):
+    import regex
+    if kind == "gpt2":
+        return regex.findall(GPT2_PAT, text)
+    if kind == "gpt2_individual_digits":
+        out = []
+        for chunk in regex.findall(r"\p{N}|[^\p{N}]+", text):
+            out.extend(regex.findall(GPT2_PAT, chunk))
+        return out
+    if kind == "llama3":
+        return regex.findall(LLAMA3_PAT, text)
+    if kind == "qwen2":
+        return regex.findall(QWEN2_PAT, text)
+    raise ValueError(kind)
+
+
 def flatten(messages):
     out = []
     for m in messages:
@@ -161,6 +193,10 @@ def main():
         "encodings": encodings,
         "chats": chats,
         "custom_templates": {"messages": msgs, "tools": TOOLS, "cases": custom},
+        "pre_tokenizer_splits": {
+            kind: [{"text": t, "pieces": splits(kind, t)} for t in SPLIT_TEXTS]
+            for kind in ("gpt2", "gpt2_individual_digits", "llama3", "qwen2")
+        },
     }
     with open(OUT_JSON, "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=False, indent=1)

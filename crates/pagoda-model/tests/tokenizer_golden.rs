@@ -169,3 +169,43 @@ fn custom_templates_render_like_transformers() {
         );
     }
 }
+
+#[test]
+fn pre_tokenizer_splits_match_python_regex() {
+    use pagoda_model::tokenizer::gguf::PreTokenizerKind;
+    use tokenizers::decoders::byte_level::ByteLevel;
+    use tokenizers::{Decoder, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let kinds = [
+        ("gpt2", PreTokenizerKind::Gpt2),
+        (
+            "gpt2_individual_digits",
+            PreTokenizerKind::Gpt2IndividualDigits,
+        ),
+        ("llama3", PreTokenizerKind::Llama3),
+        ("qwen2", PreTokenizerKind::Qwen2),
+    ];
+    let byte_level = ByteLevel::default();
+    for (name, kind) in kinds {
+        let pre = kind.pre_tokenizer().unwrap();
+        for case in golden()["pre_tokenizer_splits"][name].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let mut s = PreTokenizedString::from(text);
+            pre.pre_tokenize(&mut s).unwrap();
+            // Pieces come out in byte-level form; map them back to text.
+            let pieces: Vec<String> = s
+                .get_splits(OffsetReferential::Original, OffsetType::Byte)
+                .into_iter()
+                .map(|(piece, _, _)| byte_level.decode(vec![piece.to_string()]).unwrap())
+                .collect();
+            let expected: Vec<String> = serde_json::from_value(case["pieces"].clone()).unwrap();
+            assert_eq!(pieces, expected, "{name}: {text:?}");
+        }
+    }
+}
+
+#[test]
+fn tokenizer_and_template_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tokenizer>();
+    shared::<ChatTemplate>();
+}
