@@ -127,7 +127,10 @@ pub(crate) fn format_utc(format: &str, secs: i64) -> String {
                 v.to_string()
             }
         };
-        let hour12 = if t.hour % 12 == 0 { 12 } else { t.hour % 12 };
+        let hour12 = match t.hour % 12 {
+            0 => 12,
+            h => h,
+        };
         match spec {
             Some('Y') => out.push_str(&t.year.to_string()),
             Some('y') => out.push_str(&num(t.year.rem_euclid(100) as u32, 2)),
