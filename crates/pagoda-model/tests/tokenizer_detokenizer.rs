@@ -165,6 +165,26 @@ fn starting_after_a_prompt_emits_only_new_text() {
     assert_eq!(out, " Paris 🗼.");
 }
 
+#[test]
+fn long_streams_decode_only_a_small_window() {
+    let tok = smollm2();
+    let ids = tok
+        .encode(
+            &"Streaming 你好 😀 text, token by token.\n".repeat(300),
+            false,
+        )
+        .unwrap();
+    let mut detok = IncrementalDetokenizer::new(tok, false);
+    let mut max_window = 0;
+    for &id in &ids {
+        detok.step(id).unwrap();
+        max_window = max_window.max(detok.window_len());
+    }
+    assert!(ids.len() > 3000);
+    // The longest character here spans 4 byte-level tokens.
+    assert!(max_window <= 8, "window grew to {max_window}");
+}
+
 /// Ids biased towards tokens that hold part of a character.
 fn ids_strategy(tok: &'static Tokenizer) -> impl Strategy<Value = Vec<u32>> {
     let vocab = tok.vocab_size() as u32;

@@ -75,6 +75,12 @@ impl<'a> IncrementalDetokenizer<'a> {
         self.num_tokens
     }
 
+    /// Ids currently kept for decoding (the last emitted chunk plus pending
+    /// ids); stays small whatever the stream length.
+    pub fn window_len(&self) -> usize {
+        self.window.len()
+    }
+
     /// Feeds one id; returns the new text (empty while it is pending).
     pub fn step(&mut self, id: u32) -> Result<String> {
         self.window.push(id);
