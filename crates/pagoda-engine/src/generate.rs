@@ -109,6 +109,11 @@ impl<B: Backend> LlmEngine<B> {
         &self.runner
     }
 
+    /// The runner, for benchmarks that drive steps directly.
+    pub fn runner_mut(&mut self) -> &mut ModelRunner<B> {
+        &mut self.runner
+    }
+
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
         self.tokenizer.as_ref()
     }

@@ -62,6 +62,10 @@ impl<B: Backend> ModelRunner<B> {
         &self.backend
     }
 
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
     pub fn kv_shape(&self) -> KvCacheShape {
         self.kv_shape
     }

@@ -19,6 +19,8 @@ struct Cli {
 enum Command {
     /// Generate text for one or more prompts, run together as one batch.
     Generate(commands::generate::GenerateArgs),
+    /// Measure speed: `pagoda bench single` for single-stream pp/tg tokens/s.
+    Bench(commands::bench::BenchArgs),
     /// Describe a model: architecture, shapes, dtypes, vocabulary, parameters.
     Info(commands::info::InfoArgs),
 }
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
         Command::Info(args) => commands::info::run(args),
+        Command::Bench(args) => commands::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! Subcommands and the options they share.
 
+pub mod bench;
 pub mod generate;
 pub mod info;
 
