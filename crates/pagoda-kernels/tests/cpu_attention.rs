@@ -290,7 +290,7 @@ fn single_thread_and_large_prefill_agree_with_reference() {
     let b = backend(1, WeightDtype::BF16);
     let mut rng = Rng::new(15);
     let c = Case {
-        seqs: vec![seq(100, 150), seq(0, 130)],
+        seqs: vec![seq(100, 150), seq(0, 130), seq(300, 45), seq(520, 1)],
         num_heads: 9,
         num_kv_heads: 3,
         head_dim: 64,

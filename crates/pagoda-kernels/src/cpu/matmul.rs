@@ -3,11 +3,11 @@
 //! Two paths, chosen by the number of rows:
 //! - `rows <= gemv::MAX_ROWS` (decode): [`super::gemv`], one pass over the
 //!   weights, memory-bandwidth bound.
-//! - more rows (prefill): the `gemm` crate's f32 kernels, parallel over tiles
-//!   of output features. Weights stored as f16/bf16 are converted to f32 one
-//!   tile at a time (each tile is converted once per call and reused by every
-//!   row), so a narrow weight costs `n * k` conversions against
-//!   `2 * rows * n * k` flops.
+//! - more rows (prefill): the `gemm` crate's f32 kernels (multi-threaded).
+//!   Weights stored as f16/bf16 are widened to f32 in chunks of output
+//!   features first (once per call, shared by every row), so a narrow weight
+//!   costs `n * k` conversions against `2 * rows * n * k` flops, and a scratch
+//!   buffer of at most `CHUNK_N * k` f32.
 
 use super::gemv;
 use super::storage::{CpuTensor, CpuWeight, WeightData};
@@ -15,15 +15,12 @@ use crate::{KernelError, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Output features per GEMM task.
-const TILE_N: usize = 64;
+/// Most output features widened to f32 at once (bounds the scratch buffer to
+/// `CHUNK_N * k` f32, 9 MiB for k = 576).
+const CHUNK_N: usize = 4096;
 
-/// A raw output pointer shared by tasks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only to hand disjoint column ranges of one buffer to tasks.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
+/// Weight rows per conversion task.
+const CONVERT_ROWS: usize = 64;
 
 pub fn linear(
     x: &CpuTensor,
@@ -56,7 +53,10 @@ pub fn linear(
     }
     if k == 0 {
         match bias {
-            Some(b) => y.data.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b)),
+            Some(b) => y
+                .data
+                .chunks_exact_mut(n)
+                .for_each(|r| r.copy_from_slice(b)),
             None => y.data.fill(0.0),
         }
         return Ok(y);
@@ -82,63 +82,74 @@ pub fn linear(
         }
         return Ok(y);
     }
-    gemm_tiled(&x.data, rows, k, w, bias, &mut y.data);
+    gemm_chunked(&x.data, rows, k, w, bias, &mut y.data, threads);
     Ok(y)
 }
 
-/// `y = x @ w^T + bias` through the `gemm` crate, parallel over `TILE_N` output features.
-fn gemm_tiled(
+/// `y = x @ w^T + bias` through the `gemm` crate. A narrow weight is widened
+/// to f32 in chunks of at most `CHUNK_N` output features (in parallel), each
+/// chunk then multiplied by one multi-threaded gemm call.
+fn gemm_chunked(
     x: &[f32],
     rows: usize,
     k: usize,
     w: &CpuWeight,
     bias: Option<&[f32]>,
     y: &mut [f32],
+    threads: usize,
 ) {
     let n = w.rows;
     if let Some(b) = bias {
         y.par_chunks_mut(n).for_each(|r| r.copy_from_slice(b));
     }
-    let yp = SendPtr(y.as_mut_ptr());
-    let tiles = n.div_ceil(TILE_N);
-    (0..tiles)
-        .into_par_iter()
-        .for_each_init(Vec::new, |buf: &mut Vec<f32>, t| {
-            let yp = yp;
-            let (j0, j1) = (t * TILE_N, ((t + 1) * TILE_N).min(n));
-            let wt: &[f32] = match &w.data {
-                WeightData::F32(v) => &v[j0 * k..j1 * k],
-                _ => {
-                    buf.resize((j1 - j0) * k, 0.0);
-                    w.rows_to_f32(j0, j1, buf);
-                    buf
-                }
-            };
-            // SAFETY: dst covers columns j0..j1 of every row of y ([rows, n]); tasks
-            // write disjoint column ranges. lhs is x ([rows, k], row-major); rhs is
-            // wt^T ([k, j1 - j0], element (i, j) at wt[j * k + i]).
-            unsafe {
-                gemm::gemm(
-                    rows,
-                    j1 - j0,
-                    k,
-                    yp.0.add(j0),
-                    1,
-                    n as isize,
-                    bias.is_some(),
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    wt.as_ptr(),
-                    k as isize,
-                    1,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                );
+    let chunk_n = CHUNK_N.min(n);
+    let mut buf = Vec::new();
+    let mut j0 = 0;
+    while j0 < n {
+        let j1 = (j0 + chunk_n).min(n);
+        let wt: &[f32] = match &w.data {
+            WeightData::F32(v) => &v[j0 * k..j1 * k],
+            _ => {
+                buf.resize((j1 - j0) * k, 0.0);
+                buf.par_chunks_mut(CONVERT_ROWS * k)
+                    .enumerate()
+                    .for_each(|(c, out)| {
+                        let r0 = j0 + c * CONVERT_ROWS;
+                        w.rows_to_f32(r0, r0 + out.len() / k, out);
+                    });
+                &buf
             }
-        });
+        };
+        // SAFETY: dst is columns j0..j1 of y ([rows, n], row stride n); lhs is
+        // x ([rows, k], row-major); rhs is wt^T ([k, j1 - j0], element (i, j)
+        // at wt[j * k + i]). All three lie inside their slices.
+        unsafe {
+            gemm::gemm(
+                rows,
+                j1 - j0,
+                k,
+                y.as_mut_ptr().add(j0),
+                1,
+                n as isize,
+                bias.is_some(),
+                x.as_ptr(),
+                1,
+                k as isize,
+                wt.as_ptr(),
+                k as isize,
+                1,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                if threads > 1 {
+                    Parallelism::Rayon(threads)
+                } else {
+                    Parallelism::None
+                },
+            );
+        }
+        j0 = j1;
+    }
 }

@@ -11,15 +11,16 @@
 //!
 //! Files: [`storage`] (types), [`matmul`] + [`gemv`] (linear), [`attention`]
 //! (store_kv, paged attention), [`norm`], [`ops`] (embedding, rope,
-//! activations), `convert` and `simd` (vectorized helpers).
+//! activations), `math`, `convert` and `simd` (vectorized helpers).
 
 mod attention;
 mod convert;
 mod gemv;
+mod math;
 mod matmul;
 mod norm;
 mod ops;
-mod simd;
+pub(crate) mod simd;
 mod storage;
 
 pub use storage::{CpuKvCache, CpuStep, CpuTensor, CpuWeight, WeightData, WeightDtype};
@@ -98,24 +99,7 @@ impl CpuBackend {
     }
 }
 
-/// Dot product in f32 with 8 partial sums (vectorizable).
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
+pub(crate) use math::dot;
 
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;

@@ -144,11 +144,6 @@ pub fn rope(
     Ok(())
 }
 
-#[inline]
-fn silu(v: f32) -> f32 {
-    v / (1.0 + (-v).exp())
-}
-
 pub fn silu_mul(gate_up: &CpuTensor) -> Result<CpuTensor> {
     if gate_up.cols % 2 != 0 {
         return Err(shape_err(
@@ -166,9 +161,7 @@ pub fn silu_mul(gate_up: &CpuTensor) -> Result<CpuTensor> {
         .zip(gate_up.data.par_chunks(2 * n))
         .for_each(|(o, gu)| {
             let (g, u) = gu.split_at(n);
-            for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
-                *o = silu(*g) * u;
-            }
+            super::math::silu_mul_slice(o, g, u);
         });
     Ok(y)
 }
@@ -185,10 +178,9 @@ pub fn silu_mul2(gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
     }
     let mut y = CpuTensor::for_overwrite(gate.rows, gate.cols);
     y.data
-        .par_iter_mut()
-        .with_min_len(4096)
-        .zip(gate.data.par_iter().zip(up.data.par_iter()))
-        .for_each(|(o, (g, u))| *o = silu(*g) * u);
+        .par_chunks_mut(4096)
+        .zip(gate.data.par_chunks(4096).zip(up.data.par_chunks(4096)))
+        .for_each(|(o, (g, u))| super::math::silu_mul_slice(o, g, u));
     Ok(y)
 }
 

@@ -7,8 +7,8 @@
 //!   decode step streams, which is what bounds its speed.
 //! - [`CpuKvCache`]: f32 K and V, each `[num_blocks, block_size, num_kv_heads,
 //!   head_dim]`, zero-filled at allocation.
-//! - [`CpuStep`]: a validated copy of the [`ForwardContext`] plus the derived
-//!   token -> sequence map the ops index by. Building it is O(tokens + seqs).
+//! - [`CpuStep`]: a validated copy of the [`ForwardContext`]; building it is
+//!   O(tokens + seqs + block table entries).
 
 use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
 use half::{bf16, f16};
@@ -51,7 +51,11 @@ impl CpuTensor {
     /// A tensor whose every element the caller overwrites: NaN-filled in
     /// debug builds so that tests catch an element left unwritten.
     pub(crate) fn for_overwrite(rows: usize, cols: usize) -> Self {
-        let fill = if cfg!(debug_assertions) { f32::NAN } else { 0.0 };
+        let fill = if cfg!(debug_assertions) {
+            f32::NAN
+        } else {
+            0.0
+        };
         Self::filled(rows, cols, fill)
     }
 
@@ -217,8 +221,6 @@ impl CpuKvCache {
 #[derive(Debug, Clone)]
 pub struct CpuStep {
     pub(crate) ctx: ForwardContext,
-    /// Sequence index of each token.
-    pub(crate) token_seq: Vec<u32>,
 }
 
 impl CpuStep {
@@ -246,18 +248,7 @@ impl CpuStep {
             op: "begin_step",
             detail,
         })?;
-        let mut token_seq = vec![0u32; ctx.num_tokens()];
-        for i in 0..ctx.num_seqs() {
-            let (a, b) = (
-                ctx.cu_seqlens_q[i] as usize,
-                ctx.cu_seqlens_q[i + 1] as usize,
-            );
-            token_seq[a..b].fill(i as u32);
-        }
-        Ok(CpuStep {
-            ctx: ctx.clone(),
-            token_seq,
-        })
+        Ok(CpuStep { ctx: ctx.clone() })
     }
 
     /// The context this step was built from.
