@@ -4,15 +4,19 @@
 //! - [`runner`]: backend + model + paged KV cache; one step in, logits out.
 //! - [`sampler`]: penalties, temperature, top-k/top-p/min-p, per-request seeds.
 //! - [`stop`]: stop strings matched across token boundaries.
+//! - [`engine`]: scheduler + runner + per-request output state, one step at a time.
 //! - [`generate`]: the offline batch call behind `pagoda generate`.
 
 pub mod context;
+pub mod engine;
 pub mod generate;
 pub mod runner;
 pub mod sampler;
 pub mod stop;
 
-pub use generate::{EngineOptions, FinishReason, GenerateOutput, GenerateRequest, LlmEngine};
+pub use engine::{EngineRequest, LlmEngine, RequestOutput};
+pub use generate::{GenerateOutput, GenerateRequest};
+pub use pagoda_core::{FinishReason, RequestId, SchedulerConfig};
 pub use runner::ModelRunner;
 
 /// The one error type of the engine.
@@ -22,6 +26,8 @@ pub enum EngineError {
     Model(#[from] pagoda_model::ModelError),
     #[error(transparent)]
     Kernel(#[from] pagoda_kernels::KernelError),
+    #[error(transparent)]
+    Core(#[from] pagoda_core::CoreError),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("KV cache too small: {0}")]

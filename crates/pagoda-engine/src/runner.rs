@@ -5,7 +5,7 @@
 //! [`KvCacheShape`]; block ids in a context index those caches.
 
 use crate::{EngineError, Result};
-use pagoda_kernels::{Backend, ForwardContext, KvCacheShape};
+use pagoda_kernels::{Backend, BlockCopyOp, ForwardContext, KvCacheShape};
 use pagoda_model::arch::CausalLm;
 use pagoda_model::ModelConfig;
 
@@ -68,6 +68,14 @@ impl<B: Backend> ModelRunner<B> {
 
     pub fn kv_shape(&self) -> KvCacheShape {
         self.kv_shape
+    }
+
+    /// Copies the leading slots of shared blocks into private ones, every layer.
+    pub fn copy_blocks(&mut self, copies: &[BlockCopyOp]) -> Result<()> {
+        for cache in &mut self.kv {
+            self.backend.copy_blocks(cache, copies)?;
+        }
+        Ok(())
     }
 
     /// Runs one step; returns the logits of `ctx.logits_indices`, row-major

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use pagoda_core::SamplingParams;
-use pagoda_engine::{EngineOptions, GenerateRequest, LlmEngine};
+use pagoda_engine::{GenerateRequest, LlmEngine, SchedulerConfig};
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
 use std::sync::Arc;
@@ -66,12 +66,7 @@ fn batched_f16_generation_gives_the_reference_tokens_and_text() {
     let golden = read_json("tests/golden/smollm2_q4_1.json");
     let runner = cpu_runner(&files.config, files.weights.as_ref(), WeightDtype::F16, 64);
     let tokenizer = Arc::new(files.tokenizer.unwrap());
-    let opts = EngineOptions {
-        block_size: BLOCK_SIZE,
-        num_blocks: 64,
-        max_model_len: 2048,
-    };
-    let mut engine = LlmEngine::new(runner, Some(tokenizer), opts);
+    let mut engine = LlmEngine::new(runner, Some(tokenizer), scheduler_config(64, 2048)).unwrap();
     let mut cases = vec![&golden["main"]];
     cases.extend(golden["prompts"].as_array().unwrap());
     let requests = cases

@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use pagoda_core::SamplingParams;
-use pagoda_engine::{EngineOptions, GenerateRequest, LlmEngine};
+use pagoda_engine::{GenerateRequest, LlmEngine, SchedulerConfig};
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
@@ -80,12 +80,7 @@ fn batched_generation_equals_transformers_for_every_architecture() {
         let (cfg, golden) = load(arch);
         let src = DummySource::new(&cfg).unwrap();
         let runner = cpu_runner(&cfg, &src, WeightDtype::F32, 64);
-        let opts = EngineOptions {
-            block_size: BLOCK_SIZE,
-            num_blocks: 64,
-            max_model_len: 256,
-        };
-        let mut engine = LlmEngine::new(runner, None, opts);
+        let mut engine = LlmEngine::new(runner, None, scheduler_config(64, 256)).unwrap();
         let prompts = golden["prompts"].as_array().unwrap();
         let requests = prompts
             .iter()

@@ -40,6 +40,14 @@ impl KvCacheShape {
     }
 }
 
+/// One copy-on-write block copy (see [`Backend::copy_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopyOp {
+    pub src: u32,
+    pub dst: u32,
+    pub num_tokens: usize,
+}
+
 /// Head layout and scale of an attention op.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams {
@@ -157,6 +165,10 @@ pub trait Backend: Send + Sync + 'static {
         cache: &mut Self::KvCache,
         step: &Self::Step,
     ) -> Result<()>;
+    /// Copy-on-write of shared prefix blocks: for each `(src, dst, num_tokens)`,
+    /// copies the K and V of the first `num_tokens` slots of block `src` into
+    /// block `dst`. Runs before the forward pass that writes into `dst`.
+    fn copy_blocks(&self, cache: &mut Self::KvCache, copies: &[BlockCopyOp]) -> Result<()>;
     /// Causal attention of each sequence's queries (`q: [rows, num_heads * head_dim]`)
     /// over its cached K/V (context and the step's own tokens, already stored),
     /// read through the block tables. Returns `[rows, num_heads * head_dim]`.

@@ -15,7 +15,7 @@ pub mod cpu;
 pub mod error;
 pub mod host;
 
-pub use backend::{AttentionParams, Backend, KvCacheShape, RopeStyle};
+pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, RopeStyle};
 pub use context::ForwardContext;
 pub use error::{KernelError, Result};
 pub use host::{HostData, HostTensor};

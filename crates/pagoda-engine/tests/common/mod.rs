@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
-use pagoda_engine::ModelRunner;
+use pagoda_engine::{ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_model::arch::{self, BuildOptions};
 use pagoda_model::loader::WeightSource;
@@ -129,4 +129,16 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
         .zip(want)
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
         / scale
+}
+
+/// A scheduler config for `num_blocks` blocks of [`BLOCK_SIZE`].
+pub fn scheduler_config(num_blocks: usize, max_model_len: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks,
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 256,
+        max_model_len,
+        enable_prefix_caching: true,
+    }
 }

@@ -248,6 +248,10 @@ impl Backend for CpuBackend {
         attention::store_kv(k, v, cache, step)
     }
 
+    fn copy_blocks(&self, cache: &mut CpuKvCache, copies: &[crate::BlockCopyOp]) -> Result<()> {
+        cache.copy_blocks(copies)
+    }
+
     fn attention(
         &self,
         q: &CpuTensor,

@@ -25,11 +25,15 @@
 //! a valid character or `finish`.
 
 use super::Tokenizer;
+use std::ops::Deref;
 use crate::Result;
 
 /// Turns a stream of token ids into text deltas.
-pub struct IncrementalDetokenizer<'a> {
-    tokenizer: &'a Tokenizer,
+///
+/// `T` is how the tokenizer is held: `&Tokenizer` for a scoped stream,
+/// `Arc<Tokenizer>` for one that lives inside a long-running engine.
+pub struct IncrementalDetokenizer<T: Deref<Target = Tokenizer>> {
+    tokenizer: T,
     skip_special_tokens: bool,
     /// Ids from `prefix_offset` on; earlier ids are no longer needed.
     window: Vec<u32>,
@@ -41,8 +45,8 @@ pub struct IncrementalDetokenizer<'a> {
     num_tokens: usize,
 }
 
-impl<'a> IncrementalDetokenizer<'a> {
-    pub fn new(tokenizer: &'a Tokenizer, skip_special_tokens: bool) -> Self {
+impl<T: Deref<Target = Tokenizer>> IncrementalDetokenizer<T> {
+    pub fn new(tokenizer: T, skip_special_tokens: bool) -> Self {
         Self {
             tokenizer,
             skip_special_tokens,
@@ -56,7 +60,7 @@ impl<'a> IncrementalDetokenizer<'a> {
     /// Starts after `prompt_ids` without emitting their text, so the first
     /// generated token decodes in context (vLLM uses the last few prompt ids).
     pub fn with_prompt(
-        tokenizer: &'a Tokenizer,
+        tokenizer: T,
         skip_special_tokens: bool,
         prompt_ids: &[u32],
     ) -> Result<Self> {
@@ -90,7 +94,7 @@ impl<'a> IncrementalDetokenizer<'a> {
         // byte-fallback group that the following bytes extend.
         let silent = self.tokenizer.id_to_token(id).is_none()
             || (self.skip_special_tokens && self.tokenizer.is_special(id));
-        if silent || (self.tokenizer.byte_fallback() && is_byte_fallback_token(self.tokenizer, id))
+        if silent || (self.tokenizer.byte_fallback() && is_byte_fallback_token(&self.tokenizer, id))
         {
             return Ok(String::new());
         }

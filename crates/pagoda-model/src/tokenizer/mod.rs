@@ -223,7 +223,7 @@ impl Tokenizer {
     }
 
     /// A fresh streaming detokenizer over this tokenizer.
-    pub fn detokenizer(&self, skip_special_tokens: bool) -> IncrementalDetokenizer<'_> {
+    pub fn detokenizer(&self, skip_special_tokens: bool) -> IncrementalDetokenizer<&Tokenizer> {
         IncrementalDetokenizer::new(self, skip_special_tokens)
     }
 

@@ -75,17 +75,17 @@ fn single(a: SingleArgs) -> Result<()> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "dummy".into());
     let mut engine = build_engine(files, &a.model, &a.cache, true)?;
-    let block_size = engine.options().block_size;
+    let block_size = engine.scheduler_config().block_size;
     let vocab = engine.runner().config().vocab_size as u32;
     let total = a.prompt_tokens.max(a.gen_tokens + 1);
-    if total > engine.options().max_model_len {
+    if total > engine.scheduler_config().max_model_len {
         bail!(
             "--prompt-tokens/--gen-tokens exceed the model's context ({})",
-            engine.options().max_model_len
+            engine.scheduler_config().max_model_len
         );
     }
     let blocks: Vec<u32> = (0..total.div_ceil(block_size) as u32).collect();
-    if blocks.len() > engine.options().num_blocks {
+    if blocks.len() > engine.scheduler_config().num_blocks {
         bail!("the KV cache is too small for {total} tokens; raise --kv-cache-memory");
     }
     // Deterministic pseudo-random prompt ids.

@@ -1,6 +1,6 @@
 //! `pagoda generate`: one batch of prompts, printed as text or JSON lines.
 
-use super::{build_engine, open, CacheArgs, ModelArgs};
+use super::{build_engine, open, parse_size, CacheArgs, ModelArgs};
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -23,19 +23,39 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub max_tokens: usize,
     /// Sampling temperature; 0 picks the most likely token (greedy).
-    #[arg(long, default_value_t = 0.7, value_name = "T")]
+    #[arg(
+        long,
+        default_value_t = 0.7,
+        value_name = "T",
+        allow_negative_numbers = true
+    )]
     pub temperature: f32,
     /// Nucleus sampling: keep the most likely tokens whose probability adds up to P.
-    #[arg(long, default_value_t = 1.0, value_name = "P")]
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "P",
+        allow_negative_numbers = true
+    )]
     pub top_p: f32,
     /// Keep only the K most likely tokens (0: all).
     #[arg(long, default_value_t = 0, value_name = "K")]
     pub top_k: usize,
     /// Drop tokens less likely than P times the most likely one.
-    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        value_name = "P",
+        allow_negative_numbers = true
+    )]
     pub min_p: f32,
     /// Penalize tokens already in the prompt or output (1: off).
-    #[arg(long, default_value_t = 1.0, value_name = "R")]
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "R",
+        allow_negative_numbers = true
+    )]
     pub repetition_penalty: f32,
     /// Seed for sampling; the same seed gives the same output.
     #[arg(long, value_name = "S")]
@@ -64,7 +84,7 @@ struct JsonLine<'a> {
     prompt_token_ids: &'a [u32],
     token_ids: &'a [u32],
     text: &'a str,
-    finish_reason: pagoda_engine::FinishReason,
+    finish_reason: &'static str,
     num_cached_tokens: usize,
 }
 
@@ -72,11 +92,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.prompts.is_empty() {
         bail!("give at least one --prompt");
     }
-    let quiet = args.json;
-    let files = open(&args.model, quiet)?;
-    let Some(tokenizer) = files.tokenizer.as_ref() else {
-        bail!("the model has no tokenizer, so text prompts cannot be encoded");
-    };
+    // Options are checked before the model is opened, so a typo fails fast.
     let params = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -90,6 +106,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ..SamplingParams::default()
     };
     params.validate()?;
+    if parse_size(&args.cache.kv_cache_memory).is_err() {
+        bail!(
+            "invalid --kv-cache-memory {:?}: expected a size such as 512MiB, 2GiB or 1000000",
+            args.cache.kv_cache_memory
+        );
+    }
+    let quiet = args.json;
+    let files = open(&args.model, quiet)?;
+    let Some(tokenizer) = files.tokenizer.as_ref() else {
+        bail!("the model has no tokenizer, so text prompts cannot be encoded");
+    };
     let mut requests = Vec::with_capacity(args.prompts.len());
     for prompt in &args.prompts {
         let ids = if args.chat {
@@ -135,7 +162,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 prompt_token_ids: &o.prompt_token_ids,
                 token_ids: &o.token_ids,
                 text: &o.text,
-                finish_reason: o.finish_reason,
+                finish_reason: o.finish_reason.as_str(),
                 num_cached_tokens: o.num_cached_tokens,
             };
             writeln!(

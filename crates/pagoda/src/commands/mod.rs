@@ -7,7 +7,7 @@ pub mod info;
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use pagoda_engine::{EngineOptions, LlmEngine, ModelRunner};
+use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_model::arch::BuildOptions;
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
@@ -57,6 +57,15 @@ pub struct CacheArgs {
     /// Longest prompt + output per sequence (default: the model's context length).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
+    /// Token budget of one step: decodes count one each, prompt chunks fill the rest.
+    #[arg(long, default_value_t = 2048, value_name = "N")]
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_num_seqs: usize,
+    /// Turn off sharing of prompt prefixes between requests (the radix cache).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
 }
 
 /// Parses sizes like `512MiB`, `2GiB`, `1.5GB`, `1000000`.
@@ -156,12 +165,19 @@ pub fn build_engine(
         num_blocks * cache.block_size
     );
     let runner = ModelRunner::new(backend, model, cache.block_size, num_blocks)?;
-    let opts = EngineOptions {
+    let config = SchedulerConfig {
         block_size: cache.block_size,
         num_blocks,
+        max_num_batched_tokens: cache.max_num_batched_tokens,
+        max_num_seqs: cache.max_num_seqs,
         max_model_len,
+        enable_prefix_caching: !cache.no_prefix_caching,
     };
-    Ok(LlmEngine::new(runner, files.tokenizer.map(Arc::new), opts))
+    Ok(LlmEngine::new(
+        runner,
+        files.tokenizer.map(Arc::new),
+        config,
+    )?)
 }
 
 #[cfg(test)]

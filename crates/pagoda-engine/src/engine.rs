@@ -1,0 +1,298 @@
+//! The engine: a scheduler, a model runner and per-request output state,
+//! advanced one step at a time.
+//!
+//! One [`LlmEngine::step`] = schedule -> block copies -> forward context ->
+//! forward pass -> sample -> scheduler update -> detokenize and stop strings.
+//! It is synchronous and owns everything it touches; the threaded handle and
+//! the offline batch call are built on top of it.
+//!
+//! Costs per step: O(scheduled tokens + blocks of the scheduled sequences)
+//! for bookkeeping, plus the forward pass and O(vocab) sampling per sequence
+//! that needs a token.
+
+use crate::context::{build_forward_context, ScheduledSeq};
+use crate::runner::ModelRunner;
+use crate::sampler::{self, RequestRng, TokenLogprobs};
+use crate::stop::{find_stop, held_back_len};
+use crate::{EngineError, Result};
+use pagoda_core::{
+    FinishReason, Request, RequestId, SamplingParams, Scheduler, SchedulerConfig, SchedulerStats,
+};
+use pagoda_kernels::{Backend, BlockCopyOp};
+use pagoda_model::tokenizer::{IncrementalDetokenizer, Tokenizer};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a request asks of the engine.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    pub prompt_token_ids: Vec<u32>,
+    pub params: SamplingParams,
+    /// `Some(n)`: report the sampled token's logprob and the top `n`.
+    pub logprobs: Option<usize>,
+}
+
+/// What one step produced for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub request_id: RequestId,
+    /// The token sampled this step.
+    pub token_id: u32,
+    /// Its logprobs, when asked for.
+    pub logprobs: Option<TokenLogprobs>,
+    /// New text, never splitting a character and never holding a stop string
+    /// (text that might start one is held back until it is decided).
+    pub text_delta: String,
+    /// Set on the request's last output.
+    pub finish_reason: Option<FinishReason>,
+    pub num_prompt_tokens: usize,
+    pub num_output_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub num_cached_tokens: usize,
+}
+
+/// Engine-side state of a request the scheduler is running.
+struct RequestState {
+    rng: RequestRng,
+    detok: Option<IncrementalDetokenizer<Arc<Tokenizer>>>,
+    stop: Vec<String>,
+    logprobs: Option<usize>,
+    num_prompt_tokens: usize,
+    /// All text decoded so far (cut at a stop string when one is found).
+    text: String,
+    /// Bytes of `text` already handed out.
+    emitted: usize,
+}
+
+/// A model with its scheduler and KV cache.
+pub struct LlmEngine<B: Backend> {
+    runner: ModelRunner<B>,
+    scheduler: Scheduler,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos_token_ids: Vec<u32>,
+    states: HashMap<RequestId, RequestState>,
+    next_id: u64,
+    /// Seeds requests that bring none.
+    seed_source: RequestRng,
+    /// Reused per step: block tables as plain ids.
+    tables: Vec<Vec<u32>>,
+}
+
+impl<B: Backend> LlmEngine<B> {
+    /// `config.block_size` and `config.num_blocks` must match the runner's cache.
+    pub fn new(
+        runner: ModelRunner<B>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        config: SchedulerConfig,
+    ) -> Result<Self> {
+        let kv = runner.kv_shape();
+        if kv.block_size != config.block_size || kv.num_blocks != config.num_blocks {
+            return Err(EngineError::Internal(
+                "the scheduler's block size or count differs from the KV cache's".into(),
+            ));
+        }
+        let mut eos_token_ids = runner.config().eos_token_ids.clone();
+        if let Some(t) = &tokenizer {
+            for &id in t.eos_token_ids() {
+                if !eos_token_ids.contains(&id) {
+                    eos_token_ids.push(id);
+                }
+            }
+        }
+        let time_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Ok(LlmEngine {
+            runner,
+            scheduler: Scheduler::new(config)?,
+            tokenizer,
+            eos_token_ids,
+            states: HashMap::new(),
+            next_id: 0,
+            seed_source: RequestRng::new(time_seed),
+            tables: Vec::new(),
+        })
+    }
+
+    pub fn runner(&self) -> &ModelRunner<B> {
+        &self.runner
+    }
+
+    /// The runner, for benchmarks that drive steps directly.
+    pub fn runner_mut(&mut self) -> &mut ModelRunner<B> {
+        &mut self.runner
+    }
+
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn scheduler_config(&self) -> &SchedulerConfig {
+        self.scheduler.config()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.scheduler.stats()
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        self.scheduler.has_unfinished_requests()
+    }
+
+    /// Queues a request; refuses (with the reason) one that can never run.
+    pub fn add_request(&mut self, r: EngineRequest) -> Result<RequestId> {
+        let vocab = self.runner.config().vocab_size;
+        if let Some(&bad) = r.prompt_token_ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt token id {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        let id = RequestId(self.next_id);
+        let seed = r.params.seed.unwrap_or_else(|| self.seed_source.next_u64());
+        let detok = match &self.tokenizer {
+            Some(t) => Some(IncrementalDetokenizer::with_prompt(t.clone(), true, &r.prompt_token_ids)?),
+            None => None,
+        };
+        let state = RequestState {
+            rng: RequestRng::new(seed),
+            detok,
+            stop: r.params.stop.clone(),
+            logprobs: r.logprobs,
+            num_prompt_tokens: r.prompt_token_ids.len(),
+            text: String::new(),
+            emitted: 0,
+        };
+        self.scheduler
+            .add_request(Request {
+                id,
+                prompt_token_ids: r.prompt_token_ids,
+                sampling: r.params,
+                eos_token_ids: self.eos_token_ids.clone(),
+            })
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        self.next_id += 1;
+        self.states.insert(id, state);
+        Ok(id)
+    }
+
+    /// Drops a request at once; its blocks go back to the pool or the cache.
+    pub fn abort(&mut self, id: RequestId) -> Result<()> {
+        if self.states.remove(&id).is_some() {
+            self.scheduler.abort(id)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step; returns an output for every request that got a token.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
+        // 1. Plan.
+        let plan = self.scheduler.schedule()?;
+        if plan.scheduled.is_empty() {
+            if self.scheduler.has_unfinished_requests() {
+                return Err(EngineError::Internal("the scheduler planned an empty step".into()));
+            }
+            return Ok(Vec::new());
+        }
+        // 2. Copy-on-write of partly shared blocks, then the forward pass.
+        if !plan.block_copies.is_empty() {
+            let copies: Vec<BlockCopyOp> = plan
+                .block_copies
+                .iter()
+                .map(|c| BlockCopyOp { src: c.src.0, dst: c.dst.0, num_tokens: c.num_tokens })
+                .collect();
+            self.runner.copy_blocks(&copies)?;
+        }
+        self.tables.resize_with(plan.scheduled.len(), Vec::new);
+        for (t, s) in self.tables.iter_mut().zip(&plan.scheduled) {
+            t.clear();
+            t.extend(s.block_table.iter().map(|b| b.0));
+        }
+        let seqs: Vec<ScheduledSeq<'_>> = plan
+            .scheduled
+            .iter()
+            .zip(&self.tables)
+            .map(|(s, table)| ScheduledSeq {
+                token_ids: &s.token_ids,
+                context_len: s.num_computed_tokens,
+                block_table: table,
+                want_logits: s.needs_logits,
+            })
+            .collect();
+        let ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
+        let mut logits = self.runner.execute(&ctx)?;
+
+        // 3. Sample a token for every sequence that finished its prompt or decoded.
+        let vocab = self.runner.config().vocab_size;
+        let mut rows = logits.chunks_exact_mut(vocab);
+        let mut sampled = Vec::with_capacity(ctx.logits_indices.len());
+        let mut logprobs = HashMap::new();
+        for s in plan.scheduled.iter().filter(|s| s.needs_logits) {
+            let row = rows
+                .next()
+                .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))?;
+            let (Some(seq), Some(state)) =
+                (self.scheduler.sequence(s.request_id), self.states.get_mut(&s.request_id))
+            else {
+                continue;
+            };
+            let prompt = &seq.token_ids[..seq.num_prompt_tokens];
+            let out = sampler::sample_with_logprobs(
+                row,
+                &seq.sampling,
+                prompt,
+                seq.output_token_ids(),
+                &mut state.rng,
+                state.logprobs,
+            );
+            sampled.push((s.request_id, out.token));
+            if let Some(lp) = out.logprobs {
+                logprobs.insert(s.request_id, lp);
+            }
+        }
+
+        // 4. Append, stop checks, text.
+        let updates = self.scheduler.update_from_output(&plan, &sampled)?;
+        let mut outputs = Vec::with_capacity(updates.len());
+        for u in updates {
+            let Some(state) = self.states.get_mut(&u.request_id) else { continue };
+            let mut finish = u.finish_reason;
+            let is_stop_token = finish == Some(FinishReason::Stop);
+            if let (Some(d), false) = (state.detok.as_mut(), is_stop_token) {
+                let delta = d.step(u.token_id)?;
+                state.text.push_str(&delta);
+                if finish.is_some() {
+                    state.text.push_str(&d.finish()?);
+                }
+                if let Some(m) = find_stop(&state.text, delta.len(), &state.stop) {
+                    state.text.truncate(m.at);
+                    if finish.is_none() {
+                        self.scheduler.finish(u.request_id, FinishReason::Stop)?;
+                    }
+                    finish = Some(FinishReason::Stop);
+                }
+            }
+            let visible = match finish {
+                Some(_) => state.text.len(),
+                None => state.text.len() - held_back_len(&state.text, &state.stop),
+            };
+            let text_delta = state.text[state.emitted.min(visible)..visible].to_string();
+            state.emitted = state.emitted.max(visible);
+            let num_prompt_tokens = state.num_prompt_tokens;
+            outputs.push(RequestOutput {
+                request_id: u.request_id,
+                token_id: u.token_id,
+                logprobs: logprobs.remove(&u.request_id),
+                text_delta,
+                finish_reason: finish,
+                num_prompt_tokens,
+                num_output_tokens: u.num_output_tokens,
+                num_cached_tokens: u.num_cached_tokens,
+            });
+            if finish.is_some() {
+                self.states.remove(&u.request_id);
+            }
+        }
+        Ok(outputs)
+    }
+}
