@@ -10,7 +10,6 @@ use pagoda_core::SamplingParams;
 use pagoda_engine::{GenerateRequest, LlmEngine, SchedulerConfig};
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
-use std::sync::Arc;
 
 fn open() -> ModelFiles {
     open_model(&OpenOptions {
@@ -65,7 +64,7 @@ fn batched_f16_generation_gives_the_reference_tokens_and_text() {
     let files = open();
     let golden = read_json("tests/golden/smollm2_q4_1.json");
     let runner = cpu_runner(&files.config, files.weights.as_ref(), WeightDtype::F16, 64);
-    let tokenizer = Arc::new(files.tokenizer.unwrap());
+    let tokenizer = files.tokenizer.unwrap();
     let mut engine = LlmEngine::new(runner, Some(tokenizer), scheduler_config(64, 2048)).unwrap();
     let mut cases = vec![&golden["main"]];
     cases.extend(golden["prompts"].as_array().unwrap());

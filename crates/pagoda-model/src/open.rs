@@ -16,6 +16,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What to open.
 #[derive(Debug, Clone, Default)]
@@ -43,7 +44,7 @@ pub struct ModelFiles {
     pub path: Option<PathBuf>,
     pub config: ModelConfig,
     pub weights: Box<dyn WeightSource>,
-    pub tokenizer: Option<Tokenizer>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
 }
 
 /// Opens the model `opts` describes.
@@ -71,7 +72,7 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
         let config = hf_config::load_config_file(&config_path)?;
         let tokenizer = match model {
             Some(p) if p.is_dir() && p.join("tokenizer.json").exists() => {
-                Some(Tokenizer::from_hf_dir(p)?)
+                Some(Arc::new(Tokenizer::from_hf_dir(p)?))
             }
             Some(p) if p.is_file() => Some(open_gguf(p)?.tokenizer.ok_or_else(|| {
                 ModelError::Tokenizer(format!("{} has no tokenizer", p.display()))
@@ -91,9 +92,15 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
         return Err(ModelError::Config("no model given: use --model PATH".into()));
     };
     if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(ModelError::Config(format!(
+                "{} is a directory without config.json; give a .gguf file or a Hugging Face model directory",
+                path.display()
+            )));
+        }
         let (config, weights) = safetensors::open_hf_dir(path)?;
         let tokenizer = if path.join("tokenizer.json").exists() {
-            Some(Tokenizer::from_hf_dir(path)?)
+            Some(Arc::new(Tokenizer::from_hf_dir(path)?))
         } else {
             None
         };
@@ -124,7 +131,7 @@ fn open_gguf(path: &Path) -> Result<ModelFiles> {
         add_eos_token: m.add_eos_token,
         chat_template: m.chat_template,
     };
-    let tokenizer = Some(Tokenizer::from_gguf(&spec)?);
+    let tokenizer = Some(Arc::new(Tokenizer::from_gguf(&spec)?));
     Ok(ModelFiles {
         format: ModelFormat::Gguf,
         path: Some(path.to_path_buf()),

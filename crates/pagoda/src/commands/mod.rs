@@ -175,7 +175,7 @@ pub fn build_engine(
     };
     Ok(LlmEngine::new(
         runner,
-        files.tokenizer.map(Arc::new),
+        files.tokenizer,
         config,
     )?)
 }
