@@ -25,7 +25,7 @@ pub enum GgufError {
         needed: u64,
         file_len: u64,
     },
-    #[error("{what}: count {count} cannot fit in the {remaining} bytes left in the file")]
+    #[error("truncated or corrupt GGUF file: {what}: count {count} cannot fit in the {remaining} bytes left in the file")]
     CountTooLarge {
         what: String,
         count: u64,
@@ -55,7 +55,7 @@ pub enum GgufError {
         alignment: u64,
     },
     #[error(
-        "tensor {tensor:?}: data bytes {start}..{end} lie outside the file ({file_len} bytes)"
+        "truncated or corrupt GGUF file: tensor {tensor:?}: data bytes {start}..{end} lie outside the file ({file_len} bytes)"
     )]
     OutOfBounds {
         tensor: String,
