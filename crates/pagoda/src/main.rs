@@ -19,7 +19,7 @@ struct Cli {
 enum Command {
     /// Generate text for one or more prompts, run together as one batch.
     Generate(commands::generate::GenerateArgs),
-    /// Measure speed: `pagoda bench single` for single-stream pp/tg tokens/s.
+    /// Measure speed: offline throughput (default) or `pagoda bench single`.
     Bench(commands::bench::BenchArgs),
     /// Describe a model: architecture, shapes, dtypes, vocabulary, parameters.
     Info(commands::info::InfoArgs),
@@ -36,10 +36,28 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, skipping a cause the message before
+/// it already ends with (errors such as "cannot read PATH: CAUSE" print their
+/// source themselves).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).

@@ -1,0 +1,580 @@
+//! The `pagoda` binary on bad input: each case runs the built binary and
+//! checks for a non-zero exit, one error line naming the cause, and no panic.
+//! Bad files are built here in the system temp directory (unique names,
+//! removed on drop): truncated copies of the default SmolLM2 GGUF cut at
+//! byte positions found by scanning its bytes, GGUF files written with
+//! pagoda-gguf's writer and patched where the writer refuses to go, and
+//! broken Hugging Face directories. Two success cases check `generate` and
+//! `info` against the transformers golden file and the model's known shape.
+//!
+//! Cost: each case is one process; only the success test and the prompt
+//! length test load weights (the 135M model, a second or two in release).
+
+use pagoda_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn default_model() -> PathBuf {
+    let p = workspace_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-default-model.sh",
+        p.display()
+    );
+    p
+}
+
+/// A path in the temp directory, removed (file or directory) on drop.
+struct Temp(PathBuf);
+
+impl Temp {
+    fn new(name: &str) -> Temp {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Temp(std::env::temp_dir().join(format!(
+            "pagoda-cli-errors-{}-{n}-{name}",
+            std::process::id()
+        )))
+    }
+
+    fn file(name: &str, bytes: &[u8]) -> Temp {
+        let t = Temp::new(name);
+        std::fs::write(&t.0, bytes).unwrap();
+        t
+    }
+
+    /// A directory holding `files` (name, contents).
+    fn dir(name: &str, files: &[(&str, &[u8])]) -> Temp {
+        let t = Temp::new(name);
+        std::fs::create_dir(&t.0).unwrap();
+        for (f, bytes) in files {
+            std::fs::write(t.0.join(f), bytes).unwrap();
+        }
+        t
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = if self.0.is_dir() {
+            std::fs::remove_dir_all(&self.0)
+        } else {
+            std::fs::remove_file(&self.0)
+        };
+    }
+}
+
+fn pagoda(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pagoda"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+/// Runs `args` and checks for a clean failure whose stderr names every phrase.
+#[track_caller]
+fn fails_with(args: &[&str], phrases: &[&str]) -> String {
+    let out = pagoda(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "{args:?} succeeded; stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+        "{args:?} panicked: {stderr}"
+    );
+    for p in phrases {
+        assert!(stderr.contains(p), "{args:?}: stderr lacks {p:?}: {stderr}");
+    }
+    stderr
+}
+
+/// Same as [`fails_with`] and, for errors pagoda reports itself (not clap's
+/// usage errors), exactly one line starting with "error: " and no cause
+/// printed twice.
+#[track_caller]
+fn fails_with_one_line(args: &[&str], phrases: &[&str]) -> String {
+    let stderr = fails_with(args, phrases);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: not one line: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{args:?}: {stderr}");
+    let parts: Vec<&str> = lines[0].split(": ").collect();
+    for w in parts.windows(2) {
+        assert_ne!(w[0], w[1], "{args:?}: a cause is printed twice: {stderr}");
+    }
+    stderr
+}
+
+fn info(model: &str) -> Vec<&str> {
+    vec!["info", "--model", model]
+}
+
+// ---- paths -----------------------------------------------------------------
+
+#[test]
+fn missing_model_file() {
+    let t = Temp::new("absent.gguf");
+    fails_with_one_line(&info(t.path()), &["cannot read", t.path(), "no such file"]);
+}
+
+#[test]
+fn directory_without_config_json() {
+    let d = Temp::dir("empty-dir", &[("README.md", b"not a model")]);
+    fails_with_one_line(&info(d.path()), &[d.path(), "without config.json"]);
+}
+
+#[test]
+fn no_model_given() {
+    fails_with_one_line(&["info"], &["no model given", "--model"]);
+}
+
+// ---- GGUF files ------------------------------------------------------------
+
+#[test]
+fn wrong_magic() {
+    let f = Temp::file(
+        "not-gguf.gguf",
+        b"PK\x03\x04 this is a zip file, not a model",
+    );
+    fails_with_one_line(&info(f.path()), &["not a GGUF file", "magic"]);
+}
+
+/// The offset of the first occurrence of `needle` in `hay`.
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{:?} not found", String::from_utf8_lossy(needle)))
+}
+
+/// A GGUF string as stored: u64 length, then the bytes.
+fn gguf_string(s: &str) -> Vec<u8> {
+    let mut v = (s.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(s.as_bytes());
+    v
+}
+
+#[test]
+fn truncated_default_model() {
+    let bytes = std::fs::read(default_model()).unwrap();
+    assert_eq!(&bytes[..4], b"GGUF");
+    // Landmarks found by scanning the bytes: the first metadata key comes
+    // right after the 24-byte header, the tokenizer's vocabulary array sits
+    // inside the metadata, and the first tensor info is token_embd's.
+    let first_key = 24;
+    let vocab = find(&bytes, &gguf_string("tokenizer.ggml.tokens"));
+    let merges = find(&bytes, &gguf_string("tokenizer.ggml.merges"));
+    let infos = find(&bytes, &gguf_string("token_embd.weight"));
+    const LATE: &str = "output_norm.weight";
+    let late_info = find(&bytes, &gguf_string(LATE));
+    let data_len = 98_000_000;
+    assert!(first_key + 1000 < vocab && vocab < merges && merges < infos);
+    assert!(infos + 10_000 < late_info && late_info + 1_000 < data_len);
+    assert!(bytes.len() > data_len);
+
+    let cases: &[(usize, &[&str])] = &[
+        (0, &["truncated GGUF file", "magic"]),
+        (6, &["truncated GGUF file", "version"]),
+        (12, &["truncated GGUF file", "tensor count"]),
+        (20, &["truncated GGUF file", "metadata key/value count"]),
+        // Inside the first metadata key: too few bytes left for the 33 pairs.
+        (first_key + 12, &["truncated", "metadata key/value count"]),
+        // Inside a later key's name, and inside the vocabulary.
+        (merges + 12, &["truncated", "metadata key #"]),
+        (vocab + 5_000, &["truncated", "tokenizer.ggml.tokens"]),
+        // Inside the first tensor info: too few bytes left for 272 infos.
+        (infos + 8, &["truncated", "tensor count"]),
+        // Inside a later tensor info (its ne), once the count check passes.
+        (
+            late_info + 8 + LATE.len() + 6,
+            &["truncated", "tensor info \"output_norm.weight\""],
+        ),
+        // Inside the tensor data: the last tensors run past the end.
+        (data_len / 2, &["truncated", "lie outside the file"]),
+        (data_len, &["truncated", "lie outside the file"]),
+        (bytes.len() - 1, &["truncated", "lie outside the file"]),
+    ];
+    for (n, phrases) in cases {
+        let f = Temp::file(&format!("cut-{n}.gguf"), &bytes[..*n]);
+        fails_with_one_line(&info(f.path()), phrases);
+    }
+}
+
+/// A GGUF file with `general.architecture = arch` and one F32 tensor.
+fn one_tensor_gguf(arch: &str) -> GgufWriter {
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", MetadataValue::String(arch.into()));
+    w.add_f32("output_norm.weight", &[64], &[1.0; 64]).unwrap();
+    w
+}
+
+/// Byte offset of the type id and data offset fields of `name`'s tensor info.
+fn tensor_info_fields(bytes: &[u8], name: &str, n_dims: usize) -> (usize, usize) {
+    let at = find(bytes, &gguf_string(name)) + 8 + name.len();
+    let n = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    assert_eq!(n as usize, n_dims);
+    let type_at = at + 4 + 8 * n_dims;
+    (type_at, type_at + 4)
+}
+
+#[test]
+fn tensor_offset_out_of_bounds() {
+    let mut bytes = one_tensor_gguf("llama").to_bytes();
+    let (_, offset_at) = tensor_info_fields(&bytes, "output_norm.weight", 1);
+    assert_eq!(bytes[offset_at..offset_at + 8], 0u64.to_le_bytes());
+    bytes[offset_at..offset_at + 8].copy_from_slice(&(1u64 << 30).to_le_bytes());
+    let f = Temp::file("offset.gguf", &bytes);
+    fails_with_one_line(
+        &info(f.path()),
+        &["output_norm.weight", "lie outside the file"],
+    );
+}
+
+#[test]
+fn unknown_ggml_type_id() {
+    let mut bytes = one_tensor_gguf("llama").to_bytes();
+    let (type_at, _) = tensor_info_fields(&bytes, "output_norm.weight", 1);
+    assert_eq!(bytes[type_at..type_at + 4], 0u32.to_le_bytes()); // F32
+    bytes[type_at..type_at + 4].copy_from_slice(&250u32.to_le_bytes());
+    let f = Temp::file("type.gguf", &bytes);
+    fails_with_one_line(
+        &info(f.path()),
+        &["output_norm.weight", "unknown ggml type 250"],
+    );
+}
+
+#[test]
+fn unknown_gguf_architecture() {
+    let f = Temp::file("mamba.gguf", &one_tensor_gguf("mamba").to_bytes());
+    fails_with_one_line(&info(f.path()), &["unknown architecture", "mamba"]);
+}
+
+/// A one-layer llama (hidden 32, two heads) with the default model's
+/// tokenizer and its embedding stored as IQ4_NL, a type ggml knows but
+/// pagoda cannot dequantize.
+fn iq4_nl_llama() -> Vec<u8> {
+    let real = GgufFile::open(default_model()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in real.metadata().entries() {
+        if k.starts_with("tokenizer.") {
+            w.add_metadata(k, v.clone());
+        }
+    }
+    let vocab = real
+        .metadata()
+        .get_string_array("tokenizer.ggml.tokens")
+        .unwrap()
+        .len();
+    let (h, ff) = (32usize, 64usize);
+    let u = |x: usize| MetadataValue::U32(x as u32);
+    w.add_metadata(
+        "general.architecture",
+        MetadataValue::String("llama".into()),
+    )
+    .add_metadata("llama.context_length", u(256))
+    .add_metadata("llama.embedding_length", u(h))
+    .add_metadata("llama.block_count", u(1))
+    .add_metadata("llama.feed_forward_length", u(ff))
+    .add_metadata("llama.attention.head_count", u(2))
+    .add_metadata("llama.attention.head_count_kv", u(2))
+    .add_metadata(
+        "llama.attention.layer_norm_rms_epsilon",
+        MetadataValue::F32(1e-5),
+    );
+    let iq4_nl = GgmlType::IQ4_NL;
+    let embd_bytes = vocab * h / iq4_nl.block_size() * iq4_nl.type_size();
+    w.add_raw(
+        "token_embd.weight",
+        &[vocab, h],
+        iq4_nl,
+        vec![0; embd_bytes],
+    )
+    .unwrap();
+    let zeros = |n: usize| vec![0.0f32; n];
+    for (name, shape) in [
+        ("attn_norm", vec![h]),
+        ("attn_q", vec![h, h]),
+        ("attn_k", vec![h, h]),
+        ("attn_v", vec![h, h]),
+        ("attn_output", vec![h, h]),
+        ("ffn_norm", vec![h]),
+        ("ffn_gate", vec![ff, h]),
+        ("ffn_up", vec![ff, h]),
+        ("ffn_down", vec![h, ff]),
+    ] {
+        let n = shape.iter().product();
+        w.add_f32(&format!("blk.0.{name}.weight"), &shape, &zeros(n))
+            .unwrap();
+    }
+    w.add_f32("output_norm.weight", &[h], &zeros(h)).unwrap();
+    w.to_bytes()
+}
+
+#[test]
+fn unsupported_quant_type() {
+    let f = Temp::file("iq4_nl.gguf", &iq4_nl_llama());
+    // Listing works: the type's geometry is known.
+    let out = pagoda(&["info", "--model", f.path(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Loading the weights names the tensor and the type.
+    fails_with_one_line(
+        &[
+            "generate",
+            "--model",
+            f.path(),
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "1",
+            "--kv-cache-memory",
+            "1MiB",
+        ],
+        &["token_embd.weight", "cannot dequantize", "IQ4_NL"],
+    );
+}
+
+// ---- Hugging Face directories ----------------------------------------------
+
+fn tiny_llama_config() -> serde_json::Value {
+    let p = workspace_root().join("tests/golden/tiny-llama/config.json");
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn hf_dir(name: &str, config: &[u8], safetensors: Option<&[u8]>) -> Temp {
+    let mut files: Vec<(&str, &[u8])> = vec![("config.json", config)];
+    if let Some(st) = safetensors {
+        files.push(("model.safetensors", st));
+    }
+    Temp::dir(name, &files)
+}
+
+#[test]
+fn hf_unknown_architecture() {
+    let mut c = tiny_llama_config();
+    c["model_type"] = "mamba".into();
+    c["architectures"] = serde_json::json!(["MambaForCausalLM"]);
+    let d = hf_dir("hf-mamba", c.to_string().as_bytes(), None);
+    fails_with_one_line(&info(d.path()), &["unknown architecture", "Mamba"]);
+}
+
+#[test]
+fn hf_missing_hidden_size() {
+    let mut c = tiny_llama_config();
+    c.as_object_mut().unwrap().remove("hidden_size");
+    let d = hf_dir("hf-no-hidden", c.to_string().as_bytes(), None);
+    fails_with_one_line(&info(d.path()), &["config.json", "missing", "hidden_size"]);
+}
+
+#[test]
+fn hf_invalid_json() {
+    let text = tiny_llama_config().to_string();
+    let d = hf_dir("hf-bad-json", &text.as_bytes()[..text.len() / 2], None);
+    fails_with_one_line(&info(d.path()), &["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn hf_without_weights() {
+    let d = hf_dir(
+        "hf-no-weights",
+        tiny_llama_config().to_string().as_bytes(),
+        None,
+    );
+    fails_with_one_line(&info(d.path()), &["model.safetensors", "found"]);
+}
+
+#[test]
+fn hf_corrupt_safetensors() {
+    let config = tiny_llama_config().to_string();
+    let header = br#"{"model.norm.weight":{"dtype":"F32","shape":[64],"data_offsets":[0,256]}}"#;
+    let mut cut = (header.len() as u64).to_le_bytes().to_vec();
+    cut.extend_from_slice(header);
+    cut.extend_from_slice(&[0u8; 100]); // 256 bytes promised
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"this is not a safetensors file".to_vec()),
+        ("short", vec![1, 2, 3]),
+        ("huge-header", {
+            let mut v = u64::MAX.to_le_bytes().to_vec();
+            v.extend_from_slice(b"{}");
+            v
+        }),
+        ("bad-json", {
+            let mut v = 8u64.to_le_bytes().to_vec();
+            v.extend_from_slice(b"{\"a\":[1");
+            v.push(b' ');
+            v
+        }),
+        ("cut-data", cut),
+    ];
+    for (name, st) in cases {
+        let d = hf_dir(&format!("hf-st-{name}"), config.as_bytes(), Some(&st));
+        let stderr = fails_with(&info(d.path()), &["model.safetensors"]);
+        assert!(
+            stderr.contains("corrupt")
+                || stderr.contains("invalid")
+                || stderr.contains("outside the file"),
+            "{name}: {stderr}"
+        );
+    }
+}
+
+// ---- requests and options --------------------------------------------------
+
+#[test]
+fn prompt_longer_than_context() {
+    let model = default_model();
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(10);
+    let stderr = fails_with_one_line(
+        &[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--max-model-len",
+            "32",
+            "--kv-cache-memory",
+            "16MiB",
+            "--prompt",
+            &prompt,
+        ],
+        // 101: the count Hugging Face's SmolLM2 tokenizer gives this text
+        // (tests/golden/smollm2-tokenizer, no special tokens added).
+        &["prompt", "101 tokens"],
+    );
+    let numbers: Vec<&str> = stderr
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .collect();
+    assert!(numbers.contains(&"32"), "the limit is not named: {stderr}");
+}
+
+#[test]
+fn bad_option_values() {
+    let model = default_model();
+    let m = model.to_str().unwrap();
+    let base = ["generate", "--model", m, "--prompt", "Hi"];
+    let with = |extra: &[&'static str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let cases: Vec<(Vec<String>, &[&str])> = vec![
+        (with(&["--temperature", "-1"]), &["temperature", "-1"]),
+        (with(&["--top-p", "0"]), &["top_p", "(0, 1]"]),
+        (with(&["--top-p", "1.5"]), &["top_p", "1.5"]),
+        (with(&["--max-tokens", "0"]), &["max_tokens", "at least 1"]),
+        (
+            with(&["--kv-cache-memory", "lots"]),
+            &["--kv-cache-memory", "lots"],
+        ),
+        (with(&["--max-model-len", "0"]), &["--max-model-len"]),
+        (with(&["--block-size", "0"]), &["--block-size"]),
+        (
+            vec!["generate".into(), "--model".into(), m.into()],
+            &["--prompt"],
+        ),
+    ];
+    for (args, phrases) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with_one_line(&args, phrases);
+    }
+    // Values clap itself rejects: a usage error naming the option.
+    for (extra, option) in [
+        (["--max-tokens", "many"], "--max-tokens"),
+        (["--temperature", "warm"], "--temperature"),
+        (["--weight-dtype", "f8"], "--weight-dtype"),
+    ] {
+        let args: Vec<String> = with(&extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with(&args, &["invalid value", option]);
+    }
+}
+
+// ---- success ---------------------------------------------------------------
+
+#[test]
+fn generate_matches_transformers_greedy_tokens() {
+    let golden: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(workspace_root().join("tests/golden/smollm2_q4_1.json")).unwrap(),
+    )
+    .unwrap();
+    let main = &golden["main"];
+    let expected: Vec<u64> = main["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(expected.len(), 20);
+    let model = default_model();
+    let out = pagoda(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "20",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    let ids = |key: &str| -> Vec<u64> {
+        line[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {key} in {stdout}"))
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(ids("prompt_token_ids"), [504, 3575, 282, 4649, 314]);
+    assert_eq!(
+        ids("prompt_token_ids"),
+        main["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(ids("token_ids"), expected);
+    assert_eq!(line["text"], main["output_text"]);
+    assert_eq!(line["finish_reason"], "length");
+}
+
+#[test]
+fn info_describes_smollm2() {
+    let model = default_model();
+    let out = pagoda(&["info", "--model", model.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["format"], "gguf");
+    assert_eq!(v["config"]["architecture"], "llama");
+    assert_eq!(v["config"]["num_hidden_layers"], 30);
+    assert_eq!(v["config"]["vocab_size"], 49152);
+    assert_eq!(v["tokenizer_vocab_size"], 49152);
+    assert_eq!(v["chat_template"], true);
+}
