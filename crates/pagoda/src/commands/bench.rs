@@ -1,11 +1,22 @@
 //! `pagoda bench`: benchmark programs (their figures go in BENCHMARKS.md).
 //!
+//! `pagoda bench`: offline throughput on the nano-vllm workload: `--num-seqs`
+//! requests of random token ids in [0, 10000), prompt lengths uniform in
+//! [`--min-input`, `--max-input`], max_tokens uniform in [`--min-output`,
+//! `--max-output`], ignore_eos, temperature 0.6, all from `--seed`;
+//! `--shared-prefix LEN` gives every prompt the same first LEN tokens.
+//! Prints one JSON line.
+//!
 //! `pagoda bench single`: single-stream speed like llama.cpp's llama-bench:
 //! prompt processing of `--prompt-tokens` random tokens in one step (pp), then
 //! `--gen-tokens` greedy decode steps (tg), each repeated `--repeats` times;
 //! prints the median tokens/s of each as one JSON line.
 
 use super::{build_engine, open, CacheArgs, ModelArgs};
+use crate::progress;
+use pagoda_core::SamplingParams;
+use pagoda_engine::sampler::RequestRng;
+use pagoda_engine::GenerateRequest;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
@@ -13,9 +24,45 @@ use serde::Serialize;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub mode: BenchMode,
+    pub mode: Option<BenchMode>,
+    #[command(flatten)]
+    pub throughput: ThroughputArgs,
+}
+
+/// Offline throughput (the default mode).
+#[derive(Args, Debug)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Number of requests.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub num_seqs: usize,
+    /// Shortest prompt, in tokens.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub min_input: usize,
+    /// Longest prompt, in tokens.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_input: usize,
+    /// Fewest tokens to generate per request.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    pub min_output: usize,
+    /// Most tokens to generate per request.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub max_output: usize,
+    /// Tokens every prompt starts with (random ids drawn once from the seed).
+    #[arg(long, default_value_t = 0, value_name = "LEN")]
+    pub shared_prefix: usize,
+    /// Sampling temperature of every request.
+    #[arg(long, default_value_t = 0.6, value_name = "T")]
+    pub temperature: f32,
+    /// Seed of the workload and of each request's sampling.
+    #[arg(long, default_value_t = 0, value_name = "S")]
+    pub seed: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,8 +102,86 @@ struct SingleResult {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.mode {
-        BenchMode::Single(a) => single(a),
+        Some(BenchMode::Single(a)) => single(a),
+        None => throughput(args.throughput),
     }
+}
+
+#[derive(Serialize)]
+struct ThroughputResult {
+    model: String,
+    backend: String,
+    num_seqs: usize,
+    input_tokens: usize,
+    output_tokens: usize,
+    seconds: f64,
+    output_tok_per_s: f64,
+    total_tok_per_s: f64,
+    cached_tokens: usize,
+    preemptions: u64,
+    prefix_caching: bool,
+    shared_prefix: usize,
+}
+
+/// The workload: prompts and max_tokens per request, reproducible from the seed.
+fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
+    if a.num_seqs == 0 || a.min_input == 0 || a.min_output == 0 {
+        bail!("--num-seqs, --min-input and --min-output must be at least 1");
+    }
+    if a.min_input > a.max_input || a.min_output > a.max_output {
+        bail!("--min-input/--min-output must not exceed --max-input/--max-output");
+    }
+    let mut rng = RequestRng::new(a.seed);
+    let mut uniform = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
+    let prefix: Vec<u32> = (0..a.shared_prefix).map(|_| uniform(0, 9999) as u32).collect();
+    let mut requests = Vec::with_capacity(a.num_seqs);
+    for i in 0..a.num_seqs {
+        let len = uniform(a.min_input, a.max_input).max(a.shared_prefix + 1);
+        let mut ids = prefix.clone();
+        while ids.len() < len {
+            ids.push(uniform(0, 9999) as u32);
+        }
+        let params = SamplingParams {
+            temperature: a.temperature,
+            max_tokens: uniform(a.min_output, a.max_output),
+            ignore_eos: true,
+            seed: Some(a.seed.wrapping_add(i as u64)),
+            ..SamplingParams::default()
+        };
+        requests.push(GenerateRequest { prompt_token_ids: ids, params });
+    }
+    Ok(requests)
+}
+
+fn throughput(a: ThroughputArgs) -> Result<()> {
+    let requests = workload(&a)?;
+    let files = open(&a.model, true)?;
+    let name = files.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "dummy".into());
+    let mut engine = build_engine(files, &a.model, &a.cache, false)?;
+    let input_tokens: usize = requests.iter().map(|r| r.prompt_token_ids.len()).sum();
+    let expected: usize = requests.iter().map(|r| r.params.max_tokens).sum();
+    let pb = progress::bar(expected as u64, "generating", false);
+    let started = Instant::now();
+    let outputs = engine.generate(requests, &mut |n| pb.inc(n as u64))?;
+    let seconds = started.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let output_tokens: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
+    let result = ThroughputResult {
+        model: name,
+        backend: engine.runner().backend_name(),
+        num_seqs: outputs.len(),
+        input_tokens,
+        output_tokens,
+        seconds,
+        output_tok_per_s: output_tokens as f64 / seconds,
+        total_tok_per_s: (input_tokens + output_tokens) as f64 / seconds,
+        cached_tokens: outputs.iter().map(|o| o.num_cached_tokens).sum(),
+        preemptions: engine.stats().counters.num_preemptions,
+        prefix_caching: !a.cache.no_prefix_caching,
+        shared_prefix: a.shared_prefix,
+    };
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
