@@ -253,6 +253,23 @@ impl<B: Backend> LlmEngine<B> {
 
         // 4. Append, stop checks, text.
         let updates = self.scheduler.update_from_output(&plan, &sampled)?;
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let st = self.scheduler.stats();
+            tracing::debug!(
+                prefills = plan.num_prefills,
+                prefill_tokens = plan.num_prefill_tokens,
+                decode_tokens = plan.num_decode_tokens,
+                running = st.num_running,
+                waiting = st.num_waiting,
+                blocks_used = st.num_blocks_used,
+                blocks_free = st.num_blocks_free,
+                radix_tokens = st.radix_cached_tokens,
+                hit_rate = st.prefix_cache_hit_rate(),
+                fragmentation = st.fragmentation(self.scheduler.config().block_size),
+                preemptions = st.counters.num_preemptions,
+                "step"
+            );
+        }
         let mut outputs = Vec::with_capacity(updates.len());
         for u in updates {
             let Some(state) = self.states.get_mut(&u.request_id) else { continue };

@@ -12,7 +12,6 @@ use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_model::arch::BuildOptions;
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Which model to load and how to hold it.
 #[derive(Args, Debug, Clone)]
