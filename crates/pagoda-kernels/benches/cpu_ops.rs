@@ -8,7 +8,9 @@
 //! - a synthetic SmolLM2-shaped forward pass (random weights, the op sequence
 //!   of a Llama model): prefill 512 tokens and decode tokens/s.
 //!
-//! Run: `cargo bench -p pagoda-kernels --bench cpu_ops [-- threads [quick]]`.
+//! Run: `cargo bench -p pagoda-kernels --bench cpu_ops [-- THREADS [SECTION] [quick]]`
+//! with SECTION one of linear, attention, model (or decode: the model's
+//! decode alone, for profiling).
 
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, CpuTensor, CpuWeight, WeightDtype};
 use pagoda_kernels::{
@@ -52,7 +54,10 @@ fn timed(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
         })
         .collect();
     t.sort_by(|a, b| a.total_cmp(b));
-    (t[t.len() / 2], t[0])
+    match t.len() {
+        0 => (f64::NAN, f64::NAN),
+        n => (t[n / 2], t[0]),
+    }
 }
 
 fn matrix(b: &CpuBackend, rng: &mut Rng, n: usize, k: usize) -> CpuWeight {
@@ -291,7 +296,7 @@ fn forward(
     b.linear(&last, &m.embed, None).unwrap()
 }
 
-fn bench_model(threads: usize, quick: bool) {
+fn bench_model(threads: usize, quick: bool, decode_only: bool) {
     let b = CpuBackend::new(CpuOptions {
         threads,
         weight_dtype: WeightDtype::F16,
@@ -305,17 +310,29 @@ fn bench_model(threads: usize, quick: bool) {
     println!("SmolLM2-135M-shaped model, f16 weights (threads {threads})");
     let prompt = 512;
     let pre = one_seq_step(0, prompt);
-    let runs = if quick { 1 } else { 3 };
+    let runs = match (quick, decode_only) {
+        (_, true) => 0,
+        (true, false) => 1,
+        (false, false) => 3,
+    };
     let (t, best) = timed(runs, || {
         std::hint::black_box(forward(&b, &m, &pre, &mut kv));
     });
-    println!(
-        "  prefill {prompt} tokens: {:.3} s, {:.1} tok/s (best {:.1})",
-        t,
-        prompt as f64 / t,
-        prompt as f64 / best
-    );
-    let steps = if quick { 16 } else { 64 };
+    if !decode_only {
+        println!(
+            "  prefill {prompt} tokens: {:.3} s, {:.1} tok/s (best {:.1})",
+            t,
+            prompt as f64 / t,
+            prompt as f64 / best
+        );
+    }
+    let steps = if quick {
+        16
+    } else if decode_only {
+        256
+    } else {
+        64
+    };
     let mut times = Vec::new();
     for i in 0..steps {
         let ctx = one_seq_step(prompt + i, 1);
@@ -348,6 +365,9 @@ fn main() {
         bench_attention(threads);
     }
     if run("model") {
-        bench_model(threads, quick);
+        bench_model(threads, quick, false);
+    }
+    if only.as_deref() == Some("decode") {
+        bench_model(threads, quick, true);
     }
 }

@@ -5,6 +5,10 @@
 
 mod common;
 
+/// This binary tests the default (vectorized where the CPU allows) kernels.
+#[allow(dead_code)]
+const PORTABLE: bool = false;
+
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuKvCache, WeightDtype};
 use pagoda_kernels::{AttentionParams, Backend, KvCacheShape};
@@ -230,7 +234,7 @@ fn prefill_with_cached_prefix_and_mixed_varlen_batch() {
     let batches = [
         vec![seq(16, 16)],
         vec![seq(13, 20)],
-        vec![seq(0, 1), seq(31, 2), seq(7, 9), seq(0, 40)],
+        vec![seq(0, 1), seq(31, 2), seq(7, 9), seq(0, 40), seq(5, 33)],
         vec![seq(50, 1), seq(0, 17), seq(3, 1), seq(15, 33)],
     ];
     for seqs in batches {

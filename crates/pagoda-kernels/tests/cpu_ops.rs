@@ -3,6 +3,10 @@
 
 mod common;
 
+/// This binary tests the default (vectorized where the CPU allows) kernels.
+#[allow(dead_code)]
+const PORTABLE: bool = false;
+
 use common::*;
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_kernels::{Backend, ForwardContext, HostData, HostTensor, RopeStyle};
@@ -108,7 +112,8 @@ fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
         .collect()
 }
 
-const ROW_SHAPES: [(usize, usize); 5] = [(1, 8), (3, 576), (5, 13), (7, 130), (2, 1)];
+/// Small shapes run on the calling thread, the last ones (> 16K elements) in the pool.
+const ROW_SHAPES: [(usize, usize); 6] = [(1, 8), (3, 576), (5, 13), (7, 130), (2, 1), (40, 576)];
 
 #[test]
 fn rms_norm_and_add_rms_norm_match_reference() {
@@ -141,7 +146,7 @@ fn rms_norm_and_add_rms_norm_match_reference() {
 fn head_rms_norm_normalizes_each_head() {
     let mut rng = Rng::new(4);
     let b = backend(2, WeightDtype::BF16);
-    for (rows, heads, hd) in [(1, 1, 8), (3, 9, 64), (5, 2, 128), (4, 3, 5)] {
+    for (rows, heads, hd) in [(1, 1, 8), (3, 9, 64), (5, 2, 128), (4, 3, 5), (40, 9, 64)] {
         let cols = heads * hd;
         let x = rng.vec(rows * cols);
         let w = rng.vec(hd);
@@ -214,8 +219,11 @@ fn rope_rotates_pairs_of_both_styles() {
     for dtype in DTYPES {
         let b = backend(2, dtype);
         for (heads, hd, rd) in [(3, 64, 64), (2, 128, 64), (1, 10, 6), (4, 8, 0)] {
-            for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
-                let rows = 5;
+            for (style, rows) in [
+                (RopeStyle::Neox, 5),
+                (RopeStyle::Interleaved, 5),
+                (RopeStyle::Neox, 300),
+            ] {
                 let max_pos = 50;
                 let table = rng.vec(max_pos * rd);
                 let tr: Vec<f32> = table.iter().map(|&v| round(v, dtype)).collect();
@@ -268,7 +276,7 @@ fn silu(v: f64) -> f64 {
 fn activations_and_adds_match_reference() {
     let mut rng = Rng::new(7);
     let b = backend(2, WeightDtype::F32);
-    for (rows, n) in [(1, 1), (3, 1536), (7, 13), (100, 64)] {
+    for (rows, n) in [(1, 1), (3, 1536), (7, 13), (100, 64), (30, 1536)] {
         let gu: Vec<f32> = rng.vec(rows * 2 * n).iter().map(|v| v * 8.0).collect();
         let y = b.silu_mul(&tensor(&b, rows, 2 * n, &gu)).unwrap();
         let want: Vec<f64> = gu
@@ -312,53 +320,54 @@ fn embedding_position_embedding_and_logits_gather() {
     let mut rng = Rng::new(8);
     for dtype in DTYPES {
         let b = backend(2, dtype);
-        let (vocab, hidden, rows) = (37, 24, 9);
-        let table = rng.vec(vocab * hidden);
-        let tr: Vec<f32> = table.iter().map(|&v| round(v, dtype)).collect();
-        let tt = b.load_weight(weight2(vocab, hidden, table)).unwrap();
-        let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
-        let positions: Vec<u32> = (0..rows as u32).map(|p| p + 3).collect();
-        let mut ctx = step_at(&positions, &ids);
-        ctx.logits_indices = vec![8, 0, 4];
-        let step = b.begin_step(&ctx).unwrap();
-        let mut x = b.embedding(&step, &tt).unwrap();
-        let want: Vec<f64> = ids
-            .iter()
-            .flat_map(|&i| {
-                tr[i as usize * hidden..][..hidden]
-                    .iter()
-                    .map(|&v| v as f64)
-            })
-            .collect();
-        assert_close_rel("embedding", &host(&b, &x), &want, 0.0, 0.0);
+        for (vocab, hidden, rows) in [(37, 24, 9), (50, 576, 40)] {
+            let table = rng.vec(vocab * hidden);
+            let tr: Vec<f32> = table.iter().map(|&v| round(v, dtype)).collect();
+            let tt = b.load_weight(weight2(vocab, hidden, table)).unwrap();
+            let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab) as u32).collect();
+            let positions: Vec<u32> = (0..rows as u32).map(|p| p + 3).collect();
+            let mut ctx = step_at(&positions, &ids);
+            ctx.logits_indices = vec![8, 0, 4];
+            let step = b.begin_step(&ctx).unwrap();
+            let mut x = b.embedding(&step, &tt).unwrap();
+            let want: Vec<f64> = ids
+                .iter()
+                .flat_map(|&i| {
+                    tr[i as usize * hidden..][..hidden]
+                        .iter()
+                        .map(|&v| v as f64)
+                })
+                .collect();
+            assert_close_rel("embedding", &host(&b, &x), &want, 0.0, 0.0);
 
-        let offset = 2;
-        b.add_position_embedding(&mut x, &step, &tt, offset)
-            .unwrap();
-        let want: Vec<f64> = (0..rows)
-            .flat_map(|r| {
-                let (e, p) = (ids[r] as usize, positions[r] as usize + offset);
-                (0..hidden)
-                    .map(|c| tr[e * hidden + c] as f64 + tr[p * hidden + c] as f64)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        assert_close_rel("add_position_embedding", &host(&b, &x), &want, 0.0, 1e-7);
+            let offset = 2;
+            b.add_position_embedding(&mut x, &step, &tt, offset)
+                .unwrap();
+            let want: Vec<f64> = (0..rows)
+                .flat_map(|r| {
+                    let (e, p) = (ids[r] as usize, positions[r] as usize + offset);
+                    (0..hidden)
+                        .map(|c| tr[e * hidden + c] as f64 + tr[p * hidden + c] as f64)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            assert_close_rel("add_position_embedding", &host(&b, &x), &want, 0.0, 1e-7);
 
-        let g = b.gather_logits_rows(&x, &step).unwrap();
-        let xs = host(&b, &x);
-        let want: Vec<f64> = [8usize, 0, 4]
-            .iter()
-            .flat_map(|&r| xs[r * hidden..][..hidden].iter().map(|&v| v as f64))
-            .collect();
-        assert_close_rel("gather_logits_rows", &host(&b, &g), &want, 0.0, 0.0);
+            let g = b.gather_logits_rows(&x, &step).unwrap();
+            let xs = host(&b, &x);
+            let want: Vec<f64> = [8usize, 0, 4]
+                .iter()
+                .flat_map(|&r| xs[r * hidden..][..hidden].iter().map(|&v| v as f64))
+                .collect();
+            assert_close_rel("gather_logits_rows", &host(&b, &g), &want, 0.0, 0.0);
 
-        // Out-of-vocabulary ids and positions past the table are errors.
-        let bad = b.begin_step(&step_at(&[0], &[vocab as u32])).unwrap();
-        assert!(b.embedding(&bad, &tt).is_err());
-        let mut x1 = tensor(&b, 1, hidden, &vec![0.0; hidden]);
-        let late = b.begin_step(&step_at(&[vocab as u32 - 1], &[0])).unwrap();
-        assert!(b.add_position_embedding(&mut x1, &late, &tt, 1).is_err());
+            // Out-of-vocabulary ids and positions past the table are errors.
+            let bad = b.begin_step(&step_at(&[0], &[vocab as u32])).unwrap();
+            assert!(b.embedding(&bad, &tt).is_err());
+            let mut x1 = tensor(&b, 1, hidden, &vec![0.0; hidden]);
+            let late = b.begin_step(&step_at(&[vocab as u32 - 1], &[0])).unwrap();
+            assert!(b.add_position_embedding(&mut x1, &late, &tt, 1).is_err());
+        }
     }
 }
 

@@ -16,7 +16,10 @@ const ROUND: f32 = 12_582_912.0;
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.3);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    // t = ROUND + n with n = round(x / ln2); its low mantissa bits hold n, so
+    // 2^n is built with integer ops only (no float-to-int conversion).
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0 / 720.0;
     let p = p * r + 1.0 / 120.0;
@@ -25,7 +28,8 @@ pub fn exp_f32(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r + 1.0;
     let p = p * r + 1.0;
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    let e = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23;
+    p * f32::from_bits(e)
 }
 
 /// `x / (1 + e^-x)`.
@@ -56,11 +60,18 @@ macro_rules! multiversion {
         }
     };
 }
-pub(crate) use multiversion;
 
 multiversion! {
     /// `x[i] = e^(x[i] - max)`; returns the sum of the new values.
     pub fn exp_sub_sum(x: &mut [f32], max: f32) -> f32 {
+        exp_sub_sum_inline(x, max)
+    }
+}
+
+/// [`exp_sub_sum`] for inlining into a caller compiled for AVX2.
+#[inline(always)]
+pub fn exp_sub_sum_inline(x: &mut [f32], max: f32) -> f32 {
+    {
         let mut acc = [0f32; 8];
         let mut chunks = x.chunks_exact_mut(8);
         for c in &mut chunks {
@@ -90,9 +101,22 @@ multiversion! {
 multiversion! {
     /// Dot product in f32 with 8 partial sums.
     pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot_inline(a, b)
+    }
+}
+
+/// [`dot`] for inlining into a caller compiled for AVX2.
+#[inline(always)]
+pub fn dot_inline(a: &[f32], b: &[f32]) -> f32 {
+    {
         let mut acc = [0f32; 8];
         let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-        let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+        let tail: f32 = ca
+            .remainder()
+            .iter()
+            .zip(cb.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
         for (x, y) in ca.zip(cb) {
             for i in 0..8 {
                 acc[i] += x[i] * y[i];

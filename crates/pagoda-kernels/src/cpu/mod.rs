@@ -20,9 +20,11 @@ mod math;
 mod matmul;
 mod norm;
 mod ops;
+mod par;
 pub(crate) mod simd;
 mod storage;
 
+pub use simd::set_simd_enabled;
 pub use storage::{CpuKvCache, CpuStep, CpuTensor, CpuWeight, WeightData, WeightDtype};
 
 use crate::{
@@ -94,8 +96,19 @@ impl CpuBackend {
         self.weight_dtype
     }
 
+    /// Runs an op in the pool.
     fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         self.pool.install(f)
+    }
+
+    /// Runs an elementwise op producing `elements` outputs: on the calling
+    /// thread when small (see [`par`]), else in the pool.
+    fn run_rows<T: Send>(&self, elements: usize, f: impl FnOnce() -> T + Send) -> T {
+        if elements <= par::SEQ_MAX {
+            f()
+        } else {
+            self.pool.install(f)
+        }
     }
 }
 
@@ -156,7 +169,9 @@ impl Backend for CpuBackend {
     }
 
     fn embedding(&self, step: &CpuStep, table: &CpuWeight) -> Result<CpuTensor> {
-        self.run(|| ops::embedding(step, table))
+        self.run_rows(step.ctx.num_tokens() * table.cols, || {
+            ops::embedding(step, table)
+        })
     }
 
     fn linear(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuWeight>) -> Result<CpuTensor> {
@@ -164,7 +179,7 @@ impl Backend for CpuBackend {
     }
 
     fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32) -> Result<CpuTensor> {
-        self.run(|| norm::rms_norm(x, w, eps))
+        self.run_rows(x.data.len(), || norm::rms_norm(x, w, eps))
     }
 
     fn add_rms_norm(
@@ -174,7 +189,7 @@ impl Backend for CpuBackend {
         w: &CpuWeight,
         eps: f32,
     ) -> Result<CpuTensor> {
-        self.run(|| norm::add_rms_norm(residual, x, w, eps))
+        self.run_rows(x.data.len(), || norm::add_rms_norm(residual, x, w, eps))
     }
 
     fn head_rms_norm(
@@ -184,7 +199,7 @@ impl Backend for CpuBackend {
         head_dim: usize,
         eps: f32,
     ) -> Result<()> {
-        self.run(|| norm::head_rms_norm(x, w, head_dim, eps))
+        self.run_rows(x.data.len(), || norm::head_rms_norm(x, w, head_dim, eps))
     }
 
     fn layer_norm(
@@ -194,7 +209,7 @@ impl Backend for CpuBackend {
         b: &CpuWeight,
         eps: f32,
     ) -> Result<CpuTensor> {
-        self.run(|| norm::layer_norm(x, w, b, eps))
+        self.run_rows(x.data.len(), || norm::layer_norm(x, w, b, eps))
     }
 
     fn rope(
@@ -205,23 +220,25 @@ impl Backend for CpuBackend {
         head_dim: usize,
         style: RopeStyle,
     ) -> Result<()> {
-        self.run(|| ops::rope(x, step, cos_sin, head_dim, style))
+        self.run_rows(x.data.len(), || {
+            ops::rope(x, step, cos_sin, head_dim, style)
+        })
     }
 
     fn silu_mul(&self, gate_up: &CpuTensor) -> Result<CpuTensor> {
-        self.run(|| ops::silu_mul(gate_up))
+        self.run_rows(gate_up.data.len(), || ops::silu_mul(gate_up))
     }
 
     fn silu_mul2(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
-        self.run(|| ops::silu_mul2(gate, up))
+        self.run_rows(gate.data.len(), || ops::silu_mul2(gate, up))
     }
 
     fn relu(&self, x: &mut CpuTensor) -> Result<()> {
-        self.run(|| ops::relu(x))
+        self.run_rows(x.data.len(), || ops::relu(x))
     }
 
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
-        self.run(|| ops::add(x, y))
+        self.run_rows(x.data.len(), || ops::add(x, y))
     }
 
     fn add_position_embedding(
@@ -231,7 +248,9 @@ impl Backend for CpuBackend {
         table: &CpuWeight,
         offset: usize,
     ) -> Result<()> {
-        self.run(|| ops::add_position_embedding(x, step, table, offset))
+        self.run_rows(x.data.len(), || {
+            ops::add_position_embedding(x, step, table, offset)
+        })
     }
 
     fn gather_logits_rows(&self, x: &CpuTensor, step: &CpuStep) -> Result<CpuTensor> {

@@ -2,9 +2,9 @@
 //! LayerNorm. Each row is reduced in f32 (8 partial sums, so the compiler can
 //! vectorize) and rows run in parallel.
 
+use super::par;
 use super::storage::{CpuTensor, CpuWeight};
 use crate::{KernelError, Result};
-use rayon::prelude::*;
 
 /// The f32 elements of a vector weight of length `n`.
 pub(crate) fn vector<'a>(w: &'a CpuWeight, n: usize, op: &'static str) -> Result<&'a [f32]> {
@@ -47,10 +47,10 @@ pub fn rms_norm(x: &CpuTensor, w: &CpuWeight, eps: f32) -> Result<CpuTensor> {
     if x.cols == 0 {
         return Ok(y);
     }
-    y.data
-        .par_chunks_mut(x.cols)
-        .zip(x.data.par_chunks(x.cols))
-        .for_each(|(o, r)| rms_row(r, w, eps, o));
+    let c = x.cols;
+    par::chunks(&mut y.data, c, |i, o| {
+        rms_row(&x.data[i * c..(i + 1) * c], w, eps, o)
+    });
     Ok(y)
 }
 
@@ -74,16 +74,13 @@ pub fn add_rms_norm(
     if x.cols == 0 {
         return Ok(y);
     }
-    y.data
-        .par_chunks_mut(x.cols)
-        .zip(residual.data.par_chunks_mut(x.cols))
-        .zip(x.data.par_chunks(x.cols))
-        .for_each(|((o, res), r)| {
-            for (a, b) in res.iter_mut().zip(r) {
-                *a += b;
-            }
-            rms_row(res, w, eps, o);
-        });
+    let c = x.cols;
+    par::chunks2(&mut y.data, &mut residual.data, c, |i, o, res| {
+        for (a, b) in res.iter_mut().zip(&x.data[i * c..(i + 1) * c]) {
+            *a += b;
+        }
+        rms_row(res, w, eps, o);
+    });
     Ok(y)
 }
 
@@ -95,7 +92,7 @@ pub fn head_rms_norm(x: &mut CpuTensor, w: &CpuWeight, head_dim: usize, eps: f32
         });
     }
     let w = vector(w, head_dim, "head_rms_norm")?;
-    x.data.par_chunks_mut(x.cols.max(1)).for_each(|row| {
+    par::chunks(&mut x.data, x.cols, |_, row| {
         let mut tmp = vec![0f32; head_dim];
         for h in row.chunks_exact_mut(head_dim) {
             rms_row(h, w, eps, &mut tmp);
@@ -113,16 +110,17 @@ pub fn layer_norm(x: &CpuTensor, w: &CpuWeight, b: &CpuWeight, eps: f32) -> Resu
         return Ok(y);
     }
     let n = x.cols as f32;
-    y.data
-        .par_chunks_mut(x.cols)
-        .zip(x.data.par_chunks(x.cols))
-        .for_each(|(o, r)| {
+    let c = x.cols;
+    par::chunks(&mut y.data, c, |i, o| {
+        let r = &x.data[i * c..(i + 1) * c];
+        {
             let mean = r.iter().sum::<f32>() / n;
             let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
             let inv = 1.0 / (var + eps).sqrt();
             for (((o, v), g), bb) in o.iter_mut().zip(r).zip(w).zip(b) {
                 *o = (v - mean) * inv * g + bb;
             }
-        });
+        }
+    });
     Ok(y)
 }

@@ -2,9 +2,9 @@
 //! the gather of logits rows. All are O(elements), parallel over rows, and
 //! check every index they read (token ids, positions, row numbers) before use.
 
+use super::par;
 use super::storage::{CpuStep, CpuTensor, CpuWeight};
 use crate::{KernelError, Result, RopeStyle};
-use rayon::prelude::*;
 
 fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
@@ -34,10 +34,7 @@ fn gather(op: &'static str, table: &CpuWeight, ids: &[usize]) -> Result<CpuTenso
     }
     let mut y = CpuTensor::for_overwrite(ids.len(), table.cols);
     if table.cols > 0 {
-        y.data
-            .par_chunks_mut(table.cols)
-            .zip(ids.par_iter())
-            .for_each(|(o, &r)| table.row_to_f32(r, o));
+        par::chunks(&mut y.data, table.cols, |i, o| table.row_to_f32(ids[i], o));
     }
     Ok(y)
 }
@@ -112,35 +109,37 @@ pub fn rope(
         return Ok(());
     }
     let half = rd / 2;
-    x.data
-        .par_chunks_mut(x.cols)
-        .zip(positions.par_iter())
-        .for_each_init(
-            || vec![0f32; rd],
-            |cs, (row, &p)| {
-                cos_sin.row_to_f32(p as usize, cs);
-                let (cos, sin) = cs.split_at(half);
-                for h in row.chunks_exact_mut(head_dim) {
-                    match style {
-                        RopeStyle::Neox => {
-                            let (a, b) = h[..rd].split_at_mut(half);
-                            for i in 0..half {
-                                let (x1, x2) = (a[i], b[i]);
-                                a[i] = x1 * cos[i] - x2 * sin[i];
-                                b[i] = x2 * cos[i] + x1 * sin[i];
-                            }
-                        }
-                        RopeStyle::Interleaved => {
-                            for i in 0..half {
-                                let (x1, x2) = (h[2 * i], h[2 * i + 1]);
-                                h[2 * i] = x1 * cos[i] - x2 * sin[i];
-                                h[2 * i + 1] = x2 * cos[i] + x1 * sin[i];
-                            }
-                        }
+    par::chunks(&mut x.data, x.cols, |i, row| {
+        let mut cs = [0f32; 512];
+        let mut heap = Vec::new();
+        let cs: &mut [f32] = if rd <= cs.len() {
+            &mut cs[..rd]
+        } else {
+            heap.resize(rd, 0.0);
+            &mut heap
+        };
+        cos_sin.row_to_f32(positions[i] as usize, cs);
+        let (cos, sin) = cs.split_at(half);
+        for h in row.chunks_exact_mut(head_dim) {
+            match style {
+                RopeStyle::Neox => {
+                    let (a, b) = h[..rd].split_at_mut(half);
+                    for i in 0..half {
+                        let (x1, x2) = (a[i], b[i]);
+                        a[i] = x1 * cos[i] - x2 * sin[i];
+                        b[i] = x2 * cos[i] + x1 * sin[i];
                     }
                 }
-            },
-        );
+                RopeStyle::Interleaved => {
+                    for i in 0..half {
+                        let (x1, x2) = (h[2 * i], h[2 * i + 1]);
+                        h[2 * i] = x1 * cos[i] - x2 * sin[i];
+                        h[2 * i + 1] = x2 * cos[i] + x1 * sin[i];
+                    }
+                }
+            }
+        }
+    });
     Ok(())
 }
 
@@ -156,13 +155,10 @@ pub fn silu_mul(gate_up: &CpuTensor) -> Result<CpuTensor> {
     if n == 0 {
         return Ok(y);
     }
-    y.data
-        .par_chunks_mut(n)
-        .zip(gate_up.data.par_chunks(2 * n))
-        .for_each(|(o, gu)| {
-            let (g, u) = gu.split_at(n);
-            super::math::silu_mul_slice(o, g, u);
-        });
+    par::chunks(&mut y.data, n, |i, o| {
+        let (g, u) = gate_up.data[i * 2 * n..(i + 1) * 2 * n].split_at(n);
+        super::math::silu_mul_slice(o, g, u);
+    });
     Ok(y)
 }
 
@@ -177,18 +173,18 @@ pub fn silu_mul2(gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
         ));
     }
     let mut y = CpuTensor::for_overwrite(gate.rows, gate.cols);
-    y.data
-        .par_chunks_mut(4096)
-        .zip(gate.data.par_chunks(4096).zip(up.data.par_chunks(4096)))
-        .for_each(|(o, (g, u))| super::math::silu_mul_slice(o, g, u));
+    const CHUNK: usize = 4096;
+    par::chunks(&mut y.data, CHUNK, |i, o| {
+        let r = i * CHUNK..i * CHUNK + o.len();
+        super::math::silu_mul_slice(o, &gate.data[r.clone()], &up.data[r]);
+    });
     Ok(y)
 }
 
 pub fn relu(x: &mut CpuTensor) -> Result<()> {
-    x.data
-        .par_iter_mut()
-        .with_min_len(4096)
-        .for_each(|v| *v = v.max(0.0));
+    par::chunks(&mut x.data, 4096, |_, c| {
+        c.iter_mut().for_each(|v| *v = v.max(0.0))
+    });
     Ok(())
 }
 
@@ -199,10 +195,11 @@ pub fn add(x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
             format!("x [{}, {}] vs y [{}, {}]", x.rows, x.cols, y.rows, y.cols),
         ));
     }
-    x.data
-        .par_iter_mut()
-        .with_min_len(4096)
-        .zip(y.data.par_iter())
-        .for_each(|(a, b)| *a += b);
+    const CHUNK: usize = 4096;
+    par::chunks(&mut x.data, CHUNK, |i, c| {
+        for (a, b) in c.iter_mut().zip(&y.data[i * CHUNK..]) {
+            *a += b;
+        }
+    });
     Ok(())
 }

@@ -42,7 +42,12 @@ impl Rng {
     }
 }
 
+/// A backend; in the `cpu_portable` test binary (whose root sets
+/// `PORTABLE`), with the AVX2 kernels switched off.
 pub fn backend(threads: usize, weight_dtype: WeightDtype) -> CpuBackend {
+    if crate::PORTABLE {
+        pagoda_kernels::cpu::set_simd_enabled(false);
+    }
     CpuBackend::new(CpuOptions {
         threads,
         weight_dtype,

@@ -1,0 +1,11 @@
+//! The op and attention tests again with the AVX2 kernels switched off, so the
+//! portable fallbacks are checked on machines that have AVX2 too.
+
+/// Read by `common::backend`: every backend of this binary runs portable code.
+const PORTABLE: bool = true;
+
+#[path = "cpu_ops.rs"]
+mod ops;
+
+#[path = "cpu_attention.rs"]
+mod attention;
