@@ -6,16 +6,21 @@
 //! - [`stop`]: stop strings matched across token boundaries.
 //! - [`engine`]: scheduler + runner + per-request output state, one step at a time.
 //! - [`generate`]: the offline batch call behind `pagoda generate`.
+//! - [`handle`]: the engine on its own thread, driven through an async handle.
 
 pub mod context;
 pub mod engine;
 pub mod generate;
+pub mod handle;
 pub mod runner;
 pub mod sampler;
 pub mod stop;
 
 pub use engine::{EngineRequest, LlmEngine, RequestOutput};
 pub use generate::{GenerateOutput, GenerateRequest};
+pub use handle::{
+    EngineHandle, EngineStats, HandleOptions, RequestStream, ShutdownMode, StreamItem,
+};
 pub use pagoda_core::{FinishReason, RequestId, SchedulerConfig};
 pub use runner::ModelRunner;
 
@@ -34,6 +39,15 @@ pub enum EngineError {
     CacheTooSmall(String),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("overloaded: {num_waiting} requests waiting (limit {max_waiting})")]
+    Overloaded {
+        num_waiting: usize,
+        max_waiting: usize,
+    },
+    #[error("the engine is shutting down or has stopped")]
+    Shutdown,
+    #[error("engine step failed: {0}")]
+    StepFailed(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,292 @@
+//! The engine thread's loop.
+//!
+//! Idle (no unfinished request): block on the command channel, so an idle
+//! engine costs no CPU. Busy: take every pending command without blocking,
+//! abort requests whose output channel is closed, run one
+//! [`LlmEngine::step`], and send each output to its request's channel.
+//!
+//! A step that returns an error fails every request in flight with an
+//! [`EngineError::StepFailed`] item (the scheduler does not say which requests
+//! the failed step held, and a request whose step failed has no consistent
+//! state to resume from), aborts them in the engine, logs the error, and the
+//! loop goes on serving new requests. A step that panics, or an abort that
+//! fails, leaves the engine in an unknown state: the streams get an error item
+//! and the thread stops (later submissions get [`EngineError::Shutdown`]).
+//!
+//! The loop ends when a shutdown was asked and no request is left, or when
+//! every handle and stream is gone. The engine (and its KV cache) is dropped
+//! before the shutdown callers are told.
+
+use super::{Command, EngineCounters, EngineStats, HandleOptions, ShutdownMode, StreamItem};
+use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
+use crate::{EngineError, Result};
+use pagoda_core::{FinishReason, RequestId};
+use pagoda_kernels::Backend;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::thread::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
+
+/// Starts the thread named `pagoda-engine` that owns `engine`.
+pub(super) fn spawn<B: Backend>(
+    engine: LlmEngine<B>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    options: HandleOptions,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("pagoda-engine".into())
+        .spawn(move || {
+            let waiters = Worker::new(engine, commands, options).run();
+            for w in waiters {
+                let _ = w.send(());
+            }
+        })
+}
+
+/// A request the thread is serving.
+struct Live {
+    output: mpsc::UnboundedSender<StreamItem>,
+    /// Produced a token already (its prompt is counted).
+    started: bool,
+}
+
+/// The engine's state on its thread.
+struct Worker<B: Backend> {
+    engine: LlmEngine<B>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    max_waiting: Option<usize>,
+    live: HashMap<RequestId, Live>,
+    counters: EngineCounters,
+    /// False once a shutdown was asked.
+    accepting: bool,
+    /// Every sender of the command channel is gone.
+    commands_closed: bool,
+    /// Told when the thread has stopped.
+    shutdown_waiters: Vec<oneshot::Sender<()>>,
+}
+
+/// The engine can no longer be trusted; the loop must stop.
+struct Fatal(String);
+
+impl<B: Backend> Worker<B> {
+    fn new(
+        engine: LlmEngine<B>,
+        commands: mpsc::UnboundedReceiver<Command>,
+        options: HandleOptions,
+    ) -> Self {
+        Worker {
+            engine,
+            commands,
+            max_waiting: options.max_waiting,
+            live: HashMap::new(),
+            counters: EngineCounters::default(),
+            accepting: true,
+            commands_closed: false,
+            shutdown_waiters: Vec::new(),
+        }
+    }
+
+    /// Runs until stopped; returns who to tell, after the engine is dropped.
+    fn run(mut self) -> Vec<oneshot::Sender<()>> {
+        tracing::debug!("engine thread started");
+        if let Err(Fatal(message)) = self.serve() {
+            tracing::error!(%message, "engine thread stopping");
+            let error = || EngineError::StepFailed(message.clone());
+            for (_, live) in self.live.drain() {
+                let _ = live.output.send(Err(error()));
+                self.counters.num_failed += 1;
+            }
+        }
+        tracing::debug!(counters = ?self.counters, "engine thread stopped");
+        std::mem::take(&mut self.shutdown_waiters)
+    }
+
+    fn serve(&mut self) -> Result<(), Fatal> {
+        loop {
+            if !self.engine.has_unfinished_requests() {
+                if !self.accepting || self.commands_closed {
+                    return Ok(());
+                }
+                match self.commands.blocking_recv() {
+                    Some(command) => self.handle(command)?,
+                    None => return Ok(()),
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(command) => self.handle(command)?,
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        self.commands_closed = true;
+                        break;
+                    }
+                }
+            }
+            let closed: Vec<RequestId> = self
+                .live
+                .iter()
+                .filter(|(_, l)| l.output.is_closed())
+                .map(|(&id, _)| id)
+                .collect();
+            for id in closed {
+                self.abort(id)?;
+            }
+            if self.engine.has_unfinished_requests() {
+                self.step()?;
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) -> Result<(), Fatal> {
+        match command {
+            Command::Submit {
+                request,
+                output,
+                reply,
+            } => match self.admit(request, output) {
+                Ok(id) => {
+                    if reply.send(Ok(id)).is_err() {
+                        // The submitter went away before it heard back.
+                        self.abort(id)?;
+                    }
+                }
+                Err(e) => {
+                    self.counters.num_requests_rejected += 1;
+                    let _ = reply.send(Err(e));
+                }
+            },
+            Command::Abort(id) => self.abort(id)?,
+            Command::Stats(reply) => {
+                let _ = reply.send(EngineStats {
+                    scheduler: self.engine.stats(),
+                    counters: self.counters,
+                    num_in_flight: self.live.len(),
+                });
+            }
+            Command::Shutdown { mode, done } => {
+                tracing::info!(?mode, in_flight = self.live.len(), "engine shutting down");
+                self.accepting = false;
+                self.shutdown_waiters.push(done);
+                if mode == ShutdownMode::Abort {
+                    let ids: Vec<RequestId> = self.live.keys().copied().collect();
+                    for id in ids {
+                        if let Some(live) = self.live.get(&id) {
+                            let _ = live.output.send(Err(EngineError::Shutdown));
+                        }
+                        self.abort(id)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn admit(
+        &mut self,
+        request: EngineRequest,
+        output: mpsc::UnboundedSender<StreamItem>,
+    ) -> Result<RequestId> {
+        if !self.accepting {
+            return Err(EngineError::Shutdown);
+        }
+        if let Some(max_waiting) = self.max_waiting {
+            let num_waiting = self.engine.stats().num_waiting;
+            if num_waiting >= max_waiting {
+                return Err(EngineError::Overloaded {
+                    num_waiting,
+                    max_waiting,
+                });
+            }
+        }
+        let id = self.engine.add_request(request)?;
+        self.live.insert(
+            id,
+            Live {
+                output,
+                started: false,
+            },
+        );
+        self.counters.num_requests_admitted += 1;
+        Ok(id)
+    }
+
+    /// Drops a live request from the engine; unknown ids are ignored.
+    fn abort(&mut self, id: RequestId) -> Result<(), Fatal> {
+        if self.live.remove(&id).is_none() {
+            return Ok(());
+        }
+        self.counters.num_aborted += 1;
+        self.engine
+            .abort(id)
+            .map_err(|e| Fatal(format!("aborting request {id} failed: {e}")))
+    }
+
+    fn step(&mut self) -> Result<(), Fatal> {
+        self.counters.num_steps += 1;
+        let result = catch_unwind(AssertUnwindSafe(|| self.engine.step()));
+        match result {
+            Ok(Ok(outputs)) => self.deliver(outputs),
+            Ok(Err(e)) => {
+                self.counters.num_failed_steps += 1;
+                let message = e.to_string();
+                tracing::error!(
+                    error = %message,
+                    in_flight = self.live.len(),
+                    "engine step failed; failing its requests"
+                );
+                let ids: Vec<RequestId> = self.live.keys().copied().collect();
+                for id in ids {
+                    if let Some(live) = self.live.remove(&id) {
+                        let _ = live
+                            .output
+                            .send(Err(EngineError::StepFailed(message.clone())));
+                        self.counters.num_failed += 1;
+                    }
+                    self.engine
+                        .abort(id)
+                        .map_err(|e| Fatal(format!("after a failed step ({message}), {e}")))?;
+                }
+                Ok(())
+            }
+            Err(panic) => {
+                self.counters.num_failed_steps += 1;
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Fatal(format!("engine step panicked: {what}")))
+            }
+        }
+    }
+
+    fn deliver(&mut self, outputs: Vec<RequestOutput>) -> Result<(), Fatal> {
+        for out in outputs {
+            let id = out.request_id;
+            let Some(live) = self.live.get_mut(&id) else {
+                continue;
+            };
+            if !live.started {
+                live.started = true;
+                self.counters.prompt_tokens += out.num_prompt_tokens as u64;
+                self.counters.cached_prompt_tokens += out.num_cached_tokens as u64;
+            }
+            self.counters.generation_tokens += 1;
+            let finish = out.finish_reason;
+            let sent = live.output.send(Ok(out)).is_ok();
+            match finish {
+                Some(reason) => {
+                    self.live.remove(&id);
+                    match reason {
+                        FinishReason::Stop => self.counters.num_finished_stop += 1,
+                        FinishReason::Length => self.counters.num_finished_length += 1,
+                        FinishReason::Abort => self.counters.num_aborted += 1,
+                    }
+                }
+                None if !sent => self.abort(id)?,
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
