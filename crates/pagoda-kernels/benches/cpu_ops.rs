@@ -2,8 +2,8 @@
 //! heads, head_dim 64, intermediate 1536, vocab 49152, 30 layers).
 //!
 //! Prints, as the median of several runs:
-//! - `linear` for rows 1 (GEMV, GB/s of weights streamed) and 512 (GEMM,
-//!   GFLOP/s) with f32 and f16 weights;
+//! - `linear` for rows 1, 4, 8, 16 (GB/s of weights streamed) and 512
+//!   (GFLOP/s) with f32 and f16 weights;
 //! - attention for a 512-token prefill and a decode token at context 512;
 //! - a synthetic SmolLM2-shaped forward pass (random weights, the op sequence
 //!   of a Llama model): prefill 512 tokens and decode tokens/s.
@@ -81,21 +81,21 @@ fn bench_linear(threads: usize, quick: bool) {
         .unwrap();
         for (n, k) in [(576, 576), (1536, 576), (576, 1536), (49152, 576)] {
             let w = matrix(&b, &mut rng, n, k);
-            for rows in [1usize, 512] {
+            for rows in [1usize, 4, 8, 16, 512] {
                 let x = b
                     .tensor_from_host(rows, k, &rng.vec(rows * k, 1.0))
                     .unwrap();
-                let runs = match (rows, quick) {
-                    (1, false) => 51,
-                    (1, true) => 11,
-                    (_, false) => 7,
-                    _ => 3,
+                let runs = match (rows < 64, quick) {
+                    (true, false) => 51,
+                    (true, true) => 11,
+                    (false, false) => 7,
+                    (false, true) => 3,
                 };
                 let (t, best) = timed(runs, || {
                     std::hint::black_box(b.linear(&x, &w, None).unwrap());
                 });
                 let rate = |t: f64| {
-                    if rows == 1 {
+                    if rows < 64 {
                         format!("{:.1} GB/s", w.bytes() as f64 / t / 1e9)
                     } else {
                         format!("{:.1} GFLOP/s", 2.0 * (rows * n * k) as f64 / t / 1e9)

@@ -46,7 +46,7 @@ fn linear_matches_reference_for_all_row_counts_and_dtypes() {
     let shapes = [(5, 3), (33, 17), (70, 130), (129, 64), (64, 576)];
     for dtype in DTYPES {
         let b = backend(2, dtype);
-        for rows in [1, 2, 3, 4, 5, 7, 64, 100] {
+        for rows in [1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 64, 100] {
             for &(n, k) in &shapes {
                 for with_bias in [false, true] {
                     let x = rng.vec(rows * k);

@@ -1,13 +1,15 @@
 //! `linear`: `y = x @ w^T (+ bias)` for `x: [rows, k]`, `w: [n, k]`.
 //!
 //! Two paths, chosen by the number of rows:
-//! - `rows <= gemv::MAX_ROWS` (decode): [`super::gemv`], one pass over the
-//!   weights, memory-bandwidth bound.
+//! - `rows <= GEMV_MAX_ROWS` (decode): [`super::gemv`], one pass over the
+//!   weights per group of up to 4 rows, memory-bandwidth bound.
 //! - more rows (prefill): the `gemm` crate's f32 kernels (multi-threaded).
 //!   Weights stored as f16/bf16 are widened to f32 in chunks of output
 //!   features first (once per call, shared by every row), so a narrow weight
-//!   costs `n * k` conversions against `2 * rows * n * k` flops, and a scratch
-//!   buffer of at most `CHUNK_N * k` f32.
+//!   costs `n * k` conversions against `2 * rows * n * k` flops. The f32
+//!   chunk lives in a per-thread scratch buffer of at most `SCRATCH_BYTES`
+//!   that is reused across calls (a fresh buffer per call costs a page fault
+//!   per 4 KiB, which on a VM took as long as the GEMM itself).
 
 use super::gemv;
 use super::storage::{CpuTensor, CpuWeight, WeightData};
@@ -15,9 +17,16 @@ use crate::{KernelError, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Most output features widened to f32 at once (bounds the scratch buffer to
-/// `CHUNK_N * k` f32, 9 MiB for k = 576).
-const CHUNK_N: usize = 4096;
+/// Most rows computed by GEMV passes (in groups of `gemv::MAX_ROWS`); measured
+/// faster than widening the weights and running a GEMM up to here.
+const GEMV_MAX_ROWS: usize = 16;
+
+/// Size of the per-thread buffer narrow weights are widened into.
+const SCRATCH_BYTES: usize = 8 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Weight rows per conversion task.
 const CONVERT_ROWS: usize = 64;
@@ -61,15 +70,20 @@ pub fn linear(
         }
         return Ok(y);
     }
-    if rows <= gemv::MAX_ROWS {
+    if rows <= GEMV_MAX_ROWS {
         if rows == 1 {
             gemv::gemv_t(&x.data, 1, w, &mut y.data, threads);
         } else {
-            let mut t = vec![0f32; n * rows];
-            gemv::gemv_t(&x.data, rows, w, &mut t, threads);
-            for (j, col) in t.chunks_exact(rows).enumerate() {
-                for (r, v) in col.iter().enumerate() {
-                    y.data[r * n + j] = *v;
+            // Groups of up to gemv::MAX_ROWS rows, one pass over the weights each.
+            let mut t = vec![0f32; n * gemv::MAX_ROWS];
+            for r0 in (0..rows).step_by(gemv::MAX_ROWS) {
+                let g = (rows - r0).min(gemv::MAX_ROWS);
+                let t = &mut t[..n * g];
+                gemv::gemv_t(&x.data[r0 * k..(r0 + g) * k], g, w, t, threads);
+                for (j, col) in t.chunks_exact(g).enumerate() {
+                    for (r, v) in col.iter().enumerate() {
+                        y.data[(r0 + r) * n + j] = *v;
+                    }
                 }
             }
         }
@@ -87,8 +101,8 @@ pub fn linear(
 }
 
 /// `y = x @ w^T + bias` through the `gemm` crate. A narrow weight is widened
-/// to f32 in chunks of at most `CHUNK_N` output features (in parallel), each
-/// chunk then multiplied by one multi-threaded gemm call.
+/// to f32 in chunks that fit the scratch buffer (in parallel), each chunk then
+/// multiplied by one multi-threaded gemm call.
 fn gemm_chunked(
     x: &[f32],
     rows: usize,
@@ -102,54 +116,97 @@ fn gemm_chunked(
     if let Some(b) = bias {
         y.par_chunks_mut(n).for_each(|r| r.copy_from_slice(b));
     }
-    let chunk_n = CHUNK_N.min(n);
-    let mut buf = Vec::new();
+    if let WeightData::F32(v) = &w.data {
+        return gemm_f32(x, rows, k, v, 0, n, n, y, bias.is_some(), threads);
+    }
+    // Output features per chunk: what fits the scratch buffer, whole GEMM tiles.
+    let chunk_n = (SCRATCH_BYTES / 4 / k).next_multiple_of(16).min(n);
+    SCRATCH.with(|cell| {
+        // Another op running on this thread (a nested task) holds the buffer:
+        // fall back to a fresh one.
+        let mut fresh = Vec::new();
+        let mut held = cell.try_borrow_mut();
+        let buf = match held.as_mut() {
+            Ok(b) => &mut **b,
+            Err(_) => &mut fresh,
+        };
+        widen_and_multiply(x, rows, k, w, y, bias.is_some(), threads, chunk_n, buf);
+    });
+}
+
+/// Widens `w` chunk by chunk into `buf` and multiplies each chunk.
+#[allow(clippy::too_many_arguments)]
+fn widen_and_multiply(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    w: &CpuWeight,
+    y: &mut [f32],
+    read_dst: bool,
+    threads: usize,
+    chunk_n: usize,
+    buf: &mut Vec<f32>,
+) {
+    let n = w.rows;
     let mut j0 = 0;
     while j0 < n {
         let j1 = (j0 + chunk_n).min(n);
-        let wt: &[f32] = match &w.data {
-            WeightData::F32(v) => &v[j0 * k..j1 * k],
-            _ => {
-                buf.resize((j1 - j0) * k, 0.0);
-                buf.par_chunks_mut(CONVERT_ROWS * k)
-                    .enumerate()
-                    .for_each(|(c, out)| {
-                        let r0 = j0 + c * CONVERT_ROWS;
-                        w.rows_to_f32(r0, r0 + out.len() / k, out);
-                    });
-                &buf
-            }
-        };
-        // SAFETY: dst is columns j0..j1 of y ([rows, n], row stride n); lhs is
-        // x ([rows, k], row-major); rhs is wt^T ([k, j1 - j0], element (i, j)
-        // at wt[j * k + i]). All three lie inside their slices.
-        unsafe {
-            gemm::gemm(
-                rows,
-                j1 - j0,
-                k,
-                y.as_mut_ptr().add(j0),
-                1,
-                n as isize,
-                bias.is_some(),
-                x.as_ptr(),
-                1,
-                k as isize,
-                wt.as_ptr(),
-                k as isize,
-                1,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                if threads > 1 {
-                    Parallelism::Rayon(threads)
-                } else {
-                    Parallelism::None
-                },
-            );
-        }
+        buf.resize((j1 - j0) * k, 0.0);
+        let out = &mut buf[..(j1 - j0) * k];
+        out.par_chunks_mut(CONVERT_ROWS * k)
+            .enumerate()
+            .for_each(|(c, out)| {
+                let r0 = j0 + c * CONVERT_ROWS;
+                w.rows_to_f32(r0, r0 + out.len() / k, out);
+            });
+        gemm_f32(x, rows, k, out, j0, j1, n, y, read_dst, threads);
         j0 = j1;
+    }
+}
+
+/// `y[:, j0..j1] (+)= x @ wt^T` for `wt` = rows `j0..j1` of the weight, in f32.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    wt: &[f32],
+    j0: usize,
+    j1: usize,
+    n: usize,
+    y: &mut [f32],
+    read_dst: bool,
+    threads: usize,
+) {
+    assert!(x.len() >= rows * k && wt.len() >= (j1 - j0) * k && y.len() >= rows * n && j1 <= n);
+    // SAFETY: dst is columns j0..j1 of y ([rows, n], row stride n); lhs is
+    // x ([rows, k], row-major); rhs is wt^T ([k, j1 - j0], element (i, j)
+    // at wt[j * k + i]). All three lie inside their slices (asserted above).
+    unsafe {
+        gemm::gemm(
+            rows,
+            j1 - j0,
+            k,
+            y.as_mut_ptr().add(j0),
+            1,
+            n as isize,
+            read_dst,
+            x.as_ptr(),
+            1,
+            k as isize,
+            wt.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            if threads > 1 {
+                Parallelism::Rayon(threads)
+            } else {
+                Parallelism::None
+            },
+        );
     }
 }
