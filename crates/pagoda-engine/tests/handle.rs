@@ -5,113 +5,13 @@
 
 mod common;
 
-use common::*;
+use common::tiny::*;
+use common::{scheduler_config, BLOCK_SIZE};
 use pagoda_core::SamplingParams;
 use pagoda_engine::{
-    EngineError, EngineHandle, EngineRequest, FinishReason, GenerateRequest, HandleOptions,
-    LlmEngine, RequestOutput, RequestStream, SchedulerConfig, ShutdownMode,
+    EngineError, EngineHandle, FinishReason, HandleOptions, RequestOutput, SchedulerConfig,
+    ShutdownMode,
 };
-use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
-use pagoda_model::loader::dummy::DummySource;
-use pagoda_model::loader::hf_config::load_config_file;
-
-/// The tiny model's `max_position_embeddings`.
-const MAX_MODEL_LEN: usize = 256;
-
-fn engine_with(config: SchedulerConfig) -> LlmEngine<CpuBackend> {
-    let path = repo_root().join("tests/golden/tiny-qwen3/config.json");
-    let cfg = load_config_file(&path).unwrap();
-    let src = DummySource::new(&cfg).unwrap();
-    let runner = cpu_runner(&cfg, &src, WeightDtype::F32, config.num_blocks);
-    LlmEngine::new(runner, None, config).unwrap()
-}
-
-fn engine(num_blocks: usize) -> LlmEngine<CpuBackend> {
-    engine_with(scheduler_config(num_blocks, MAX_MODEL_LEN))
-}
-
-/// Prompts of different lengths (some over a block) from a fixed formula.
-fn prompts() -> Vec<Vec<u32>> {
-    [5usize, 17, 33, 9, 40]
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            (0..n)
-                .map(|j| (3 + (i * 131 + j * 37) % 500) as u32)
-                .collect()
-        })
-        .collect()
-}
-
-fn request(prompt: Vec<u32>, params: SamplingParams) -> EngineRequest {
-    EngineRequest {
-        prompt_token_ids: prompt,
-        params,
-        logprobs: None,
-    }
-}
-
-/// Greedy, never stopping on EOS, so a request runs exactly `max_tokens`.
-fn long(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(max_tokens)
-    }
-}
-
-/// Reads a stream to its end; the last item must be a finished output.
-fn drain_blocking(stream: &mut RequestStream) -> Vec<RequestOutput> {
-    let mut outs = Vec::new();
-    while let Some(item) = stream.blocking_next() {
-        outs.push(item.unwrap());
-    }
-    assert!(outs.last().unwrap().finish_reason.is_some());
-    outs
-}
-
-async fn drain(stream: &mut RequestStream) -> Vec<RequestOutput> {
-    let mut outs = Vec::new();
-    while let Some(item) = stream.next().await {
-        outs.push(item.unwrap());
-    }
-    assert!(outs.last().unwrap().finish_reason.is_some());
-    outs
-}
-
-/// Every request of `prompts` run offline, batched, by `LlmEngine::generate`.
-fn offline(prompts: &[Vec<u32>], max_tokens: &[usize]) -> Vec<(Vec<u32>, FinishReason)> {
-    let reqs = prompts
-        .iter()
-        .zip(max_tokens)
-        .map(|(p, &m)| GenerateRequest {
-            prompt_token_ids: p.clone(),
-            params: SamplingParams::greedy(m),
-        })
-        .collect();
-    engine(128)
-        .generate(reqs, &mut |_| {})
-        .unwrap()
-        .into_iter()
-        .map(|o| (o.token_ids, o.finish_reason))
-        .collect()
-}
-
-fn check_against_offline(
-    got: &[Vec<RequestOutput>],
-    prompts: &[Vec<u32>],
-    want: &[(Vec<u32>, FinishReason)],
-) {
-    for (i, (outs, (want_ids, want_reason))) in got.iter().zip(want).enumerate() {
-        let ids: Vec<u32> = outs.iter().map(|o| o.token_id).collect();
-        assert_eq!(&ids, want_ids, "request {i}: streamed tokens");
-        assert_eq!(outs.last().unwrap().finish_reason, Some(*want_reason));
-        for (k, o) in outs.iter().enumerate() {
-            assert_eq!(o.num_output_tokens, k + 1, "request {i}, output {k}");
-            assert_eq!(o.num_prompt_tokens, prompts[i].len());
-            assert_eq!(o.finish_reason.is_some(), k + 1 == outs.len());
-        }
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn concurrent_streams_equal_offline_generate() {

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod faulty;
+pub mod tiny;
+
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::{ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};

@@ -1,0 +1,96 @@
+//! The threaded engine when a step fails: through a backend that fails or
+//! panics on demand, a failed step ends its requests with an error item and
+//! the engine goes on (checked against `LlmEngine::generate`); a panicking
+//! step ends every stream and stops the engine thread cleanly.
+
+mod common;
+
+use common::faulty::Faults;
+use common::tiny::*;
+use pagoda_core::SamplingParams;
+use pagoda_engine::{EngineError, EngineHandle, ShutdownMode, StreamItem};
+use std::sync::atomic::Ordering;
+
+/// Starts three long requests, waits until each has a token, then makes the
+/// next forward pass fail (or panic); returns each stream's last item.
+fn fail_a_step(handle: &EngineHandle, faults: &Faults, panic: bool) -> Vec<Option<StreamItem>> {
+    let mut streams: Vec<_> = prompts()[..3]
+        .iter()
+        .map(|p| {
+            handle
+                .blocking_submit(request(p.clone(), long(200)))
+                .unwrap()
+        })
+        .collect();
+    for s in &mut streams {
+        assert!(s.blocking_next().unwrap().is_ok());
+    }
+    let counter = if panic {
+        &faults.panic_steps
+    } else {
+        &faults.fail_steps
+    };
+    counter.store(1, Ordering::SeqCst);
+    streams
+        .iter_mut()
+        .map(|s| {
+            let mut last = None;
+            while let Some(item) = s.blocking_next() {
+                last = Some(item);
+            }
+            last
+        })
+        .collect()
+}
+
+#[test]
+fn a_failed_step_fails_its_requests_and_the_engine_goes_on() {
+    let (engine, faults) = faulty_engine(128);
+    let handle = EngineHandle::spawn(engine).unwrap();
+    for last in fail_a_step(&handle, &faults, false) {
+        match last {
+            Some(Err(EngineError::StepFailed(msg))) => assert!(msg.contains("injected failure")),
+            other => panic!("stream ended with {other:?}"),
+        }
+    }
+    let stats = handle.blocking_stats().unwrap();
+    assert_eq!(stats.counters.num_failed_steps, 1);
+    assert_eq!(stats.counters.num_failed, 3);
+    let sched = stats.scheduler;
+    assert_eq!(
+        (sched.num_running, sched.num_waiting, sched.num_blocks_used),
+        (0, 0, 0)
+    );
+
+    // Later requests are served, and right.
+    let prompts = prompts();
+    let max_tokens = [6usize, 9, 4, 12, 7];
+    let want = offline(&prompts, &max_tokens);
+    let mut streams: Vec<_> = prompts
+        .iter()
+        .zip(&max_tokens)
+        .map(|(p, &m)| {
+            let r = request(p.clone(), SamplingParams::greedy(m));
+            handle.blocking_submit(r).unwrap()
+        })
+        .collect();
+    let got: Vec<_> = streams.iter_mut().map(drain_blocking).collect();
+    check_against_offline(&got, &prompts, &want);
+    handle.blocking_shutdown(ShutdownMode::Drain).unwrap();
+}
+
+#[test]
+fn a_panicking_step_ends_every_stream_and_stops_the_engine() {
+    let (engine, faults) = faulty_engine(128);
+    let handle = EngineHandle::spawn(engine).unwrap();
+    for last in fail_a_step(&handle, &faults, true) {
+        match last {
+            Some(Err(EngineError::StepFailed(msg))) => assert!(msg.contains("injected panic")),
+            other => panic!("stream ended with {other:?}"),
+        }
+    }
+    let refused = handle.blocking_submit(request(vec![5, 6, 7], long(3)));
+    assert!(matches!(refused, Err(EngineError::Shutdown)));
+    // The panic was caught on the engine thread, which then ended normally.
+    handle.blocking_shutdown(ShutdownMode::Drain).unwrap();
+}
