@@ -53,6 +53,10 @@ pub struct CacheArgs {
     /// Memory for the KV cache, e.g. 512MiB or 2GiB.
     #[arg(long, default_value = "1GiB", value_name = "SIZE")]
     pub kv_cache_memory: String,
+    /// Instead of --kv-cache-memory: this fraction of the memory still
+    /// available once the weights are loaded (e.g. 0.5).
+    #[arg(long, value_name = "F")]
+    pub kv_cache_fraction: Option<f64>,
     /// Longest prompt + output per sequence (default: the model's context length).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
@@ -146,7 +150,16 @@ pub fn build_engine(
     pb.finish_and_clear();
     drop(files.weights);
     let per_block = ModelRunner::kv_bytes_per_block(&backend, &cfg, cache.block_size);
-    let budget = parse_size(&cache.kv_cache_memory)?;
+    let budget = match cache.kv_cache_fraction {
+        Some(f) if f > 0.0 && f <= 1.0 => {
+            let available = available_memory().context(
+                "--kv-cache-fraction: cannot read available memory; use --kv-cache-memory",
+            )?;
+            (available as f64 * f) as usize
+        }
+        Some(f) => bail!("--kv-cache-fraction must be in (0, 1], got {f}"),
+        None => parse_size(&cache.kv_cache_memory)?,
+    };
     let num_blocks = budget / per_block.max(1);
     if num_blocks == 0 {
         bail!(
@@ -177,6 +190,14 @@ pub fn build_engine(
         files.tokenizer,
         config,
     )?)
+}
+
+/// Bytes of memory the OS reports as available (Linux `MemAvailable`).
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]
