@@ -76,6 +76,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Uploads a weight, converting it to the backend's storage dtype.
     fn load_weight(&self, w: HostTensor) -> Result<Self::Weight>;
+    /// Uploads a lookup table (the rotary cos/sin table) at full precision,
+    /// whatever the weight dtype.
+    fn load_table(&self, t: HostTensor) -> Result<Self::Weight>;
     /// Allocates one layer's KV cache, zero-filled.
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<Self::KvCache>;
     /// Bytes one layer's KV cache of `shape` takes (K and V together).

@@ -44,6 +44,9 @@ impl Backend for FaultyBackend {
     fn load_weight(&self, w: HostTensor) -> Result<Self::Weight> {
         self.inner.load_weight(w)
     }
+    fn load_table(&self, t: HostTensor) -> Result<Self::Weight> {
+        self.inner.load_table(t)
+    }
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<Self::KvCache> {
         self.inner.alloc_kv_cache(shape)
     }

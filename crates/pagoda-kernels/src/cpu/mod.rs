@@ -134,6 +134,10 @@ impl Backend for CpuBackend {
         CpuWeight::from_host(w, self.weight_dtype)
     }
 
+    fn load_table(&self, t: HostTensor) -> Result<CpuWeight> {
+        CpuWeight::from_host(t, WeightDtype::F32)
+    }
+
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<CpuKvCache> {
         CpuKvCache::new(shape)
     }

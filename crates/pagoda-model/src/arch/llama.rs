@@ -69,7 +69,17 @@ pub fn build<B: Backend>(
     opts: BuildOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<LlamaFamily<B>> {
-    LlamaFamily::new(b, cfg, src, Variant { qkv_bias: false, qk_norm: false }, opts, progress)
+    LlamaFamily::new(
+        b,
+        cfg,
+        src,
+        Variant {
+            qkv_bias: false,
+            qk_norm: false,
+        },
+        opts,
+        progress,
+    )
 }
 
 impl<B: Backend> LlamaFamily<B> {
@@ -107,8 +117,18 @@ impl<B: Backend> LlamaFamily<B> {
             };
             let self_attn = Attention {
                 q_proj: load(b, src, &format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?,
-                k_proj: load(b, src, &format!("{p}.self_attn.k_proj.weight"), &[kv_dim, h])?,
-                v_proj: load(b, src, &format!("{p}.self_attn.v_proj.weight"), &[kv_dim, h])?,
+                k_proj: load(
+                    b,
+                    src,
+                    &format!("{p}.self_attn.k_proj.weight"),
+                    &[kv_dim, h],
+                )?,
+                v_proj: load(
+                    b,
+                    src,
+                    &format!("{p}.self_attn.v_proj.weight"),
+                    &[kv_dim, h],
+                )?,
                 o_proj: load(b, src, &format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?,
                 q_bias: bias("q_proj", q_dim)?,
                 k_bias: bias("k_proj", kv_dim)?,
@@ -143,7 +163,7 @@ impl<B: Backend> LlamaFamily<B> {
             load_opt(b, src, "lm_head.weight", &[v, h])?
         };
         let max_pos = opts.max_model_len.min(cfg.max_position_embeddings).max(1);
-        let cos_sin = b.load_weight(rope::cos_sin_table(cfg, hd, max_pos))?;
+        let cos_sin = b.load_table(rope::cos_sin_table(cfg, hd, max_pos))?;
         progress(total, total);
         Ok(LlamaFamily {
             cfg: cfg.clone(),
