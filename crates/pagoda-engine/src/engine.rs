@@ -151,7 +151,11 @@ impl<B: Backend> LlmEngine<B> {
         let id = RequestId(self.next_id);
         let seed = r.params.seed.unwrap_or_else(|| self.seed_source.next_u64());
         let detok = match &self.tokenizer {
-            Some(t) => Some(IncrementalDetokenizer::with_prompt(t.clone(), true, &r.prompt_token_ids)?),
+            Some(t) => Some(IncrementalDetokenizer::with_prompt(
+                t.clone(),
+                true,
+                &r.prompt_token_ids,
+            )?),
             None => None,
         };
         let state = RequestState {
@@ -190,7 +194,9 @@ impl<B: Backend> LlmEngine<B> {
         let plan = self.scheduler.schedule()?;
         if plan.scheduled.is_empty() {
             if self.scheduler.has_unfinished_requests() {
-                return Err(EngineError::Internal("the scheduler planned an empty step".into()));
+                return Err(EngineError::Internal(
+                    "the scheduler planned an empty step".into(),
+                ));
             }
             return Ok(Vec::new());
         }
@@ -199,7 +205,11 @@ impl<B: Backend> LlmEngine<B> {
             let copies: Vec<BlockCopyOp> = plan
                 .block_copies
                 .iter()
-                .map(|c| BlockCopyOp { src: c.src.0, dst: c.dst.0, num_tokens: c.num_tokens })
+                .map(|c| BlockCopyOp {
+                    src: c.src.0,
+                    dst: c.dst.0,
+                    num_tokens: c.num_tokens,
+                })
                 .collect();
             self.runner.copy_blocks(&copies)?;
         }
@@ -231,9 +241,10 @@ impl<B: Backend> LlmEngine<B> {
             let row = rows
                 .next()
                 .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))?;
-            let (Some(seq), Some(state)) =
-                (self.scheduler.sequence(s.request_id), self.states.get_mut(&s.request_id))
-            else {
+            let (Some(seq), Some(state)) = (
+                self.scheduler.sequence(s.request_id),
+                self.states.get_mut(&s.request_id),
+            ) else {
                 continue;
             };
             let prompt = &seq.token_ids[..seq.num_prompt_tokens];
@@ -272,7 +283,9 @@ impl<B: Backend> LlmEngine<B> {
         }
         let mut outputs = Vec::with_capacity(updates.len());
         for u in updates {
-            let Some(state) = self.states.get_mut(&u.request_id) else { continue };
+            let Some(state) = self.states.get_mut(&u.request_id) else {
+                continue;
+            };
             let mut finish = u.finish_reason;
             let is_stop_token = finish == Some(FinishReason::Stop);
             if let (Some(d), false) = (state.detok.as_mut(), is_stop_token) {

@@ -67,7 +67,9 @@ impl<B: Backend> LlmEngine<B> {
             let step = self.step()?;
             on_step(step.len());
             for o in step {
-                let Some(&i) = index.get(&o.request_id) else { continue };
+                let Some(&i) = index.get(&o.request_id) else {
+                    continue;
+                };
                 let out = &mut outputs[i];
                 out.token_ids.push(o.token_id);
                 out.text.push_str(&o.text_delta);

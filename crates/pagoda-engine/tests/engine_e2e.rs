@@ -23,11 +23,20 @@ const PROMPTS: [&str; 8] = [
 const NEW_TOKENS: usize = 12;
 
 fn files() -> ModelFiles {
-    open_model(&OpenOptions { model: Some(default_model()), ..Default::default() }).unwrap()
+    open_model(&OpenOptions {
+        model: Some(default_model()),
+        ..Default::default()
+    })
+    .unwrap()
 }
 
 fn engine(files: &ModelFiles, config: SchedulerConfig) -> LlmEngine<CpuBackend> {
-    let runner = cpu_runner(&files.config, files.weights.as_ref(), WeightDtype::F32, config.num_blocks);
+    let runner = cpu_runner(
+        &files.config,
+        files.weights.as_ref(),
+        WeightDtype::F32,
+        config.num_blocks,
+    );
     let tok = files.tokenizer.clone();
     LlmEngine::new(runner, tok, config).unwrap()
 }
@@ -38,7 +47,10 @@ fn requests(files: &ModelFiles, prompts: &[&str]) -> Vec<GenerateRequest> {
         .iter()
         .map(|p| GenerateRequest {
             prompt_token_ids: tok.encode(p, true).unwrap(),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(NEW_TOKENS) },
+            params: SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(NEW_TOKENS)
+            },
         })
         .collect()
 }
@@ -72,10 +84,19 @@ fn batched_chunked_cached_and_preempted_runs_all_match_prompts_run_alone() {
     let want = alone(&files);
 
     // One batch, cache off and on, at several chunked-prefill budgets.
-    for (budget, caching) in [(512, false), (512, true), (64, true), (16, true), (16, false)] {
+    for (budget, caching) in [
+        (512, false),
+        (512, true),
+        (64, true),
+        (16, true),
+        (16, false),
+    ] {
         let mut e = engine(&files, config(256, budget, caching));
         let got = tokens(&e.generate(requests(&files, &PROMPTS), &mut |_| {}).unwrap());
-        assert_eq!(got, want, "batch of 8, budget {budget}, prefix caching {caching}");
+        assert_eq!(
+            got, want,
+            "batch of 8, budget {budget}, prefix caching {caching}"
+        );
     }
 
     // A cache so small that sequences must be preempted and recomputed.
@@ -83,7 +104,10 @@ fn batched_chunked_cached_and_preempted_runs_all_match_prompts_run_alone() {
         let mut e = engine(&files, config(6, 64, caching));
         let got = tokens(&e.generate(requests(&files, &PROMPTS), &mut |_| {}).unwrap());
         let stats = e.stats();
-        assert!(stats.counters.num_preemptions > 0, "expected preemptions with 6 blocks");
+        assert!(
+            stats.counters.num_preemptions > 0,
+            "expected preemptions with 6 blocks"
+        );
         assert_eq!(got, want, "tiny cache, prefix caching {caching}");
         assert_eq!(stats.num_running + stats.num_waiting, 0);
     }
@@ -97,16 +121,25 @@ fn a_request_extending_a_finished_prompt_computes_only_the_new_tokens() {
     let second: Vec<u32> = [&first[..], &[29896, 29906, 29941, 29946, 29945]].concat();
     let req = |ids: &Vec<u32>| GenerateRequest {
         prompt_token_ids: ids.clone(),
-        params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(4) },
+        params: SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(4)
+        },
     };
     let mut cached = engine(&files, config(64, 2048, true));
     cached.generate(vec![req(&first)], &mut |_| {}).unwrap();
-    let out = cached.generate(vec![req(&second)], &mut |_| {}).unwrap().remove(0);
+    let out = cached
+        .generate(vec![req(&second)], &mut |_| {})
+        .unwrap()
+        .remove(0);
     assert_eq!(out.num_cached_tokens, 7);
 
     let mut uncached = engine(&files, config(64, 2048, false));
     uncached.generate(vec![req(&first)], &mut |_| {}).unwrap();
-    let plain = uncached.generate(vec![req(&second)], &mut |_| {}).unwrap().remove(0);
+    let plain = uncached
+        .generate(vec![req(&second)], &mut |_| {})
+        .unwrap()
+        .remove(0);
     assert_eq!(plain.num_cached_tokens, 0);
     assert_eq!(out.token_ids, plain.token_ids);
     assert_eq!(out.text, plain.text);

@@ -54,21 +54,23 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
         if !p.exists() {
             return Err(ModelError::Io {
                 path: p.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such file or directory",
+                ),
             });
         }
     }
     if opts.dummy_weights {
-        let config_path = match (&opts.config, model) {
-            (Some(c), _) => c.clone(),
-            (None, Some(dir)) if dir.is_dir() => dir.join("config.json"),
-            _ => {
-                return Err(ModelError::Config(
+        let config_path =
+            match (&opts.config, model) {
+                (Some(c), _) => c.clone(),
+                (None, Some(dir)) if dir.is_dir() => dir.join("config.json"),
+                _ => return Err(ModelError::Config(
                     "--dummy-weights needs --config FILE or a --model directory with config.json"
                         .into(),
-                ))
-            }
-        };
+                )),
+            };
         let config = hf_config::load_config_file(&config_path)?;
         let tokenizer = match model {
             Some(p) if p.is_dir() && p.join("tokenizer.json").exists() => {
@@ -89,7 +91,9 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
         });
     }
     let Some(path) = model else {
-        return Err(ModelError::Config("no model given: use --model PATH".into()));
+        return Err(ModelError::Config(
+            "no model given: use --model PATH".into(),
+        ));
     };
     if path.is_dir() {
         if !path.join("config.json").is_file() {
@@ -166,9 +170,15 @@ impl ModelFiles {
             format: self.format,
             path: self.path.clone(),
             config: self.config.clone(),
-            num_parameters: tensors.iter().map(|t| t.shape.iter().product::<usize>()).sum(),
+            num_parameters: tensors
+                .iter()
+                .map(|t| t.shape.iter().product::<usize>())
+                .sum(),
             dtypes,
-            chat_template: self.tokenizer.as_ref().is_some_and(|t| t.chat_template().is_some()),
+            chat_template: self
+                .tokenizer
+                .as_ref()
+                .is_some_and(|t| t.chat_template().is_some()),
             tokenizer_vocab_size: self.tokenizer.as_ref().map(|t| t.vocab_size()),
             tensors,
         }
@@ -183,11 +193,22 @@ impl fmt::Display for ModelSummary {
         }
         writeln!(f, "format:               {:?}", self.format)?;
         writeln!(f, "architecture:         {}", c.architecture.as_str())?;
-        writeln!(f, "parameters:           {} ({:.1}M)", self.num_parameters, self.num_parameters as f64 / 1e6)?;
+        writeln!(
+            f,
+            "parameters:           {} ({:.1}M)",
+            self.num_parameters,
+            self.num_parameters as f64 / 1e6
+        )?;
         writeln!(f, "hidden size:          {}", c.hidden_size)?;
         writeln!(f, "intermediate size:    {}", c.intermediate_size)?;
         writeln!(f, "layers:               {}", c.num_hidden_layers)?;
-        writeln!(f, "attention heads:      {} (kv heads {}, head dim {})", c.num_attention_heads, c.num_key_value_heads, c.head_dim())?;
+        writeln!(
+            f,
+            "attention heads:      {} (kv heads {}, head dim {})",
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim()
+        )?;
         writeln!(f, "vocab size:           {}", c.vocab_size)?;
         writeln!(f, "context length:       {}", c.max_position_embeddings)?;
         writeln!(f, "rope theta:           {}", c.rope_theta)?;
@@ -196,12 +217,24 @@ impl fmt::Display for ModelSummary {
         }
         writeln!(f, "norm eps:             {}", c.rms_norm_eps)?;
         writeln!(f, "tied embeddings:      {}", c.tie_word_embeddings)?;
-        let dtypes: Vec<String> = self.dtypes.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+        let dtypes: Vec<String> = self
+            .dtypes
+            .iter()
+            .map(|(k, v)| format!("{k} x{v}"))
+            .collect();
         writeln!(f, "tensor types:         {}", dtypes.join(", "))?;
         if let Some(v) = self.tokenizer_vocab_size {
             writeln!(f, "tokenizer vocab:      {v}")?;
         }
-        writeln!(f, "chat template:        {}", if self.chat_template { "yes" } else { "no" })?;
-        writeln!(f, "bos / eos:            {:?} / {:?}", c.bos_token_id, c.eos_token_ids)
+        writeln!(
+            f,
+            "chat template:        {}",
+            if self.chat_template { "yes" } else { "no" }
+        )?;
+        writeln!(
+            f,
+            "bos / eos:            {:?} / {:?}",
+            c.bos_token_id, c.eos_token_ids
+        )
     }
 }

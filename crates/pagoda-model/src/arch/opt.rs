@@ -87,7 +87,12 @@ pub fn build<B: Backend>(
     }
     let total = cfg.num_hidden_layers + 2;
     let p = "model.decoder";
-    let embed_tokens = load(b, src, &format!("{p}.embed_tokens.weight"), &[cfg.vocab_size, h])?;
+    let embed_tokens = load(
+        b,
+        src,
+        &format!("{p}.embed_tokens.weight"),
+        &[cfg.vocab_size, h],
+    )?;
     let embed_positions = load(
         b,
         src,

@@ -13,5 +13,15 @@ pub fn build<B: Backend>(
     opts: BuildOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<LlamaFamily<B>> {
-    LlamaFamily::new(b, cfg, src, Variant { qkv_bias: true, qk_norm: false }, opts, progress)
+    LlamaFamily::new(
+        b,
+        cfg,
+        src,
+        Variant {
+            qkv_bias: true,
+            qk_norm: false,
+        },
+        opts,
+        progress,
+    )
 }

@@ -14,6 +14,9 @@ pub fn build<B: Backend>(
     opts: BuildOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<LlamaFamily<B>> {
-    let variant = Variant { qkv_bias: cfg.attention_bias, qk_norm: true };
+    let variant = Variant {
+        qkv_bias: cfg.attention_bias,
+        qk_norm: true,
+    };
     LlamaFamily::new(b, cfg, src, variant, opts, progress)
 }

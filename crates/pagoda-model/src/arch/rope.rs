@@ -31,8 +31,8 @@ pub fn inv_freq(cfg: &ModelConfig, rotary_dim: usize) -> Vec<f64> {
                     } else if wavelen > low_freq_wavelen {
                         f / factor
                     } else {
-                        let smooth =
-                            (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old_len / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 })

@@ -61,8 +61,18 @@ pub fn concat_rows(a: HostTensor, b: HostTensor) -> HostTensor {
             HostData::BF16(x)
         }
         (x, y) => {
-            let mut v = HostTensor { shape: vec![ra, ca], data: x }.into_f32_vec();
-            v.extend(HostTensor { shape: vec![rb, ca], data: y }.into_f32_vec());
+            let mut v = HostTensor {
+                shape: vec![ra, ca],
+                data: x,
+            }
+            .into_f32_vec();
+            v.extend(
+                HostTensor {
+                    shape: vec![rb, ca],
+                    data: y,
+                }
+                .into_f32_vec(),
+            );
             HostData::F32(v)
         }
     };

@@ -25,8 +25,8 @@
 //! a valid character or `finish`.
 
 use super::Tokenizer;
-use std::ops::Deref;
 use crate::Result;
+use std::ops::Deref;
 
 /// Turns a stream of token ids into text deltas.
 ///
