@@ -23,6 +23,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Describe a model: architecture, shapes, dtypes, vocabulary, parameters.
     Info(commands::info::InfoArgs),
+    /// Serve the OpenAI-compatible HTTP API (completions, chat, metrics).
+    Serve(commands::serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => commands::generate::run(args),
         Command::Info(args) => commands::info::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Serve(args) => commands::serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod generate;
 pub mod info;
+pub mod serve;
 
 use crate::progress;
 use anyhow::{bail, Context, Result};

@@ -1,0 +1,167 @@
+//! pagoda-server: an OpenAI-compatible HTTP API in front of an
+//! [`EngineHandle`].
+//!
+//! The engine runs on its own thread; this crate only parses requests, turns
+//! them into [`pagoda_engine::EngineRequest`]s, and turns the outputs back
+//! into OpenAI JSON or server-sent events. It never schedules or computes.
+//!
+//! - [`openai`]: request and response types;
+//! - [`routes`]: the handlers and the router;
+//! - [`sse`]: streaming responses;
+//! - [`error`]: [`ServerError`], and [`ApiError`] (OpenAI's error JSON);
+//! - [`metrics`]: Prometheus text for `/metrics`;
+//! - [`state`]: what the handlers share.
+//!
+//! Invariants: a client that disconnects aborts its requests at once (their
+//! engine streams are dropped with the handler or the stream task); a
+//! shutdown signal stops accepting connections, lets requests in flight finish
+//! for at most [`ServerConfig::shutdown_timeout`], then returns.
+
+pub mod error;
+pub mod metrics;
+pub mod openai;
+pub mod routes;
+pub mod sse;
+pub mod state;
+
+pub use error::{ApiError, ServerError};
+pub use state::AppState;
+
+use pagoda_engine::EngineHandle;
+use pagoda_model::tokenizer::Tokenizer;
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of the HTTP server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    /// 0 picks a free port (see [`Server::local_addr`]).
+    pub port: u16,
+    /// The name clients send as `model` and `/v1/models` lists.
+    pub served_model_name: String,
+    /// When set, `/v1/*`, `/tokenize` and `/detokenize` need
+    /// `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The engine's longest prompt + output (from its scheduler config).
+    pub max_model_len: usize,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// How long requests in flight may run after a shutdown signal.
+    pub shutdown_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults for everything but the model's name and length.
+    pub fn new(served_model_name: impl Into<String>, max_model_len: usize) -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            served_model_name: served_model_name.into(),
+            api_key: None,
+            max_model_len,
+            max_body_bytes: 8 << 20,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A bound, not yet serving, server.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: AppState,
+}
+
+impl Server {
+    /// Binds `config.host:config.port`.
+    pub async fn bind(
+        config: ServerConfig,
+        handle: EngineHandle,
+        tokenizer: Arc<Tokenizer>,
+    ) -> Result<Self, ServerError> {
+        let addr = format!("{}:{}", config.host, config.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        Ok(Server {
+            listener,
+            state: AppState::new(config, handle, tokenizer),
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serves until `shutdown` resolves, then drains (bounded wait).
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let timeout = self.state.config.shutdown_timeout;
+        let signalled = Arc::new(tokio::sync::Notify::new());
+        let notify = signalled.clone();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections; finishing requests in flight");
+            notify.notify_one();
+        };
+        let app = routes::router(self.state);
+        let server = axum::serve(self.listener, app)
+            .with_graceful_shutdown(signal)
+            .into_future();
+        tokio::select! {
+            result = server => result?,
+            _ = async { signalled.notified().await; tokio::time::sleep(timeout).await } => {
+                tracing::warn!(
+                    seconds = timeout.as_secs_f64(),
+                    "requests still in flight after the shutdown timeout; stopping anyway"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Binds and serves until `shutdown_signal` resolves.
+pub async fn serve(
+    config: ServerConfig,
+    handle: EngineHandle,
+    tokenizer: Arc<Tokenizer>,
+    shutdown_signal: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    Server::bind(config, handle, tokenizer)
+        .await?
+        .run(shutdown_signal)
+        .await
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}

@@ -1,0 +1,204 @@
+//! `POST /v1/chat/completions`: messages through the model's chat template
+//! (with the assistant's generation prompt) -> choices, as one JSON response
+//! or an SSE stream of `chat.completion.chunk`s whose first delta per choice
+//! is `{role: "assistant"}`.
+
+use super::generation::{collect_all, submit_all, usage_of, UsageTally};
+use super::logprobs::chat_logprobs;
+use super::params::{logprobs_count, ChoiceParams};
+use crate::error::{ApiError, JsonBody};
+use crate::openai::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatMessageIn, ChatMessageOut, Usage,
+};
+use crate::sse::{stream_response, to_json, ChunkFormatter};
+use crate::state::{unix_now, AppState};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use pagoda_engine::RequestOutput;
+use pagoda_model::tokenizer::{ChatMessage, MessageContent, Tokenizer};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Renders `messages` with the chat template and tokenizes the result.
+pub fn chat_prompt_ids(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessageIn],
+    add_generation_prompt: bool,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let Some(template) = tokenizer.chat_template() else {
+        return Err(ApiError::invalid(
+            "the model has no chat template; use /v1/completions",
+        ));
+    };
+    let mut rendered = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+            return Err(ApiError::invalid_param(
+                &format!("messages[{i}].role"),
+                format!(
+                    "unsupported role '{}' (use system, user or assistant)",
+                    m.role
+                ),
+            ));
+        }
+        let text = match &m.content {
+            None => String::new(),
+            Some(c) => c.to_text().map_err(|e| {
+                ApiError::invalid_param(&format!("messages[{i}].content"), e.to_string())
+            })?,
+        };
+        rendered.push(ChatMessage {
+            content: Some(MessageContent::Text(text)),
+            ..ChatMessage::new(m.role.clone(), "")
+        });
+    }
+    let text = template.apply(&rendered, add_generation_prompt)?;
+    Ok(tokenizer.encode(&text, add_special_tokens)?)
+}
+
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let received = Instant::now();
+    state.check_model(req.model.as_deref())?;
+    let params = ChoiceParams::from_fields(&req.sampling)?;
+    let top = req
+        .top_logprobs
+        .map(|v| logprobs_count("top_logprobs", v))
+        .transpose()?;
+    let logprobs = match (req.logprobs, top) {
+        (true, t) => Some(t.unwrap_or(0)),
+        (false, None) => None,
+        (false, Some(_)) => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+    };
+    let tokenizer = state.tokenizer.clone();
+    // The template writes any BOS it wants.
+    let ids = vec![chat_prompt_ids(&tokenizer, &req.messages, true, false)?];
+    let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
+    let id = state.response_id("chatcmpl");
+    let model = state.config.served_model_name.clone();
+    if params.stream {
+        let n = choices.len();
+        let formatter = ChatChunks {
+            id,
+            created: unix_now(),
+            model,
+            tokenizer,
+            n,
+            tally: UsageTally::new(1, n),
+        };
+        return Ok(stream_response(choices, formatter, params.include_usage));
+    }
+    let results = collect_all(choices).await?;
+    let usage = usage_of(&results, 1);
+    let choices = results
+        .into_iter()
+        .map(|r| ChatChoice {
+            index: r.index,
+            logprobs: logprobs.map(|_| chat_logprobs(&tokenizer, &r.logprobs)),
+            message: ChatMessageOut {
+                role: "assistant",
+                content: r.text,
+            },
+            finish_reason: Some(r.finish_reason.as_str()),
+        })
+        .collect();
+    let response = ChatCompletionResponse {
+        id,
+        object: "chat.completion",
+        created: unix_now(),
+        model,
+        choices,
+        usage,
+    };
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        to_json(&response),
+    )
+        .into_response())
+}
+
+/// Streams `chat.completion.chunk`s.
+struct ChatChunks {
+    id: String,
+    created: u64,
+    model: String,
+    tokenizer: Arc<Tokenizer>,
+    n: usize,
+    tally: UsageTally,
+}
+
+impl ChatChunks {
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
+        to_json(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
+    }
+}
+
+impl ChunkFormatter for ChatChunks {
+    fn start(&mut self) -> Vec<String> {
+        (0..self.n)
+            .map(|index| {
+                let delta = ChatDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                };
+                self.chunk(
+                    vec![ChatChunkChoice {
+                        index,
+                        delta,
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn output(&mut self, index: usize, out: &RequestOutput) -> Vec<String> {
+        self.tally.observe(index, 0, out);
+        let logprobs = out
+            .logprobs
+            .as_ref()
+            .map(|lp| chat_logprobs(&self.tokenizer, &[(out.token_id, lp.clone())]));
+        if out.text_delta.is_empty() && logprobs.is_none() && out.finish_reason.is_none() {
+            return Vec::new();
+        }
+        let delta = ChatDelta {
+            role: None,
+            content: (!out.text_delta.is_empty()).then(|| out.text_delta.clone()),
+        };
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: out.finish_reason.map(|r| r.as_str()),
+        };
+        vec![self.chunk(vec![choice], None)]
+    }
+
+    fn usage_chunk(&mut self) -> String {
+        self.chunk(Vec::new(), Some(self.tally.usage()))
+    }
+}

@@ -1,0 +1,222 @@
+//! Request options -> engine [`SamplingParams`], with OpenAI's defaults and
+//! validation (every refusal a 400 naming the parameter).
+//!
+//! Default `max_tokens`: what is left of `max_model_len` after the prompt,
+//! capped at [`DEFAULT_MAX_TOKENS_CAP`] so that a request without a limit on a
+//! long-context model cannot hold a sequence for tens of thousands of tokens
+//! by accident. An explicit `max_tokens` with the prompt must fit in
+//! `max_model_len` (vLLM's rule), otherwise 400.
+
+use crate::error::ApiError;
+use crate::openai::SamplingFields;
+use pagoda_core::SamplingParams;
+
+/// Cap of the default `max_tokens` (when the request gives none).
+pub const DEFAULT_MAX_TOKENS_CAP: usize = 1024;
+/// Most choices (`n`) one request may ask for.
+pub const MAX_N: usize = 128;
+/// Most alternatives per token (`logprobs` / `top_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// What a request asks of each of its choices, before the prompt is known.
+#[derive(Debug, Clone)]
+pub struct ChoiceParams {
+    /// `max_tokens` is a placeholder until [`ChoiceParams::for_prompt`].
+    pub sampling: SamplingParams,
+    /// The request's `max_tokens` (or `max_completion_tokens`), if given.
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn finite(name: &str, v: Option<f64>, default: f32) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() => Ok(x as f32),
+        Some(x) => Err(ApiError::invalid_param(
+            name,
+            format!("{name} must be finite, got {x}"),
+        )),
+    }
+}
+
+impl ChoiceParams {
+    /// Validates the sampling options of a request.
+    pub fn from_fields(f: &SamplingFields) -> Result<Self, ApiError> {
+        let temperature = finite("temperature", f.temperature, 1.0)?;
+        if temperature < 0.0 {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                format!("temperature must be >= 0, got {temperature}"),
+            ));
+        }
+        let top_p = finite("top_p", f.top_p, 1.0)?;
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid_param(
+                "top_p",
+                format!("top_p must be in (0, 1], got {top_p}"),
+            ));
+        }
+        let top_k = match f.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid_param(
+                    "top_k",
+                    format!("top_k must be -1 (off) or at least 1, got {k}"),
+                ))
+            }
+        };
+        let (max_name, max_tokens) = match (f.max_completion_tokens, f.max_tokens) {
+            (Some(m), _) => ("max_completion_tokens", Some(m)),
+            (None, m) => ("max_tokens", m),
+        };
+        let max_tokens = match max_tokens {
+            None => None,
+            Some(m) if m >= 1 => Some(m as usize),
+            Some(m) => {
+                return Err(ApiError::invalid_param(
+                    max_name,
+                    format!("{max_name} must be at least 1, got {m}"),
+                ))
+            }
+        };
+        let n = match f.n {
+            None => 1,
+            Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid_param(
+                    "n",
+                    format!("n must be between 1 and {MAX_N}, got {n}"),
+                ))
+            }
+        };
+        let sampling = SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            min_p: finite("min_p", f.min_p, 0.0)?,
+            repetition_penalty: finite("repetition_penalty", f.repetition_penalty, 1.0)?,
+            frequency_penalty: finite("frequency_penalty", f.frequency_penalty, 0.0)?,
+            presence_penalty: finite("presence_penalty", f.presence_penalty, 0.0)?,
+            seed: f.seed.map(|s| s as u64),
+            max_tokens: 1,
+            ignore_eos: f.ignore_eos,
+            stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
+            stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        };
+        sampling
+            .validate()
+            .map_err(|e| ApiError::invalid_param(e.param, e.to_string()))?;
+        Ok(ChoiceParams {
+            sampling,
+            max_tokens,
+            n,
+            stream: f.stream,
+            include_usage: f.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        })
+    }
+
+    /// The parameters of choice `i` (of `n`) for a prompt of `prompt_len`
+    /// tokens: `max_tokens` resolved, seed offset by `i`.
+    pub fn for_prompt(
+        &self,
+        prompt_len: usize,
+        max_model_len: usize,
+        i: usize,
+    ) -> Result<SamplingParams, ApiError> {
+        if prompt_len == 0 {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+        }
+        if prompt_len >= max_model_len {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                format!(
+                    "this model's maximum context length is {max_model_len} tokens, \
+                     but the prompt has {prompt_len} tokens (no room to generate)"
+                ),
+            )
+            .with_code("context_length_exceeded"));
+        }
+        let remaining = max_model_len - prompt_len;
+        let max_tokens = match self.max_tokens {
+            None => remaining.min(DEFAULT_MAX_TOKENS_CAP),
+            Some(m) if m <= remaining => m,
+            Some(m) => {
+                return Err(ApiError::invalid_param(
+                    "max_tokens",
+                    format!(
+                        "this model's maximum context length is {max_model_len} tokens, \
+                         but {} were requested ({prompt_len} in the prompt, {m} to generate)",
+                        prompt_len + m
+                    ),
+                )
+                .with_code("context_length_exceeded"))
+            }
+        };
+        Ok(SamplingParams {
+            max_tokens,
+            seed: self.sampling.seed.map(|s| s.wrapping_add(i as u64)),
+            ..self.sampling.clone()
+        })
+    }
+}
+
+/// Checks a logprobs count (`logprobs` or `top_logprobs`).
+pub fn logprobs_count(name: &str, v: i64) -> Result<usize, ApiError> {
+    if (0..=MAX_LOGPROBS as i64).contains(&v) {
+        Ok(v as usize)
+    } else {
+        Err(ApiError::invalid_param(
+            name,
+            format!("{name} must be between 0 and {MAX_LOGPROBS}, got {v}"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(json: &str) -> SamplingFields {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_openai_and_max_tokens_fills_the_context() {
+        let p = ChoiceParams::from_fields(&fields("{}")).unwrap();
+        assert_eq!(p.sampling.temperature, 1.0);
+        assert_eq!(p.n, 1);
+        assert_eq!(p.for_prompt(10, 100, 0).unwrap().max_tokens, 90);
+        assert_eq!(
+            p.for_prompt(10, 8192, 0).unwrap().max_tokens,
+            DEFAULT_MAX_TOKENS_CAP
+        );
+        assert!(p.for_prompt(100, 100, 0).is_err());
+    }
+
+    #[test]
+    fn out_of_range_values_name_their_parameter() {
+        for (json, param) in [
+            (r#"{"temperature": -0.5}"#, "temperature"),
+            (r#"{"top_p": 0}"#, "top_p"),
+            (r#"{"top_p": 1.5}"#, "top_p"),
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"n": 0}"#, "n"),
+            (r#"{"min_p": 2}"#, "min_p"),
+            (r#"{"stop": ""}"#, "stop"),
+        ] {
+            let e = ChoiceParams::from_fields(&fields(json)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{json}");
+        }
+    }
+
+    #[test]
+    fn seeds_step_per_choice_and_explicit_max_tokens_must_fit() {
+        let p = ChoiceParams::from_fields(&fields(r#"{"seed": 7, "max_tokens": 50}"#)).unwrap();
+        assert_eq!(p.for_prompt(10, 100, 2).unwrap().seed, Some(9));
+        assert_eq!(p.for_prompt(10, 100, 0).unwrap().max_tokens, 50);
+        assert!(p.for_prompt(60, 100, 0).is_err());
+    }
+}
