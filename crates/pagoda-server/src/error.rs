@@ -191,12 +191,28 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let inner = e.into_inner();
         if inner.is_syntax() || inner.is_eof() {
             ApiError::invalid(format!("malformed JSON body: {inner}"))
-        } else if path == "." || path.is_empty() {
-            ApiError::invalid(format!("invalid request body: {inner}"))
         } else {
-            ApiError::invalid_param(&path, format!("invalid value for '{path}': {inner}"))
+            data_error(path, inner)
         }
     })
+}
+
+/// Reads a `T` out of an already parsed body, naming the field at fault.
+/// (Request types read their shared sampling fields this way rather than
+/// through `#[serde(flatten)]`, which would lose the field's name.)
+pub fn from_value<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        data_error(path, e.into_inner())
+    })
+}
+
+fn data_error(path: String, inner: serde_json::Error) -> ApiError {
+    if path == "." || path.is_empty() {
+        ApiError::invalid(format!("invalid request body: {inner}"))
+    } else {
+        ApiError::invalid_param(&path, format!("invalid value for '{path}': {inner}"))
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub model: Option<String>,
     pub messages: Vec<ChatMessageIn>,
-    #[serde(flatten)]
+    /// Filled by [`crate::routes::parse_request`] from the same body.
+    #[serde(skip)]
     pub sampling: SamplingFields,
     /// Return the sampled tokens' logprobs.
     #[serde(default)]

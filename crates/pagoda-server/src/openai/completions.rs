@@ -19,7 +19,8 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub model: Option<String>,
     pub prompt: Prompt,
-    #[serde(flatten)]
+    /// Filled by [`crate::routes::parse_request`] from the same body.
+    #[serde(skip)]
     pub sampling: SamplingFields,
     /// Legacy logprobs: the sampled token's and the `logprobs` most likely.
     #[serde(default)]

@@ -66,9 +66,10 @@ pub fn chat_prompt_ids(
 
 pub async fn chat_completions(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<ChatCompletionRequest>,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
+    let req: ChatCompletionRequest = super::parse_request(&body)?;
     state.check_model(req.model.as_deref())?;
     let params = ChoiceParams::from_fields(&req.sampling)?;
     let top = req

@@ -16,12 +16,12 @@ use pagoda_model::tokenizer::Tokenizer;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A prompt's token ids, and its text when it was given as text.
+type PromptIds = (Vec<u32>, Option<String>);
+
 /// The prompts' token ids, and their text (for `echo`).
-fn prompt_ids(
-    tokenizer: &Tokenizer,
-    prompt: Prompt,
-) -> Result<Vec<(Vec<u32>, Option<String>)>, ApiError> {
-    let prompts: Vec<(Vec<u32>, Option<String>)> = match prompt {
+fn prompt_ids(tokenizer: &Tokenizer, prompt: Prompt) -> Result<Vec<PromptIds>, ApiError> {
+    let prompts: Vec<PromptIds> = match prompt {
         Prompt::Text(t) => vec![(tokenizer.encode(&t, true)?, Some(t))],
         Prompt::Texts(ts) => ts
             .into_iter()
@@ -41,9 +41,10 @@ fn prompt_ids(
 
 pub async fn completions(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<CompletionRequest>,
+    JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     let received = Instant::now();
+    let req: CompletionRequest = super::parse_request(&body)?;
     state.check_model(req.model.as_deref())?;
     let params = ChoiceParams::from_fields(&req.sampling)?;
     let logprobs = req

@@ -24,6 +24,35 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+/// A generation request with its shared sampling fields.
+pub trait HasSampling {
+    fn sampling_mut(&mut self) -> &mut crate::openai::SamplingFields;
+}
+
+impl HasSampling for crate::openai::CompletionRequest {
+    fn sampling_mut(&mut self) -> &mut crate::openai::SamplingFields {
+        &mut self.sampling
+    }
+}
+
+impl HasSampling for crate::openai::ChatCompletionRequest {
+    fn sampling_mut(&mut self) -> &mut crate::openai::SamplingFields {
+        &mut self.sampling
+    }
+}
+
+/// Reads a generation request and its sampling fields from one body.
+pub fn parse_request<T: serde::de::DeserializeOwned + HasSampling>(
+    body: &serde_json::Value,
+) -> Result<T, ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::invalid("the request body must be a JSON object"));
+    }
+    let mut request: T = crate::error::from_value(body)?;
+    *request.sampling_mut() = crate::error::from_value(body)?;
+    Ok(request)
+}
+
 /// All routes over `state`.
 pub fn router(state: AppState) -> Router {
     let protected = Router::new()

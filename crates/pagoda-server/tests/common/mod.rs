@@ -172,11 +172,16 @@ impl TestServer {
         sse_payloads(&r.text().await.unwrap())
     }
 
-    /// Asks the server to stop and waits for it.
-    pub async fn stop(&mut self) -> Result<(), ServerError> {
+    /// Sends the shutdown signal without waiting.
+    pub fn signal_shutdown(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+    }
+
+    /// Asks the server to stop and waits for it.
+    pub async fn stop(&mut self) -> Result<(), ServerError> {
+        self.signal_shutdown();
         match self.task.take() {
             Some(t) => t.await.unwrap(),
             None => Ok(()),
@@ -187,6 +192,18 @@ impl TestServer {
     pub async fn metric(&self, name: &str) -> f64 {
         let (_, text) = self.get("/metrics").await;
         parse_metric(&text, name)
+    }
+
+    /// Polls `/metrics` until `pred(value of name)` holds (10 s at most).
+    pub async fn wait_metric(&self, name: &str, pred: impl Fn(f64) -> bool) -> f64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.metric(name).await;
+            if pred(v) || std::time::Instant::now() > deadline {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
