@@ -91,7 +91,8 @@ impl<B: Backend> ModelRunner<B> {
             return Ok(Vec::new());
         }
         let step = self.backend.begin_step(ctx)?;
-        let logits = self.model.forward(&self.backend, &step, &mut self.kv)?;
-        Ok(self.backend.tensor_to_host(&logits)?)
+        let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
+        let logits = backend.scope(|| model.forward(backend, &step, kv))?;
+        Ok(backend.tensor_to_host(&logits)?)
     }
 }

@@ -67,10 +67,17 @@ pub trait Backend: Send + Sync + 'static {
     /// One layer's paged K and V cache.
     type KvCache: Send;
     /// Batch metadata of one forward pass, resident where the ops need it.
-    type Step;
+    type Step: Send + Sync;
 
     /// Human-readable device name, e.g. "cpu (2 threads)".
     fn name(&self) -> String;
+
+    /// Runs a whole forward pass in the backend's execution context (the CPU
+    /// backend's thread pool, so the many ops of a step do not each cross
+    /// threads). Backends without one run `f` directly.
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
 
     // ---- memory -------------------------------------------------------------
 

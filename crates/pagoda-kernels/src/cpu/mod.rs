@@ -134,6 +134,10 @@ impl Backend for CpuBackend {
         CpuWeight::from_host(w, self.weight_dtype)
     }
 
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     fn load_table(&self, t: HostTensor) -> Result<CpuWeight> {
         CpuWeight::from_host(t, WeightDtype::F32)
     }
