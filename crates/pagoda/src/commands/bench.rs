@@ -14,12 +14,12 @@
 
 use super::{build_engine, open, CacheArgs, ModelArgs};
 use crate::progress;
-use pagoda_core::SamplingParams;
-use pagoda_engine::sampler::RequestRng;
-use pagoda_engine::GenerateRequest;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
+use pagoda_core::SamplingParams;
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_engine::sampler::RequestRng;
+use pagoda_engine::GenerateRequest;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -133,7 +133,9 @@ fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
     }
     let mut rng = RequestRng::new(a.seed);
     let mut uniform = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
-    let prefix: Vec<u32> = (0..a.shared_prefix).map(|_| uniform(0, 9999) as u32).collect();
+    let prefix: Vec<u32> = (0..a.shared_prefix)
+        .map(|_| uniform(0, 9999) as u32)
+        .collect();
     let mut requests = Vec::with_capacity(a.num_seqs);
     for i in 0..a.num_seqs {
         let len = uniform(a.min_input, a.max_input).max(a.shared_prefix + 1);
@@ -148,7 +150,10 @@ fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
             seed: Some(a.seed.wrapping_add(i as u64)),
             ..SamplingParams::default()
         };
-        requests.push(GenerateRequest { prompt_token_ids: ids, params });
+        requests.push(GenerateRequest {
+            prompt_token_ids: ids,
+            params,
+        });
     }
     Ok(requests)
 }
@@ -156,7 +161,11 @@ fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
 fn throughput(a: ThroughputArgs) -> Result<()> {
     let requests = workload(&a)?;
     let files = open(&a.model, true)?;
-    let name = files.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "dummy".into());
+    let name = files
+        .path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "dummy".into());
     let mut engine = build_engine(files, &a.model, &a.cache, false)?;
     let input_tokens: usize = requests.iter().map(|r| r.prompt_token_ids.len()).sum();
     let expected: usize = requests.iter().map(|r| r.params.max_tokens).sum();

@@ -186,11 +186,7 @@ pub fn build_engine(
         max_model_len,
         enable_prefix_caching: !cache.no_prefix_caching,
     };
-    Ok(LlmEngine::new(
-        runner,
-        files.tokenizer,
-        config,
-    )?)
+    Ok(LlmEngine::new(runner, files.tokenizer, config)?)
 }
 
 /// Bytes of memory the OS reports as available (Linux `MemAvailable`).
