@@ -69,6 +69,8 @@ pub struct ThroughputArgs {
 pub enum BenchMode {
     /// Single-stream prompt processing and decode speed.
     Single(SingleArgs),
+    /// Load a running OpenAI-compatible server and measure TTFT, ITL, throughput.
+    Serve(super::bench_serve::BenchServeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -103,6 +105,7 @@ struct SingleResult {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.mode {
         Some(BenchMode::Single(a)) => single(a),
+        Some(BenchMode::Serve(a)) => super::bench_serve::run(a),
         None => throughput(args.throughput),
     }
 }
