@@ -1,0 +1,217 @@
+"""The official OpenAI Python client against a running `pagoda serve`.
+
+Run by scripts/test-openai-client.sh, which starts the server on the default
+SmolLM2 model and passes its base URL as PAGODA_BASE_URL (ending in /v1).
+Plain Python: each `test_*` function is run in turn; the last line printed
+is "N passed, M failed" and the exit status is non-zero on any failure.
+
+References are independent of the server where possible: the transformers
+golden file (tests/golden/smollm2_q4_1.json) for the greedy first token and
+the logit gap behind it, and otherwise properties every OpenAI-compatible
+server must hold (greedy is deterministic, streamed deltas add up to the
+whole text, a greedy token is its own top alternative, logprobs are <= 0).
+"""
+
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = json.loads((ROOT / "tests/golden/smollm2_q4_1.json").read_text())
+CLIENT = openai.OpenAI(
+    base_url=os.environ["PAGODA_BASE_URL"],
+    api_key=os.environ.get("PAGODA_API_KEY", "unused"),
+    max_retries=0,
+    timeout=120,
+)
+MODEL = os.environ.get("PAGODA_MODEL", "SmolLM2-135M-Instruct.Q4_1")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def greedy_chat(**kw):
+    return CLIENT.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, **kw
+    )
+
+
+def test_models_lists_the_served_model():
+    ids = [m.id for m in CLIENT.models.list().data]
+    assert ids == [MODEL], ids
+
+
+def test_completion_matches_transformers_greedy():
+    main = GOLDEN["main"]
+    # Prompt as token ids, exactly the golden run's (no BOS).
+    r = CLIENT.completions.create(
+        model=MODEL, prompt=main["prompt_ids"], max_tokens=2, temperature=0
+    )
+    assert len(r.choices) == 1 and r.object == "text_completion"
+    # The first two golden tokens are " Paris" and "." (margin 2.5 logits).
+    assert r.choices[0].text == " Paris.", repr(r.choices[0].text)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(main["prompt_ids"])
+    assert r.usage.completion_tokens == 2
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 2
+
+
+def test_completion_with_text_prompt_and_ignore_eos():
+    r = CLIENT.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.usage.completion_tokens == 12, r.usage
+    assert r.choices[0].text.strip(), r
+
+
+def test_chat_answers_paris():
+    r = greedy_chat()
+    msg = r.choices[0].message
+    assert r.object == "chat.completion"
+    assert msg.role == "assistant"
+    assert "Paris" in msg.content, msg.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert 0 < r.usage.completion_tokens <= 24
+
+
+def test_streaming_chat_equals_non_streaming_greedy():
+    whole = greedy_chat().choices[0].message.content
+    stream = greedy_chat(stream=True, stream_options={"include_usage": True})
+    parts, roles, finishes, usage = [], [], [], None
+    for chunk in stream:
+        assert chunk.object == "chat.completion.chunk"
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles.append(c.delta.role)
+            if c.delta.content:
+                parts.append(c.delta.content)
+            if c.finish_reason:
+                finishes.append(c.finish_reason)
+    assert "".join(parts) == whole, ("".join(parts), whole)
+    assert roles == ["assistant"], roles
+    assert len(finishes) == 1, finishes
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_streaming_completion_equals_non_streaming():
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0)
+    whole = CLIENT.completions.create(**kw).choices[0].text
+    stream = CLIENT.completions.create(stream=True, **kw)
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert text == whole, (text, whole)
+
+
+def test_n2_greedy_choices_agree_with_n1():
+    one = greedy_chat().choices[0].message.content
+    r = greedy_chat(n=2)
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert [c.message.content for c in r.choices] == [one, one]
+
+
+def test_n2_seeded_sampling_is_reproducible():
+    kw = dict(
+        model=MODEL,
+        prompt="My favourite colour is",
+        max_tokens=10,
+        n=2,
+        temperature=1.0,
+        seed=1234,
+        extra_body={"ignore_eos": True},
+    )
+    a = CLIENT.completions.create(**kw)
+    b = CLIENT.completions.create(**kw)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert a.usage.completion_tokens == 20, a.usage
+
+
+def test_completion_logprobs():
+    main = GOLDEN["main"]
+    r = CLIENT.completions.create(
+        model=MODEL, prompt=main["prompt_ids"], max_tokens=6, temperature=0, logprobs=2
+    )
+    c = r.choices[0]
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == c.text, (lp.tokens, c.text)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for tok, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 2, top
+        assert all(v <= 0 for v in top.values())
+        # Greedy: the chosen token is the most likely one.
+        assert math.isclose(logprob, max(top.values()), abs_tol=1e-5), (tok, logprob, top)
+        assert sum(math.exp(v) for v in top.values()) <= 1 + 1e-4
+    # Step 0 against transformers: the gap between the two most likely
+    # tokens equals the gap between their logits (f16 weights: loose).
+    gold = main["steps"][0]["top_logits"]
+    first = sorted(lp.top_logprobs[0].values(), reverse=True)
+    assert abs((first[0] - first[1]) - (gold[0] - gold[1])) < 0.25, (first, gold[:2])
+
+
+def test_chat_logprobs_and_top_logprobs():
+    r = greedy_chat(logprobs=True, top_logprobs=3)
+    c = r.choices[0]
+    content = c.logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    tokens = [t.token for t in content]
+    if c.finish_reason == "stop":
+        # The stop token is listed (as vLLM does) but not part of the text.
+        assert tokens[-1] not in c.message.content, tokens
+        tokens = tokens[:-1]
+    assert "".join(tokens) == c.message.content, (tokens, c.message.content)
+    for t in content:
+        assert t.logprob <= 0
+        assert len(t.top_logprobs) == 3
+        values = [a.logprob for a in t.top_logprobs]
+        assert values == sorted(values, reverse=True), values
+        assert t.top_logprobs[0].token == t.token
+        assert math.isclose(t.top_logprobs[0].logprob, t.logprob, abs_tol=1e-5)
+
+
+def test_negative_temperature_is_a_400():
+    try:
+        CLIENT.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=4, temperature=-1
+        )
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert "temperature" in str(e), str(e)
+        return
+    raise AssertionError("temperature=-1 was accepted")
+
+
+def test_unknown_model_is_a_400():
+    try:
+        CLIENT.completions.create(model="no-such-model", prompt="hi", max_tokens=1)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert "no-such-model" in str(e), str(e)
+        return
+    raise AssertionError("an unknown model was accepted")
+
+
+def main():
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    failed = 0
+    for name, fn in tests:
+        try:
+            fn()
+            print(f"ok    {name}")
+        except Exception:
+            failed += 1
+            print(f"FAIL  {name}")
+            traceback.print_exc(file=sys.stdout)
+    print(f"{len(tests) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
