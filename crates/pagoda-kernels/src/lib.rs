@@ -8,10 +8,13 @@
 //! Implementations:
 //! - [`cpu::CpuBackend`]: multi-threaded, f32 activations; also the reference
 //!   every other backend is tested against.
+//! - `cuda::CudaBackend` (feature `cuda`): bf16 on NVIDIA GPUs.
 
 pub mod backend;
 pub mod context;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod host;
 

@@ -1,0 +1,260 @@
+//! Paged KV writes, copy-on-write block copies and paged attention.
+//!
+//! Cache layout `[num_blocks, block_size, num_kv_heads, head_dim]` in bf16:
+//! the K (or V) of one token and kv head is `head_dim` contiguous elements at
+//! `((slot * num_kv_heads) + kv_head) * head_dim`. Every slot and block id a
+//! launch will touch is checked on the host first (from the step's maxima, or
+//! the copy list), so a bad request is a shape error, never a stray write.
+//!
+//! Attention is one launch of `paged_attention_bf16` over (token, head) for
+//! any mix of prefill and decode (see `kernels/attention.cu`); it supports
+//! head_dim up to 256 and needs num_heads to be a multiple of num_kv_heads.
+
+use super::ops::elems_cfg;
+use super::storage::{CudaKvCache, CudaStep, CudaTensor};
+use super::{device_err, CudaBackend};
+use crate::{AttentionParams, BlockCopyOp, KernelError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Largest head_dim the attention kernel handles (8 values per lane).
+const MAX_HEAD_DIM: usize = 256;
+/// Warps per attention block (must match `ATT_WARPS` in attention.cu).
+const ATT_WARPS: u32 = 4;
+
+fn shape_err(op: &'static str, detail: String) -> KernelError {
+    KernelError::Shape { op, detail }
+}
+
+fn i32_of(v: usize, op: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape_err(op, format!("{v} does not fit in 32 bits")))
+}
+
+pub(crate) fn store_kv(
+    b: &CudaBackend,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    cache: &mut CudaKvCache,
+    step: &CudaStep,
+) -> Result<()> {
+    let op = "store_kv";
+    let width = cache.shape.num_kv_heads * cache.shape.head_dim;
+    let t = step.ctx.num_tokens();
+    for (name, x) in [("k", k), ("v", v)] {
+        if x.rows != t || x.cols != width {
+            return Err(shape_err(
+                op,
+                format!(
+                    "{name} is [{}, {}], expected [{t}, {width}]",
+                    x.rows, x.cols
+                ),
+            ));
+        }
+    }
+    let slots = cache.num_slots() as i64;
+    if let Some(&bad) = step
+        .ctx
+        .slot_mapping
+        .iter()
+        .find(|&&s| s < -1 || s >= slots)
+    {
+        return Err(shape_err(
+            op,
+            format!("slot {bad} outside the cache ({slots} slots)"),
+        ));
+    }
+    let n = t * width;
+    if n == 0 {
+        return Ok(());
+    }
+    let (nr, w) = (i32_of(t, op)?, i32_of(width, op)?);
+    let slot_view = step.view(step.slot_mapping);
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("store_kv_bf16")?);
+    l.arg(&mut cache.k)
+        .arg(&mut cache.v)
+        .arg(&k.data)
+        .arg(&v.data)
+        .arg(&slot_view)
+        .arg(&nr)
+        .arg(&w);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    Ok(())
+}
+
+/// Copies run concurrently, so no copy's `dst` may be another copy's `src`
+/// (the block manager never plans that: a copy-on-write target is a fresh block).
+pub(crate) fn copy_blocks(
+    b: &CudaBackend,
+    cache: &mut CudaKvCache,
+    copies: &[BlockCopyOp],
+) -> Result<()> {
+    let op = "copy_blocks";
+    let s = cache.shape;
+    let mut ops: Vec<i32> = Vec::with_capacity(copies.len() * 3);
+    for (i, c) in copies.iter().enumerate() {
+        if c.src as usize >= s.num_blocks
+            || c.dst as usize >= s.num_blocks
+            || c.num_tokens > s.block_size
+        {
+            return Err(shape_err(
+                op,
+                format!(
+                    "{c:?} outside a cache of {} blocks of {}",
+                    s.num_blocks, s.block_size
+                ),
+            ));
+        }
+        let clash = copies
+            .iter()
+            .enumerate()
+            .any(|(j, o)| j != i && o.src == c.dst && o.num_tokens > 0);
+        if clash && c.num_tokens > 0 {
+            return Err(shape_err(
+                op,
+                format!("block {} is both a source and a destination", c.dst),
+            ));
+        }
+        ops.extend([c.src as i32, c.dst as i32, c.num_tokens as i32]);
+    }
+    let slot_elems = s.num_kv_heads * s.head_dim;
+    let max_tokens = copies.iter().map(|c| c.num_tokens).max().unwrap_or(0);
+    if max_tokens == 0 || slot_elems == 0 {
+        return Ok(());
+    }
+    let ops_dev = b
+        .dev
+        .stream
+        .clone_htod(&ops)
+        .map_err(|e| device_err("copy_blocks upload", e))?;
+    let block_elems = (s.block_size * slot_elems) as i64;
+    let se = i32_of(slot_elems, op)?;
+    let per_copy = elems_cfg(max_tokens * slot_elems);
+    let cfg = LaunchConfig {
+        grid_dim: (per_copy.grid_dim.0, i32_of(copies.len(), op)? as u32, 1),
+        ..per_copy
+    };
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("copy_blocks_bf16")?);
+    l.arg(&mut cache.k)
+        .arg(&mut cache.v)
+        .arg(&ops_dev)
+        .arg(&block_elems)
+        .arg(&se);
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    Ok(())
+}
+
+/// Checks the head layout, q's shape and every block id the step will read.
+fn check(q: &CudaTensor, cache: &CudaKvCache, step: &CudaStep, p: &AttentionParams) -> Result<()> {
+    let op = "attention";
+    let s = cache.shape;
+    if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 {
+        return Err(shape_err(
+            op,
+            format!(
+                "num_heads {} not a multiple of num_kv_heads {}",
+                p.num_heads, p.num_kv_heads
+            ),
+        ));
+    }
+    if p.num_kv_heads != s.num_kv_heads || p.head_dim != s.head_dim {
+        return Err(shape_err(
+            op,
+            format!("params {p:?} do not match the cache {s:?}"),
+        ));
+    }
+    if p.head_dim == 0 || p.head_dim > MAX_HEAD_DIM {
+        return Err(KernelError::Unsupported(format!(
+            "attention with head_dim {} (the CUDA kernel takes 1..={MAX_HEAD_DIM})",
+            p.head_dim
+        )));
+    }
+    let t = step.ctx.num_tokens();
+    if q.rows != t || q.cols != p.num_heads * p.head_dim {
+        return Err(shape_err(
+            op,
+            format!(
+                "q is [{}, {}], expected [{t}, {}]",
+                q.rows,
+                q.cols,
+                p.num_heads * p.head_dim
+            ),
+        ));
+    }
+    if step.ctx.block_size != s.block_size {
+        return Err(shape_err(
+            op,
+            format!(
+                "step block_size {} but cache block_size {}",
+                step.ctx.block_size, s.block_size
+            ),
+        ));
+    }
+    if let Some(m) = step.max_block {
+        if m as usize >= s.num_blocks {
+            return Err(shape_err(
+                op,
+                format!("block {m} outside the cache ({} blocks)", s.num_blocks),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn attention(
+    b: &CudaBackend,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    step: &CudaStep,
+    p: &AttentionParams,
+) -> Result<CudaTensor> {
+    let op = "attention";
+    check(q, cache, step, p)?;
+    let mut y = b.output(q.rows, q.cols)?;
+    if y.numel() == 0 || p.num_heads == 0 {
+        return Ok(y);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (
+            i32_of(q.rows, op)? as u32,
+            i32_of(p.num_heads, op)? as u32,
+            1,
+        ),
+        block_dim: (32 * ATT_WARPS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (token_seq, cu_q, ctx_lens, tables) = (
+        step.view(step.token_seq),
+        step.view(step.cu_seqlens_q),
+        step.view(step.context_lens),
+        step.view(step.block_tables),
+    );
+    let (mbps, bs, nh, nkv, hd) = (
+        i32_of(step.ctx.max_blocks_per_seq, op)?,
+        i32_of(cache.shape.block_size, op)?,
+        i32_of(p.num_heads, op)?,
+        i32_of(p.num_kv_heads, op)?,
+        i32_of(p.head_dim, op)?,
+    );
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("paged_attention_bf16")?);
+    l.arg(&mut y.data)
+        .arg(&q.data)
+        .arg(&cache.k)
+        .arg(&cache.v)
+        .arg(&token_seq)
+        .arg(&cu_q)
+        .arg(&ctx_lens)
+        .arg(&tables)
+        .arg(&mbps)
+        .arg(&bs)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&hd)
+        .arg(&p.scale);
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}

@@ -1,0 +1,130 @@
+//! Opening a CUDA device: the driver context, one stream, a cuBLAS handle and
+//! the kernel module.
+//!
+//! cudarc loads libcuda, libnvrtc and libcublas lazily and panics when one is
+//! missing; [`Device::open`] first asks whether each library can be opened,
+//! then runs the whole setup under `catch_unwind`, so a machine without CUDA
+//! gets a [`KernelError::Device`] naming what is missing, never a panic.
+//! Costs: context creation (~0.1-0.5 s) and, on a cold kernel cache, one
+//! NVRTC compile (see [`super::compile`]).
+
+use super::compile;
+use crate::{KernelError, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An open device with everything the ops launch on.
+pub(crate) struct Device {
+    /// Keeps the context alive for the stream, handle and module.
+    #[allow(dead_code)]
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub kernels: HashMap<&'static str, CudaFunction>,
+    pub name: String,
+}
+
+fn err(detail: String) -> KernelError {
+    KernelError::Device(detail)
+}
+
+/// Checks that the three libraries can be opened, naming the first that cannot.
+fn check_libraries() -> Result<()> {
+    // SAFETY: these only try to dlopen the candidate names.
+    let present = unsafe {
+        [
+            (
+                cudarc::driver::sys::is_culib_present(),
+                "libcuda.so (the NVIDIA driver)",
+            ),
+            (cudarc::nvrtc::sys::is_culib_present(), "libnvrtc (CUDA 13)"),
+            (
+                cudarc::cublas::sys::is_culib_present(),
+                "libcublas (CUDA 13)",
+            ),
+        ]
+    };
+    for (ok, what) in present {
+        if !ok {
+            return Err(err(format!(
+                "CUDA is not available: cannot open {what}; install the driver and the CUDA 13 \
+                 runtime libraries, or add their directory to LD_LIBRARY_PATH"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Device {
+    /// Opens device `ordinal` (see the module docs for failure behaviour).
+    pub fn open(ordinal: usize) -> Result<Device> {
+        check_libraries()?;
+        match std::panic::catch_unwind(|| Self::open_inner(ordinal)) {
+            Ok(r) => r,
+            Err(payload) => {
+                let msg = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(err(format!(
+                    "CUDA is not available: loading the CUDA libraries failed: {msg}"
+                )))
+            }
+        }
+    }
+
+    fn open_inner(ordinal: usize) -> Result<Device> {
+        let count = CudaContext::device_count()
+            .map_err(|e| err(format!("CUDA is not available: no usable device ({e:?})")))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(err(format!(
+                "CUDA device {ordinal} does not exist ({count} device(s) found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| err(format!("cannot open CUDA device {ordinal}: {e:?}")))?;
+        // One stream only: cudarc's cross-stream event tracking is not needed.
+        // SAFETY: all work of this context is submitted to `stream` below.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| err(format!("cannot create a CUDA stream: {e:?}")))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| err(format!("cannot create a cuBLAS handle: {e:?}")))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| err(format!("cannot read the compute capability: {e:?}")))?;
+        let cubin = compile::load_or_compile(cc)
+            .map_err(|e| err(format!("cannot compile the CUDA kernels: {e}")))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(cubin))
+            .map_err(|e| err(format!("cannot load the CUDA kernels: {e:?}")))?;
+        let mut kernels = HashMap::new();
+        for &k in compile::KERNELS {
+            let f = module
+                .load_function(k)
+                .map_err(|e| err(format!("kernel {k} missing from the module: {e:?}")))?;
+            kernels.insert(k, f);
+        }
+        let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
+        Ok(Device {
+            ctx,
+            stream,
+            blas,
+            kernels,
+            name,
+        })
+    }
+
+    /// A loaded kernel by name.
+    pub fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.kernels
+            .get(name)
+            .ok_or_else(|| err(format!("kernel {name} is not loaded")))
+    }
+}

@@ -1,0 +1,157 @@
+// Elementwise and gather ops: grid-stride loops over output elements, so any
+// launch size covers any tensor. Index arrays (token ids, positions, rows,
+// slots) come from the step's packed int32 buffer and were range-checked on
+// the host before the launch.
+
+__device__ __forceinline__ float ld(const bf16* p, long long i) { return bf2f(p[i]); }
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+
+#define GRID_STRIDE(i, n) \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (long long)gridDim.x * blockDim.x)
+
+extern "C" __global__ void fill_u16(unsigned short* p, unsigned short v, long long n) {
+    GRID_STRIDE(i, n) { p[i] = v; }
+}
+
+// y[r, c] = table[rows[r] + offset, c]
+template <typename T>
+__device__ void gather_rows_impl(bf16* y, const T* table, const int* rows, int offset,
+                                 int n_rows, int cols) {
+    long long n = (long long)n_rows * cols;
+    GRID_STRIDE(i, n) {
+        long long r = i / cols;
+        int c = (int)(i - r * cols);
+        y[i] = f2bf(ld(table, (long long)(rows[r] + offset) * cols + c));
+    }
+}
+
+extern "C" __global__ void gather_rows_bf16(bf16* y, const bf16* table, const int* rows,
+                                            int offset, int n_rows, int cols) {
+    gather_rows_impl(y, table, rows, offset, n_rows, cols);
+}
+
+extern "C" __global__ void gather_rows_f32(bf16* y, const float* table, const int* rows,
+                                           int offset, int n_rows, int cols) {
+    gather_rows_impl(y, table, rows, offset, n_rows, cols);
+}
+
+// x[r, c] += table[rows[r] + offset, c]
+template <typename T>
+__device__ void add_rows_impl(bf16* x, const T* table, const int* rows, int offset, int n_rows,
+                              int cols) {
+    long long n = (long long)n_rows * cols;
+    GRID_STRIDE(i, n) {
+        long long r = i / cols;
+        int c = (int)(i - r * cols);
+        x[i] = f2bf(bf2f(x[i]) + ld(table, (long long)(rows[r] + offset) * cols + c));
+    }
+}
+
+extern "C" __global__ void add_rows_bf16(bf16* x, const bf16* table, const int* rows, int offset,
+                                         int n_rows, int cols) {
+    add_rows_impl(x, table, rows, offset, n_rows, cols);
+}
+
+extern "C" __global__ void add_rows_f32(bf16* x, const float* table, const int* rows, int offset,
+                                        int n_rows, int cols) {
+    add_rows_impl(x, table, rows, offset, n_rows, cols);
+}
+
+// y[r, c] += bias[c]
+extern "C" __global__ void add_bias_bf16(bf16* y, const bf16* bias, int n_rows, int cols) {
+    long long n = (long long)n_rows * cols;
+    GRID_STRIDE(i, n) { y[i] = f2bf(bf2f(y[i]) + bf2f(bias[i % cols])); }
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+// y[r, c] = silu(gu[r, c]) * gu[r, n + c]
+extern "C" __global__ void silu_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    long long total = (long long)n_rows * n;
+    GRID_STRIDE(i, total) {
+        long long r = i / n;
+        int c = (int)(i - r * n);
+        const bf16* row = gu + r * 2 * n;
+        y[i] = f2bf(silu(bf2f(row[c])) * bf2f(row[n + c]));
+    }
+}
+
+extern "C" __global__ void silu_mul2_bf16(bf16* y, const bf16* g, const bf16* u, long long n) {
+    GRID_STRIDE(i, n) { y[i] = f2bf(silu(bf2f(g[i])) * bf2f(u[i])); }
+}
+
+extern "C" __global__ void relu_bf16(bf16* x, long long n) {
+    GRID_STRIDE(i, n) { x[i] = f2bf(fmaxf(bf2f(x[i]), 0.0f)); }
+}
+
+extern "C" __global__ void add_bf16(bf16* x, const bf16* y, long long n) {
+    GRID_STRIDE(i, n) { x[i] = f2bf(bf2f(x[i]) + bf2f(y[i])); }
+}
+
+// Rotary embedding in place. One thread per (row, head, pair); the table row
+// of a position holds rd/2 cosines then rd/2 sines. style 0 = NeoX (i pairs
+// with i + rd/2), 1 = interleaved (2i pairs with 2i + 1).
+template <typename T>
+__device__ void rope_impl(bf16* x, const int* positions, const T* table, int n_rows,
+                          int n_heads, int head_dim, int rd, int style) {
+    int half = rd / 2;
+    long long total = (long long)n_rows * n_heads * half;
+    GRID_STRIDE(t, total) {
+        int i = (int)(t % half);
+        long long rh = t / half;
+        long long r = rh / n_heads;
+        bf16* h = x + rh * head_dim;
+        long long trow = (long long)positions[r] * rd;
+        float c = ld(table, trow + i);
+        float s = ld(table, trow + half + i);
+        int a = style == 0 ? i : 2 * i;
+        int b = style == 0 ? i + half : 2 * i + 1;
+        float x1 = bf2f(h[a]);
+        float x2 = bf2f(h[b]);
+        h[a] = f2bf(x1 * c - x2 * s);
+        h[b] = f2bf(x2 * c + x1 * s);
+    }
+}
+
+extern "C" __global__ void rope_f32(bf16* x, const int* positions, const float* table,
+                                    int n_rows, int n_heads, int head_dim, int rd, int style) {
+    rope_impl(x, positions, table, n_rows, n_heads, head_dim, rd, style);
+}
+
+extern "C" __global__ void rope_bf16(bf16* x, const int* positions, const bf16* table,
+                                     int n_rows, int n_heads, int head_dim, int rd, int style) {
+    rope_impl(x, positions, table, n_rows, n_heads, head_dim, rd, style);
+}
+
+// Writes each token's K and V row ([width] = num_kv_heads * head_dim) into its
+// slot; slot -1 (padding) is skipped.
+extern "C" __global__ void store_kv_bf16(bf16* k_cache, bf16* v_cache, const bf16* k,
+                                         const bf16* v, const int* slots, int n_rows,
+                                         int width) {
+    long long n = (long long)n_rows * width;
+    GRID_STRIDE(i, n) {
+        long long r = i / width;
+        int e = (int)(i - r * width);
+        int slot = slots[r];
+        if (slot >= 0) {
+            long long dst = (long long)slot * width + e;
+            k_cache[dst] = k[i];
+            v_cache[dst] = v[i];
+        }
+    }
+}
+
+// Copy-on-write: blockIdx.y picks a (src, dst, num_tokens) triple; copies
+// num_tokens * slot_elems leading elements of block src into block dst.
+extern "C" __global__ void copy_blocks_bf16(bf16* k_cache, bf16* v_cache, const int* ops,
+                                            long long block_elems, int slot_elems) {
+    const int* op = ops + 3 * blockIdx.y;
+    long long src = (long long)op[0] * block_elems;
+    long long dst = (long long)op[1] * block_elems;
+    long long n = (long long)op[2] * slot_elems;
+    GRID_STRIDE(i, n) {
+        k_cache[dst + i] = k_cache[src + i];
+        v_cache[dst + i] = v_cache[src + i];
+    }
+}

@@ -1,0 +1,71 @@
+// Normalizations, one block per row (or per (row, head) for head_rms_norm).
+// Rows are bf16; weights bf16; every reduction is in f32.
+
+extern "C" __global__ void rms_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
+                                         const bf16* __restrict__ w, int cols, float eps) {
+    const bf16* xr = x + (long long)blockIdx.x * cols;
+    bf16* yr = y + (long long)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = bf2f(xr[c]);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        yr[c] = f2bf(bf2f(xr[c]) * inv * bf2f(w[c]));
+    }
+}
+
+// residual += x (stored bf16); y = RMSNorm(residual) from the f32 sums.
+extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ y, bf16* __restrict__ residual,
+                                             const bf16* __restrict__ x,
+                                             const bf16* __restrict__ w, int cols, float eps) {
+    long long base = (long long)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = bf2f(residual[base + c]) + bf2f(x[base + c]);
+        residual[base + c] = f2bf(v);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)cols + eps);
+    // Each thread re-reads only the residual elements it wrote itself.
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        y[base + c] = f2bf(bf2f(residual[base + c]) * inv * bf2f(w[c]));
+    }
+}
+
+// In place on every head_dim slice; one block per (row, head).
+extern "C" __global__ void head_rms_norm_bf16(bf16* __restrict__ x, const bf16* __restrict__ w,
+                                              int head_dim, float eps) {
+    bf16* h = x + (long long)blockIdx.x * head_dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        float v = bf2f(h[c]);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)head_dim + eps);
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        h[c] = f2bf(bf2f(h[c]) * inv * bf2f(w[c]));
+    }
+}
+
+extern "C" __global__ void layer_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
+                                           const bf16* __restrict__ w, const bf16* __restrict__ b,
+                                           int cols, float eps) {
+    const bf16* xr = x + (long long)blockIdx.x * cols;
+    bf16* yr = y + (long long)blockIdx.x * cols;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        s += bf2f(xr[c]);
+    }
+    float mean = block_sum(s) / (float)cols;
+    float sq = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float d = bf2f(xr[c]) - mean;
+        sq += d * d;
+    }
+    float inv = rsqrtf(block_sum(sq) / (float)cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        yr[c] = f2bf((bf2f(xr[c]) - mean) * inv * bf2f(w[c]) + bf2f(b[c]));
+    }
+}

@@ -1,0 +1,59 @@
+// Shared helpers of pagoda's CUDA kernels: bf16 <-> f32 conversion without
+// the CUDA headers (bf16 is the top half of an f32; conversion rounds to
+// nearest even and keeps NaN a NaN) and block-wide f32 sums.
+//
+// Every kernel source is concatenated after this prelude and compiled with
+// NVRTC as one module; entry points are `extern "C"` so their names are stable.
+
+typedef unsigned short bf16;
+
+__device__ __forceinline__ float bf2f(bf16 v) {
+    return __uint_as_float(((unsigned int)v) << 16);
+}
+
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (bf16)0x7fc0;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
+    return v;
+}
+
+// Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024);
+// every thread gets the result. Uses 33 floats of shared memory.
+__device__ float block_sum(float v) {
+    __shared__ float partial[33];
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) {
+        partial[warp] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        float s = lane < nw ? partial[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) {
+            partial[32] = s;
+        }
+    }
+    __syncthreads();
+    return partial[32];
+}

@@ -1,0 +1,339 @@
+//! The CUDA backend: bf16 weights and activations, f32 accumulation, a bf16
+//! paged KV cache, cuBLAS GEMMs and NVRTC-compiled kernels for everything else.
+//!
+//! Built behind the `cuda` feature. The binary links no CUDA library: cudarc
+//! opens libcuda, libnvrtc and libcublas at run time, so [`CudaBackend::new`]
+//! on a machine without them returns [`KernelError::Device`] saying which one
+//! is missing (cudarc's panic on a missing library is caught and turned into
+//! that error).
+//!
+//! All work goes to one non-blocking stream in submission order; ops return as
+//! soon as their work is queued, and only `tensor_to_host` (and the test
+//! helpers) wait for the device. A kernel fault therefore surfaces as an error
+//! of a later synchronizing call.
+//!
+//! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
+//! and its disk cache), [`storage`] (types, the packed step), [`ops`] (linear,
+//! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
+//! attention); the kernels themselves are in `kernels/*.cu`.
+
+mod attention;
+mod compile;
+mod device;
+mod ops;
+mod storage;
+
+pub use storage::{CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
+
+use crate::{
+    AttentionParams, Backend, BlockCopyOp, ForwardContext, HostTensor, KernelError, KvCacheShape,
+    Result, RopeStyle,
+};
+use half::bf16;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How to build a [`CudaBackend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CudaOptions {
+    /// CUDA device ordinal.
+    pub device: usize,
+}
+
+/// The CUDA implementation of [`crate::Backend`].
+pub struct CudaBackend {
+    dev: device::Device,
+    /// When set, fresh outputs are filled with NaN before the op writes them
+    /// (tests use it to catch elements an op leaves unwritten).
+    poison: AtomicBool,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.dev.name)
+            .finish()
+    }
+}
+
+/// A driver, cuBLAS or launch failure as a [`KernelError`].
+pub(crate) fn device_err(what: &str, e: impl std::fmt::Debug) -> KernelError {
+    let s = format!("{e:?}");
+    if s.contains("OUT_OF_MEMORY") {
+        KernelError::OutOfMemory(format!("{what}: {s}"))
+    } else {
+        KernelError::Device(format!("{what}: {s}"))
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `opts.device`, loads cuBLAS and the kernels (compiling
+    /// them with NVRTC on first use, then from the disk cache).
+    pub fn new(opts: CudaOptions) -> Result<Self> {
+        Ok(CudaBackend {
+            dev: device::Device::open(opts.device)?,
+            poison: AtomicBool::new(false),
+        })
+    }
+
+    /// Fill every fresh output with NaN before the op writes it (for tests).
+    pub fn set_poison_outputs(&self, on: bool) {
+        self.poison.store(on, Ordering::Relaxed);
+    }
+
+    /// Waits for all queued work; reports a kernel fault if one happened.
+    pub fn synchronize(&self) -> Result<()> {
+        self.dev
+            .stream
+            .synchronize()
+            .map_err(|e| device_err("synchronize", e))
+    }
+
+    /// K and V of one layer's cache as f32 (for tests and debugging).
+    pub fn kv_cache_to_host(&self, cache: &CudaKvCache) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = cache.shape.elements();
+        let k = self.download(&cache.k, n)?;
+        let v = self.download(&cache.v, n)?;
+        Ok((k, v))
+    }
+
+    /// The first `n` elements of `d` as f32 (waits for the device).
+    fn download(&self, d: &cudarc::driver::CudaSlice<bf16>, n: usize) -> Result<Vec<f32>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let host: Vec<bf16> = self
+            .dev
+            .stream
+            .clone_dtoh(&d.slice(..n))
+            .map_err(|e| device_err("copy to host", e))?;
+        Ok(host.into_iter().map(|x| x.to_f32()).collect())
+    }
+
+    /// A bf16 buffer of `n` elements (at least one), NaN-filled when poisoning.
+    pub(crate) fn alloc_bf16(&self, n: usize) -> Result<cudarc::driver::CudaSlice<bf16>> {
+        let n = n.max(1);
+        // SAFETY: every op writes each element it later reads; poisoning (or
+        // the op) initializes the rest before any read that matters.
+        let mut d = unsafe { self.dev.stream.alloc::<bf16>(n) }
+            .map_err(|e| device_err("allocate activation", e))?;
+        if self.poison.load(Ordering::Relaxed) {
+            ops::fill(self, &mut d, n, 0x7fc0)?;
+        }
+        Ok(d)
+    }
+
+    /// A fresh `[rows, cols]` activation.
+    pub(crate) fn output(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            rows,
+            cols,
+            data: self.alloc_bf16(rows * cols)?,
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type KvCache = CudaKvCache;
+    type Step = CudaStep;
+
+    fn name(&self) -> String {
+        self.dev.name.clone()
+    }
+
+    fn load_weight(&self, w: HostTensor) -> Result<CudaWeight> {
+        let (rows, cols) = storage::host_dims(&w, "load_weight")?;
+        let host = storage::host_to_bf16(w.data);
+        let data = self
+            .dev
+            .stream
+            .clone_htod(&host)
+            .map_err(|e| device_err("load_weight", e))?;
+        Ok(CudaWeight {
+            rows,
+            cols,
+            data: WeightBuf::Bf16(data),
+        })
+    }
+
+    fn load_table(&self, t: HostTensor) -> Result<CudaWeight> {
+        let (rows, cols) = storage::host_dims(&t, "load_table")?;
+        let mut host = t.into_f32_vec();
+        if host.is_empty() {
+            host.push(0.0);
+        }
+        let data = self
+            .dev
+            .stream
+            .clone_htod(&host)
+            .map_err(|e| device_err("load_table", e))?;
+        Ok(CudaWeight {
+            rows,
+            cols,
+            data: WeightBuf::F32(data),
+        })
+    }
+
+    fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<CudaKvCache> {
+        let n = shape.elements().max(1);
+        let alloc = || {
+            self.dev
+                .stream
+                .alloc_zeros::<bf16>(n)
+                .map_err(|e| device_err(&format!("KV cache {shape:?}"), e))
+        };
+        Ok(CudaKvCache {
+            shape,
+            k: alloc()?,
+            v: alloc()?,
+        })
+    }
+
+    fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize {
+        2 * shape.elements() * std::mem::size_of::<bf16>()
+    }
+
+    fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
+        if data.len() != rows * cols {
+            return Err(KernelError::Shape {
+                op: "tensor_from_host",
+                detail: format!("{} values for [{rows}, {cols}]", data.len()),
+            });
+        }
+        let mut host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        if host.is_empty() {
+            host.push(bf16::ZERO);
+        }
+        let data = self
+            .dev
+            .stream
+            .clone_htod(&host)
+            .map_err(|e| device_err("tensor_from_host", e))?;
+        Ok(CudaTensor { rows, cols, data })
+    }
+
+    fn tensor_to_host(&self, x: &CudaTensor) -> Result<Vec<f32>> {
+        self.download(&x.data, x.numel())
+    }
+
+    fn dims(&self, x: &CudaTensor) -> (usize, usize) {
+        (x.rows, x.cols)
+    }
+
+    fn begin_step(&self, ctx: &ForwardContext) -> Result<CudaStep> {
+        CudaStep::new(ctx, &self.dev.stream)
+    }
+
+    fn embedding(&self, step: &CudaStep, table: &CudaWeight) -> Result<CudaTensor> {
+        ops::embedding(self, step, table)
+    }
+
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+    ) -> Result<CudaTensor> {
+        ops::linear(self, x, w, bias)
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32) -> Result<CudaTensor> {
+        ops::rms_norm(self, x, w, eps)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        ops::add_rms_norm(self, residual, x, w, eps)
+    }
+
+    fn head_rms_norm(
+        &self,
+        x: &mut CudaTensor,
+        w: &CudaWeight,
+        head_dim: usize,
+        eps: f32,
+    ) -> Result<()> {
+        ops::head_rms_norm(self, x, w, head_dim, eps)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        b: &CudaWeight,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        ops::layer_norm(self, x, w, b, eps)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        step: &CudaStep,
+        cos_sin: &CudaWeight,
+        head_dim: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        ops::rope(self, x, step, cos_sin, head_dim, style)
+    }
+
+    fn silu_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor> {
+        ops::silu_mul(self, gate_up)
+    }
+
+    fn silu_mul2(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
+        ops::silu_mul2(self, gate, up)
+    }
+
+    fn relu(&self, x: &mut CudaTensor) -> Result<()> {
+        ops::relu(self, x)
+    }
+
+    fn add(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+        ops::add(self, x, y)
+    }
+
+    fn add_position_embedding(
+        &self,
+        x: &mut CudaTensor,
+        step: &CudaStep,
+        table: &CudaWeight,
+        offset: usize,
+    ) -> Result<()> {
+        ops::add_position_embedding(self, x, step, table, offset)
+    }
+
+    fn gather_logits_rows(&self, x: &CudaTensor, step: &CudaStep) -> Result<CudaTensor> {
+        ops::gather_logits_rows(self, x, step)
+    }
+
+    fn store_kv(
+        &self,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        cache: &mut CudaKvCache,
+        step: &CudaStep,
+    ) -> Result<()> {
+        attention::store_kv(self, k, v, cache, step)
+    }
+
+    fn copy_blocks(&self, cache: &mut CudaKvCache, copies: &[BlockCopyOp]) -> Result<()> {
+        attention::copy_blocks(self, cache, copies)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        step: &CudaStep,
+        params: &AttentionParams,
+    ) -> Result<CudaTensor> {
+        attention::attention(self, q, cache, step, params)
+    }
+}

@@ -1,0 +1,477 @@
+//! Launches of the row-wise and elementwise kernels, and `linear` through
+//! cuBLAS.
+//!
+//! Every op checks shapes (and every index it will read, against the step's
+//! precomputed maxima) on the host before queuing work, so a bad request is a
+//! [`KernelError::Shape`], never an out-of-bounds device access. Launches of
+//! zero elements are skipped. `linear` is one cuBLAS GEMM (bf16 operands, f32
+//! compute, bf16 out) plus a bias kernel when there is a bias.
+
+use super::storage::{CudaStep, CudaTensor, CudaWeight, WeightBuf};
+use super::{device_err, CudaBackend};
+use crate::{KernelError, Result, RopeStyle};
+use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use half::bf16;
+
+const THREADS: u32 = 256;
+
+fn shape_err(op: &'static str, detail: String) -> KernelError {
+    KernelError::Shape { op, detail }
+}
+
+/// A grid-stride launch over `n` elements.
+pub(crate) fn elems_cfg(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 20) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block per row of `cols` elements.
+fn rows_cfg(rows: usize, cols: usize) -> LaunchConfig {
+    let threads = (cols.div_ceil(32) * 32).clamp(32, 1024) as u32;
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn i32_of(v: usize, op: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape_err(op, format!("{v} does not fit in 32 bits")))
+}
+
+fn check_rows(op: &'static str, x: &CudaTensor, step: &CudaStep) -> Result<()> {
+    if x.rows != step.ctx.num_tokens() {
+        return Err(shape_err(
+            op,
+            format!(
+                "{} rows but the step has {} tokens",
+                x.rows,
+                step.ctx.num_tokens()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn same_dims(op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<()> {
+    if (a.rows, a.cols) != (b.rows, b.cols) {
+        return Err(shape_err(
+            op,
+            format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols),
+        ));
+    }
+    Ok(())
+}
+
+/// Fills the first `n` elements of `d` with the bf16 bit pattern `bits`.
+pub(crate) fn fill(b: &CudaBackend, d: &mut CudaSlice<bf16>, n: usize, bits: u16) -> Result<()> {
+    let n = n as i64;
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("fill_u16")?);
+    l.arg(d).arg(&bits).arg(&n);
+    unsafe { l.launch(elems_cfg(n as usize)) }.map_err(|e| device_err("fill", e))?;
+    Ok(())
+}
+
+/// Rows of a table read by index: `x[r] = table[idx[r] + offset]`
+/// (embedding) or `x[r] += table[idx[r] + offset]` (position embedding).
+struct TableRows {
+    op: &'static str,
+    idx: super::storage::Span,
+    /// Largest `idx[r] + offset`, checked against the table.
+    max_row: Option<usize>,
+    offset: usize,
+    accumulate: bool,
+}
+
+fn table_rows(
+    b: &CudaBackend,
+    x: &mut CudaTensor,
+    table: &CudaWeight,
+    step: &CudaStep,
+    t: TableRows,
+) -> Result<()> {
+    let op = t.op;
+    if let Some(m) = t.max_row {
+        if m >= table.rows {
+            return Err(shape_err(
+                op,
+                format!("row {m} out of range ({} rows)", table.rows),
+            ));
+        }
+    }
+    if table.cols != x.cols {
+        return Err(shape_err(
+            op,
+            format!("table has {} columns, x {}", table.cols, x.cols),
+        ));
+    }
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let (nr, nc, off) = (
+        i32_of(x.rows, op)?,
+        i32_of(x.cols, op)?,
+        i32_of(t.offset, op)?,
+    );
+    let idx = step.view(t.idx);
+    let name = match (&table.data, t.accumulate) {
+        (WeightBuf::Bf16(_), false) => "gather_rows_bf16",
+        (WeightBuf::F32(_), false) => "gather_rows_f32",
+        (WeightBuf::Bf16(_), true) => "add_rows_bf16",
+        (WeightBuf::F32(_), true) => "add_rows_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(&mut x.data);
+    match &table.data {
+        WeightBuf::Bf16(d) => l.arg(d),
+        WeightBuf::F32(d) => l.arg(d),
+    };
+    l.arg(&idx).arg(&off).arg(&nr).arg(&nc);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    Ok(())
+}
+
+pub(crate) fn embedding(
+    b: &CudaBackend,
+    step: &CudaStep,
+    table: &CudaWeight,
+) -> Result<CudaTensor> {
+    let mut y = b.output(step.ctx.num_tokens(), table.cols)?;
+    let t = TableRows {
+        op: "embedding",
+        idx: step.input_ids,
+        max_row: step.max_input_id.map(|m| m as usize),
+        offset: 0,
+        accumulate: false,
+    };
+    table_rows(b, &mut y, table, step, t)?;
+    Ok(y)
+}
+
+pub(crate) fn add_position_embedding(
+    b: &CudaBackend,
+    x: &mut CudaTensor,
+    step: &CudaStep,
+    table: &CudaWeight,
+    offset: usize,
+) -> Result<()> {
+    check_rows("add_position_embedding", x, step)?;
+    let t = TableRows {
+        op: "add_position_embedding",
+        idx: step.positions,
+        max_row: step.max_position.map(|m| m as usize + offset),
+        offset,
+        accumulate: true,
+    };
+    table_rows(b, x, table, step, t)
+}
+
+pub(crate) fn gather_logits_rows(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    step: &CudaStep,
+) -> Result<CudaTensor> {
+    let idx = &step.ctx.logits_indices;
+    if let Some(&bad) = idx.iter().find(|&&r| r as usize >= x.rows) {
+        return Err(shape_err(
+            "gather_logits_rows",
+            format!("row {bad} of {}", x.rows),
+        ));
+    }
+    let mut y = b.output(idx.len(), x.cols)?;
+    let n = y.numel();
+    if n == 0 {
+        return Ok(y);
+    }
+    let op = "gather_logits_rows";
+    let (nr, nc, off) = (i32_of(y.rows, op)?, i32_of(y.cols, op)?, 0i32);
+    let rows = step.view(step.logits_indices);
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("gather_rows_bf16")?);
+    l.arg(&mut y.data)
+        .arg(&x.data)
+        .arg(&rows)
+        .arg(&off)
+        .arg(&nr)
+        .arg(&nc);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+pub(crate) fn linear(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    bias: Option<&CudaWeight>,
+) -> Result<CudaTensor> {
+    let op = "linear";
+    let wd = w.bf16(op)?;
+    if w.cols != x.cols {
+        return Err(shape_err(
+            op,
+            format!("x is [{}, {}], w [{}, {}]", x.rows, x.cols, w.rows, w.cols),
+        ));
+    }
+    let (rows, out, inner) = (x.rows, w.rows, x.cols);
+    let bias = bias.map(|bb| bb.vector(out, op)).transpose()?;
+    let mut y = b.output(rows, out)?;
+    if rows == 0 || out == 0 {
+        return Ok(y);
+    }
+    if inner == 0 {
+        fill(b, &mut y.data, rows * out, 0)?;
+    } else {
+        // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T is, column-major,
+        // y'[out, rows] = w'^T[out, in] * x'[in, rows].
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_T,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: i32_of(out, op)?,
+            n: i32_of(rows, op)?,
+            k: i32_of(inner, op)?,
+            alpha: bf16::ONE,
+            lda: i32_of(inner, op)?,
+            ldb: i32_of(inner, op)?,
+            beta: bf16::ZERO,
+            ldc: i32_of(out, op)?,
+        };
+        // SAFETY: the buffers hold at least out*in, rows*in and rows*out elements.
+        unsafe { b.dev.blas.gemm(cfg, wd, &x.data, &mut y.data) }
+            .map_err(|e| device_err("linear (cuBLAS GEMM)", e))?;
+    }
+    if let Some(bias) = bias {
+        let (nr, nc) = (i32_of(rows, op)?, i32_of(out, op)?);
+        let mut l = b.dev.stream.launch_builder(b.dev.kernel("add_bias_bf16")?);
+        l.arg(&mut y.data).arg(bias).arg(&nr).arg(&nc);
+        unsafe { l.launch(elems_cfg(rows * out)) }.map_err(|e| device_err(op, e))?;
+    }
+    Ok(y)
+}
+
+pub(crate) fn rms_norm(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    eps: f32,
+) -> Result<CudaTensor> {
+    let op = "rms_norm";
+    let wd = w.vector(x.cols, op)?;
+    let mut y = b.output(x.rows, x.cols)?;
+    if x.numel() == 0 {
+        return Ok(y);
+    }
+    let nc = i32_of(x.cols, op)?;
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("rms_norm_bf16")?);
+    l.arg(&mut y.data).arg(&x.data).arg(wd).arg(&nc).arg(&eps);
+    unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+pub(crate) fn add_rms_norm(
+    b: &CudaBackend,
+    residual: &mut CudaTensor,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    eps: f32,
+) -> Result<CudaTensor> {
+    let op = "add_rms_norm";
+    same_dims(op, residual, x)?;
+    let wd = w.vector(x.cols, op)?;
+    let mut y = b.output(x.rows, x.cols)?;
+    if x.numel() == 0 {
+        return Ok(y);
+    }
+    let nc = i32_of(x.cols, op)?;
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("add_rms_norm_bf16")?);
+    l.arg(&mut y.data)
+        .arg(&mut residual.data)
+        .arg(&x.data)
+        .arg(wd)
+        .arg(&nc)
+        .arg(&eps);
+    unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+pub(crate) fn head_rms_norm(
+    b: &CudaBackend,
+    x: &mut CudaTensor,
+    w: &CudaWeight,
+    head_dim: usize,
+    eps: f32,
+) -> Result<()> {
+    let op = "head_rms_norm";
+    if head_dim == 0 || x.cols % head_dim != 0 {
+        return Err(shape_err(
+            op,
+            format!("cols {} not a multiple of head_dim {head_dim}", x.cols),
+        ));
+    }
+    let wd = w.vector(head_dim, op)?;
+    if x.numel() == 0 {
+        return Ok(());
+    }
+    let hd = i32_of(head_dim, op)?;
+    let heads = x.numel() / head_dim;
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("head_rms_norm_bf16")?);
+    l.arg(&mut x.data).arg(wd).arg(&hd).arg(&eps);
+    unsafe { l.launch(rows_cfg(heads, head_dim)) }.map_err(|e| device_err(op, e))?;
+    Ok(())
+}
+
+pub(crate) fn layer_norm(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    bias: &CudaWeight,
+    eps: f32,
+) -> Result<CudaTensor> {
+    let op = "layer_norm";
+    let wd = w.vector(x.cols, op)?;
+    let bd = bias.vector(x.cols, op)?;
+    let mut y = b.output(x.rows, x.cols)?;
+    if x.numel() == 0 {
+        return Ok(y);
+    }
+    let nc = i32_of(x.cols, op)?;
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("layer_norm_bf16")?);
+    l.arg(&mut y.data)
+        .arg(&x.data)
+        .arg(wd)
+        .arg(bd)
+        .arg(&nc)
+        .arg(&eps);
+    unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+pub(crate) fn rope(
+    b: &CudaBackend,
+    x: &mut CudaTensor,
+    step: &CudaStep,
+    cos_sin: &CudaWeight,
+    head_dim: usize,
+    style: RopeStyle,
+) -> Result<()> {
+    let op = "rope";
+    check_rows(op, x, step)?;
+    let rd = cos_sin.cols;
+    if head_dim == 0 || x.cols % head_dim != 0 || rd > head_dim || rd % 2 != 0 {
+        return Err(shape_err(
+            op,
+            format!("cols {}, head_dim {head_dim}, rotary_dim {rd}", x.cols),
+        ));
+    }
+    if let Some(p) = step.max_position {
+        if p as usize >= cos_sin.rows {
+            return Err(shape_err(
+                op,
+                format!("position {p} beyond the table's {} rows", cos_sin.rows),
+            ));
+        }
+    }
+    if rd == 0 || x.numel() == 0 {
+        return Ok(());
+    }
+    let heads = x.cols / head_dim;
+    let (nr, nh, hd, rdi) = (
+        i32_of(x.rows, op)?,
+        i32_of(heads, op)?,
+        i32_of(head_dim, op)?,
+        i32_of(rd, op)?,
+    );
+    let style: i32 = match style {
+        RopeStyle::Neox => 0,
+        RopeStyle::Interleaved => 1,
+    };
+    let positions = step.view(step.positions);
+    let name = match cos_sin.data {
+        WeightBuf::F32(_) => "rope_f32",
+        WeightBuf::Bf16(_) => "rope_bf16",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(&mut x.data).arg(&positions);
+    match &cos_sin.data {
+        WeightBuf::F32(d) => l.arg(d),
+        WeightBuf::Bf16(d) => l.arg(d),
+    };
+    l.arg(&nr).arg(&nh).arg(&hd).arg(&rdi).arg(&style);
+    let n = x.rows * heads * (rd / 2);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    Ok(())
+}
+
+pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTensor> {
+    let op = "silu_mul";
+    if gate_up.cols % 2 != 0 {
+        return Err(shape_err(op, format!("odd column count {}", gate_up.cols)));
+    }
+    let n = gate_up.cols / 2;
+    let mut y = b.output(gate_up.rows, n)?;
+    if y.numel() == 0 {
+        return Ok(y);
+    }
+    let (nr, nc) = (i32_of(gate_up.rows, op)?, i32_of(n, op)?);
+    let total = y.numel();
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("silu_mul_bf16")?);
+    l.arg(&mut y.data).arg(&gate_up.data).arg(&nr).arg(&nc);
+    unsafe { l.launch(elems_cfg(total)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+pub(crate) fn silu_mul2(b: &CudaBackend, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
+    let op = "silu_mul2";
+    same_dims(op, gate, up)?;
+    let mut y = b.output(gate.rows, gate.cols)?;
+    let n = y.numel();
+    if n == 0 {
+        return Ok(y);
+    }
+    let n64 = n as i64;
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("silu_mul2_bf16")?);
+    l.arg(&mut y.data).arg(&gate.data).arg(&up.data).arg(&n64);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+pub(crate) fn relu(b: &CudaBackend, x: &mut CudaTensor) -> Result<()> {
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as i64;
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("relu_bf16")?);
+    l.arg(&mut x.data).arg(&n64);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("relu", e))?;
+    Ok(())
+}
+
+pub(crate) fn add(b: &CudaBackend, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
+    same_dims("add", x, y)?;
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as i64;
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("add_bf16")?);
+    l.arg(&mut x.data).arg(&y.data).arg(&n64);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("add", e))?;
+    Ok(())
+}

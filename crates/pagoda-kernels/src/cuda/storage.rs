@@ -1,0 +1,234 @@
+//! Memory of the CUDA backend: activations, weights, KV cache and step metadata.
+//!
+//! - [`CudaTensor`]: a row-major `[rows, cols]` bf16 activation on the device.
+//!   Every activation is bf16, the residual stream included (one tensor type
+//!   keeps the op set simple; kernels accumulate in f32 and round once per
+//!   output element). `data.len() >= rows * cols` (empty tensors hold one
+//!   element so no zero-byte allocation is made).
+//! - [`CudaWeight`]: `[rows, cols]`, bf16 for everything [`load_weight`]
+//!   uploads (matrices, tables, norm weights and biases alike), f32 for what
+//!   `load_table` uploads (the rotary cos/sin table).
+//! - [`CudaKvCache`]: bf16 K and V, each `[num_blocks, block_size,
+//!   num_kv_heads, head_dim]`, zero-filled at allocation.
+//! - [`CudaStep`]: the [`ForwardContext`]'s index arrays packed into one int32
+//!   device buffer (one host-to-device copy per step), plus the host copy and
+//!   the maxima the ops' range checks need (each check O(1) per op).
+//!
+//! [`load_weight`]: crate::Backend::load_weight
+
+use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use half::bf16;
+use std::sync::Arc;
+
+/// An activation: row-major `[rows, cols]` bf16 on the device.
+pub struct CudaTensor {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) data: CudaSlice<bf16>,
+}
+
+impl CudaTensor {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub(crate) fn numel(&self) -> usize {
+        self.rows * self.cols
+    }
+}
+
+/// Element storage of a weight.
+pub enum WeightBuf {
+    Bf16(CudaSlice<bf16>),
+    F32(CudaSlice<f32>),
+}
+
+/// A weight on the device: `[rows, cols]` (a vector is one row).
+pub struct CudaWeight {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) data: WeightBuf,
+}
+
+impl CudaWeight {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The bf16 storage, or a shape error naming `op` for an f32 table.
+    pub(crate) fn bf16(&self, op: &'static str) -> Result<&CudaSlice<bf16>> {
+        match &self.data {
+            WeightBuf::Bf16(d) => Ok(d),
+            WeightBuf::F32(_) => Err(KernelError::Shape {
+                op,
+                detail: "expects a weight loaded with load_weight, got an f32 table".into(),
+            }),
+        }
+    }
+
+    /// The bf16 storage of a vector of `n` elements (norm weights, biases).
+    pub(crate) fn vector(&self, n: usize, op: &'static str) -> Result<&CudaSlice<bf16>> {
+        if self.rows * self.cols != n || self.rows != 1 {
+            return Err(KernelError::Shape {
+                op,
+                detail: format!(
+                    "weight must be a vector of {n} values, got [{}, {}]",
+                    self.rows, self.cols
+                ),
+            });
+        }
+        self.bf16(op)
+    }
+}
+
+/// Converts host elements to bf16 (rounding to nearest even).
+pub(crate) fn host_to_bf16(d: HostData) -> Vec<bf16> {
+    match d {
+        HostData::BF16(v) => v,
+        HostData::F32(v) => v.into_iter().map(bf16::from_f32).collect(),
+        HostData::F16(v) => v.into_iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
+    }
+}
+
+/// Rows and columns of a host tensor, checked against its element count.
+pub(crate) fn host_dims(t: &HostTensor, op: &'static str) -> Result<(usize, usize)> {
+    let (rows, cols) = t.dims2();
+    if t.data.len() != rows * cols {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("shape {:?} but {} elements", t.shape, t.data.len()),
+        });
+    }
+    Ok((rows, cols))
+}
+
+/// One layer's paged KV cache (bf16).
+pub struct CudaKvCache {
+    pub(crate) shape: KvCacheShape,
+    pub(crate) k: CudaSlice<bf16>,
+    pub(crate) v: CudaSlice<bf16>,
+}
+
+impl CudaKvCache {
+    pub fn shape(&self) -> KvCacheShape {
+        self.shape
+    }
+
+    pub(crate) fn num_slots(&self) -> usize {
+        self.shape.num_blocks * self.shape.block_size
+    }
+}
+
+/// Where each array of the step lives in the packed buffer.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Span {
+    pub start: usize,
+    pub len: usize,
+}
+
+/// The batch metadata of one forward pass, on the device.
+pub struct CudaStep {
+    pub(crate) ctx: ForwardContext,
+    pub(crate) buf: CudaSlice<i32>,
+    pub(crate) input_ids: Span,
+    pub(crate) positions: Span,
+    pub(crate) slot_mapping: Span,
+    /// Sequence index of each token.
+    pub(crate) token_seq: Span,
+    pub(crate) cu_seqlens_q: Span,
+    pub(crate) context_lens: Span,
+    pub(crate) block_tables: Span,
+    pub(crate) logits_indices: Span,
+    /// Largest token id / position / block id the step reads (block ids:
+    /// only the entries each sequence's length reaches).
+    pub(crate) max_input_id: Option<u32>,
+    pub(crate) max_position: Option<u32>,
+    pub(crate) max_block: Option<u32>,
+}
+
+impl CudaStep {
+    /// Validates `ctx` (as the CPU backend does), packs its arrays and uploads
+    /// them with one copy.
+    pub(crate) fn new(ctx: &ForwardContext, stream: &Arc<CudaStream>) -> Result<Self> {
+        // The CPU step's checks are the contract: reuse them (and its copy).
+        let ctx = crate::cpu::CpuStep::new(ctx)?.ctx;
+        let too_big = |what: &str| KernelError::Shape {
+            op: "begin_step",
+            detail: format!("{what} does not fit in 32 bits"),
+        };
+        let mut packed: Vec<i32> = Vec::new();
+        let push_u32 = |packed: &mut Vec<i32>, v: &[u32], what: &str| -> Result<Span> {
+            let start = packed.len();
+            for &x in v {
+                packed.push(i32::try_from(x).map_err(|_| too_big(what))?);
+            }
+            Ok(Span {
+                start,
+                len: v.len(),
+            })
+        };
+        let input_ids = push_u32(&mut packed, &ctx.input_ids, "a token id")?;
+        let positions = push_u32(&mut packed, &ctx.positions, "a position")?;
+        let slot_mapping = Span {
+            start: packed.len(),
+            len: ctx.slot_mapping.len(),
+        };
+        for &s in &ctx.slot_mapping {
+            packed.push(i32::try_from(s).map_err(|_| too_big("a slot"))?);
+        }
+        let mut seq_of_token = Vec::with_capacity(ctx.num_tokens());
+        for i in 0..ctx.num_seqs() {
+            seq_of_token.extend(std::iter::repeat_n(i as u32, ctx.query_len(i)));
+        }
+        let token_seq = push_u32(&mut packed, &seq_of_token, "a sequence index")?;
+        let cu_seqlens_q = push_u32(&mut packed, &ctx.cu_seqlens_q, "cu_seqlens_q")?;
+        let context_lens = push_u32(&mut packed, &ctx.context_lens, "a context_len")?;
+        let block_tables = push_u32(&mut packed, &ctx.block_tables, "a block id")?;
+        let logits_indices = push_u32(&mut packed, &ctx.logits_indices, "a logits index")?;
+        // A trailing element keeps every span (empty ones too) inside the buffer.
+        packed.push(0);
+        let max_block = (0..ctx.num_seqs())
+            .flat_map(|i| {
+                let used = (ctx.seq_lens[i] as usize).div_ceil(ctx.block_size);
+                ctx.block_table(i)[..used].iter().copied()
+            })
+            .max();
+        let buf = stream
+            .clone_htod(&packed)
+            .map_err(|e| super::device_err("begin_step upload", e))?;
+        Ok(CudaStep {
+            buf,
+            input_ids,
+            positions,
+            slot_mapping,
+            token_seq,
+            cu_seqlens_q,
+            context_lens,
+            block_tables,
+            logits_indices,
+            max_input_id: ctx.input_ids.iter().copied().max(),
+            max_position: ctx.positions.iter().copied().max(),
+            max_block,
+            ctx,
+        })
+    }
+
+    /// A device view of one packed array.
+    pub(crate) fn view(&self, s: Span) -> CudaView<'_, i32> {
+        self.buf.slice(s.start..s.start + s.len)
+    }
+
+    /// The context this step was built from.
+    pub fn context(&self) -> &ForwardContext {
+        &self.ctx
+    }
+}

@@ -1,0 +1,445 @@
+//! Every op of the CUDA backend against the CPU backend (f32 weights, the
+//! same bf16-rounded inputs) on fresh random inputs: odd and even shapes,
+//! block boundaries, GQA ratios 1/2/4/8, head_dim 64 and 128, prefill with a
+//! cached prefix, mixed prefill+decode steps and slot -1 padding. Outputs are
+//! NaN-poisoned before each op, so an element left unwritten fails the check.
+//!
+//! Without a CUDA device or driver every test prints a notice and passes.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+#[allow(dead_code)]
+const PORTABLE: bool = false;
+
+use common::*;
+use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+use pagoda_kernels::{Backend, BlockCopyOp, HostTensor, KernelError, KvCacheShape, RopeStyle};
+
+/// The GPU backend, or `None` (with a notice) where there is no CUDA.
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(CudaOptions::default()) {
+        Ok(b) => {
+            b.set_poison_outputs(true);
+            Some(b)
+        }
+        Err(e) => {
+            eprintln!("notice: CUDA tests skipped: {e}");
+            None
+        }
+    }
+}
+
+fn cpu() -> CpuBackend {
+    backend(2, WeightDtype::F32)
+}
+
+fn bf(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// `n` random values in `[-scale, scale)`, rounded to bf16.
+fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| bf(rng.uniform() * scale)).collect()
+}
+
+/// Asserts no NaN/inf and `‖got − want‖ / ‖want‖ < 1e-2`.
+fn check(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    let rel = if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    };
+    assert!(rel < 1e-2, "{what}: relative error {rel:.3e}");
+}
+
+/// Uploads the same rows to both backends.
+fn pair(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    rows: usize,
+    cols: usize,
+    data: &[f32],
+) -> (
+    pagoda_kernels::cuda::CudaTensor,
+    pagoda_kernels::cpu::CpuTensor,
+) {
+    (
+        g.tensor_from_host(rows, cols, data).unwrap(),
+        c.tensor_from_host(rows, cols, data).unwrap(),
+    )
+}
+
+fn wpair(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    shape: Vec<usize>,
+    data: Vec<f32>,
+) -> (
+    pagoda_kernels::cuda::CudaWeight,
+    pagoda_kernels::cpu::CpuWeight,
+) {
+    let t = HostTensor::f32(shape, data);
+    (g.load_weight(t.clone()).unwrap(), c.load_weight(t).unwrap())
+}
+
+const SHAPES: &[(usize, usize)] = &[(1, 1), (3, 17), (7, 64), (33, 1000), (5, 4097)];
+
+#[test]
+fn new_fails_with_a_device_error_or_succeeds() {
+    match CudaBackend::new(CudaOptions::default()) {
+        Ok(b) => assert!(b.name().starts_with("cuda:0")),
+        Err(KernelError::Device(msg)) => assert!(msg.contains("CUDA"), "{msg}"),
+        Err(e) => panic!("unexpected error kind: {e}"),
+    }
+}
+
+#[test]
+fn tensor_round_trip_is_exact_for_bf16_values() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1);
+    for &(r, c) in SHAPES {
+        let x = rvec(&mut rng, r * c, 3.0);
+        let t = g.tensor_from_host(r, c, &x).unwrap();
+        assert_eq!(g.dims(&t), (r, c));
+        assert_eq!(g.tensor_to_host(&t).unwrap(), x);
+    }
+    assert!(g.tensor_from_host(2, 2, &[1.0]).is_err());
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(2);
+    for &(r, n) in SHAPES {
+        let (a, b) = (rvec(&mut rng, r * n, 4.0), rvec(&mut rng, r * n, 4.0));
+        let (ga, ca) = pair(&g, &c, r, n, &a);
+        let (gb, cb) = pair(&g, &c, r, n, &b);
+        let what = format!("[{r}, {n}]");
+
+        let (gy, cy) = (
+            g.silu_mul2(&ga, &gb).unwrap(),
+            c.silu_mul2(&ca, &cb).unwrap(),
+        );
+        check(
+            &format!("silu_mul2 {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+
+        let gu = rvec(&mut rng, r * 2 * n, 4.0);
+        let (ggu, cgu) = pair(&g, &c, r, 2 * n, &gu);
+        let (gy, cy) = (g.silu_mul(&ggu).unwrap(), c.silu_mul(&cgu).unwrap());
+        assert_eq!(g.dims(&gy), (r, n));
+        check(
+            &format!("silu_mul {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+
+        let (mut gx, mut cx) = pair(&g, &c, r, n, &a);
+        g.add(&mut gx, &gb).unwrap();
+        c.add(&mut cx, &cb).unwrap();
+        check(
+            &format!("add {what}"),
+            &g.tensor_to_host(&gx).unwrap(),
+            cx.data(),
+        );
+
+        g.relu(&mut gx).unwrap();
+        c.relu(&mut cx).unwrap();
+        check(
+            &format!("relu {what}"),
+            &g.tensor_to_host(&gx).unwrap(),
+            cx.data(),
+        );
+    }
+    let (ga, _) = pair(&g, &c, 2, 3, &[1.0; 6]);
+    let (mut gb, _) = pair(&g, &c, 3, 2, &[1.0; 6]);
+    assert!(g.add(&mut gb, &ga).is_err());
+    assert!(g.silu_mul(&ga).is_err());
+}
+
+#[test]
+fn norms_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(3);
+    for &(r, n) in SHAPES {
+        let what = format!("[{r}, {n}]");
+        let x = rvec(&mut rng, r * n, 2.0);
+        let res = rvec(&mut rng, r * n, 2.0);
+        let w: Vec<f32> = (0..n).map(|_| bf(1.0 + 0.5 * rng.uniform())).collect();
+        let bias = rvec(&mut rng, n, 1.0);
+        let (gx, cx) = pair(&g, &c, r, n, &x);
+        let (gw, cw) = wpair(&g, &c, vec![n], w);
+        let (gbias, cbias) = wpair(&g, &c, vec![n], bias);
+
+        let (gy, cy) = (
+            g.rms_norm(&gx, &gw, 1e-6).unwrap(),
+            c.rms_norm(&cx, &cw, 1e-6).unwrap(),
+        );
+        check(
+            &format!("rms_norm {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+
+        let (mut gr, mut cr) = pair(&g, &c, r, n, &res);
+        let gy = g.add_rms_norm(&mut gr, &gx, &gw, 1e-6).unwrap();
+        let cy = c.add_rms_norm(&mut cr, &cx, &cw, 1e-6).unwrap();
+        check(
+            &format!("add_rms_norm {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+        check(
+            &format!("add_rms_norm residual {what}"),
+            &g.tensor_to_host(&gr).unwrap(),
+            cr.data(),
+        );
+
+        let gy = g.layer_norm(&gx, &gw, &gbias, 1e-5).unwrap();
+        let cy = c.layer_norm(&cx, &cw, &cbias, 1e-5).unwrap();
+        check(
+            &format!("layer_norm {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+    }
+    for hd in [64, 128] {
+        for (r, heads) in [(1, 1), (5, 3), (19, 16)] {
+            let x = rvec(&mut rng, r * heads * hd, 3.0);
+            let w: Vec<f32> = (0..hd).map(|_| bf(1.0 + 0.5 * rng.uniform())).collect();
+            let (mut gx, mut cx) = pair(&g, &c, r, heads * hd, &x);
+            let (gw, cw) = wpair(&g, &c, vec![hd], w);
+            g.head_rms_norm(&mut gx, &gw, hd, 1e-6).unwrap();
+            c.head_rms_norm(&mut cx, &cw, hd, 1e-6).unwrap();
+            let what = format!("head_rms_norm rows {r} heads {heads} hd {hd}");
+            check(&what, &g.tensor_to_host(&gx).unwrap(), cx.data());
+        }
+    }
+    let (gx, _) = pair(&g, &c, 2, 4, &[1.0; 8]);
+    let (gw, _) = wpair(&g, &c, vec![3], vec![1.0; 3]);
+    assert!(g.rms_norm(&gx, &gw, 1e-6).is_err());
+}
+
+#[test]
+fn linear_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(4);
+    for (rows, inner, out) in [
+        (1, 64, 64),
+        (5, 96, 33),
+        (17, 1000, 257),
+        (128, 576, 1536),
+        (3, 7, 1),
+    ] {
+        let x = rvec(&mut rng, rows * inner, 1.0);
+        let w = rvec(&mut rng, out * inner, 0.2);
+        let bias = rvec(&mut rng, out, 1.0);
+        let (gx, cx) = pair(&g, &c, rows, inner, &x);
+        let (gw, cw) = wpair(&g, &c, vec![out, inner], w);
+        let (gb, cb) = wpair(&g, &c, vec![out], bias);
+        let what = format!("linear [{rows}, {inner}] x [{out}, {inner}]^T");
+        let gy = g.linear(&gx, &gw, None).unwrap();
+        let cy = c.linear(&cx, &cw, None).unwrap();
+        assert_eq!(g.dims(&gy), (rows, out));
+        check(&what, &g.tensor_to_host(&gy).unwrap(), cy.data());
+        let gy = g.linear(&gx, &gw, Some(&gb)).unwrap();
+        let cy = c.linear(&cx, &cw, Some(&cb)).unwrap();
+        check(
+            &format!("{what} + bias"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+    }
+    let (gx, _) = pair(&g, &c, 2, 4, &[1.0; 8]);
+    let (gw, _) = wpair(&g, &c, vec![3, 5], vec![1.0; 15]);
+    assert!(g.linear(&gx, &gw, None).is_err());
+}
+
+/// A step of mixed prefill (with cached prefixes) and decode sequences plus
+/// padding, over shuffled blocks.
+fn mixed_step(rng: &mut Rng, block_size: usize, pad: usize) -> PagedStep {
+    let seqs = [
+        SeqSpec {
+            context_len: 0,
+            query_len: 13,
+        },
+        SeqSpec {
+            context_len: 37,
+            query_len: 1,
+        },
+        SeqSpec {
+            context_len: 16,
+            query_len: 5,
+        },
+        SeqSpec {
+            context_len: 3,
+            query_len: 1,
+        },
+    ];
+    paged_step(rng, &seqs, block_size, 64, pad)
+}
+
+#[test]
+fn table_and_row_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(5);
+    let ps = mixed_step(&mut rng, 16, 2);
+    let (gs, cs) = (
+        g.begin_step(&ps.ctx).unwrap(),
+        c.begin_step(&ps.ctx).unwrap(),
+    );
+    let t = ps.ctx.num_tokens();
+    for hidden in [1, 64, 333] {
+        let (ge, ce) = wpair(&g, &c, vec![100, hidden], rvec(&mut rng, 100 * hidden, 1.0));
+        let gy = g.embedding(&gs, &ge).unwrap();
+        let cy = c.embedding(&cs, &ce).unwrap();
+        assert_eq!(g.dims(&gy), (t, hidden));
+        check(
+            &format!("embedding hidden {hidden}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+
+        // Learned positions with OPT's offset of 2.
+        let (gp, cp) = wpair(&g, &c, vec![64, hidden], rvec(&mut rng, 64 * hidden, 1.0));
+        let x = rvec(&mut rng, t * hidden, 1.0);
+        let (mut gx, mut cx) = pair(&g, &c, t, hidden, &x);
+        g.add_position_embedding(&mut gx, &gs, &gp, 2).unwrap();
+        c.add_position_embedding(&mut cx, &cs, &cp, 2).unwrap();
+        check(
+            &format!("add_position_embedding {hidden}"),
+            &g.tensor_to_host(&gx).unwrap(),
+            cx.data(),
+        );
+        assert!(g.add_position_embedding(&mut gx, &gs, &gp, 40).is_err());
+
+        let gl = g.gather_logits_rows(&gx, &gs).unwrap();
+        let cl = c.gather_logits_rows(&cx, &cs).unwrap();
+        assert_eq!(g.dims(&gl), (ps.ctx.logits_indices.len(), hidden));
+        check(
+            &format!("gather_logits_rows {hidden}"),
+            &g.tensor_to_host(&gl).unwrap(),
+            cl.data(),
+        );
+    }
+    let (small, _) = wpair(&g, &c, vec![10, 4], vec![0.5; 40]);
+    assert!(
+        g.embedding(&gs, &small).is_err(),
+        "token ids up to 99 exceed 10 rows"
+    );
+}
+
+#[test]
+fn rope_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(6);
+    let ps = mixed_step(&mut rng, 16, 1);
+    let (gs, cs) = (
+        g.begin_step(&ps.ctx).unwrap(),
+        c.begin_step(&ps.ctx).unwrap(),
+    );
+    let t = ps.ctx.num_tokens();
+    for (hd, rd, heads) in [(64, 64, 3), (128, 128, 2), (64, 32, 4), (128, 64, 1)] {
+        // A real cos/sin table (theta 10000), kept in f32 by load_table.
+        let max_pos = 64;
+        let mut table = Vec::with_capacity(max_pos * rd);
+        for p in 0..max_pos {
+            let ang: Vec<f32> = (0..rd / 2)
+                .map(|i| p as f32 / 10000f32.powf(2.0 * i as f32 / rd as f32))
+                .collect();
+            table.extend(ang.iter().map(|a| a.cos()));
+            table.extend(ang.iter().map(|a| a.sin()));
+        }
+        let ht = HostTensor::f32(vec![max_pos, rd], table);
+        let (gt, ct) = (g.load_table(ht.clone()).unwrap(), c.load_table(ht).unwrap());
+        for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+            let x = rvec(&mut rng, t * heads * hd, 2.0);
+            let (mut gx, mut cx) = pair(&g, &c, t, heads * hd, &x);
+            g.rope(&mut gx, &gs, &gt, hd, style).unwrap();
+            c.rope(&mut cx, &cs, &ct, hd, style).unwrap();
+            let what = format!("rope {style:?} hd {hd} rd {rd} heads {heads}");
+            check(&what, &g.tensor_to_host(&gx).unwrap(), cx.data());
+        }
+    }
+}
+
+#[test]
+fn store_kv_and_copy_blocks_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(7);
+    for (block_size, nkv, hd) in [(16, 2, 64), (5, 1, 128), (32, 8, 64)] {
+        let ps = mixed_step(&mut rng, block_size, 3);
+        let shape = KvCacheShape {
+            num_blocks: 64,
+            block_size,
+            num_kv_heads: nkv,
+            head_dim: hd,
+        };
+        let mut gc = g.alloc_kv_cache(shape).unwrap();
+        let mut cc = c.alloc_kv_cache(shape).unwrap();
+        let (gs, cs) = (
+            g.begin_step(&ps.ctx).unwrap(),
+            c.begin_step(&ps.ctx).unwrap(),
+        );
+        let t = ps.ctx.num_tokens();
+        let w = nkv * hd;
+        let (k, v) = (rvec(&mut rng, t * w, 2.0), rvec(&mut rng, t * w, 2.0));
+        let (gk, ck) = pair(&g, &c, t, w, &k);
+        let (gv, cv) = pair(&g, &c, t, w, &v);
+        g.store_kv(&gk, &gv, &mut gc, &gs).unwrap();
+        c.store_kv(&ck, &cv, &mut cc, &cs).unwrap();
+        let (hk, hv) = g.kv_cache_to_host(&gc).unwrap();
+        // Stored values are bf16 inputs, so the caches agree exactly (padding
+        // rows with slot -1 wrote nothing on either side).
+        assert_eq!(hk, cc.k(), "store_kv K bs {block_size}");
+        assert_eq!(hv, cc.v(), "store_kv V bs {block_size}");
+
+        let b0 = ps.tables[0][0];
+        let b2 = ps.tables[2][1];
+        let free: Vec<u32> = (0..64u32)
+            .filter(|b| !ps.tables.iter().any(|t| t.contains(b)))
+            .collect();
+        let copies = [
+            BlockCopyOp {
+                src: b0,
+                dst: free[0],
+                num_tokens: block_size,
+            },
+            BlockCopyOp {
+                src: b2,
+                dst: free[1],
+                num_tokens: block_size / 2 + 1,
+            },
+        ];
+        g.copy_blocks(&mut gc, &copies).unwrap();
+        c.copy_blocks(&mut cc, &copies).unwrap();
+        let (hk, hv) = g.kv_cache_to_host(&gc).unwrap();
+        assert_eq!(hk, cc.k(), "copy_blocks K bs {block_size}");
+        assert_eq!(hv, cc.v(), "copy_blocks V bs {block_size}");
+        let bad = [BlockCopyOp {
+            src: 64,
+            dst: 0,
+            num_tokens: 1,
+        }];
+        assert!(g.copy_blocks(&mut gc, &bad).is_err());
+    }
+}

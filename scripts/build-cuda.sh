@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds pagoda-kernels' CUDA test binaries (release, feature `cuda`) on a
+# machine without CUDA and copies them, stripped of debug info, into
+# .device-bin/ (git-ignored), ready to be carried to the GPU host and run there
+# by scripts/gpu-run.sh (the host has no Rust toolchain).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mkdir -p .device-bin
+rm -f .device-bin/*
+
+# Each compiled test target is one JSON line with "executable" set.
+cargo test --release -p pagoda-kernels --features cuda --no-run --message-format=json \
+    | grep '"reason":"compiler-artifact"' \
+    | grep -o '"executable":"[^"]*"' \
+    | sed 's/"executable":"//; s/"$//' \
+    | while read -r exe; do
+        base=$(basename "$exe")
+        name=${base%-*} # drop cargo's hash suffix
+        case "$name" in
+            cuda_* | pagoda_kernels) ;;
+            *) continue ;;
+        esac
+        cp "$exe" ".device-bin/$name"
+        strip --strip-debug ".device-bin/$name" 2>/dev/null || true
+        echo "built .device-bin/$name"
+    done
+
+du -sh .device-bin
