@@ -22,18 +22,21 @@ status=0
 for bin in .device-bin/*; do
     [ -x "$bin" ] || continue
     name=$(basename "$bin")
-    start=$(date +%s.%N)
-    "$bin" --test-threads=1 > "$OUT/$name.log" 2>&1
+    start=$(date +%s%N)
+    "$bin" --test-threads=1 --nocapture > "$OUT/$name.log" 2>&1
     rc=$?
-    secs=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+    ms=$((($(date +%s%N) - start) / 1000000))
+    secs="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
     [ $rc -ne 0 ] && status=1
     result=$(grep -E '^test result:' "$OUT/$name.log" | tail -1)
     failed=$(grep -E '^test .* FAILED$' "$OUT/$name.log" | sed 's/^test //; s/ \.\.\. FAILED$//' | tr '\n' ' ')
+    # Each CUDA test prints one notice: run on a device, or skipped.
+    ran=$(grep -c 'notice: CUDA tests run on' "$OUT/$name.log")
     skipped=$(grep -c 'notice: CUDA tests skipped' "$OUT/$name.log")
     echo "==== $name (rc $rc)"
-    grep -E 'panicked|relative error|FAILED|notice' "$OUT/$name.log" | head -20
-    table+=$(printf '%-18s rc=%-3s %6ss  %s  skipped=%s  %s' "$name" "$rc" "$secs" \
-        "${result:-no result line}" "$skipped" "${failed:+failed: $failed}")$'\n'
+    grep -E 'panicked|relative error|FAILED|notice' "$OUT/$name.log" | sort | uniq -c | head -20
+    table+=$(printf '%-16s rc=%-3s %7ss  on-gpu=%-3s skipped=%-3s %s  %s' "$name" "$rc" "$secs" \
+        "$ran" "$skipped" "${result:-no result line}" "${failed:+failed: $failed}")$'\n'
 done
 
 echo

@@ -19,6 +19,7 @@ use pagoda_kernels::{AttentionParams, Backend, KernelError, KvCacheShape};
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(CudaOptions::default()) {
         Ok(b) => {
+            eprintln!("notice: CUDA tests run on {}", b.name());
             b.set_poison_outputs(true);
             Some(b)
         }

@@ -21,6 +21,7 @@ use pagoda_kernels::{Backend, BlockCopyOp, HostTensor, KernelError, KvCacheShape
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(CudaOptions::default()) {
         Ok(b) => {
+            eprintln!("notice: CUDA tests run on {}", b.name());
             b.set_poison_outputs(true);
             Some(b)
         }
