@@ -273,6 +273,20 @@ mod tests {
         assert!(a.starts_with("pagoda-") && a.ends_with(".cubin"));
     }
 
+    /// Compiles the program for sm_90 where libnvrtc can be opened (no GPU
+    /// needed), so a kernel that does not compile fails here, not on the GPU.
+    #[test]
+    fn program_compiles_where_nvrtc_is_present() {
+        // SAFETY: only tries to open the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("notice: libnvrtc not found; NVRTC compile test skipped");
+            return;
+        }
+        let opts = options((9, 0), &cuda_home());
+        let cubin = compile(&program_source(), &opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(is_elf(&cubin));
+    }
+
     #[test]
     fn elf_check() {
         assert!(is_elf(b"\x7fELF\x02\x01"));

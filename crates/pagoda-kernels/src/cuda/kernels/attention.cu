@@ -43,7 +43,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
         qv[i] = d < head_dim ? bf2f(qh[d]) * scale : 0.0f;
         acc[i] = 0.0f;
     }
-    float m = -INFINITY;
+    float m = NEG_INF;
     float l = 0.0f;
     for (int key = warp; key < n_keys; key += ATT_WARPS) {
         int blk = table[key / block_size];
@@ -88,7 +88,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
         return;
     }
     // n_keys >= 1, so at least warp 0 saw a key and the merged max is finite.
-    float gm = -INFINITY;
+    float gm = NEG_INF;
     for (int w = 0; w < ATT_WARPS; w++) {
         gm = fmaxf(gm, s_max[w]);
     }

@@ -7,6 +7,9 @@
 
 typedef unsigned short bf16;
 
+// -inf without <math.h> (NVRTC has no INFINITY without the headers).
+#define NEG_INF __int_as_float(0xff800000)
+
 __device__ __forceinline__ float bf2f(bf16 v) {
     return __uint_as_float(((unsigned int)v) << 16);
 }
