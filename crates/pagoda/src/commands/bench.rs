@@ -126,8 +126,11 @@ struct ThroughputResult {
     shared_prefix: usize,
 }
 
-/// The workload: prompts and max_tokens per request, reproducible from the seed.
-fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
+/// The workload: prompts and max_tokens per request, reproducible from the
+/// seed. Token ids are drawn from [0, 10000), or the whole vocabulary when it
+/// is smaller.
+fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<GenerateRequest>> {
+    let max_id = vocab_size.clamp(1, 10_000) - 1;
     if a.num_seqs == 0 || a.min_input == 0 || a.min_output == 0 {
         bail!("--num-seqs, --min-input and --min-output must be at least 1");
     }
@@ -137,14 +140,14 @@ fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
     let mut rng = RequestRng::new(a.seed);
     let mut uniform = |lo: usize, hi: usize| lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize;
     let prefix: Vec<u32> = (0..a.shared_prefix)
-        .map(|_| uniform(0, 9999) as u32)
+        .map(|_| uniform(0, max_id) as u32)
         .collect();
     let mut requests = Vec::with_capacity(a.num_seqs);
     for i in 0..a.num_seqs {
         let len = uniform(a.min_input, a.max_input).max(a.shared_prefix + 1);
         let mut ids = prefix.clone();
         while ids.len() < len {
-            ids.push(uniform(0, 9999) as u32);
+            ids.push(uniform(0, max_id) as u32);
         }
         let params = SamplingParams {
             temperature: a.temperature,
@@ -162,8 +165,8 @@ fn workload(a: &ThroughputArgs) -> Result<Vec<GenerateRequest>> {
 }
 
 fn throughput(a: ThroughputArgs) -> Result<()> {
-    let requests = workload(&a)?;
     let files = open(&a.model, true)?;
+    let requests = workload(&a, files.config.vocab_size)?;
     let name = files
         .path
         .as_ref()
