@@ -88,6 +88,16 @@ impl CudaBackend {
             .map_err(|e| device_err("synchronize", e))
     }
 
+    /// `(free, total)` bytes of device memory (`cuMemGetInfo`), once queued
+    /// work is done; sizes the KV cache from what the weights left.
+    pub fn mem_get_info(&self) -> Result<(usize, usize)> {
+        self.synchronize()?;
+        self.dev
+            .ctx
+            .mem_get_info()
+            .map_err(|e| device_err("mem_get_info", e))
+    }
+
     /// K and V of one layer's cache as f32 (for tests and debugging).
     pub fn kv_cache_to_host(&self, cache: &CudaKvCache) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = cache.shape.elements();

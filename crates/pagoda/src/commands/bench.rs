@@ -12,14 +12,16 @@
 //! `--gen-tokens` greedy decode steps (tg), each repeated `--repeats` times;
 //! prints the median tokens/s of each as one JSON line.
 
-use super::{build_engine, open, CacheArgs, ModelArgs};
+use super::device::Device;
+use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use crate::progress;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use pagoda_core::SamplingParams;
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::sampler::RequestRng;
-use pagoda_engine::GenerateRequest;
+use pagoda_engine::{GenerateRequest, LlmEngine};
+use pagoda_kernels::Backend;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -172,31 +174,57 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "dummy".into());
-    let mut engine = build_engine(files, &a.model, &a.cache, false)?;
-    let input_tokens: usize = requests.iter().map(|r| r.prompt_token_ids.len()).sum();
-    let expected: usize = requests.iter().map(|r| r.params.max_tokens).sum();
-    let pb = progress::bar(expected as u64, "generating", false);
-    let started = Instant::now();
-    let outputs = engine.generate(requests, &mut |n| pb.inc(n as u64))?;
-    let seconds = started.elapsed().as_secs_f64();
-    pb.finish_and_clear();
-    let output_tokens: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
-    let result = ThroughputResult {
-        model: name,
-        backend: engine.runner().backend_name(),
-        num_seqs: outputs.len(),
-        input_tokens,
-        output_tokens,
-        seconds,
-        output_tok_per_s: output_tokens as f64 / seconds,
-        total_tok_per_s: (input_tokens + output_tokens) as f64 / seconds,
-        cached_tokens: outputs.iter().map(|o| o.num_cached_tokens).sum(),
-        preemptions: engine.stats().counters.num_preemptions,
-        prefix_caching: !a.cache.no_prefix_caching,
-        shared_prefix: a.shared_prefix,
-    };
+    let result = run_on_device(
+        files,
+        &a.model,
+        &a.cache,
+        false,
+        Throughput {
+            args: &a,
+            requests,
+            name,
+        },
+    )?;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
+}
+
+/// The offline run, on whichever backend the engine was built for.
+struct Throughput<'a> {
+    args: &'a ThroughputArgs,
+    requests: Vec<GenerateRequest>,
+    name: String,
+}
+
+impl EngineTask for Throughput<'_> {
+    type Output = ThroughputResult;
+
+    fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<ThroughputResult> {
+        let (a, requests, name) = (self.args, self.requests, self.name);
+        let input_tokens: usize = requests.iter().map(|r| r.prompt_token_ids.len()).sum();
+        let expected: usize = requests.iter().map(|r| r.params.max_tokens).sum();
+        let pb = progress::bar(expected as u64, "generating", false);
+        let started = Instant::now();
+        let outputs = engine.generate(requests, &mut |n| pb.inc(n as u64))?;
+        let seconds = started.elapsed().as_secs_f64();
+        pb.finish_and_clear();
+        let output_tokens: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
+        let result = ThroughputResult {
+            model: name,
+            backend: engine.runner().backend_name(),
+            num_seqs: outputs.len(),
+            input_tokens,
+            output_tokens,
+            seconds,
+            output_tok_per_s: output_tokens as f64 / seconds,
+            total_tok_per_s: (input_tokens + output_tokens) as f64 / seconds,
+            cached_tokens: outputs.iter().map(|o| o.num_cached_tokens).sum(),
+            preemptions: engine.stats().counters.num_preemptions,
+            prefix_caching: !a.cache.no_prefix_caching,
+            shared_prefix: a.shared_prefix,
+        };
+        Ok(result)
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -214,71 +242,89 @@ fn single(a: SingleArgs) -> Result<()> {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "dummy".into());
-    let mut engine = build_engine(files, &a.model, &a.cache, true)?;
-    let block_size = engine.scheduler_config().block_size;
-    let vocab = engine.runner().config().vocab_size as u32;
-    let total = a.prompt_tokens.max(a.gen_tokens + 1);
-    if total > engine.scheduler_config().max_model_len {
-        bail!(
-            "--prompt-tokens/--gen-tokens exceed the model's context ({})",
-            engine.scheduler_config().max_model_len
-        );
-    }
-    let blocks: Vec<u32> = (0..total.div_ceil(block_size) as u32).collect();
-    if blocks.len() > engine.scheduler_config().num_blocks {
-        bail!("the KV cache is too small for {total} tokens; raise --kv-cache-memory");
-    }
-    // Deterministic pseudo-random prompt ids.
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u64)
-        .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % vocab as u64) as u32)
-        .collect();
-    let runner = engine.runner_mut();
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    // One warm-up pass of each kind, then the measured repeats.
-    for rep in 0..=a.repeats {
-        let seq = ScheduledSeq {
-            token_ids: &prompt,
-            context_len: 0,
-            block_table: &blocks,
-            want_logits: true,
-        };
-        let ctx = build_forward_context(&[seq], block_size);
-        let t = Instant::now();
-        runner.execute(&ctx)?;
-        let pp_s = t.elapsed().as_secs_f64();
+    let result = run_on_device(files, &a.model, &a.cache, true, Single { args: &a, name })?;
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
 
-        let t = Instant::now();
-        let mut token = prompt[0];
-        for pos in 0..a.gen_tokens {
-            let ids = [token];
+/// The single-stream measurements, on whichever backend the engine was built for.
+struct Single<'a> {
+    args: &'a SingleArgs,
+    name: String,
+}
+
+impl EngineTask for Single<'_> {
+    type Output = SingleResult;
+
+    fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<SingleResult> {
+        let (a, name) = (self.args, self.name);
+        let block_size = engine.scheduler_config().block_size;
+        let vocab = engine.runner().config().vocab_size as u32;
+        let total = a.prompt_tokens.max(a.gen_tokens + 1);
+        if total > engine.scheduler_config().max_model_len {
+            bail!(
+                "--prompt-tokens/--gen-tokens exceed the model's context ({})",
+                engine.scheduler_config().max_model_len
+            );
+        }
+        let blocks: Vec<u32> = (0..total.div_ceil(block_size) as u32).collect();
+        if blocks.len() > engine.scheduler_config().num_blocks {
+            bail!("the KV cache is too small for {total} tokens; raise --kv-cache-memory");
+        }
+        // Deterministic pseudo-random prompt ids.
+        let prompt: Vec<u32> = (0..a.prompt_tokens as u64)
+            .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % vocab as u64) as u32)
+            .collect();
+        let runner = engine.runner_mut();
+        let mut pp = Vec::new();
+        let mut tg = Vec::new();
+        // One warm-up pass of each kind, then the measured repeats.
+        for rep in 0..=a.repeats {
             let seq = ScheduledSeq {
-                token_ids: &ids,
-                context_len: pos,
+                token_ids: &prompt,
+                context_len: 0,
                 block_table: &blocks,
                 want_logits: true,
             };
-            let logits = runner.execute(&build_forward_context(&[seq], block_size))?;
-            token = argmax(&logits);
+            let ctx = build_forward_context(&[seq], block_size);
+            let t = Instant::now();
+            runner.execute(&ctx)?;
+            let pp_s = t.elapsed().as_secs_f64();
+
+            let t = Instant::now();
+            let mut token = prompt[0];
+            for pos in 0..a.gen_tokens {
+                let ids = [token];
+                let seq = ScheduledSeq {
+                    token_ids: &ids,
+                    context_len: pos,
+                    block_table: &blocks,
+                    want_logits: true,
+                };
+                let logits = runner.execute(&build_forward_context(&[seq], block_size))?;
+                token = argmax(&logits);
+            }
+            let tg_s = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                pp.push(a.prompt_tokens as f64 / pp_s);
+                tg.push(a.gen_tokens as f64 / tg_s);
+            }
         }
-        let tg_s = t.elapsed().as_secs_f64();
-        if rep > 0 {
-            pp.push(a.prompt_tokens as f64 / pp_s);
-            tg.push(a.gen_tokens as f64 / tg_s);
-        }
+        let result = SingleResult {
+            model: name,
+            backend: engine.runner().backend_name(),
+            weight_dtype: match a.model.device.device {
+                Device::Cpu => format!("{:?}", a.model.weight_dtype).to_lowercase(),
+                Device::Cuda(_) => "bf16".into(),
+            },
+            prompt_tokens: a.prompt_tokens,
+            gen_tokens: a.gen_tokens,
+            repeats: a.repeats,
+            pp_tok_per_s: median(pp),
+            tg_tok_per_s: median(tg),
+        };
+        Ok(result)
     }
-    let result = SingleResult {
-        model: name,
-        backend: engine.runner().backend_name(),
-        weight_dtype: format!("{:?}", a.model.weight_dtype).to_lowercase(),
-        prompt_tokens: a.prompt_tokens,
-        gen_tokens: a.gen_tokens,
-        repeats: a.repeats,
-        pp_tok_per_s: median(pp),
-        tg_tok_per_s: median(tg),
-    };
-    println!("{}", serde_json::to_string(&result)?);
-    Ok(())
 }
 
 fn argmax(v: &[f32]) -> u32 {

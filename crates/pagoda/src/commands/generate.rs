@@ -1,11 +1,12 @@
 //! `pagoda generate`: one batch of prompts, printed as text or JSON lines.
 
-use super::{build_engine, open, parse_size, CacheArgs, ModelArgs};
+use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagoda_core::SamplingParams;
-use pagoda_engine::GenerateRequest;
+use pagoda_engine::{GenerateOutput, GenerateRequest, LlmEngine};
+use pagoda_kernels::Backend;
 use pagoda_model::tokenizer::ChatMessage;
 use serde::Serialize;
 use std::io::Write;
@@ -106,12 +107,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ..SamplingParams::default()
     };
     params.validate()?;
-    if parse_size(&args.cache.kv_cache_memory).is_err() {
-        bail!(
-            "invalid --kv-cache-memory {:?}: expected a size such as 512MiB, 2GiB or 1000000",
-            args.cache.kv_cache_memory
-        );
-    }
+    args.cache.check_kv_cache_memory()?;
     let quiet = args.json;
     let files = open(&args.model, quiet)?;
     let Some(tokenizer) = files.tokenizer.as_ref() else {
@@ -140,19 +136,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         });
     }
 
-    let mut engine = build_engine(files, &args.model, &args.cache, quiet)?;
-    let total: usize = requests.iter().map(|r| r.params.max_tokens).sum();
-    let pb = progress::bar(total as u64, "generating", quiet);
-    let started = std::time::Instant::now();
-    let outputs = engine.generate(requests, &mut |n| pb.inc(n as u64))?;
-    pb.finish_and_clear();
-    let generated: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
-    tracing::info!(
-        generated,
-        seconds = started.elapsed().as_secs_f64(),
-        "generated {generated} tokens in {:.2}s",
-        started.elapsed().as_secs_f64()
-    );
+    let outputs = run_on_device(
+        files,
+        &args.model,
+        &args.cache,
+        quiet,
+        Generate { requests, quiet },
+    )?;
 
     let mut out = std::io::stdout().lock();
     for (prompt, o) in args.prompts.iter().zip(&outputs) {
@@ -177,4 +167,30 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The batch run, on whichever backend the engine was built for.
+struct Generate {
+    requests: Vec<GenerateRequest>,
+    quiet: bool,
+}
+
+impl EngineTask for Generate {
+    type Output = Vec<GenerateOutput>;
+
+    fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<Vec<GenerateOutput>> {
+        let total: usize = self.requests.iter().map(|r| r.params.max_tokens).sum();
+        let pb = progress::bar(total as u64, "generating", self.quiet);
+        let started = std::time::Instant::now();
+        let outputs = engine.generate(self.requests, &mut |n| pb.inc(n as u64))?;
+        pb.finish_and_clear();
+        let generated: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
+        tracing::info!(
+            generated,
+            seconds = started.elapsed().as_secs_f64(),
+            "generated {generated} tokens in {:.2}s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(outputs)
+    }
 }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_serve;
+pub mod device;
 pub mod generate;
 pub mod info;
 pub mod serve;
@@ -9,9 +10,7 @@ pub mod serve;
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
-use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
-use pagoda_model::arch::BuildOptions;
+pub use device::{run_on_device, EngineTask};
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
 use std::path::PathBuf;
 
@@ -36,6 +35,8 @@ pub struct ModelArgs {
     /// GGUF weights, f16/bf16 halve memory traffic and decode faster.
     #[arg(long, value_enum, default_value_t = WeightDtypeArg::F16)]
     pub weight_dtype: WeightDtypeArg,
+    #[command(flatten)]
+    pub device: device::DeviceArgs,
 }
 
 /// Weight storage dtype on the CPU.
@@ -52,9 +53,10 @@ pub struct CacheArgs {
     /// Tokens per KV cache block.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub block_size: usize,
-    /// Memory for the KV cache, e.g. 512MiB or 2GiB.
-    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
-    pub kv_cache_memory: String,
+    /// Memory for the KV cache, e.g. 512MiB or 2GiB (default: 1GiB on the
+    /// CPU; on CUDA, what --gpu-memory-utilization leaves).
+    #[arg(long, value_name = "SIZE")]
+    pub kv_cache_memory: Option<String>,
     /// Instead of --kv-cache-memory: this fraction of the memory still
     /// available once the weights are loaded (e.g. 0.5).
     #[arg(long, value_name = "F")]
@@ -71,6 +73,18 @@ pub struct CacheArgs {
     /// Turn off sharing of prompt prefixes between requests (the radix cache).
     #[arg(long)]
     pub no_prefix_caching: bool,
+}
+
+impl CacheArgs {
+    /// Fails fast on a malformed --kv-cache-memory, before the model is opened.
+    pub fn check_kv_cache_memory(&self) -> Result<()> {
+        if let Some(size) = &self.kv_cache_memory {
+            if parse_size(size).is_err() {
+                bail!("invalid --kv-cache-memory {size:?}: expected a size such as 512MiB, 2GiB or 1000000");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Parses sizes like `512MiB`, `2GiB`, `1.5GB`, `1000000`.
@@ -96,6 +110,7 @@ pub fn parse_size(s: &str) -> Result<usize> {
 
 /// Opens the model named by `args` (weights, config, tokenizer).
 pub fn open(args: &ModelArgs, quiet: bool) -> Result<ModelFiles> {
+    args.device.check()?;
     let pb = progress::bar(1, "opening", quiet);
     let files = open_model(&OpenOptions {
         model: args.model.clone(),
@@ -104,98 +119,6 @@ pub fn open(args: &ModelArgs, quiet: bool) -> Result<ModelFiles> {
     })?;
     pb.finish_and_clear();
     Ok(files)
-}
-
-/// Builds a CPU engine for `files`, with a progress bar over the layers.
-pub fn build_engine(
-    files: ModelFiles,
-    model: &ModelArgs,
-    cache: &CacheArgs,
-    quiet: bool,
-) -> Result<LlmEngine<CpuBackend>> {
-    let threads = model.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
-    let weight_dtype = match model.weight_dtype {
-        WeightDtypeArg::F32 => WeightDtype::F32,
-        WeightDtypeArg::F16 => WeightDtype::F16,
-        WeightDtypeArg::Bf16 => WeightDtype::BF16,
-    };
-    let backend = CpuBackend::new(CpuOptions {
-        threads,
-        weight_dtype,
-    })?;
-    let cfg = files.config.clone();
-    let max_model_len = cache.max_model_len.unwrap_or(cfg.max_position_embeddings);
-    if max_model_len == 0 || max_model_len > cfg.max_position_embeddings {
-        bail!(
-            "--max-model-len {max_model_len} must be between 1 and the model's context length {}",
-            cfg.max_position_embeddings
-        );
-    }
-    if cache.block_size == 0 {
-        bail!("--block-size must be at least 1");
-    }
-    let pb = progress::bar((cfg.num_hidden_layers + 2) as u64, "loading", quiet);
-    let model = pagoda_model::arch::build(
-        &backend,
-        &cfg,
-        files.weights.as_ref(),
-        BuildOptions { max_model_len },
-        &mut |done, total| {
-            pb.set_length(total as u64);
-            pb.set_position(done as u64);
-        },
-    )?;
-    pb.finish_and_clear();
-    drop(files.weights);
-    let per_block = ModelRunner::kv_bytes_per_block(&backend, &cfg, cache.block_size);
-    let budget = match cache.kv_cache_fraction {
-        Some(f) if f > 0.0 && f <= 1.0 => {
-            let available = available_memory().context(
-                "--kv-cache-fraction: cannot read available memory; use --kv-cache-memory",
-            )?;
-            (available as f64 * f) as usize
-        }
-        Some(f) => bail!("--kv-cache-fraction must be in (0, 1], got {f}"),
-        None => parse_size(&cache.kv_cache_memory)?,
-    };
-    let num_blocks = budget / per_block.max(1);
-    if num_blocks == 0 {
-        bail!(
-            "--kv-cache-memory {} holds no KV block ({} bytes each)",
-            cache.kv_cache_memory,
-            per_block
-        );
-    }
-    tracing::info!(
-        num_blocks,
-        tokens = num_blocks * cache.block_size,
-        "KV cache: {} blocks of {} tokens ({} tokens)",
-        num_blocks,
-        cache.block_size,
-        num_blocks * cache.block_size
-    );
-    let runner = ModelRunner::new(backend, model, cache.block_size, num_blocks)?;
-    let config = SchedulerConfig {
-        block_size: cache.block_size,
-        num_blocks,
-        max_num_batched_tokens: cache.max_num_batched_tokens,
-        max_num_seqs: cache.max_num_seqs,
-        max_model_len,
-        enable_prefix_caching: !cache.no_prefix_caching,
-    };
-    Ok(LlmEngine::new(runner, files.tokenizer, config)?)
-}
-
-/// Bytes of memory the OS reports as available (Linux `MemAvailable`).
-fn available_memory() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 #[cfg(test)]

@@ -3,10 +3,12 @@
 //! SIGTERM; then stops accepting, lets requests in flight finish (bounded),
 //! stops the engine, and exits 0.
 
-use super::{build_engine, open, parse_size, CacheArgs, ModelArgs};
+use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pagoda_engine::{EngineHandle, HandleOptions, ShutdownMode};
+use pagoda_core::SchedulerConfig;
+use pagoda_engine::{EngineHandle, HandleOptions, LlmEngine, ShutdownMode};
+use pagoda_kernels::Backend;
 use pagoda_server::ServerConfig;
 use std::time::Duration;
 
@@ -37,12 +39,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    if parse_size(&args.cache.kv_cache_memory).is_err() {
-        bail!(
-            "invalid --kv-cache-memory {:?}: expected a size such as 512MiB, 2GiB or 1000000",
-            args.cache.kv_cache_memory
-        );
-    }
+    args.cache.check_kv_cache_memory()?;
     let files = open(&args.model, false)?;
     let Some(tokenizer) = files.tokenizer.clone() else {
         bail!("the model has no tokenizer, so it cannot be served over text APIs");
@@ -55,11 +52,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "pagoda".into())
     });
-    let engine = build_engine(files, &args.model, &args.cache, false)?;
-    let sched = engine.scheduler_config().clone();
-    let handle = EngineHandle::spawn_with(
-        engine,
-        HandleOptions {
+    let (handle, sched) = run_on_device(
+        files,
+        &args.model,
+        &args.cache,
+        false,
+        Spawn {
             max_waiting: args.max_waiting,
         },
     )?;
@@ -103,4 +101,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         handle.shutdown(ShutdownMode::Abort).await?;
         anyhow::Ok(())
     })
+}
+
+/// Starts the engine thread, on whichever backend the engine was built for.
+struct Spawn {
+    max_waiting: Option<usize>,
+}
+
+impl EngineTask for Spawn {
+    type Output = (EngineHandle, SchedulerConfig);
+
+    fn run<B: Backend>(self, engine: LlmEngine<B>) -> Result<Self::Output> {
+        let sched = engine.scheduler_config().clone();
+        let handle = EngineHandle::spawn_with(
+            engine,
+            HandleOptions {
+                max_waiting: self.max_waiting,
+            },
+        )?;
+        Ok((handle, sched))
+    }
 }

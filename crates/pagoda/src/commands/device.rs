@@ -1,0 +1,305 @@
+//! `--device`: which backend runs the model, and building an engine on it.
+//!
+//! Every command that runs a model hands its device-independent body to
+//! [`run_on_device`] as an [`EngineTask`], whose one method is generic over
+//! the backend; this module picks the backend, loads the weights onto it,
+//! sizes the KV cache and builds the [`LlmEngine`], so no command holds code
+//! per device. Without the `cuda` feature `--device cuda` fails with a clear
+//! message before any weight is read.
+//!
+//! KV cache sizing: `--kv-cache-memory` when given; otherwise on the CPU
+//! `--kv-cache-fraction` of the available host memory, or 1 GiB; on CUDA
+//! `--gpu-memory-utilization` of the device's total memory minus what is in
+//! use once the weights are loaded (activations live in the remainder).
+
+use super::{parse_size, CacheArgs, ModelArgs, WeightDtypeArg};
+use crate::progress;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
+use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use pagoda_kernels::Backend;
+use pagoda_model::arch::BuildOptions;
+use pagoda_model::open::ModelFiles;
+
+/// KV cache size on the CPU when no option names one.
+const DEFAULT_CPU_KV_CACHE: &str = "1GiB";
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// A CUDA device ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => Err(format!("unknown device {s:?}: use cpu, cuda or cuda:N")),
+            },
+        }
+    }
+}
+
+/// Device options shared by every command that runs a model.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Where the model runs: cpu, cuda (device 0) or cuda:N.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    pub device: Device,
+    /// On CUDA: the fraction of the device's memory pagoda may fill; the KV
+    /// cache gets this share of the total minus what is in use once the
+    /// weights are loaded (ignored when --kv-cache-memory is given).
+    #[arg(long, default_value_t = 0.9, value_name = "F")]
+    pub gpu_memory_utilization: f64,
+}
+
+impl DeviceArgs {
+    /// Refuses a device this binary cannot use, before any file is read.
+    pub fn check(&self) -> Result<()> {
+        if matches!(self.device, Device::Cuda(_)) && !cfg!(feature = "cuda") {
+            bail!("this binary was built without CUDA support; rebuild with --features cuda");
+        }
+        let util = self.gpu_memory_utilization;
+        if !(util > 0.0 && util <= 1.0) {
+            bail!("--gpu-memory-utilization must be in (0, 1], got {util}");
+        }
+        Ok(())
+    }
+}
+
+/// A command's body once its engine exists, for whichever backend it runs on.
+pub trait EngineTask {
+    type Output;
+    fn run<B: Backend>(self, engine: LlmEngine<B>) -> Result<Self::Output>;
+}
+
+/// Builds the engine on the device `model.device` names and runs `task` on it.
+pub fn run_on_device<T: EngineTask>(
+    files: ModelFiles,
+    model: &ModelArgs,
+    cache: &CacheArgs,
+    quiet: bool,
+    task: T,
+) -> Result<T::Output> {
+    match model.device.device {
+        Device::Cpu => task.run(build_engine(cpu_backend(model)?, files, cache, quiet)?),
+        Device::Cuda(ordinal) => run_on_cuda(ordinal, files, model, cache, quiet, task),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn run_on_cuda<T: EngineTask>(
+    ordinal: usize,
+    files: ModelFiles,
+    model: &ModelArgs,
+    cache: &CacheArgs,
+    quiet: bool,
+    task: T,
+) -> Result<T::Output> {
+    use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+    model.device.check()?;
+    let util = model.device.gpu_memory_utilization;
+    if cache.kv_cache_fraction.is_some() {
+        bail!("--kv-cache-fraction sizes the cache from host memory; on CUDA use --gpu-memory-utilization or --kv-cache-memory");
+    }
+    if model.weight_dtype != WeightDtypeArg::F16 {
+        tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
+    }
+    let backend = CudaBackend::new(CudaOptions { device: ordinal })?;
+    task.run(build_engine(Cuda { backend, util }, files, cache, quiet)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_on_cuda<T: EngineTask>(
+    _ordinal: usize,
+    _files: ModelFiles,
+    _model: &ModelArgs,
+    _cache: &CacheArgs,
+    _quiet: bool,
+    _task: T,
+) -> Result<T::Output> {
+    bail!("this binary was built without CUDA support; rebuild with --features cuda")
+}
+
+/// A backend that knows how much memory its KV cache may take.
+trait KvBudget {
+    type Backend: Backend;
+    fn backend(&self) -> &Self::Backend;
+    fn into_backend(self) -> Self::Backend;
+    /// Bytes for the KV cache, read once the weights are on the device.
+    fn kv_cache_budget(&self, cache: &CacheArgs) -> Result<usize>;
+}
+
+fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
+    let threads = model.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let weight_dtype = match model.weight_dtype {
+        WeightDtypeArg::F32 => WeightDtype::F32,
+        WeightDtypeArg::F16 => WeightDtype::F16,
+        WeightDtypeArg::Bf16 => WeightDtype::BF16,
+    };
+    Ok(CpuBackend::new(CpuOptions {
+        threads,
+        weight_dtype,
+    })?)
+}
+
+impl KvBudget for CpuBackend {
+    type Backend = CpuBackend;
+    fn backend(&self) -> &CpuBackend {
+        self
+    }
+    fn into_backend(self) -> CpuBackend {
+        self
+    }
+    fn kv_cache_budget(&self, cache: &CacheArgs) -> Result<usize> {
+        match (&cache.kv_cache_memory, cache.kv_cache_fraction) {
+            (Some(size), _) => parse_size(size),
+            (None, Some(f)) if f > 0.0 && f <= 1.0 => {
+                let available = available_memory().context(
+                    "--kv-cache-fraction: cannot read available memory; use --kv-cache-memory",
+                )?;
+                Ok((available as f64 * f) as usize)
+            }
+            (None, Some(f)) => bail!("--kv-cache-fraction must be in (0, 1], got {f}"),
+            (None, None) => parse_size(DEFAULT_CPU_KV_CACHE),
+        }
+    }
+}
+
+/// The CUDA backend with its memory-utilization target.
+#[cfg(feature = "cuda")]
+struct Cuda {
+    backend: pagoda_kernels::cuda::CudaBackend,
+    util: f64,
+}
+
+#[cfg(feature = "cuda")]
+impl KvBudget for Cuda {
+    type Backend = pagoda_kernels::cuda::CudaBackend;
+    fn backend(&self) -> &Self::Backend {
+        &self.backend
+    }
+    fn into_backend(self) -> Self::Backend {
+        self.backend
+    }
+    fn kv_cache_budget(&self, cache: &CacheArgs) -> Result<usize> {
+        if let Some(size) = &cache.kv_cache_memory {
+            return parse_size(size);
+        }
+        let (free, total) = self.backend.mem_get_info()?;
+        let used = total.saturating_sub(free);
+        let allowed = (total as f64 * self.util) as usize;
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        if allowed <= used {
+            bail!(
+                "--gpu-memory-utilization {}: {:.2} GiB of the device's {:.2} GiB are already in use \
+                 with the weights loaded, leaving nothing for the KV cache",
+                self.util,
+                gib(used),
+                gib(total)
+            );
+        }
+        tracing::info!(
+            "device memory: {:.2} GiB total, {:.2} GiB in use after loading; KV cache gets {:.2} GiB",
+            gib(total),
+            gib(used),
+            gib(allowed - used)
+        );
+        Ok(allowed - used)
+    }
+}
+
+/// Loads the model onto `dev`, sizes the KV cache and builds the engine, with
+/// a progress bar over the layers.
+fn build_engine<K: KvBudget>(
+    dev: K,
+    files: ModelFiles,
+    cache: &CacheArgs,
+    quiet: bool,
+) -> Result<LlmEngine<K::Backend>> {
+    let cfg = files.config.clone();
+    let max_model_len = cache.max_model_len.unwrap_or(cfg.max_position_embeddings);
+    if max_model_len == 0 || max_model_len > cfg.max_position_embeddings {
+        bail!(
+            "--max-model-len {max_model_len} must be between 1 and the model's context length {}",
+            cfg.max_position_embeddings
+        );
+    }
+    if cache.block_size == 0 {
+        bail!("--block-size must be at least 1");
+    }
+    let pb = progress::bar((cfg.num_hidden_layers + 2) as u64, "loading", quiet);
+    let model = pagoda_model::arch::build(
+        dev.backend(),
+        &cfg,
+        files.weights.as_ref(),
+        BuildOptions { max_model_len },
+        &mut |done, total| {
+            pb.set_length(total as u64);
+            pb.set_position(done as u64);
+        },
+    )?;
+    pb.finish_and_clear();
+    drop(files.weights);
+    let per_block = ModelRunner::kv_bytes_per_block(dev.backend(), &cfg, cache.block_size);
+    let budget = dev.kv_cache_budget(cache)?;
+    let num_blocks = budget / per_block.max(1);
+    if num_blocks == 0 {
+        bail!(
+            "a KV cache of {budget} bytes holds no KV block ({per_block} bytes each); \
+             raise --kv-cache-memory or --gpu-memory-utilization"
+        );
+    }
+    tracing::info!(
+        num_blocks,
+        tokens = num_blocks * cache.block_size,
+        "KV cache: {} blocks of {} tokens ({} tokens)",
+        num_blocks,
+        cache.block_size,
+        num_blocks * cache.block_size
+    );
+    let runner = ModelRunner::new(dev.into_backend(), model, cache.block_size, num_blocks)?;
+    let config = SchedulerConfig {
+        block_size: cache.block_size,
+        num_blocks,
+        max_num_batched_tokens: cache.max_num_batched_tokens,
+        max_num_seqs: cache.max_num_seqs,
+        max_model_len,
+        enable_prefix_caching: !cache.no_prefix_caching,
+    };
+    Ok(LlmEngine::new(runner, files.tokenizer, config)?)
+}
+
+/// Bytes of memory the OS reports as available (Linux `MemAvailable`).
+fn available_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Device;
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+        assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
+        assert_eq!("CUDA:3".parse::<Device>(), Ok(Device::Cuda(3)));
+        assert!("cuda:x".parse::<Device>().is_err());
+        assert!("tpu".parse::<Device>().is_err());
+    }
+}
