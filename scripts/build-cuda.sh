@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds pagoda-kernels' CUDA test binaries (release, feature `cuda`) on a
-# machine without CUDA and copies them, stripped of debug info, into
+# Builds the CUDA test binaries of pagoda-kernels (op tests) and pagoda-engine
+# (end-to-end tests) and the pagoda binary, all release with feature `cuda`, on
+# a machine without CUDA, and copies them, stripped of debug info, into
 # .device-bin/ (git-ignored), ready to be carried to the GPU host and run there
 # by scripts/gpu-run.sh (the host has no Rust toolchain).
 set -euo pipefail
@@ -10,7 +11,7 @@ mkdir -p .device-bin
 rm -f .device-bin/*
 
 # Each compiled test target is one JSON line with "executable" set.
-cargo test --release -p pagoda-kernels --features cuda --no-run --message-format=json \
+cargo test --release -p pagoda-kernels -p pagoda-engine --features cuda --no-run --message-format=json \
     | grep '"reason":"compiler-artifact"' \
     | grep -o '"executable":"[^"]*"' \
     | sed 's/"executable":"//; s/"$//' \
@@ -25,5 +26,10 @@ cargo test --release -p pagoda-kernels --features cuda --no-run --message-format
         strip --strip-debug ".device-bin/$name" 2>/dev/null || true
         echo "built .device-bin/$name"
     done
+
+cargo build --release -p pagoda --features cuda
+cp target/release/pagoda .device-bin/pagoda
+strip --strip-debug .device-bin/pagoda 2>/dev/null || true
+echo "built .device-bin/pagoda"
 
 du -sh .device-bin
