@@ -7,7 +7,8 @@ save_pretrained to OUT_DIR (default /tmp/qwen3-small). The reference is computed
 in float32 from those saved bf16 weights, on the GPU when there is one, and
 written to OUT_DIR/reference.json: for 8 prompts of random token ids, the last
 prompt position's logits and 16 greedy tokens, each with its relative top-1
-margin ((top1 - top2) / max |logit|).
+margin ((top1 - top2) / max |logit|); and, as a yardstick, the relative error
+(L2/max-abs) of PyTorch's own bf16 prompt logits against the f32 ones.
 """
 import json
 import os
@@ -55,6 +56,9 @@ def main():
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref = Qwen3ForCausalLM.from_pretrained(OUT_DIR, dtype=torch.float32).to(device).eval()
+    # PyTorch's own bf16 run: how far bf16 arithmetic alone moves the logits.
+    ref_bf16 = Qwen3ForCausalLM.from_pretrained(OUT_DIR, dtype=torch.bfloat16).to(device).eval()
+    bf16_errors = []
     gen = torch.Generator().manual_seed(1)
     prompts = []
     for n in PROMPT_LENS:
@@ -65,6 +69,14 @@ def main():
             logits = out.logits[0, -1].float()
             past = out.past_key_values
             prompt_logits = logits.cpu().tolist()
+            low = ref_bf16(input_ids=x).logits[0, -1].float()
+            bf16_errors.append(
+                "%.2e/%.2e"
+                % (
+                    float((low - logits).norm() / logits.norm()),
+                    float((low - logits).abs().max() / logits.abs().max()),
+                )
+            )
             tokens, margins = [], []
             for _ in range(NEW_TOKENS):
                 tok = int(torch.argmax(logits))
@@ -83,6 +95,7 @@ def main():
                 "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                 "config": cfg.to_dict(),
                 "prompts": prompts,
+                "torch_bf16_prompt_errors": " ".join(bf16_errors),
             },
             f,
         )
