@@ -138,6 +138,7 @@ fn one_seq_step(context: usize, query: usize) -> ForwardContext {
         num_prefill_tokens: if query > 1 { query } else { 0 },
         num_decode_tokens: if query > 1 { 0 } else { 1 },
         logits_indices: vec![query as u32 - 1],
+        sampling: Vec::new(),
     };
     ctx.validate().unwrap();
     ctx

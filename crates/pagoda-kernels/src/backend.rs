@@ -68,6 +68,8 @@ pub trait Backend: Send + Sync + 'static {
     type KvCache: Send;
     /// Batch metadata of one forward pass, resident where the ops need it.
     type Step: Send + Sync;
+    /// A captured decode graph ([`NoGraph`] where graphs are not supported).
+    type Graph: Send;
 
     /// Human-readable device name, e.g. "cpu (2 threads)".
     fn name(&self) -> String;
@@ -190,4 +192,51 @@ pub trait Backend: Send + Sync + 'static {
         step: &Self::Step,
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
+
+    // ---- device sampling and decode graphs (optional) ---------------------
+
+    /// Whether [`Backend::sample`] works: then the runner fills
+    /// [`ForwardContext::sampling`] and asks for token ids instead of logits.
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+    /// Samples one token per row of `logits` (the step's logits rows, in
+    /// order) with the step's [`ForwardContext::sampling`] rows; waits for
+    /// the device and returns the ids.
+    fn sample(&self, logits: &Self::Tensor, step: &Self::Step) -> Result<Vec<u32>> {
+        let _ = (logits, step);
+        Err(crate::KernelError::Unsupported(
+            "sampling on this backend's device".into(),
+        ))
+    }
+    /// Whether [`Backend::capture_graph`] works.
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+    /// Records `forward` (the model's forward pass over `step`, returning the
+    /// logits rows) followed by device sampling into a replayable graph.
+    /// Nothing runs now; [`Backend::replay_graph`] runs it.
+    fn capture_graph(
+        &self,
+        step: Self::Step,
+        forward: &mut dyn FnMut(&Self::Step) -> Result<Self::Tensor>,
+    ) -> Result<Self::Graph> {
+        let _ = (step, forward);
+        Err(crate::KernelError::Unsupported(
+            "graphs on this backend".into(),
+        ))
+    }
+    /// Runs `graph` on `ctx`, which must have the shape the graph was
+    /// captured with (tokens, sequences, block-table width, sampling rows);
+    /// returns the sampled token ids (one sync with the device).
+    fn replay_graph(&self, graph: &mut Self::Graph, ctx: &ForwardContext) -> Result<Vec<u32>> {
+        let _ = (graph, ctx);
+        Err(crate::KernelError::Unsupported(
+            "graphs on this backend".into(),
+        ))
+    }
 }
+
+/// The graph type of backends without graphs (no value of it exists).
+#[derive(Debug)]
+pub enum NoGraph {}

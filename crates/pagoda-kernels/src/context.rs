@@ -47,6 +47,39 @@ pub struct ForwardContext {
     pub num_decode_tokens: usize,
     /// Rows of the step whose logits are wanted (typically each sequence's last token).
     pub logits_indices: Vec<u32>,
+    /// How to sample each logits row on the device, one entry per
+    /// `logits_indices` entry; empty when the caller samples on the host
+    /// from the logits (see [`crate::Backend::sample`]).
+    pub sampling: Vec<SamplingRow>,
+}
+
+/// One row's sampling parameters for device-side sampling; the semantics are
+/// those of the engine's host sampler (temperature below 1e-5 is greedy;
+/// otherwise softmax(logits / temperature), then top-k, top-p, min-p, and one
+/// draw from what is left, renormalized).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingRow {
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: u32,
+    /// Keep the smallest most-likely set whose mass reaches `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p * p_max`; 0 keeps all.
+    pub min_p: f32,
+    /// This draw's 64 random bits, from the request's own stream; the draw
+    /// uses `u = (random >> 11) * 2^-53` in [0, 1).
+    pub random: u64,
+}
+
+impl SamplingRow {
+    /// Greedy decoding (argmax, ties to the lowest id).
+    pub const GREEDY: SamplingRow = SamplingRow {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        random: 0,
+    };
 }
 
 impl ForwardContext {
@@ -110,6 +143,9 @@ impl ForwardContext {
         }
         if self.logits_indices.iter().any(|&r| r as usize >= t) {
             return Err("logits index out of range".into());
+        }
+        if !self.sampling.is_empty() && self.sampling.len() != self.logits_indices.len() {
+            return Err("sampling must be empty or have one row per logits index".into());
         }
         Ok(())
     }

@@ -18,7 +18,7 @@ pub mod cuda;
 pub mod error;
 pub mod host;
 
-pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, RopeStyle};
-pub use context::ForwardContext;
+pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, RopeStyle};
+pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{HostData, HostTensor};

@@ -208,6 +208,7 @@ fn step_at(positions: &[u32], ids: &[u32]) -> ForwardContext {
         num_prefill_tokens: t as usize,
         num_decode_tokens: 0,
         logits_indices: vec![t - 1],
+        sampling: Vec::new(),
     };
     ctx.validate().unwrap();
     ctx

@@ -37,6 +37,7 @@ impl Backend for FaultyBackend {
     type Weight = <CpuBackend as Backend>::Weight;
     type KvCache = <CpuBackend as Backend>::KvCache;
     type Step = <CpuBackend as Backend>::Step;
+    type Graph = pagoda_kernels::NoGraph;
 
     fn name(&self) -> String {
         format!("faulty {}", self.inner.name())

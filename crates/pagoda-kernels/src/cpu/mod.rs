@@ -119,6 +119,7 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
     type Step = CpuStep;
+    type Graph = crate::NoGraph;
 
     fn name(&self) -> String {
         let dtype = match self.weight_dtype {

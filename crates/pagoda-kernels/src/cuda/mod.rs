@@ -20,9 +20,14 @@
 mod attention;
 mod compile;
 mod device;
+mod graph;
 mod ops;
+mod pool;
+mod sampling;
 mod storage;
 
+pub use graph::CudaGraphRunner;
+pub use pool::DeviceBuf;
 pub use storage::{CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
 use crate::{
@@ -42,6 +47,8 @@ pub struct CudaOptions {
 /// The CUDA implementation of [`crate::Backend`].
 pub struct CudaBackend {
     dev: device::Device,
+    /// Activations and scratch (see [`pool`]).
+    pool: std::sync::Arc<pool::Pool>,
     /// When set, fresh outputs are filled with NaN before the op writes them
     /// (tests use it to catch elements an op leaves unwritten).
     poison: AtomicBool,
@@ -69,8 +76,10 @@ impl CudaBackend {
     /// Opens device `opts.device`, loads cuBLAS and the kernels (compiling
     /// them with NVRTC on first use, then from the disk cache).
     pub fn new(opts: CudaOptions) -> Result<Self> {
+        let dev = device::Device::open(opts.device)?;
         Ok(CudaBackend {
-            dev: device::Device::open(opts.device)?,
+            pool: pool::Pool::new(dev.stream.clone()),
+            dev,
             poison: AtomicBool::new(false),
         })
     }
@@ -120,16 +129,30 @@ impl CudaBackend {
     }
 
     /// A bf16 buffer of `n` elements (at least one), NaN-filled when poisoning.
-    pub(crate) fn alloc_bf16(&self, n: usize) -> Result<cudarc::driver::CudaSlice<bf16>> {
-        let n = n.max(1);
-        // SAFETY: every op writes each element it later reads; poisoning (or
-        // the op) initializes the rest before any read that matters.
-        let mut d = unsafe { self.dev.stream.alloc::<bf16>(n) }
-            .map_err(|e| device_err("allocate activation", e))?;
+    pub(crate) fn alloc_bf16(&self, n: usize) -> Result<DeviceBuf<bf16>> {
+        // Every op writes each element it later reads; poisoning (or the op)
+        // initializes the rest before any read that matters.
+        let mut d = self.pool.take::<bf16>(n)?;
         if self.poison.load(Ordering::Relaxed) {
             ops::fill(self, &mut d, n, 0x7fc0)?;
         }
         Ok(d)
+    }
+
+    /// A scratch buffer of `n` f32 (at least one) from the pool, contents
+    /// undefined. Allocation-free once a step of the same shape has run.
+    pub(crate) fn alloc_f32(&self, n: usize) -> Result<DeviceBuf<f32>> {
+        self.pool.take::<f32>(n)
+    }
+
+    /// A scratch buffer of `n` i32 (at least one) from the pool.
+    pub(crate) fn alloc_i32(&self, n: usize) -> Result<DeviceBuf<i32>> {
+        self.pool.take::<i32>(n)
+    }
+
+    /// Bytes the activation pool holds (in use or cached for reuse).
+    pub fn pool_reserved_bytes(&self) -> usize {
+        self.pool.reserved_bytes()
     }
 
     /// A fresh `[rows, cols]` activation.
@@ -147,6 +170,7 @@ impl Backend for CudaBackend {
     type Weight = CudaWeight;
     type KvCache = CudaKvCache;
     type Step = CudaStep;
+    type Graph = CudaGraphRunner;
 
     fn name(&self) -> String {
         self.dev.name.clone()
@@ -220,7 +244,11 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(&host)
             .map_err(|e| device_err("tensor_from_host", e))?;
-        Ok(CudaTensor { rows, cols, data })
+        Ok(CudaTensor {
+            rows,
+            cols,
+            data: DeviceBuf::unpooled(data),
+        })
     }
 
     fn tensor_to_host(&self, x: &CudaTensor) -> Result<Vec<f32>> {
@@ -232,7 +260,7 @@ impl Backend for CudaBackend {
     }
 
     fn begin_step(&self, ctx: &ForwardContext) -> Result<CudaStep> {
-        CudaStep::new(ctx, &self.dev.stream)
+        CudaStep::new(ctx, self)
     }
 
     fn embedding(&self, step: &CudaStep, table: &CudaWeight) -> Result<CudaTensor> {
@@ -345,5 +373,38 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
     ) -> Result<CudaTensor> {
         attention::attention(self, q, cache, step, params)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn sample(&self, logits: &CudaTensor, step: &CudaStep) -> Result<Vec<u32>> {
+        let rows = logits.rows;
+        let mut out = self.alloc_i32(rows)?;
+        sampling::launch_sample(self, logits, step, &mut out)?;
+        let mut host = vec![0i32; rows.max(1)];
+        self.dev
+            .stream
+            .memcpy_dtoh(&*out, &mut host)
+            .map_err(|e| device_err("sample download", e))?;
+        self.synchronize()?;
+        Ok(host[..rows].iter().map(|&t| t as u32).collect())
+    }
+
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn capture_graph(
+        &self,
+        step: CudaStep,
+        forward: &mut dyn FnMut(&CudaStep) -> Result<CudaTensor>,
+    ) -> Result<CudaGraphRunner> {
+        graph::capture(self, step, forward)
+    }
+
+    fn replay_graph(&self, graph: &mut CudaGraphRunner, ctx: &ForwardContext) -> Result<Vec<u32>> {
+        graph::replay(self, graph, ctx)
     }
 }

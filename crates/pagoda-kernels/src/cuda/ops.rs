@@ -244,7 +244,7 @@ pub(crate) fn linear(
             ldc: i32_of(out, op)?,
         };
         // SAFETY: the buffers hold at least out*in, rows*in and rows*out elements.
-        unsafe { b.dev.blas.gemm(cfg, wd, &x.data, &mut y.data) }
+        unsafe { b.dev.blas.gemm(cfg, wd, &*x.data, &mut *y.data) }
             .map_err(|e| device_err("linear (cuBLAS GEMM)", e))?;
     }
     if let Some(bias) = bias {

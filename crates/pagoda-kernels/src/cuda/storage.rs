@@ -16,16 +16,16 @@
 //!
 //! [`load_weight`]: crate::Backend::load_weight
 
+use super::pool::DeviceBuf;
 use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaView};
 use half::bf16;
-use std::sync::Arc;
 
 /// An activation: row-major `[rows, cols]` bf16 on the device.
 pub struct CudaTensor {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
-    pub(crate) data: CudaSlice<bf16>,
+    pub(crate) data: super::pool::DeviceBuf<bf16>,
 }
 
 impl CudaTensor {
@@ -128,17 +128,22 @@ impl CudaKvCache {
     }
 }
 
+/// Ints per sampling row in the packed step (see [`CudaStep::sampling`]).
+pub(crate) const SAMPLING_INTS: usize = 6;
+
 /// Where each array of the step lives in the packed buffer.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Span {
     pub start: usize,
     pub len: usize,
 }
 
-/// The batch metadata of one forward pass, on the device.
-pub struct CudaStep {
-    pub(crate) ctx: ForwardContext,
-    pub(crate) buf: CudaSlice<i32>,
+/// Where a step's arrays sit in its packed buffer, and the maxima the ops'
+/// range checks need. A function of the context's lengths only for the
+/// spans, so two contexts of the same shape pack to the same layout (a
+/// captured graph relies on that).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
     pub(crate) input_ids: Span,
     pub(crate) positions: Span,
     pub(crate) slot_mapping: Span,
@@ -148,6 +153,10 @@ pub struct CudaStep {
     pub(crate) context_lens: Span,
     pub(crate) block_tables: Span,
     pub(crate) logits_indices: Span,
+    /// [`crate::SamplingRow`]s as 6 ints each: temperature (f32 bits),
+    /// top_k, top_p (f32 bits), min_p (f32 bits), random low 32 bits,
+    /// random high 32 bits; empty when the step samples on the host.
+    pub(crate) sampling: Span,
     /// Largest token id / position / block id the step reads (block ids:
     /// only the entries each sequence's length reaches).
     pub(crate) max_input_id: Option<u32>,
@@ -155,71 +164,131 @@ pub struct CudaStep {
     pub(crate) max_block: Option<u32>,
 }
 
+impl Layout {
+    /// Whether `other` puts every array at the same place.
+    pub(crate) fn same_spans(&self, other: &Layout) -> bool {
+        let spans = |l: &Layout| {
+            [
+                l.input_ids,
+                l.positions,
+                l.slot_mapping,
+                l.token_seq,
+                l.cu_seqlens_q,
+                l.context_lens,
+                l.block_tables,
+                l.logits_indices,
+                l.sampling,
+            ]
+        };
+        spans(self) == spans(other)
+    }
+}
+
+/// Packs a validated context's arrays into `packed` (cleared first).
+pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout> {
+    packed.clear();
+    let too_big = |what: &str| KernelError::Shape {
+        op: "begin_step",
+        detail: format!("{what} does not fit in 32 bits"),
+    };
+    let push_u32 = |packed: &mut Vec<i32>, v: &[u32], what: &str| -> Result<Span> {
+        let start = packed.len();
+        for &x in v {
+            packed.push(i32::try_from(x).map_err(|_| too_big(what))?);
+        }
+        Ok(Span {
+            start,
+            len: v.len(),
+        })
+    };
+    let input_ids = push_u32(packed, &ctx.input_ids, "a token id")?;
+    let positions = push_u32(packed, &ctx.positions, "a position")?;
+    let slot_mapping = Span {
+        start: packed.len(),
+        len: ctx.slot_mapping.len(),
+    };
+    for &s in &ctx.slot_mapping {
+        packed.push(i32::try_from(s).map_err(|_| too_big("a slot"))?);
+    }
+    let token_seq = Span {
+        start: packed.len(),
+        len: ctx.num_tokens(),
+    };
+    for i in 0..ctx.num_seqs() {
+        packed.extend(std::iter::repeat_n(i as i32, ctx.query_len(i)));
+    }
+    let cu_seqlens_q = push_u32(packed, &ctx.cu_seqlens_q, "cu_seqlens_q")?;
+    let context_lens = push_u32(packed, &ctx.context_lens, "a context_len")?;
+    let block_tables = push_u32(packed, &ctx.block_tables, "a block id")?;
+    let logits_indices = push_u32(packed, &ctx.logits_indices, "a logits index")?;
+    let sampling = Span {
+        start: packed.len(),
+        len: ctx.sampling.len() * SAMPLING_INTS,
+    };
+    for r in &ctx.sampling {
+        packed.extend([
+            r.temperature.to_bits() as i32,
+            r.top_k.min(i32::MAX as u32) as i32,
+            r.top_p.to_bits() as i32,
+            r.min_p.to_bits() as i32,
+            r.random as u32 as i32,
+            (r.random >> 32) as u32 as i32,
+        ]);
+    }
+    // A trailing element keeps every span (empty ones too) inside the buffer.
+    packed.push(0);
+    let max_block = (0..ctx.num_seqs())
+        .flat_map(|i| {
+            let used = (ctx.seq_lens[i] as usize).div_ceil(ctx.block_size);
+            ctx.block_table(i)[..used].iter().copied()
+        })
+        .max();
+    Ok(Layout {
+        input_ids,
+        positions,
+        slot_mapping,
+        token_seq,
+        cu_seqlens_q,
+        context_lens,
+        block_tables,
+        logits_indices,
+        sampling,
+        max_input_id: ctx.input_ids.iter().copied().max(),
+        max_position: ctx.positions.iter().copied().max(),
+        max_block,
+    })
+}
+
+/// The batch metadata of one forward pass, on the device: the context's
+/// arrays packed into one int32 buffer from the pool (one host-to-device
+/// copy per step, no device allocation once warm).
+pub struct CudaStep {
+    pub(crate) ctx: ForwardContext,
+    pub(crate) buf: DeviceBuf<i32>,
+    pub(crate) layout: Layout,
+}
+
+impl std::ops::Deref for CudaStep {
+    type Target = Layout;
+    fn deref(&self) -> &Layout {
+        &self.layout
+    }
+}
+
 impl CudaStep {
     /// Validates `ctx` (as the CPU backend does), packs its arrays and uploads
     /// them with one copy.
-    pub(crate) fn new(ctx: &ForwardContext, stream: &Arc<CudaStream>) -> Result<Self> {
+    pub(crate) fn new(ctx: &ForwardContext, b: &super::CudaBackend) -> Result<Self> {
         // The CPU step's checks are the contract: reuse them (and its copy).
         let ctx = crate::cpu::CpuStep::new(ctx)?.ctx;
-        let too_big = |what: &str| KernelError::Shape {
-            op: "begin_step",
-            detail: format!("{what} does not fit in 32 bits"),
-        };
-        let mut packed: Vec<i32> = Vec::new();
-        let push_u32 = |packed: &mut Vec<i32>, v: &[u32], what: &str| -> Result<Span> {
-            let start = packed.len();
-            for &x in v {
-                packed.push(i32::try_from(x).map_err(|_| too_big(what))?);
-            }
-            Ok(Span {
-                start,
-                len: v.len(),
-            })
-        };
-        let input_ids = push_u32(&mut packed, &ctx.input_ids, "a token id")?;
-        let positions = push_u32(&mut packed, &ctx.positions, "a position")?;
-        let slot_mapping = Span {
-            start: packed.len(),
-            len: ctx.slot_mapping.len(),
-        };
-        for &s in &ctx.slot_mapping {
-            packed.push(i32::try_from(s).map_err(|_| too_big("a slot"))?);
-        }
-        let mut seq_of_token = Vec::with_capacity(ctx.num_tokens());
-        for i in 0..ctx.num_seqs() {
-            seq_of_token.extend(std::iter::repeat_n(i as u32, ctx.query_len(i)));
-        }
-        let token_seq = push_u32(&mut packed, &seq_of_token, "a sequence index")?;
-        let cu_seqlens_q = push_u32(&mut packed, &ctx.cu_seqlens_q, "cu_seqlens_q")?;
-        let context_lens = push_u32(&mut packed, &ctx.context_lens, "a context_len")?;
-        let block_tables = push_u32(&mut packed, &ctx.block_tables, "a block id")?;
-        let logits_indices = push_u32(&mut packed, &ctx.logits_indices, "a logits index")?;
-        // A trailing element keeps every span (empty ones too) inside the buffer.
-        packed.push(0);
-        let max_block = (0..ctx.num_seqs())
-            .flat_map(|i| {
-                let used = (ctx.seq_lens[i] as usize).div_ceil(ctx.block_size);
-                ctx.block_table(i)[..used].iter().copied()
-            })
-            .max();
-        let buf = stream
-            .clone_htod(&packed)
+        let mut packed = Vec::new();
+        let layout = pack(&ctx, &mut packed)?;
+        let mut buf = b.alloc_i32(packed.len())?;
+        b.dev
+            .stream
+            .memcpy_htod(&packed, &mut *buf)
             .map_err(|e| super::device_err("begin_step upload", e))?;
-        Ok(CudaStep {
-            buf,
-            input_ids,
-            positions,
-            slot_mapping,
-            token_seq,
-            cu_seqlens_q,
-            context_lens,
-            block_tables,
-            logits_indices,
-            max_input_id: ctx.input_ids.iter().copied().max(),
-            max_position: ctx.positions.iter().copied().max(),
-            max_block,
-            ctx,
-        })
+        Ok(CudaStep { ctx, buf, layout })
     }
 
     /// A device view of one packed array.
