@@ -11,14 +11,14 @@
 //! that needs a token.
 
 use crate::context::{build_forward_context, ScheduledSeq};
-use crate::runner::ModelRunner;
+use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
 use crate::stop::{find_stop, held_back_len};
 use crate::{EngineError, Result};
 use pagoda_core::{
     FinishReason, Request, RequestId, SamplingParams, Scheduler, SchedulerConfig, SchedulerStats,
 };
-use pagoda_kernels::{Backend, BlockCopyOp};
+use pagoda_kernels::{Backend, BlockCopyOp, SamplingRow};
 use pagoda_model::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -229,36 +229,84 @@ impl<B: Backend> LlmEngine<B> {
                 want_logits: s.needs_logits,
             })
             .collect();
-        let ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
-        let mut logits = self.runner.execute(&ctx)?;
-
-        // 3. Sample a token for every sequence that finished its prompt or decoded.
-        let vocab = self.runner.config().vocab_size;
-        let mut rows = logits.chunks_exact_mut(vocab);
+        let mut ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
+        drop(seqs);
+        // 3. Sample a token for every sequence that finished its prompt or
+        // decoded: on the device when the backend can and no row needs what
+        // only the host sampler does (penalties, logprobs).
+        let sampled_rows = || plan.scheduled.iter().filter(|s| s.needs_logits);
+        let on_device = self.runner.samples_on_device()
+            && sampled_rows().all(|s| {
+                let (Some(seq), Some(state)) = (
+                    self.scheduler.sequence(s.request_id),
+                    self.states.get(&s.request_id),
+                ) else {
+                    return true;
+                };
+                state.logprobs.is_none() && !has_penalties(&seq.sampling)
+            });
+        if on_device {
+            for s in sampled_rows() {
+                let (Some(seq), Some(state)) = (
+                    self.scheduler.sequence(s.request_id),
+                    self.states.get_mut(&s.request_id),
+                ) else {
+                    ctx.sampling.push(SamplingRow::GREEDY);
+                    continue;
+                };
+                let p = &seq.sampling;
+                ctx.sampling.push(SamplingRow {
+                    temperature: p.temperature,
+                    top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+                    top_p: p.top_p,
+                    min_p: p.min_p,
+                    // One draw per sampled token, as on the host.
+                    random: state.rng.next_u64(),
+                });
+            }
+        }
         let mut sampled = Vec::with_capacity(ctx.logits_indices.len());
         let mut logprobs = HashMap::new();
-        for s in plan.scheduled.iter().filter(|s| s.needs_logits) {
-            let row = rows
-                .next()
-                .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))?;
-            let (Some(seq), Some(state)) = (
-                self.scheduler.sequence(s.request_id),
-                self.states.get_mut(&s.request_id),
-            ) else {
-                continue;
-            };
-            let prompt = &seq.token_ids[..seq.num_prompt_tokens];
-            let out = sampler::sample_with_logprobs(
-                row,
-                &seq.sampling,
-                prompt,
-                seq.output_token_ids(),
-                &mut state.rng,
-                state.logprobs,
-            );
-            sampled.push((s.request_id, out.token));
-            if let Some(lp) = out.logprobs {
-                logprobs.insert(s.request_id, lp);
+        match self.runner.execute(&ctx)? {
+            StepOutput::Tokens(tokens) => {
+                if tokens.len() != ctx.logits_indices.len() {
+                    return Err(EngineError::Internal(
+                        "fewer sampled tokens than sequences".into(),
+                    ));
+                }
+                for (s, &t) in sampled_rows().zip(&tokens) {
+                    if self.states.contains_key(&s.request_id) {
+                        sampled.push((s.request_id, t));
+                    }
+                }
+            }
+            StepOutput::Logits(mut logits) => {
+                let vocab = self.runner.config().vocab_size;
+                let mut rows = logits.chunks_exact_mut(vocab);
+                for s in sampled_rows() {
+                    let row = rows.next().ok_or_else(|| {
+                        EngineError::Internal("fewer logits rows than sequences".into())
+                    })?;
+                    let (Some(seq), Some(state)) = (
+                        self.scheduler.sequence(s.request_id),
+                        self.states.get_mut(&s.request_id),
+                    ) else {
+                        continue;
+                    };
+                    let prompt = &seq.token_ids[..seq.num_prompt_tokens];
+                    let out = sampler::sample_with_logprobs(
+                        row,
+                        &seq.sampling,
+                        prompt,
+                        seq.output_token_ids(),
+                        &mut state.rng,
+                        state.logprobs,
+                    );
+                    sampled.push((s.request_id, out.token));
+                    if let Some(lp) = out.logprobs {
+                        logprobs.insert(s.request_id, lp);
+                    }
+                }
             }
         }
 
@@ -325,4 +373,9 @@ impl<B: Backend> LlmEngine<B> {
         }
         Ok(outputs)
     }
+}
+
+/// Whether a request's sampling needs its token history (host sampler only).
+fn has_penalties(p: &pagoda_core::SamplingParams) -> bool {
+    p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
 }

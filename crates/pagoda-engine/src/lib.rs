@@ -22,7 +22,7 @@ pub use handle::{
     EngineHandle, EngineStats, HandleOptions, RequestStream, ShutdownMode, StreamItem,
 };
 pub use pagoda_core::{FinishReason, RequestId, SchedulerConfig};
-pub use runner::ModelRunner;
+pub use runner::{ModelRunner, StepOutput};
 
 /// The one error type of the engine.
 #[derive(Debug, thiserror::Error)]

@@ -96,7 +96,7 @@ pub fn greedy_trace(
             want_logits: true,
         };
         let ctx = build_forward_context(&[seq], BLOCK_SIZE);
-        let logits = runner.execute(&ctx).unwrap();
+        let logits = runner.execute(&ctx).unwrap().into_logits().unwrap();
         let next = argmax(&logits);
         context_len += input.len();
         input = vec![next];

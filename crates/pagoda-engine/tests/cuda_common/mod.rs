@@ -117,6 +117,8 @@ pub fn forced_trace<B: Backend>(
             .collect();
         let logits = runner
             .execute(&build_forward_context(&seqs, BLOCK_SIZE))
+            .unwrap()
+            .into_logits()
             .unwrap();
         assert_eq!(logits.len(), prompts.len() * vocab);
         for (i, row) in logits.chunks_exact(vocab).enumerate() {

@@ -20,8 +20,8 @@ use clap::{Args, Subcommand};
 use pagoda_core::SamplingParams;
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::sampler::RequestRng;
-use pagoda_engine::{GenerateRequest, LlmEngine};
-use pagoda_kernels::Backend;
+use pagoda_engine::{GenerateRequest, LlmEngine, StepOutput};
+use pagoda_kernels::{Backend, SamplingRow};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -286,7 +286,10 @@ impl EngineTask for Single<'_> {
                 block_table: &blocks,
                 want_logits: true,
             };
-            let ctx = build_forward_context(&[seq], block_size);
+            let mut ctx = build_forward_context(&[seq], block_size);
+            if runner.samples_on_device() {
+                ctx.sampling = vec![SamplingRow::GREEDY];
+            }
             let t = Instant::now();
             runner.execute(&ctx)?;
             let pp_s = t.elapsed().as_secs_f64();
@@ -301,8 +304,14 @@ impl EngineTask for Single<'_> {
                     block_table: &blocks,
                     want_logits: true,
                 };
-                let logits = runner.execute(&build_forward_context(&[seq], block_size))?;
-                token = argmax(&logits);
+                let mut ctx = build_forward_context(&[seq], block_size);
+                if runner.samples_on_device() {
+                    ctx.sampling = vec![SamplingRow::GREEDY];
+                }
+                token = match runner.execute(&ctx)? {
+                    StepOutput::Tokens(t) => t.first().copied().unwrap_or(0),
+                    StepOutput::Logits(l) => argmax(&l),
+                };
             }
             let tg_s = t.elapsed().as_secs_f64();
             if rep > 0 {

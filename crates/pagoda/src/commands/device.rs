@@ -59,6 +59,10 @@ pub struct DeviceArgs {
     /// weights are loaded (ignored when --kv-cache-memory is given).
     #[arg(long, default_value_t = 0.9, value_name = "F")]
     pub gpu_memory_utilization: f64,
+    /// On CUDA: run decode steps eagerly instead of replaying the CUDA
+    /// graphs captured at start-up.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 impl DeviceArgs {
@@ -90,7 +94,13 @@ pub fn run_on_device<T: EngineTask>(
     task: T,
 ) -> Result<T::Output> {
     match model.device.device {
-        Device::Cpu => task.run(build_engine(cpu_backend(model)?, files, cache, quiet)?),
+        Device::Cpu => task.run(build_engine(
+            cpu_backend(model)?,
+            files,
+            cache,
+            &model.device,
+            quiet,
+        )?),
         Device::Cuda(ordinal) => run_on_cuda(ordinal, files, model, cache, quiet, task),
     }
 }
@@ -106,7 +116,6 @@ fn run_on_cuda<T: EngineTask>(
 ) -> Result<T::Output> {
     use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
     model.device.check()?;
-    let util = model.device.gpu_memory_utilization;
     if cache.kv_cache_fraction.is_some() {
         bail!("--kv-cache-fraction sizes the cache from host memory; on CUDA use --gpu-memory-utilization or --kv-cache-memory");
     }
@@ -114,7 +123,7 @@ fn run_on_cuda<T: EngineTask>(
         tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
     }
     let backend = CudaBackend::new(CudaOptions { device: ordinal })?;
-    task.run(build_engine(Cuda { backend, util }, files, cache, quiet)?)
+    task.run(build_engine(backend, files, cache, &model.device, quiet)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -130,12 +139,11 @@ fn run_on_cuda<T: EngineTask>(
 }
 
 /// A backend that knows how much memory its KV cache may take.
-trait KvBudget {
-    type Backend: Backend;
-    fn backend(&self) -> &Self::Backend;
-    fn into_backend(self) -> Self::Backend;
-    /// Bytes for the KV cache, read once the weights are on the device.
-    fn kv_cache_budget(&self, cache: &CacheArgs) -> Result<usize>;
+trait KvBudget: Backend {
+    /// Bytes for the KV cache, read once the weights are on the device and
+    /// the activation peak has been profiled; `util` is
+    /// --gpu-memory-utilization.
+    fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize>;
 }
 
 fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
@@ -156,14 +164,7 @@ fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
 }
 
 impl KvBudget for CpuBackend {
-    type Backend = CpuBackend;
-    fn backend(&self) -> &CpuBackend {
-        self
-    }
-    fn into_backend(self) -> CpuBackend {
-        self
-    }
-    fn kv_cache_budget(&self, cache: &CacheArgs) -> Result<usize> {
+    fn kv_cache_budget(&self, cache: &CacheArgs, _util: f64) -> Result<usize> {
         match (&cache.kv_cache_memory, cache.kv_cache_fraction) {
             (Some(size), _) => parse_size(size),
             (None, Some(f)) if f > 0.0 && f <= 1.0 => {
@@ -180,41 +181,31 @@ impl KvBudget for CpuBackend {
 
 /// The CUDA backend with its memory-utilization target.
 #[cfg(feature = "cuda")]
-struct Cuda {
-    backend: pagoda_kernels::cuda::CudaBackend,
-    util: f64,
-}
-
-#[cfg(feature = "cuda")]
-impl KvBudget for Cuda {
-    type Backend = pagoda_kernels::cuda::CudaBackend;
-    fn backend(&self) -> &Self::Backend {
-        &self.backend
-    }
-    fn into_backend(self) -> Self::Backend {
-        self.backend
-    }
-    fn kv_cache_budget(&self, cache: &CacheArgs) -> Result<usize> {
+impl KvBudget for pagoda_kernels::cuda::CudaBackend {
+    fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize> {
         if let Some(size) = &cache.kv_cache_memory {
             return parse_size(size);
         }
-        let (free, total) = self.backend.mem_get_info()?;
+        let (free, total) = self.mem_get_info()?;
         let used = total.saturating_sub(free);
-        let allowed = (total as f64 * self.util) as usize;
+        let pool = self.pool_reserved_bytes();
+        let allowed = (total as f64 * util) as usize;
         let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         if allowed <= used {
             bail!(
                 "--gpu-memory-utilization {}: {:.2} GiB of the device's {:.2} GiB are already in use \
-                 with the weights loaded, leaving nothing for the KV cache",
-                self.util,
+                 with the weights and the activation peak, leaving nothing for the KV cache",
+                util,
                 gib(used),
                 gib(total)
             );
         }
         tracing::info!(
-            "device memory: {:.2} GiB total, {:.2} GiB in use after loading; KV cache gets {:.2} GiB",
+            "device memory: {:.2} GiB total, {:.2} GiB in use after loading and profiling \
+             (activation peak {:.2} GiB); KV cache gets {:.2} GiB",
             gib(total),
             gib(used),
+            gib(pool),
             gib(allowed - used)
         );
         Ok(allowed - used)
@@ -223,12 +214,13 @@ impl KvBudget for Cuda {
 
 /// Loads the model onto `dev`, sizes the KV cache and builds the engine, with
 /// a progress bar over the layers.
-fn build_engine<K: KvBudget>(
-    dev: K,
+fn build_engine<B: KvBudget>(
+    backend: B,
     files: ModelFiles,
     cache: &CacheArgs,
+    device: &DeviceArgs,
     quiet: bool,
-) -> Result<LlmEngine<K::Backend>> {
+) -> Result<LlmEngine<B>> {
     let cfg = files.config.clone();
     let max_model_len = cache.max_model_len.unwrap_or(cfg.max_position_embeddings);
     if max_model_len == 0 || max_model_len > cfg.max_position_embeddings {
@@ -242,7 +234,7 @@ fn build_engine<K: KvBudget>(
     }
     let pb = progress::bar((cfg.num_hidden_layers + 2) as u64, "loading", quiet);
     let model = pagoda_model::arch::build(
-        dev.backend(),
+        &backend,
         &cfg,
         files.weights.as_ref(),
         BuildOptions { max_model_len },
@@ -253,8 +245,22 @@ fn build_engine<K: KvBudget>(
     )?;
     pb.finish_and_clear();
     drop(files.weights);
-    let per_block = ModelRunner::kv_bytes_per_block(dev.backend(), &cfg, cache.block_size);
-    let budget = dev.kv_cache_budget(cache)?;
+    // A one-block cache first: on a device, one profiling step of the
+    // largest plan brings the activation pool to its peak, and the KV cache
+    // is sized from what is left after it.
+    let mut runner = ModelRunner::new(backend, model, cache.block_size, 1)?;
+    if runner.samples_on_device() {
+        runner.profile_peak_memory(
+            cache.max_num_batched_tokens,
+            cache.max_num_seqs,
+            max_model_len,
+        )?;
+        runner.resize_kv_cache(0)?;
+    }
+    let per_block = ModelRunner::kv_bytes_per_block(runner.backend(), &cfg, cache.block_size);
+    let budget = runner
+        .backend()
+        .kv_cache_budget(cache, device.gpu_memory_utilization)?;
     let num_blocks = budget / per_block.max(1);
     if num_blocks == 0 {
         bail!(
@@ -270,7 +276,18 @@ fn build_engine<K: KvBudget>(
         cache.block_size,
         num_blocks * cache.block_size
     );
-    let runner = ModelRunner::new(dev.into_backend(), model, cache.block_size, num_blocks)?;
+    runner.resize_kv_cache(num_blocks)?;
+    if !device.enforce_eager {
+        let t = std::time::Instant::now();
+        let n = runner.capture_decode_graphs(cache.max_num_seqs, max_model_len)?;
+        if n > 0 {
+            tracing::info!(
+                "captured {n} decode graphs (batch sizes up to {}) in {:.2} s",
+                cache.max_num_seqs,
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
     let config = SchedulerConfig {
         block_size: cache.block_size,
         num_blocks,

@@ -1,0 +1,315 @@
+//! The model runner: owns a backend, a model and its paged KV cache, and turns
+//! one step's [`ForwardContext`] into sampled tokens (device sampling) or
+//! logits (host sampling).
+//!
+//! Invariants: the KV cache has one `B::KvCache` per layer, each of the same
+//! [`KvCacheShape`]; block ids in a context index those caches. Decode graphs
+//! (see [`graphs`]) are captured against those caches, so resizing the cache
+//! drops them.
+//!
+//! Per step: eager steps upload the metadata once, queue the forward pass
+//! and either sample on the device (ids come back: the step's one sync) or
+//! copy the logits back; decode steps that fit a captured graph replay it
+//! instead (one upload, one launch, one download).
+
+pub mod graphs;
+
+use crate::{EngineError, Result};
+use pagoda_kernels::{Backend, BlockCopyOp, ForwardContext, KvCacheShape, SamplingRow};
+use pagoda_model::arch::CausalLm;
+use pagoda_model::ModelConfig;
+use std::collections::BTreeMap;
+
+/// What one step produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutput {
+    /// One sampled token per logits row (the context carried sampling rows).
+    Tokens(Vec<u32>),
+    /// Row-major `[logits rows, vocab]` logits, for sampling on the host.
+    Logits(Vec<f32>),
+}
+
+impl StepOutput {
+    /// The logits, for a step run without sampling rows.
+    pub fn into_logits(self) -> Result<Vec<f32>> {
+        match self {
+            StepOutput::Logits(l) => Ok(l),
+            StepOutput::Tokens(_) => Err(EngineError::Internal(
+                "the step sampled on the device; no logits came back".into(),
+            )),
+        }
+    }
+}
+
+/// Captured decode graphs by padded batch size, all with one table width.
+struct DecodeGraphs<G> {
+    by_size: BTreeMap<usize, G>,
+    /// Block-table width every graph was captured with.
+    width: usize,
+    /// Positions the graphs may see (the rope table's rows).
+    max_model_len: usize,
+    /// Reused host buffer for the padded context.
+    padded: ForwardContext,
+}
+
+/// A model ready to run steps on backend `B`.
+pub struct ModelRunner<B: Backend> {
+    backend: B,
+    model: Box<dyn CausalLm<B>>,
+    kv: Vec<B::KvCache>,
+    kv_shape: KvCacheShape,
+    graphs: Option<DecodeGraphs<B::Graph>>,
+}
+
+impl<B: Backend> ModelRunner<B> {
+    /// Allocates `num_blocks` KV blocks of `block_size` tokens for every layer.
+    pub fn new(
+        backend: B,
+        model: Box<dyn CausalLm<B>>,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self> {
+        let cfg = model.config();
+        let kv_shape = KvCacheShape {
+            num_blocks,
+            block_size,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim(),
+        };
+        let kv = (0..cfg.num_hidden_layers)
+            .map(|_| backend.alloc_kv_cache(kv_shape))
+            .collect::<pagoda_kernels::Result<Vec<_>>>()?;
+        Ok(ModelRunner {
+            backend,
+            model,
+            kv,
+            kv_shape,
+            graphs: None,
+        })
+    }
+
+    /// Replaces the KV cache with one of `num_blocks` blocks (contents lost;
+    /// captured graphs are dropped, since they point at the old cache).
+    pub fn resize_kv_cache(&mut self, num_blocks: usize) -> Result<()> {
+        self.graphs = None;
+        self.kv.clear();
+        self.kv_shape.num_blocks = num_blocks;
+        let layers = self.model.config().num_hidden_layers;
+        self.kv = (0..layers)
+            .map(|_| self.backend.alloc_kv_cache(self.kv_shape))
+            .collect::<pagoda_kernels::Result<Vec<_>>>()?;
+        Ok(())
+    }
+
+    /// Whether steps may carry sampling rows ([`ForwardContext::sampling`]).
+    pub fn samples_on_device(&self) -> bool {
+        self.backend.samples_on_device()
+    }
+
+    /// Runs the largest step the scheduler can plan (`max_tokens` prompt
+    /// tokens over `max_seqs` sequences, each sampled) once with dummy
+    /// inputs that store nothing, so the backend's activation pool reaches
+    /// its peak before the KV cache is sized from what memory is left.
+    pub fn profile_peak_memory(
+        &mut self,
+        max_tokens: usize,
+        max_seqs: usize,
+        max_model_len: usize,
+    ) -> Result<()> {
+        let seqs = max_seqs.clamp(1, max_tokens.max(1));
+        let per_seq = max_tokens.max(1).div_ceil(seqs).min(max_model_len.max(1));
+        let block = self.kv_shape.block_size;
+        let width = per_seq.div_ceil(block);
+        let mut ctx = ForwardContext {
+            block_size: block,
+            max_blocks_per_seq: width,
+            ..Default::default()
+        };
+        ctx.cu_seqlens_q.push(0);
+        ctx.cu_seqlens_k.push(0);
+        let mut left = max_tokens.max(1);
+        for i in 0..seqs {
+            let q = per_seq.min(left);
+            if q == 0 {
+                break;
+            }
+            left -= q;
+            ctx.input_ids.extend(std::iter::repeat_n(0, q));
+            ctx.positions.extend(0..q as u32);
+            ctx.slot_mapping.extend(std::iter::repeat_n(-1, q));
+            ctx.block_tables.extend(std::iter::repeat_n(0, width));
+            ctx.cu_seqlens_q.push(ctx.cu_seqlens_q[i] + q as u32);
+            ctx.cu_seqlens_k.push(ctx.cu_seqlens_k[i] + q as u32);
+            ctx.seq_lens.push(q as u32);
+            ctx.context_lens.push(0);
+            ctx.logits_indices.push(ctx.cu_seqlens_q[i + 1] - 1);
+            ctx.max_query_len = ctx.max_query_len.max(q);
+            ctx.max_seq_len = ctx.max_seq_len.max(q);
+            ctx.num_prefills += 1;
+            ctx.num_prefill_tokens += q;
+        }
+        if self.samples_on_device() {
+            ctx.sampling = vec![
+                SamplingRow {
+                    temperature: 1.0,
+                    top_k: 50,
+                    top_p: 0.9,
+                    min_p: 0.0,
+                    random: 1,
+                };
+                ctx.logits_indices.len()
+            ];
+        }
+        self.execute(&ctx)?;
+        Ok(())
+    }
+
+    /// Captures a decode graph for every ladder size up to `max_batch`
+    /// (largest first), for sequences of up to `max_model_len` tokens.
+    /// Returns how many were captured; 0 where the backend has no graphs.
+    pub fn capture_decode_graphs(
+        &mut self,
+        max_batch: usize,
+        max_model_len: usize,
+    ) -> Result<usize> {
+        self.graphs = None;
+        if !self.backend.supports_graphs() || !self.backend.samples_on_device() || max_batch == 0 {
+            return Ok(0);
+        }
+        let width = max_model_len.div_ceil(self.kv_shape.block_size).max(1);
+        let mut by_size = BTreeMap::new();
+        let empty = ForwardContext {
+            block_size: self.kv_shape.block_size,
+            max_blocks_per_seq: 1,
+            ..Default::default()
+        };
+        let mut dummy = ForwardContext::default();
+        for size in graphs::ladder(max_batch).into_iter().rev() {
+            // All rows are padding: they read block 0 and store nothing.
+            graphs::pad_decode(&empty, size, width, &mut dummy);
+            // One eager run first: libraries load their kernels and the
+            // pool gets this size's buffers outside the capture.
+            self.execute(&dummy)?;
+            let step = self.backend.begin_step(&dummy)?;
+            let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
+            let graph = backend.capture_graph(step, &mut |s| {
+                model.forward(backend, s, kv).map_err(|e| match e {
+                    pagoda_model::ModelError::Kernel(k) => k,
+                    other => pagoda_kernels::KernelError::Device(other.to_string()),
+                })
+            })?;
+            by_size.insert(size, graph);
+        }
+        let n = by_size.len();
+        self.graphs = Some(DecodeGraphs {
+            by_size,
+            width,
+            max_model_len,
+            padded: ForwardContext::default(),
+        });
+        Ok(n)
+    }
+
+    /// Batch sizes with a captured decode graph, ascending.
+    pub fn graph_batch_sizes(&self) -> Vec<usize> {
+        self.graphs
+            .as_ref()
+            .map(|g| g.by_size.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Bytes one KV block takes across all layers of `cfg` on `backend`.
+    pub fn kv_bytes_per_block(backend: &B, cfg: &ModelConfig, block_size: usize) -> usize {
+        let one = KvCacheShape {
+            num_blocks: 1,
+            block_size,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim(),
+        };
+        backend.kv_cache_bytes(one) * cfg.num_hidden_layers
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
+    pub fn kv_shape(&self) -> KvCacheShape {
+        self.kv_shape
+    }
+
+    /// Copies the leading slots of shared blocks into private ones, every layer.
+    pub fn copy_blocks(&mut self, copies: &[BlockCopyOp]) -> Result<()> {
+        for cache in &mut self.kv {
+            self.backend.copy_blocks(cache, copies)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step. With sampling rows in `ctx` (only where
+    /// [`Self::samples_on_device`]) returns the sampled tokens, else the
+    /// logits of `ctx.logits_indices`, row-major `[rows, vocab]`.
+    pub fn execute(&mut self, ctx: &ForwardContext) -> Result<StepOutput> {
+        if ctx.block_size != self.kv_shape.block_size {
+            return Err(EngineError::Internal(
+                "step block size differs from the cache's".into(),
+            ));
+        }
+        debug_assert_eq!(ctx.validate(), Ok(()));
+        let sample = !ctx.sampling.is_empty();
+        if ctx.logits_indices.is_empty() && ctx.num_tokens() == 0 {
+            return Ok(if sample {
+                StepOutput::Tokens(Vec::new())
+            } else {
+                StepOutput::Logits(Vec::new())
+            });
+        }
+        if sample {
+            if let Some(tokens) = self.replay_decode_graph(ctx)? {
+                return Ok(StepOutput::Tokens(tokens));
+            }
+        }
+        let step = self.backend.begin_step(ctx)?;
+        let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
+        let logits = backend.scope(|| model.forward(backend, &step, kv))?;
+        Ok(if sample {
+            StepOutput::Tokens(backend.sample(&logits, &step)?)
+        } else {
+            StepOutput::Logits(backend.tensor_to_host(&logits)?)
+        })
+    }
+
+    /// Replays the decode graph `ctx` fits, if any (`None`: run eagerly).
+    fn replay_decode_graph(&mut self, ctx: &ForwardContext) -> Result<Option<Vec<u32>>> {
+        let Some(g) = self.graphs.as_mut() else {
+            return Ok(None);
+        };
+        if !graphs::is_graph_decode(ctx) || ctx.max_blocks_per_seq > g.width {
+            return Ok(None);
+        }
+        let n = ctx.num_seqs();
+        let Some((&size, graph)) = g.by_size.range_mut(n..).next() else {
+            return Ok(None);
+        };
+        // The graph's ops checked ranges at capture only: check the values.
+        let vocab = self.model.config().vocab_size;
+        let blocks = self.kv_shape.num_blocks as u32;
+        if ctx.input_ids.iter().any(|&t| t as usize >= vocab)
+            || ctx.positions.iter().any(|&p| p as usize >= g.max_model_len)
+            || ctx.block_tables.iter().any(|&b| b >= blocks)
+        {
+            return Ok(None);
+        }
+        graphs::pad_decode(ctx, size, g.width, &mut g.padded);
+        let mut tokens = self.backend.replay_graph(graph, &g.padded)?;
+        tokens.truncate(n);
+        Ok(Some(tokens))
+    }
+}
