@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# Runs on the GPU host: every test binary in .device-bin/ (built elsewhere by
-# scripts/build-cuda.sh) with --test-threads=1, each one's log under $OUT;
-# then the Qwen3 comparison against PyTorch (scripts/gpu/make_qwen3.py, then
-# the cuda_qwen3_torch test), `pagoda bench single` and a short offline
-# `pagoda bench` on the Qwen3-0.6B shape with dummy weights; a short table of
-# results printed last.
+# Runs on the GPU host, from binaries built elsewhere by scripts/build-cuda.sh
+# (the host has no Rust toolchain). Phases, in order (default: tests bench):
+#   tests  every test binary in .device-bin/ (--test-threads=1), then the
+#          Qwen3 comparison against PyTorch (scripts/gpu/make_qwen3.py builds
+#          the model, the cuda_qwen3_torch test compares);
+#   bench  kernel timings (decode attention bandwidth vs the copy ceiling,
+#          prefill attention, sampling), `pagoda bench single`, `pagoda bench
+#          decode` at batch 1/64/256 with graphs and eagerly, and a short
+#          offline `pagoda bench`, all on the Qwen3-0.6B shape (dummy weights);
+#   full   the nano-vllm workload (256 sequences, in/out uniform in
+#          [100, 1024], temperature 0.6) with `pagoda bench`, then pagoda and
+#          transformers' generate_batch on one shared workload (256 prompts of
+#          100-1024 tokens, 256 new tokens each) for the ratio.
+# Usage: scripts/gpu-run.sh [tests] [bench] [full]
+# Every log lands in $OUT/logs.txt; a short table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+phases=${*:-tests bench}
+has() { [[ " $phases " == *" $1 "* ]]; }
 
 OUT=${OUT:-/tmp/pagoda-gpu-run}
 mkdir -p "$OUT"
@@ -23,58 +35,72 @@ nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" > "$OUT/n
 cat "$OUT/nvidia-smi.txt"
 
 table=""
+steps=""
 status=0
-for bin in .device-bin/*; do
-    [ -x "$bin" ] || continue
-    name=$(basename "$bin")
-    # The binary and the PyTorch comparison run after the tests, below.
-    case "$name" in pagoda | cuda_qwen3_torch) continue ;; esac
-    start=$(date +%s%N)
-    "$bin" --test-threads=1 --nocapture > "$LOGS/$name.log" 2>&1
-    rc=$?
-    ms=$((($(date +%s%N) - start) / 1000000))
-    secs="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
-    [ $rc -ne 0 ] && status=1
-    result=$(grep -E '^test result:' "$LOGS/$name.log" | tail -1)
-    failed=$(grep -E '^test .* FAILED$' "$LOGS/$name.log" | sed 's/^test //; s/ \.\.\. FAILED$//' | tr '\n' ' ')
-    # Each CUDA test prints one notice: run on a device, or skipped.
-    ran=$(grep -c 'notice: CUDA tests run on' "$LOGS/$name.log")
-    skipped=$(grep -c 'notice: CUDA tests skipped' "$LOGS/$name.log")
-    echo "==== $name (rc $rc)"
-    grep -E 'panicked|relative error|FAILED|notice' "$LOGS/$name.log" | sort | uniq -c | head -20
-    table+=$(printf '%-16s rc=%-3s %7ss  on-gpu=%-3s skipped=%-3s %s  %s' "$name" "$rc" "$secs" \
-        "$ran" "$skipped" "${result:-no result line}" "${failed:+failed: $failed}")$'\n'
-done
+elapsed() { local ms=$((($(date +%s%N) - $1) / 1000000)); echo "$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"; }
 
 # Runs a named step, timing it; its output goes to $LOGS/<name>.log.
 step() {
     local name=$1
     shift
-    local start rc ms
+    local start rc
     start=$(date +%s%N)
     "$@" > "$LOGS/$name.log" 2>&1
     rc=$?
-    ms=$((($(date +%s%N) - start) / 1000000))
     [ $rc -ne 0 ] && status=1
-    echo "==== $name (rc $rc, $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s)"
-    tail -5 "$LOGS/$name.log"
-    steps+=$(printf '%-20s rc=%-3s %7ss' "$name" "$rc" "$((ms / 1000)).$(printf '%03d' $((ms % 1000)))")$'\n'
+    echo "==== $name (rc $rc, $(elapsed "$start")s)"
+    tail -4 "$LOGS/$name.log"
+    steps+=$(printf '%-22s rc=%-3s %7ss' "$name" "$rc" "$(elapsed "$start")")$'\n'
 }
-steps=""
 
-# Qwen3 against PyTorch on this host.
-export PAGODA_QWEN3_DIR=${PAGODA_QWEN3_DIR:-/tmp/qwen3-small}
-step make_qwen3 env PYTHONUNBUFFERED=1 python3 scripts/gpu/make_qwen3.py "$PAGODA_QWEN3_DIR"
-step cuda_qwen3_torch .device-bin/cuda_qwen3_torch --test-threads=1 --nocapture
-qwen3=$(grep -E 'qwen3 vs PyTorch' "$LOGS/cuda_qwen3_torch.log" | tail -1)
-
-# Baselines at the Qwen3-0.6B shape (dummy weights).
 Q06=scripts/gpu/qwen3-0.6b.json
-step bench_single .device-bin/pagoda bench single --device cuda --dummy-weights --config "$Q06"
-step bench_throughput .device-bin/pagoda bench --device cuda --dummy-weights --config "$Q06" \
-    --num-seqs 64 --min-input 100 --max-input 512 --min-output 100 --max-output 256
-single=$(grep -E '^\{' "$LOGS/bench_single.log" | tail -1)
-offline=$(grep -E '^\{' "$LOGS/bench_throughput.log" | tail -1)
+PAGODA=.device-bin/pagoda
+
+if has tests; then
+    for bin in .device-bin/*; do
+        [ -x "$bin" ] || continue
+        name=$(basename "$bin")
+        # The binary, the PyTorch comparison and the timings run below.
+        case "$name" in pagoda | cuda_qwen3_torch | cuda_bench) continue ;; esac
+        start=$(date +%s%N)
+        "$bin" --test-threads=1 --nocapture > "$LOGS/$name.log" 2>&1
+        rc=$?
+        [ $rc -ne 0 ] && status=1
+        result=$(grep -E '^test result:' "$LOGS/$name.log" | tail -1)
+        failed=$(grep -E '^test .* FAILED$' "$LOGS/$name.log" | sed 's/^test //; s/ \.\.\. FAILED$//' | tr '\n' ' ')
+        # Each CUDA test prints one notice: run on a device, or skipped.
+        ran=$(grep -c 'notice: CUDA tests run on' "$LOGS/$name.log")
+        skipped=$(grep -c 'notice: CUDA tests skipped' "$LOGS/$name.log")
+        echo "==== $name (rc $rc)"
+        grep -E 'panicked|relative error|FAILED|notice|excused' "$LOGS/$name.log" | sort | uniq -c | head -20
+        table+=$(printf '%-24s rc=%-3s %7ss on-gpu=%-3s skipped=%-3s %s  %s' "$name" "$rc" "$(elapsed "$start")" \
+            "$ran" "$skipped" "${result:-no result line}" "${failed:+failed: $failed}")$'\n'
+    done
+    export PAGODA_QWEN3_DIR=${PAGODA_QWEN3_DIR:-/tmp/qwen3-small}
+    step make_qwen3 env PYTHONUNBUFFERED=1 python3 scripts/gpu/make_qwen3.py "$PAGODA_QWEN3_DIR"
+    step cuda_qwen3_torch .device-bin/cuda_qwen3_torch --test-threads=1 --nocapture
+fi
+
+if has bench; then
+    step kernel_timings .device-bin/cuda_bench --ignored --test-threads=1 --nocapture
+    step bench_single "$PAGODA" bench single --device cuda --dummy-weights --config "$Q06" --max-model-len 4096
+    step bench_decode "$PAGODA" bench decode --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
+        --batch-sizes 1,64,256 --context 1000
+    step bench_decode_eager "$PAGODA" bench decode --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
+        --batch-sizes 1,64,256 --context 1000 --enforce-eager
+    step bench_offline64 "$PAGODA" bench --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
+        --num-seqs 64 --min-input 100 --max-input 512 --min-output 100 --max-output 256
+fi
+
+if has full; then
+    step bench_nanovllm "$PAGODA" bench --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
+        --max-num-batched-tokens 8192
+    step bench_hf_workload "$PAGODA" bench --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
+        --max-num-batched-tokens 8192 --num-seqs 256 --min-input 100 --max-input 1024 \
+        --min-output 256 --max-output 256 --temperature 0
+    step hf_generate_batch env PYTHONUNBUFFERED=1 python3 scripts/gpu/hf_generate_batch.py "$Q06" \
+        --num-seqs 256 --min-input 100 --max-input 1024 --new 256
+fi
 
 for f in "$LOGS"/*.log; do
     echo "######## $(basename "$f")"
@@ -82,17 +108,26 @@ for f in "$LOGS"/*.log; do
 done > "$OUT/logs.txt"
 
 echo
-echo "==== summary"
+echo "==== summary ($phases)"
 printf '%s' "$table"
 printf '%s' "$steps"
-echo "qwen3:   ${qwen3:-no result}"
-python3 - "$single" "$offline" <<'PY' || echo "single:  $single"$'\n'"offline: $offline"
+[ -f "$LOGS/cuda_qwen3_torch.log" ] && grep -E 'qwen3 vs PyTorch|greedy' "$LOGS/cuda_qwen3_torch.log" | tail -4
+[ -f "$LOGS/kernel_timings.log" ] && grep -E '^bench:' "$LOGS/kernel_timings.log"
+for f in bench_single bench_decode bench_decode_eager bench_offline64 bench_nanovllm bench_hf_workload hf_generate_batch; do
+    [ -f "$LOGS/$f.log" ] || continue
+    grep -E '^\{' "$LOGS/$f.log" | python3 -c '
 import json, sys
-s = json.loads(sys.argv[1]) if sys.argv[1] else {}
-o = json.loads(sys.argv[2]) if sys.argv[2] else {}
-print(f"device:  {s.get('backend') or o.get('backend')}")
-print(f"single:  pp{s.get('prompt_tokens')} {s.get('pp_tok_per_s', 0):.0f} tok/s, tg{s.get('gen_tokens')} {s.get('tg_tok_per_s', 0):.1f} tok/s")
-print(f"offline: {o.get('num_seqs')} seqs, {o.get('input_tokens')} in / {o.get('output_tokens')} out tokens in {o.get('seconds', 0):.2f}s: "
-      f"{o.get('output_tok_per_s', 0):.0f} output tok/s, {o.get('total_tok_per_s', 0):.0f} total tok/s, {o.get('preemptions')} preemptions")
-PY
+name = sys.argv[1]
+for line in sys.stdin:
+    d = json.loads(line)
+    if "tg_tok_per_s" in d:
+        print(f"{name}: pp{d[\"prompt_tokens\"]} {d[\"pp_tok_per_s\"]:.0f} tok/s, tg{d[\"gen_tokens\"]} {d[\"tg_tok_per_s\"]:.1f} tok/s ({1000 / max(d[\"tg_tok_per_s\"], 1e-9):.2f} ms/token) on {d[\"backend\"]}")
+    elif "ms_per_step_median" in d:
+        print(f"{name}: batch {d[\"batch\"]} ctx {d[\"context\"]}: {d[\"ms_per_step_median\"]:.3f} ms/step (min {d[\"ms_per_step_min\"]:.3f}), {d[\"tok_per_s\"]:.0f} tok/s, graphs {d[\"graphs\"]}")
+    elif "engine" in d:
+        print(f"{name}: {d[\"engine\"]} on {d[\"gpu\"]}: {d[\"output_tokens\"]} tokens in {d[\"seconds\"]:.1f}s = {d[\"output_tok_per_s\"]:.0f} output tok/s")
+    else:
+        print(f"{name}: {d.get(\"num_seqs\")} seqs, {d.get(\"input_tokens\")} in / {d.get(\"output_tokens\")} out in {d.get(\"seconds\", 0):.2f}s: {d.get(\"output_tok_per_s\", 0):.0f} output tok/s, {d.get(\"total_tok_per_s\", 0):.0f} total tok/s, {d.get(\"preemptions\")} preemptions")
+' "$f" || echo "$f: no JSON result"
+done
 exit $status

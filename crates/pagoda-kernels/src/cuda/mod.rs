@@ -18,6 +18,8 @@
 //! attention); the kernels themselves are in `kernels/*.cu`.
 
 mod attention;
+mod attention_decode;
+mod attention_prefill;
 mod compile;
 mod device;
 mod graph;
@@ -105,6 +107,31 @@ impl CudaBackend {
             .ctx
             .mem_get_info()
             .map_err(|e| device_err("mem_get_info", e))
+    }
+
+    /// Device-to-device copy bandwidth in bytes per second (read + write
+    /// counted), the ceiling memory-bound kernels are judged against:
+    /// `reps` copies of `bytes` after one warm-up copy, timed on the host
+    /// around a synchronization.
+    pub fn measure_copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64> {
+        let n = (bytes / 2).max(1);
+        let src = self.pool.take::<u16>(n)?;
+        let mut dst = self.pool.take::<u16>(n)?;
+        let copy = |dst: &mut DeviceBuf<u16>| {
+            self.dev
+                .stream
+                .memcpy_dtod(&*src, &mut **dst)
+                .map_err(|e| device_err("copy", e))
+        };
+        copy(&mut dst)?;
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps.max(1) {
+            copy(&mut dst)?;
+        }
+        self.synchronize()?;
+        let secs = t.elapsed().as_secs_f64();
+        Ok((2 * n * 2 * reps.max(1)) as f64 / secs)
     }
 
     /// K and V of one layer's cache as f32 (for tests and debugging).

@@ -73,6 +73,8 @@ pub enum BenchMode {
     Single(SingleArgs),
     /// Load a running OpenAI-compatible server and measure TTFT, ITL, throughput.
     Serve(super::bench_serve::BenchServeArgs),
+    /// Time one decode step at fixed batch sizes and context lengths.
+    Decode(super::bench_decode::DecodeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -108,6 +110,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.mode {
         Some(BenchMode::Single(a)) => single(a),
         Some(BenchMode::Serve(a)) => super::bench_serve::run(a),
+        Some(BenchMode::Decode(a)) => super::bench_decode::run(a),
         None => throughput(args.throughput),
     }
 }

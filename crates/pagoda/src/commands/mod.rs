@@ -1,6 +1,7 @@
 //! Subcommands and the options they share.
 
 pub mod bench;
+pub mod bench_decode;
 pub mod bench_serve;
 pub mod device;
 pub mod generate;

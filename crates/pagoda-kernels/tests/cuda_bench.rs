@@ -1,0 +1,198 @@
+//! Kernel timings on the GPU host (ignored by default; scripts/gpu-run.sh
+//! runs them with `--ignored`): decode attention at batch 256 with
+//! 1,000-token contexts on the Qwen3-0.6B attention shape against the
+//! measured copy bandwidth, prefill attention of a 512-token prompt, and
+//! device sampling of 256 rows of a 151,936-token vocabulary. Each figure
+//! is the median of several timed repeats (host clock around a device
+//! synchronization, after a warm-up); inputs are random, never zeros.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+#[allow(dead_code)]
+const PORTABLE: bool = false;
+
+use common::*;
+use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+use pagoda_kernels::{AttentionParams, Backend, KvCacheShape, SamplingRow};
+use std::time::Instant;
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(CudaOptions::default()) {
+        Ok(b) => {
+            eprintln!("notice: CUDA tests run on {}", b.name());
+            Some(b)
+        }
+        Err(e) if e.to_string().contains("CUDA is not available") => {
+            eprintln!("notice: CUDA tests skipped: {e}");
+            None
+        }
+        Err(e) => panic!("CUDA backend failed to start: {e}"),
+    }
+}
+
+fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform() * scale).collect()
+}
+
+/// Median seconds of `reps` runs of `f`, each ended by a synchronization.
+fn time(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    g.synchronize().unwrap();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            g.synchronize().unwrap();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The attention step of `seqs` (all prompts or all decodes) on a cache
+/// whose every slot holds random K/V.
+fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
+    let mut rng = Rng::new(7);
+    let (nh, nkv, hd, bs) = (16, 8, 128, 16);
+    let needed: usize = seqs
+        .iter()
+        .map(|s| (s.context_len + s.query_len).div_ceil(bs))
+        .sum();
+    let shape = KvCacheShape {
+        num_blocks: needed + 1,
+        block_size: bs,
+        num_kv_heads: nkv,
+        head_dim: hd,
+    };
+    let mut cache = g.alloc_kv_cache(shape).unwrap();
+    let step = paged_step(&mut rng, seqs, bs, shape.num_blocks, 0);
+    // Fill every slot the step reads: the prefixes, then the step's tokens.
+    let pre = prefix_step(&step, seqs);
+    for ctx in [&pre, &step.ctx] {
+        let rows = ctx.num_tokens();
+        if rows == 0 {
+            continue;
+        }
+        let s = g.begin_step(ctx).unwrap();
+        let k = g
+            .tensor_from_host(rows, nkv * hd, &rvec(&mut rng, rows * nkv * hd, 1.0))
+            .unwrap();
+        let v = g
+            .tensor_from_host(rows, nkv * hd, &rvec(&mut rng, rows * nkv * hd, 1.0))
+            .unwrap();
+        g.store_kv(&k, &v, &mut cache, &s).unwrap();
+    }
+    let t = step.ctx.num_tokens();
+    let q = g
+        .tensor_from_host(t, nh * hd, &rvec(&mut rng, t * nh * hd, 1.0))
+        .unwrap();
+    let s = g.begin_step(&step.ctx).unwrap();
+    let p = AttentionParams {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let secs = time(g, 20, || {
+        let _ = g.attention(&q, &cache, &s, &p).unwrap();
+    });
+    eprintln!("{label}: {:.3} ms", secs * 1e3);
+    secs
+}
+
+#[test]
+#[ignore]
+fn kernel_timings() {
+    let Some(g) = gpu() else { return };
+    let copy = g.measure_copy_bandwidth(1 << 30, 20).unwrap();
+    eprintln!(
+        "bench: device copy bandwidth {:.0} GB/s (read + write)",
+        copy / 1e9
+    );
+
+    // Decode: 256 sequences, 1,000 cached tokens each (+ the new one).
+    let seqs = vec![
+        SeqSpec {
+            context_len: 1000,
+            query_len: 1
+        };
+        256
+    ];
+    let secs = attention_case(&g, &seqs, "decode attention b256 ctx1000");
+    let kv_bytes = 256.0 * 1001.0 * 8.0 * 128.0 * 2.0 * 2.0;
+    let q_out = 256.0 * 16.0 * 128.0 * 2.0 * 2.0;
+    let bw = (kv_bytes + q_out) / secs;
+    eprintln!(
+        "bench: decode attention b256 ctx1000 qwen3-0.6b layer: {:.3} ms, {:.0} GB/s = {:.0}% of copy",
+        secs * 1e3,
+        bw / 1e9,
+        100.0 * bw / copy
+    );
+
+    // Prefill: one 512-token prompt.
+    let secs = attention_case(
+        &g,
+        &[SeqSpec {
+            context_len: 0,
+            query_len: 512,
+        }],
+        "prefill attention 512",
+    );
+    // Causal: half of the 512 x 512 score matrix, QK^T and PV, 16 heads.
+    let flops = 2.0 * 2.0 * 16.0 * 128.0 * 512.0 * 512.0 / 2.0;
+    eprintln!(
+        "bench: prefill attention 512 tokens qwen3-0.6b layer: {:.3} ms, {:.1} TFLOP/s",
+        secs * 1e3,
+        flops / secs / 1e12
+    );
+
+    // Sampling: 256 rows of 151,936 logits, temperature 0.6, top-p 0.9.
+    let (rows, vocab) = (256, 151_936);
+    let mut rng = Rng::new(11);
+    let logits = g
+        .tensor_from_host(rows, vocab, &rvec(&mut rng, rows * vocab, 8.0))
+        .unwrap();
+    let seqs = vec![
+        SeqSpec {
+            context_len: 0,
+            query_len: 1
+        };
+        rows
+    ];
+    let mut step = paged_step(&mut rng, &seqs, 16, rows + 1, 0);
+    for (kind, row) in [
+        ("greedy", SamplingRow::GREEDY),
+        (
+            "t0.6 top-p 0.9",
+            SamplingRow {
+                temperature: 0.6,
+                top_k: 0,
+                top_p: 0.9,
+                min_p: 0.0,
+                random: 12345,
+            },
+        ),
+        (
+            "t0.6 top-k 50",
+            SamplingRow {
+                temperature: 0.6,
+                top_k: 50,
+                top_p: 1.0,
+                min_p: 0.0,
+                random: 12345,
+            },
+        ),
+    ] {
+        step.ctx.sampling = vec![row; rows];
+        let s = g.begin_step(&step.ctx).unwrap();
+        let secs = time(&g, 20, || {
+            let _ = g.sample(&logits, &s).unwrap();
+        });
+        eprintln!(
+            "bench: sampling {kind} {rows} x {vocab}: {:.3} ms (incl. one download and sync)",
+            secs * 1e3
+        );
+    }
+}
