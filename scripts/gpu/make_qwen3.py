@@ -70,6 +70,7 @@ def main():
             past = out.past_key_values
             prompt_logits = logits.cpu().tolist()
             low = ref_bf16(input_ids=x).logits[0, -1].float()
+            bf16_l2 = float((low - logits).norm() / logits.norm())
             bf16_errors.append(
                 "%.2e/%.2e"
                 % (
@@ -86,7 +87,13 @@ def main():
                 past = out.past_key_values
                 logits = out.logits[0, -1].float()
         prompts.append(
-            {"prompt_ids": ids, "prompt_logits": prompt_logits, "output_ids": tokens, "margins": margins}
+            {
+                "prompt_ids": ids,
+                "prompt_logits": prompt_logits,
+                "output_ids": tokens,
+                "margins": margins,
+                "torch_bf16_l2": bf16_l2,
+            }
         )
     with open(os.path.join(OUT_DIR, "reference.json"), "w") as f:
         json.dump(

@@ -5,10 +5,12 @@
 //! last prompt position's logits and 16 greedy tokens with each step's top-1
 //! margin, all computed in f32 from the saved bf16 weights. This test loads
 //! the saved directory through `open_model`, prefills all prompts in one step
-//! and feeds PyTorch's tokens back batched; prompt logits must agree within
-//! 1e-2 (relative, L2; the max-abs error is printed beside PyTorch's own bf16
-//! error, a yardstick for bf16 precision) and every greedy token must agree wherever PyTorch's
-//! relative top-1 margin exceeds 1e-2 (near-ties are printed).
+//! and feeds PyTorch's tokens back batched. Prompt logits must agree within
+//! bf16 tolerance: relative L2 error at most 1.25x that of PyTorch's own
+//! bf16 run of the same prompt against the same f32 reference (bf16
+//! activations alone move these logits 1-2%), and never held below 1e-2;
+//! every greedy token must agree wherever PyTorch's relative top-1 margin
+//! exceeds 1e-2 (near-ties are printed). All failures are listed together.
 //!
 //! The model directory is $PAGODA_QWEN3_DIR (default /tmp/qwen3-small); when
 //! it or CUDA is missing the test prints a notice and passes.
@@ -95,7 +97,11 @@ fn compare<B: pagoda_kernels::Backend>(
     for (i, e) in entries.iter().enumerate() {
         let what = format!("prompt {i} ({} tokens)", prompts[i].len());
         let want = floats(&e["prompt_logits"]);
-        tally.check_logits(&what, &got[i][0], &want);
+        // bf16 tolerance: no worse than 1.25x PyTorch's own bf16 run of
+        // this prompt (against the same f32 reference), and never held to
+        // less than TOL.
+        let torch_bf16 = e["torch_bf16_l2"].as_f64().map_or(TOL, |v| v as f32);
+        tally.check_logits(&what, &got[i][0], &want, (1.25 * torch_bf16).max(TOL));
         prompt_errs.push(format!(
             "{:.2e}/{:.2e}",
             rel_err_l2(&got[i][0], &want),
@@ -121,4 +127,5 @@ fn compare<B: pagoda_kernels::Backend>(
         tally.near_ties,
         tally.excused_mismatches
     );
+    tally.finish(&format!("qwen3 on {}", runner.backend_name()));
 }

@@ -17,8 +17,14 @@ use std::path::PathBuf;
 
 pub const BLOCK_SIZE: usize = 16;
 
-/// The relative tolerance of logits and of top-1 margins.
+/// The relative tolerance of top-1 margins (below it, a differing greedy
+/// token is an excused near-tie), and the floor of the logits tolerance.
 pub const TOL: f32 = 1e-2;
+
+/// Logits tolerance against an f32 reference with no bf16 run of its own
+/// (pagoda's CPU backend): bf16 activations alone move logits by 1-2% (the
+/// Qwen3 test model's PyTorch bf16 run is 1.05-1.82e-2 from its f32 run).
+pub const TOL_BF16_VS_F32: f32 = 2e-2;
 
 /// The GPU backend, or `None` (with a notice) where there is no CUDA.
 pub fn gpu() -> Option<CudaBackend> {
@@ -175,16 +181,18 @@ pub fn rel_margin(v: &[f32]) -> f32 {
     (a - b) / scale
 }
 
-/// Tally of a comparison.
+/// Tally of a comparison: every check runs, failures are collected and
+/// [`Tally::finish`] reports them all at once (one GPU run shows everything).
 #[derive(Debug, Default)]
 pub struct Tally {
     pub steps: usize,
-    /// Largest ‖got - want‖₂ / ‖want‖₂ (asserted under [`TOL`]).
+    /// Largest ‖got - want‖₂ / ‖want‖₂.
     pub max_rel_err: f32,
     /// Largest max |got - want| / max |want| (reported).
     pub max_abs_rel_err: f32,
     pub near_ties: usize,
     pub excused_mismatches: usize,
+    pub failures: Vec<String>,
 }
 
 impl Tally {
@@ -203,15 +211,16 @@ impl Tally {
             );
             return;
         }
-        assert_eq!(
-            got_token, want_token,
-            "{what}: greedy token differs with a reference top-1 margin of {want_margin:.3e}"
-        );
+        if got_token != want_token {
+            self.failures.push(format!(
+                "{what}: greedy token {got_token} differs from {want_token} with a reference top-1 margin of {want_margin:.3e}"
+            ));
+        }
     }
 
-    /// Checks logits within [`TOL`] (relative, in the L2 norm; the max-abs
-    /// error over max |want| is recorded too).
-    pub fn check_logits(&mut self, what: &str, got: &[f32], want: &[f32]) {
+    /// Checks logits within `tol` (relative, in the L2 norm; the max-abs
+    /// error over max |want| is recorded too). NaN fails at once.
+    pub fn check_logits(&mut self, what: &str, got: &[f32], want: &[f32], tol: f32) {
         if let Some(i) = got.iter().position(|v| !v.is_finite()) {
             panic!("{what}: logit {i} is {}", got[i]);
         }
@@ -219,9 +228,20 @@ impl Tally {
         let abs = rel_err(got, want);
         self.max_rel_err = self.max_rel_err.max(e);
         self.max_abs_rel_err = self.max_abs_rel_err.max(abs);
+        if e >= tol {
+            self.failures.push(format!(
+                "{what}: logits relative error {e:.3e} over {tol:.3e} (L2; max-abs {abs:.3e})"
+            ));
+        }
+    }
+
+    /// Panics listing every failure, if any.
+    pub fn finish(&self, what: &str) {
         assert!(
-            e < TOL,
-            "{what}: logits relative error {e:.3e} (L2; max-abs {abs:.3e})"
+            self.failures.is_empty(),
+            "{what}: {} failures:\n{}",
+            self.failures.len(),
+            self.failures.join("\n")
         );
     }
 }
