@@ -146,7 +146,12 @@ pub(crate) fn copy_blocks(
 }
 
 /// Checks the head layout, q's shape and every block id the step will read.
-fn check(q: &CudaTensor, cache: &CudaKvCache, step: &CudaStep, p: &AttentionParams) -> Result<()> {
+pub(crate) fn check(
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    step: &CudaStep,
+    p: &AttentionParams,
+) -> Result<()> {
     let op = "attention";
     let s = cache.shape;
     if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 {
@@ -211,6 +216,9 @@ pub(crate) fn attention(
 ) -> Result<CudaTensor> {
     let op = "attention";
     check(q, cache, step, p)?;
+    if step.ctx.max_query_len > 1 && super::attention_prefill::supports_head_dim(p.head_dim) {
+        return super::attention_prefill::prefill_attention(b, q, cache, step, p);
+    }
     let mut y = b.output(q.rows, q.cols)?;
     if y.numel() == 0 || p.num_heads == 0 {
         return Ok(y);

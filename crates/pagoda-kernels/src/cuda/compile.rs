@@ -23,6 +23,10 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    (
+        "attention_prefill.cu",
+        include_str!("kernels/attention_prefill.cu"),
+    ),
 ];
 
 /// Every `extern "C"` entry point the backend loads from the module.
@@ -46,6 +50,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "store_kv_bf16",
     "copy_blocks_bf16",
     "paged_attention_bf16",
+    "prefill_attention_bf16_hd64",
+    "prefill_attention_bf16_hd128",
 ];
 
 /// The whole program: every source file, each behind a `#line` marker so

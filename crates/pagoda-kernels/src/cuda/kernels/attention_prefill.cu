@@ -1,0 +1,397 @@
+// Tiled causal prefill attention over the paged KV cache (varlen, cached
+// prefix, GQA), on tensor cores with an online softmax.
+//
+// Semantics are those of paged_attention_bf16: query token j of sequence s
+// (rows cu_seqlens_q[s]..cu_seqlens_q[s+1] of q/out) sees cache positions
+// 0..=context_lens[s] + j, read through the sequence's block table (slot
+// block_tables[s * max_blocks_per_seq + pos / block_size] * block_size +
+// pos % block_size); query head h reads kv head h / (num_heads / num_kv_heads).
+// Every key a query sees must already be in the cache (store_kv ran first).
+//
+// Work split: grid (ceil(max_query_len / 64), num_seqs, num_heads), 4 warps.
+// One block owns a 64-row query tile of one sequence and one head (warp w:
+// rows 16w..16w+15); blockIdx.x is reversed so the tiles with the most keys
+// start first; tiles past a sequence's query_len exit at once. The block
+// walks the keys the tile's last row sees, 64 at a time: K and V rows are
+// gathered from the paged cache into shared memory with 16-byte cp.async
+// copies (each key row looks its block up; any block_size works; rows past
+// the tile's last key are zero-filled, so nothing unstored is ever read).
+// S = Q K^T and O += P V use mma.sync m16n8k16 (bf16 in, f32 accumulate),
+// with Q (A fragments) kept in registers for the whole walk and P re-packed
+// from S's accumulators without leaving registers. The causal mask is
+// applied only on tiles that cross a warp's diagonal; warps whose rows see
+// none of a tile's keys skip its math. O is normalized once at the end and
+// written as bf16; rows past query_len are never written.
+//
+// Pipelining with one K and one V buffer: K(t+1) is fetched while the
+// softmax and P V of tile t run, and V(t+1) while S of tile t+1 runs
+// (cp.async groups, always one commit per stage so wait_group 1 is exact).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16; g = lane / 4, c = lane % 4):
+//   A (16x16, row): a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..)
+//   B (16x8, col):  b0 (k 2c..2c+1, n g), b1 (k 2c+8..2c+9, n g)
+//   C (16x8 f32):   c0,c1 (g, 2c..2c+1), c2,c3 (g+8, 2c..2c+1)
+// ldmatrix.x4 gives lane L of matrix i the pair at row L/4, cols 2(L%4)..+1
+// (with .trans: rows 2(L%4)..+1 of column L/4); lanes 8i..8i+7 address
+// matrix i's rows. Lower column index goes to the lower 16 bits of a pair.
+//
+// Resources (sm_90, see scripts/check-kernels.py): shared memory
+// 2 * 64 * (head_dim + 8) bf16 = 34,816 bytes at head_dim 128 (18,432 at 64),
+// under the 48 KB static limit; Q is staged through the V buffer.
+//
+// Cost at the Qwen3-0.6B shape (16 heads, 8 kv heads, head_dim 128) for one
+// 512-token prompt, per layer: causal attention is 4 * head_dim * heads *
+// (512 * 513 / 2) = 1.08 GFLOP (the 64x64 tiling executes 1.21 GFLOP with
+// the diagonal tiles computed whole), i.e. ~1.5 us at ~700 TFLOP/s bf16
+// dense; it also moves ~6 MB (Q, K, V, O once each), ~1.5 us at ~4 TB/s,
+// and launches only 8 * 16 = 128 blocks, so at this size it is bound by
+// latency and occupancy, not by either ceiling.
+
+#define PF_BLOCK_M 64
+#define PF_BLOCK_N 64
+#define PF_THREADS 128
+// Padding of each shared-memory row (bf16 elements): rows 16 bytes apart
+// modulo 128, so the 8 row addresses of an ldmatrix hit distinct banks.
+#define PF_PAD 8
+
+__device__ __forceinline__ unsigned pf_smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void pf_cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void pf_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most one committed group is still in flight.
+__device__ __forceinline__ void pf_cp_async_wait1() {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void pf_zero16(void* dst) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(pf_smem_addr(dst)), "r"(0u)
+                 : "memory");
+}
+
+__device__ __forceinline__ void pf_ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ void pf_ldsm_x4_trans(unsigned addr, unsigned& r0, unsigned& r1,
+                                                 unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a * b for one m16n8k16 tile (bf16 operands, f32 accumulators).
+__device__ __forceinline__ void pf_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as a bf16 pair, rounded to nearest even: `lo` in bits 0..15.
+// (cvt.rn.bf16x2.f32 d, a, b puts a in the upper half and b in the lower.)
+__device__ __forceinline__ unsigned pf_pack_bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 2^x; ex2.approx(-inf) = +0.
+__device__ __forceinline__ float pf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int HD>
+__device__ __forceinline__ void prefill_attention_tile(
+    bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ cu_seqlens_q,
+    const int* __restrict__ context_lens, const int* __restrict__ block_tables,
+    int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale) {
+    constexpr int LD = HD + PF_PAD;            // shared row stride (elements)
+    constexpr int CPR = HD / 8;                // 16-byte chunks per row
+    constexpr int RPP = PF_THREADS / CPR;      // rows one pass of the block copies
+    constexpr int PASSES = PF_BLOCK_N / RPP;   // passes per 64-row tile
+    constexpr int KSTEPS = HD / 16;            // k-steps of S = Q K^T
+    constexpr int NB_S = PF_BLOCK_N / 8;       // n-blocks of S (8 keys each)
+    constexpr int NB_O = HD / 8;               // n-blocks of O (8 dims each)
+    static_assert(PF_BLOCK_M == PF_BLOCK_N, "Q is staged through the V buffer");
+    static_assert(PF_THREADS % CPR == 0 && PF_BLOCK_N % RPP == 0, "copy split");
+
+    __shared__ __align__(16) bf16 s_k[PF_BLOCK_N * LD];
+    __shared__ __align__(16) bf16 s_v[PF_BLOCK_N * LD];
+
+    const int seq = blockIdx.y;
+    const int head = blockIdx.z;
+    const int m0 = (gridDim.x - 1 - blockIdx.x) * PF_BLOCK_M;
+    const int q_start = cu_seqlens_q[seq];
+    const int q_len = cu_seqlens_q[seq + 1] - q_start;
+    if (m0 >= q_len) {
+        return;
+    }
+    const int ctx = context_lens[seq];
+    const int tile_rows = min(PF_BLOCK_M, q_len - m0);
+    const int n_keys = ctx + m0 + tile_rows;  // keys the tile's last row sees
+    const int n_tiles = (n_keys + PF_BLOCK_N - 1) / PF_BLOCK_N;
+    const int kv_head = head / (num_heads / num_kv_heads);
+    const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int copy_row = tid / CPR;        // first row this thread copies
+    const int copy_col = (tid % CPR) * 8;  // its chunk's first element
+    const long long slot_stride = (long long)num_kv_heads * HD;
+    const long long head_off = (long long)kv_head * HD + copy_col;
+
+    // Q tile -> s_v (group 0); rows past query_len are zero.
+    {
+        const long long q_stride = (long long)num_heads * HD;
+        const bf16* qb = q + ((long long)(q_start + m0) * num_heads + head) * HD + copy_col;
+#pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            int r = copy_row + p * RPP;
+            bf16* dst = &s_v[r * LD + copy_col];
+            if (r < tile_rows) {
+                pf_cp_async16(pf_smem_addr(dst), qb + r * q_stride);
+            } else {
+                pf_zero16(dst);
+            }
+        }
+        pf_cp_async_commit();
+    }
+
+    // Cache slot of each row this thread copies in the current key tile
+    // (-1 past n_keys); shared by the K and V copies of that tile.
+    int slots[PASSES];
+    auto find_slots = [&](int n0) {
+#pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            int key = n0 + copy_row + p * RPP;
+            slots[p] = key < n_keys ? table[key / block_size] * block_size + key % block_size : -1;
+        }
+    };
+    auto issue = [&](bf16* buf, const bf16* __restrict__ cache) {
+#pragma unroll
+        for (int p = 0; p < PASSES; p++) {
+            bf16* dst = &buf[(copy_row + p * RPP) * LD + copy_col];
+            if (slots[p] >= 0) {
+                pf_cp_async16(pf_smem_addr(dst), cache + (long long)slots[p] * slot_stride + head_off);
+            } else {
+                pf_zero16(dst);
+            }
+        }
+    };
+
+    find_slots(0);
+    issue(s_k, k_cache);
+    pf_cp_async_commit();  // group 1: K(0)
+
+    pf_cp_async_wait1();  // Q landed
+    __syncthreads();
+    unsigned qf[KSTEPS][4];
+    {
+        // A fragments: matrix i = lane / 8 covers rows 8 * (i % 2), cols 8 * (i / 2).
+        int r = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+        int c = 8 * (lane >> 4);
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            pf_ldsm_x4(pf_smem_addr(&s_v[r * LD + ks * 16 + c]), qf[ks][0], qf[ks][1], qf[ks][2],
+                       qf[ks][3]);
+        }
+    }
+    __syncthreads();  // every warp holds its Q; s_v is free
+    issue(s_v, v_cache);
+    pf_cp_async_commit();  // group 2: V(0)
+
+    float o[NB_O][4];
+#pragma unroll
+    for (int i = 0; i < NB_O; i++) {
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    }
+    float row_max[2] = {NEG_INF, NEG_INF};
+    float row_sum[2] = {0.0f, 0.0f};  // this lane's partial sums (quad-reduced at the end)
+    const float scale_log2 = scale * 1.4426950408889634f;
+    // Query index j of this lane's rows (c0/c1 and c2/c3), and the last key each sees.
+    const int row_j = m0 + warp * 16 + (lane >> 2);
+    const int last_key0 = ctx + row_j;
+    const int last_key1 = ctx + row_j + 8;
+    const int warp_first_last = ctx + m0 + warp * 16;      // smallest last key in the warp
+    const int warp_last_last = warp_first_last + 15;       // largest
+
+    // K operand addressing: matrix i = lane / 8 covers keys 8 * (i / 2), dims 8 * (i % 2).
+    const int k_row = (lane & 7) + 8 * (lane >> 4);
+    const int k_col = 8 * ((lane >> 3) & 1);
+    // V operand (transposed): matrix i covers keys 8 * (i % 2), dims 8 * (i / 2).
+    const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int v_col = 8 * (lane >> 4);
+
+    for (int t = 0; t < n_tiles; t++) {
+        const int n0 = t * PF_BLOCK_N;
+        const bool active = n0 <= warp_last_last;  // some row of the warp sees a key here
+        pf_cp_async_wait1();                       // K(t) landed
+        __syncthreads();
+
+        float s[NB_S][4];
+#pragma unroll
+        for (int i = 0; i < NB_S; i++) {
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        }
+        if (active) {
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+#pragma unroll
+                for (int np = 0; np < NB_S / 2; np++) {
+                    unsigned b0, b1, b2, b3;
+                    pf_ldsm_x4(pf_smem_addr(&s_k[(np * 16 + k_row) * LD + ks * 16 + k_col]), b0, b1,
+                               b2, b3);
+                    pf_mma(s[2 * np], qf[ks], b0, b1);
+                    pf_mma(s[2 * np + 1], qf[ks], b2, b3);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with s_k
+        if (t + 1 < n_tiles) {
+            find_slots(n0 + PF_BLOCK_N);
+            issue(s_k, k_cache);
+        }
+        pf_cp_async_commit();  // K(t+1), possibly empty
+
+        unsigned pf[NB_S / 2][4];
+        if (active) {
+            const bool mask = n0 + PF_BLOCK_N - 1 > warp_first_last;
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+            for (int nb = 0; nb < NB_S; nb++) {
+                int key = n0 + nb * 8 + 2 * (lane & 3);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[nb][e] * scale_log2;
+                    if (mask && key + (e & 1) > (e < 2 ? last_key0 : last_key1)) {
+                        v = NEG_INF;
+                    }
+                    s[nb][e] = v;
+                }
+                mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            // Key 0 is in tile 0 and every row sees it, so the new max is finite.
+            const float new0 = fmaxf(row_max[0], mx0);
+            const float new1 = fmaxf(row_max[1], mx1);
+            const float corr0 = pf_exp2(row_max[0] - new0);
+            const float corr1 = pf_exp2(row_max[1] - new1);
+            row_max[0] = new0;
+            row_max[1] = new1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < NB_S; nb++) {
+                s[nb][0] = pf_exp2(s[nb][0] - new0);
+                s[nb][1] = pf_exp2(s[nb][1] - new0);
+                s[nb][2] = pf_exp2(s[nb][2] - new1);
+                s[nb][3] = pf_exp2(s[nb][3] - new1);
+                sum0 += s[nb][0] + s[nb][1];
+                sum1 += s[nb][2] + s[nb][3];
+            }
+            row_sum[0] = row_sum[0] * corr0 + sum0;
+            row_sum[1] = row_sum[1] * corr1 + sum1;
+#pragma unroll
+            for (int i = 0; i < NB_O; i++) {
+                o[i][0] *= corr0;
+                o[i][1] *= corr0;
+                o[i][2] *= corr1;
+                o[i][3] *= corr1;
+            }
+            // P as A fragments: k-step j covers S n-blocks 2j (cols 0..7) and 2j+1 (8..15).
+#pragma unroll
+            for (int j = 0; j < NB_S / 2; j++) {
+                pf[j][0] = pf_pack_bf16x2(s[2 * j][0], s[2 * j][1]);
+                pf[j][1] = pf_pack_bf16x2(s[2 * j][2], s[2 * j][3]);
+                pf[j][2] = pf_pack_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1]);
+                pf[j][3] = pf_pack_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3]);
+            }
+        }
+
+        pf_cp_async_wait1();  // V(t) landed
+        __syncthreads();
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < NB_S / 2; j++) {
+#pragma unroll
+                for (int dp = 0; dp < NB_O / 2; dp++) {
+                    unsigned b0, b1, b2, b3;
+                    pf_ldsm_x4_trans(pf_smem_addr(&s_v[(j * 16 + v_row) * LD + dp * 16 + v_col]), b0,
+                                     b1, b2, b3);
+                    pf_mma(o[2 * dp], pf[j], b0, b1);
+                    pf_mma(o[2 * dp + 1], pf[j], b2, b3);
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with s_v
+        if (t + 1 < n_tiles) {
+            issue(s_v, v_cache);  // slots still hold tile t+1's
+        }
+        pf_cp_async_commit();  // V(t+1), possibly empty
+    }
+
+    // Full row sums (the four lanes of a quad share a row), then O / sum.
+    float l0 = row_sum[0], l1 = row_sum[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0;
+    const float inv1 = 1.0f / l1;
+    const long long out_stride = (long long)num_heads * HD;
+    bf16* ob = out + ((long long)(q_start + row_j) * num_heads + head) * HD + 2 * (lane & 3);
+    const bool write0 = row_j < q_len;
+    const bool write1 = row_j + 8 < q_len;
+#pragma unroll
+    for (int nb = 0; nb < NB_O; nb++) {
+        if (write0) {
+            *reinterpret_cast<unsigned*>(ob + nb * 8) =
+                pf_pack_bf16x2(o[nb][0] * inv0, o[nb][1] * inv0);
+        }
+        if (write1) {
+            *reinterpret_cast<unsigned*>(ob + 8 * out_stride + nb * 8) =
+                pf_pack_bf16x2(o[nb][2] * inv1, o[nb][3] * inv1);
+        }
+    }
+}
+
+#define PF_ARGS                                                                                 \
+    bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,       \
+        const bf16 *__restrict__ v_cache, const int *__restrict__ cu_seqlens_q,                 \
+        const int *__restrict__ context_lens, const int *__restrict__ block_tables,             \
+        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale
+#define PF_PASS                                                                                 \
+    out, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, max_blocks_per_seq,     \
+        block_size, num_heads, num_kv_heads, scale
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+prefill_attention_bf16_hd64(PF_ARGS) {
+    prefill_attention_tile<64>(PF_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+prefill_attention_bf16_hd128(PF_ARGS) {
+    prefill_attention_tile<128>(PF_PASS);
+}
