@@ -216,6 +216,9 @@ pub(crate) fn attention(
 ) -> Result<CudaTensor> {
     let op = "attention";
     check(q, cache, step, p)?;
+    if step.ctx.max_query_len == 1 && super::attention_decode::supported(step, p) {
+        return super::attention_decode::decode_attention(b, q, cache, step, p);
+    }
     if step.ctx.max_query_len > 1 && super::attention_prefill::supports_head_dim(p.head_dim) {
         return super::attention_prefill::prefill_attention(b, q, cache, step, p);
     }

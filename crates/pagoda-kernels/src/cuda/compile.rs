@@ -24,6 +24,10 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     (
+        "attention_decode.cu",
+        include_str!("kernels/attention_decode.cu"),
+    ),
+    (
         "attention_prefill.cu",
         include_str!("kernels/attention_prefill.cu"),
     ),
@@ -50,6 +54,15 @@ pub(crate) const KERNELS: &[&str] = &[
     "store_kv_bf16",
     "copy_blocks_bf16",
     "paged_attention_bf16",
+    "paged_decode_attention_bf16_hd64_g1",
+    "paged_decode_attention_bf16_hd64_g2",
+    "paged_decode_attention_bf16_hd64_g4",
+    "paged_decode_attention_bf16_hd64_g8",
+    "paged_decode_attention_bf16_hd128_g1",
+    "paged_decode_attention_bf16_hd128_g2",
+    "paged_decode_attention_bf16_hd128_g4",
+    "paged_decode_attention_bf16_hd128_g8",
+    "paged_decode_reduce_bf16",
     "prefill_attention_bf16_hd64",
     "prefill_attention_bf16_hd128",
 ];

@@ -1,0 +1,228 @@
+//! Paged attention for decode steps (every sequence has one query token):
+//! the split-K, GQA-aware kernels of `kernels/attention_decode.cu`.
+//!
+//! Owns the choice of kernel for (head_dim, group) and the two launches:
+//! `paged_decode_attention_bf16_hd{64,128}_g{1,2,4,8}` over (sequence, kv
+//! head, partition of [`PARTITION`] tokens), each block attending all query
+//! heads of its kv head's group, then `paged_decode_reduce_bf16` over
+//! (sequence, head) to merge the partitions of sequences that have several.
+//!
+//! Invariants:
+//! - Launch shapes and kernel arguments depend only on the step's shape
+//!   (num_seqs, heads, head_dim, block_size, max_blocks_per_seq), never on
+//!   context lengths, so a captured decode graph replays for any step of the
+//!   same shape. `max_partitions = ceil(max_blocks_per_seq * block_size /
+//!   PARTITION)`; blocks past a sequence's end exit at once.
+//! - Token `i` is sequence `i` (checked: `cu_seqlens_q[i] == i`), and it
+//!   attends cache positions `0..=context_lens[i]`.
+//! - Scratch comes from the backend's pool (two f32 buffers of
+//!   `num_seqs * num_heads * max_partitions * (head_dim + 2)` floats in all,
+//!   only when `max_partitions > 1`); no other device allocation.
+//! - [`supported`] is false for head_dim other than 64/128, groups past 8 and
+//!   steps with a query of another length; callers then use the general
+//!   kernel of [`super::attention`].
+//!
+//! Costs: each K/V byte a sequence's length reaches is read once per kv head
+//! group with 16-byte loads; the partials add `2 * (head_dim + 2) * 4` bytes
+//! per (sequence, head, partition) for multi-partition sequences (about 1%
+//! of the K/V bytes at head_dim 128, group 2). The kernel file's header has
+//! the numbers at the Qwen3-0.6B shape.
+
+use super::attention::check;
+use super::storage::{CudaKvCache, CudaStep, CudaTensor};
+use super::{device_err, CudaBackend};
+use crate::{AttentionParams, KernelError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Tokens per partition (must match `DEC_PARTITION` in attention_decode.cu).
+pub(crate) const PARTITION: usize = 512;
+/// Threads per partition block (must match `DEC_THREADS`).
+const THREADS: u32 = 128;
+/// Threads per reduce block.
+const REDUCE_THREADS: u32 = 128;
+/// Largest grid y/z dimension.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// The partition kernel for `head_dim` and a group of `group` query heads
+/// per kv head (groups 3, 5, 6, 7 run the next instantiation up, masked).
+fn kernel_name(head_dim: usize, group: usize) -> Option<&'static str> {
+    let g = match group {
+        1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        5..=8 => 8,
+        _ => return None,
+    };
+    Some(match (head_dim, g) {
+        (64, 1) => "paged_decode_attention_bf16_hd64_g1",
+        (64, 2) => "paged_decode_attention_bf16_hd64_g2",
+        (64, 4) => "paged_decode_attention_bf16_hd64_g4",
+        (64, 8) => "paged_decode_attention_bf16_hd64_g8",
+        (128, 1) => "paged_decode_attention_bf16_hd128_g1",
+        (128, 2) => "paged_decode_attention_bf16_hd128_g2",
+        (128, 4) => "paged_decode_attention_bf16_hd128_g4",
+        (128, 8) => "paged_decode_attention_bf16_hd128_g8",
+        _ => return None,
+    })
+}
+
+/// Partitions of the widest sequence the step's block table can hold.
+pub(crate) fn max_partitions(step: &CudaStep) -> usize {
+    (step.ctx.max_blocks_per_seq * step.ctx.block_size)
+        .div_ceil(PARTITION)
+        .max(1)
+}
+
+/// Whether the decode kernels take this step: head_dim 64 or 128, a group
+/// of 1..=8 query heads per kv head, one query token per sequence, and a
+/// grid within CUDA's limits.
+pub(crate) fn supported(step: &CudaStep, p: &AttentionParams) -> bool {
+    let ctx = &step.ctx;
+    p.num_kv_heads > 0
+        && p.num_heads % p.num_kv_heads == 0
+        && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads).is_some()
+        && ctx.num_tokens() == ctx.num_seqs()
+        && ctx
+            .cu_seqlens_q
+            .iter()
+            .enumerate()
+            .all(|(i, &c)| c as usize == i)
+        && max_partitions(step) <= MAX_GRID_YZ
+        && p.num_heads <= MAX_GRID_YZ
+}
+
+fn i32_of(v: usize, op: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::Shape {
+        op,
+        detail: format!("{v} does not fit in 32 bits"),
+    })
+}
+
+/// Decode attention: `q` is `[num_seqs, num_heads * head_dim]`, one token
+/// per sequence; returns the same shape. Errors as `attention` does, and
+/// [`KernelError::Unsupported`] for a step [`supported`] rejects.
+pub(crate) fn decode_attention(
+    b: &CudaBackend,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    step: &CudaStep,
+    p: &AttentionParams,
+) -> Result<CudaTensor> {
+    let op = "decode_attention";
+    check(q, cache, step, p)?;
+    let name = match kernel_name(p.head_dim, p.num_heads / p.num_kv_heads) {
+        Some(n) if supported(step, p) => n,
+        _ => {
+            return Err(KernelError::Unsupported(format!(
+                "decode attention with {p:?} over {} tokens in {} sequences",
+                step.ctx.num_tokens(),
+                step.ctx.num_seqs()
+            )))
+        }
+    };
+    // Slots and positions are 32-bit in the kernel.
+    i32_of(cache.num_slots(), op)?;
+    i32_of(step.ctx.max_blocks_per_seq * cache.shape.block_size, op)?;
+    let mut y = b.output(q.rows, q.cols)?;
+    let seqs = step.ctx.num_seqs();
+    if y.numel() == 0 || seqs == 0 {
+        return Ok(y);
+    }
+    let parts = max_partitions(step);
+    let per_head = seqs * p.num_heads * parts;
+    let (acc_len, ml_len) = if parts > 1 {
+        (per_head * p.head_dim, per_head * 2)
+    } else {
+        (1, 1)
+    };
+    let mut part_acc = b.alloc_f32(acc_len)?;
+    let mut part_ml = b.alloc_f32(ml_len)?;
+    let (ctx_lens, tables) = (step.view(step.context_lens), step.view(step.block_tables));
+    let (mbps, bs, nh, nkv, hd, np) = (
+        i32_of(step.ctx.max_blocks_per_seq, op)?,
+        i32_of(cache.shape.block_size, op)?,
+        i32_of(p.num_heads, op)?,
+        i32_of(p.num_kv_heads, op)?,
+        i32_of(p.head_dim, op)?,
+        i32_of(parts, op)?,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (i32_of(seqs, op)? as u32, nkv as u32, np as u32),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(&mut y.data)
+        .arg(&mut part_acc)
+        .arg(&mut part_ml)
+        .arg(&q.data)
+        .arg(&cache.k)
+        .arg(&cache.v)
+        .arg(&ctx_lens)
+        .arg(&tables)
+        .arg(&mbps)
+        .arg(&bs)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&np)
+        .arg(&p.scale);
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    if parts == 1 {
+        return Ok(y);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (seqs as u32, nh as u32, 1),
+        block_dim: (REDUCE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("paged_decode_reduce_bf16")?);
+    l.arg(&mut y.data)
+        .arg(&part_acc)
+        .arg(&part_ml)
+        .arg(&ctx_lens)
+        .arg(&mbps)
+        .arg(&bs)
+        .arg(&nh)
+        .arg(&hd)
+        .arg(&np);
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_choice_covers_groups_up_to_eight() {
+        for hd in [64, 128] {
+            for g in 1..=8 {
+                let name = kernel_name(hd, g).expect("supported");
+                let inst = match g {
+                    1 => 1,
+                    2 => 2,
+                    3 | 4 => 4,
+                    _ => 8,
+                };
+                assert!(name.ends_with(&format!("_hd{hd}_g{inst}")), "{name}");
+                assert!(inst >= g);
+                assert!(super::super::compile::KERNELS.contains(&name));
+            }
+            assert!(kernel_name(hd, 0).is_none());
+            assert!(kernel_name(hd, 9).is_none());
+        }
+        for hd in [32, 80, 96, 256] {
+            assert!(kernel_name(hd, 2).is_none());
+        }
+    }
+
+    #[test]
+    fn partition_size_matches_the_kernel_source() {
+        let src = include_str!("kernels/attention_decode.cu");
+        assert!(src.contains(&format!("#define DEC_PARTITION {PARTITION}\n")));
+        assert!(src.contains(&format!("#define DEC_WARPS {}\n", THREADS / 32)));
+    }
+}

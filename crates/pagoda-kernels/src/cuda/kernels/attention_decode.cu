@@ -1,0 +1,464 @@
+// Paged DECODE attention (every sequence has exactly one query token), split
+// over the context like vLLM's paged_attention_v2 / flash-decoding.
+//
+// Launches (shapes depend only on the step's shape, never on its values, so
+// a CUDA graph captured for one decode step replays for any other of the same
+// shape):
+//   1. paged_decode_attention_bf16_hd{64,128}_g{1,2,4,8}: grid (num_seqs,
+//      num_kv_heads, max_partitions), DEC_THREADS threads. Block (s, kv, p)
+//      attends ALL query heads of kv head `kv`'s group (group = num_heads /
+//      num_kv_heads <= G; heads past `group` are masked) over cache positions
+//      [p * DEC_PARTITION, min((p + 1) * DEC_PARTITION, seq_len)) of sequence
+//      s, where seq_len = context_lens[s] + 1 (token s is sequence s's query).
+//      Each K/V byte is read once per group, with 16-byte (8 x bf16) loads.
+//      A block whose partition starts at or past seq_len exits at once. When
+//      the sequence has ONE partition the block writes the bf16 output itself;
+//      otherwise it writes, per head, the partition's max logit m and exp sum
+//      l (f32, log2 domain) and its UNNORMALIZED sum_t 2^(s_t - m) v_t (f32).
+//   2. paged_decode_reduce_bf16: grid (num_seqs, num_heads), 128 threads;
+//      merges the partitions of sequences that have more than one (the
+//      others return at once: launch 1 already wrote them). Skipped by the
+//      host when max_partitions == 1.
+//   max_partitions = ceil(max_blocks_per_seq * block_size / DEC_PARTITION).
+//
+// Inside a block of launch 1 (DEC_WARPS warps):
+//   - phase 0: the cache slot of every token of the partition goes to shared
+//     memory (one division per token per block, not per lane);
+//   - phase 1 (QK): a token's K row is read by TPT = head_dim / 8 lanes, 16
+//     bytes each (a warp reads 32 / TPT whole rows per load, coalesced);
+//     each lane holds the matching 8 dims of q for the G heads in registers
+//     (pre-scaled by scale * log2 e). The G partial dot products are summed
+//     over the TPT lanes by a reduce-scatter (each shuffle step halves the
+//     values a lane carries: G - 1 + log2(TPT / G) shuffles instead of
+//     G * log2(TPT)); one lane per (token, head) writes the score to shared
+//     memory. DEC_UNROLL (8, or 4 at G = 8) loads per lane are issued
+//     before the first use.
+//   - phase 2: per-head max and exp2 sum over the scores in shared memory
+//     (scores become probabilities in place);
+//   - phase 3 (PV): same lane layout on V, acc[G][8] in f32 registers; then
+//     a shuffle reduction over the tokens of a warp and a shared-memory one
+//     over the warps.
+// Shared memory: DEC_PARTITION ints + DEC_PARTITION * G floats (+ a little),
+// i.e. 18 KiB at G = 8. The cross-warp acc (DEC_WARPS * G * head_dim floats)
+// reuses the score buffer, which needs DEC_WARPS * head_dim <= DEC_PARTITION.
+//
+// Partition size 512: a 1000-token context splits in two, so batch 256 x 8 kv
+// heads gives 4096 busy blocks (many waves on 132 SMs); each block streams up
+// to 512 KiB of K+V (hd 128), so its fixed costs (slot table, softmax
+// reductions, (hd + 2) * 4 bytes of partials per head written and read back)
+// stay under ~2% of its traffic; and 512 bounds the score buffer (16 KiB at
+// G = 8). Smaller partitions help only small batches of long contexts, whose
+// step is dominated by the weights anyway. Blocks of partitions past a
+// sequence's end cost a launch and an exit each: the block-table width
+// (max_blocks_per_seq) should not be far above the longest sequence served.
+//
+// Costs at the Qwen3-0.6B shape (16 heads, 8 kv heads, head_dim 128, 28
+// layers), batch 256 with 1000-token contexts (seq_len 1001, two partitions):
+//   K + V read per layer: 256 * 1001 * 8 * 128 * 2 B * 2 = 1.05 GB
+//   (q 1 MiB, output 1 MiB, partials 2 * 256 * 16 * 2 * 130 * 4 B = 8.5 MB:
+//   about 1.06 GB moved per layer step), so ~0.26 ms per layer at ~4 TB/s,
+//   ~7.4 ms per decode step over the 28 layers.
+// Arithmetic: 2 * G * head_dim FMAs per token and kv head against 4 *
+// head_dim bytes, i.e. G / 2 FMA per byte: memory-bound for G <= 4 on
+// CUDA cores; G = 8 needs ~4 FMA per byte (plus conversions and shuffles) and
+// may become issue-bound (a tensor-core variant would be the next step).
+
+#define DEC_PARTITION 512
+#define DEC_WARPS 4
+#define DEC_THREADS (DEC_WARPS * 32)
+// K or V loads a lane issues before the first use (fewer at G = 8, whose
+// q and acc registers would otherwise push the kernel past 128 registers).
+#define DEC_UNROLL(G) ((G) >= 8 ? 4 : 8)
+#define DEC_LOG2E 1.4426950408889634f
+
+// 16 bytes of bf16 through the read-only path.
+__device__ __forceinline__ uint4 dec_load16(const bf16* p) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ void dec_unpack(uint4 v, float* f) {
+    f[0] = __uint_as_float(v.x << 16);
+    f[1] = __uint_as_float(v.x & 0xffff0000u);
+    f[2] = __uint_as_float(v.y << 16);
+    f[3] = __uint_as_float(v.y & 0xffff0000u);
+    f[4] = __uint_as_float(v.z << 16);
+    f[5] = __uint_as_float(v.z & 0xffff0000u);
+    f[6] = __uint_as_float(v.w << 16);
+    f[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
+// Reduce-scatter of N partial sums over the lanes whose index differs in the
+// bits O, O/2, ..., 1 (all compile-time). While N > 1, a lane keeps half of
+// its values (the upper half where its bit O is set) and receives its
+// partner's matching half; `gi` tracks which head s[0] ends up holding. Once
+// N == 1 it is a plain all-reduce, and `writer` stays true on one lane of
+// each set of lanes holding the same head.
+template <int N, int O>
+__device__ __forceinline__ void dec_reduce_scatter(float* s, int lane, int& gi, bool& writer) {
+    if constexpr (O > 0) {
+        if constexpr (N > 1) {
+            constexpr int H = N / 2;
+            const bool upper = (lane & O) != 0;
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                float send = upper ? s[i] : s[i + H];
+                float keep = upper ? s[i + H] : s[i];
+                s[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            if (upper) {
+                gi += H;
+            }
+            dec_reduce_scatter<H, O / 2>(s, lane, gi, writer);
+        } else {
+            s[0] += __shfl_xor_sync(0xffffffffu, s[0], O);
+            if (lane & O) {
+                writer = false;
+            }
+            dec_reduce_scatter<1, O / 2>(s, lane, gi, writer);
+        }
+    }
+}
+
+// Max (IS_MAX) or sum of `v` over the threads of the block with the same
+// tid % G (G divides 32); every thread gets the result for its own tid % G.
+// `red` holds DEC_WARPS * G floats.
+template <int G, bool IS_MAX>
+__device__ __forceinline__ float dec_block_reduce(float v, float* red) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o >= G; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = IS_MAX ? fmaxf(v, w) : v + w;
+    }
+    if (lane < G) {
+        red[warp * G + lane] = v;
+    }
+    __syncthreads();
+    const int g = threadIdx.x % G;
+    float r = red[g];
+#pragma unroll
+    for (int w = 1; w < DEC_WARPS; w++) {
+        r = IS_MAX ? fmaxf(r, red[w * G + g]) : r + red[w * G + g];
+    }
+    __syncthreads();
+    return r;
+}
+
+template <int D, int G>
+__device__ __forceinline__ void paged_decode_attention(
+    bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ context_lens,
+    const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size,
+    int num_heads, int num_kv_heads, int max_parts, float scale) {
+    constexpr int TPT = D / 8;      // lanes per token row (16 or 8)
+    constexpr int TPW = 32 / TPT;   // token rows per warp load (2 or 4)
+    constexpr int U = DEC_UNROLL(G);
+    constexpr int STEP = DEC_WARPS * TPW * U;  // tokens per block pass
+    static_assert(G <= TPT, "a group must not exceed the lanes of a row");
+    static_assert(DEC_WARPS * D <= DEC_PARTITION, "cross-warp acc reuses the scores");
+
+    __shared__ int s_slot[DEC_PARTITION];
+    __shared__ __align__(16) float s_score[DEC_PARTITION * G];
+    __shared__ float s_red[DEC_WARPS * G];
+    __shared__ float s_m[G];
+    __shared__ float s_l[G];
+
+    const int seq = blockIdx.x;
+    const int kv = blockIdx.y;
+    const int part = blockIdx.z;
+    // Clamped to the block table, so even a corrupt length reads only the
+    // sequence's own table row (the host checked every block id it holds).
+    const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
+    const int start = part * DEC_PARTITION;
+    if (start >= n_seq) {
+        return;
+    }
+    const int n = min(DEC_PARTITION, n_seq - start);
+    const bool single = n_seq <= DEC_PARTITION;
+    const int group = num_heads / num_kv_heads;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int j = lane % TPT;  // this lane's 8-dim chunk of a row
+    const int tg = lane / TPT; // this lane's row within a warp load
+
+    // Phase 0: cache slot of every token of the partition.
+    const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+    for (int i = tid; i < n; i += DEC_THREADS) {
+        const int pos = start + i;
+        const int b = pos / block_size;
+        s_slot[i] = table[b] * block_size + (pos - b * block_size);
+    }
+
+    // This lane's 8 dims of q for each head of the group, in the log2 domain.
+    float qf[G][8];
+    const float qs = scale * DEC_LOG2E;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (g < group) {
+            const long long head = (long long)kv * group + g;
+            dec_unpack(dec_load16(q + ((long long)seq * num_heads + head) * D + 8 * j), qf[g]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                qf[g][i] *= qs;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                qf[g][i] = 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+
+    const long long row = (long long)num_kv_heads * D;  // elements per slot
+    const bf16* k_base = k_cache + (long long)kv * D + 8 * j;
+    const bf16* v_base = v_cache + (long long)kv * D + 8 * j;
+
+    // Phase 1: scores s[t][g] = q_g . k_t (log2 domain).
+    for (int base = warp * TPW * U; base < n; base += STEP) {
+        uint4 kr[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int t = base + u * TPW + tg;
+            kr[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (t < n) {
+                kr[u] = dec_load16(k_base + (long long)s_slot[t] * row);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float kf[8];
+            dec_unpack(kr[u], kf);
+            float s[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    a = fmaf(qf[g][i], kf[i], a);
+                }
+                s[g] = a;
+            }
+            int gi = 0;
+            bool writer = true;
+            dec_reduce_scatter<G, TPT / 2>(s, lane, gi, writer);
+            const int t = base + u * TPW + tg;
+            if (writer && t < n) {
+                s_score[t * G + gi] = s[0];
+            }
+        }
+    }
+    __syncthreads();
+
+    // Phase 2: softmax numerators in place; thread tid sees only head tid % G.
+    float m = NEG_INF;
+    for (int i = tid; i < n * G; i += DEC_THREADS) {
+        m = fmaxf(m, s_score[i]);
+    }
+    m = dec_block_reduce<G, true>(m, s_red);
+    float l = 0.0f;
+    for (int i = tid; i < n * G; i += DEC_THREADS) {
+        const float p = exp2f(s_score[i] - m);
+        s_score[i] = p;
+        l += p;
+    }
+    l = dec_block_reduce<G, false>(l, s_red);
+    if (tid < G) {
+        s_m[tid] = m;
+        s_l[tid] = l;
+    }
+    __syncthreads();
+
+    // Phase 3: acc[g] = sum_t p[t][g] * v_t over this lane's 8 dims.
+    float acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            acc[g][i] = 0.0f;
+        }
+    }
+    for (int base = warp * TPW * U; base < n; base += STEP) {
+        uint4 vr[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int t = base + u * TPW + tg;
+            vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (t < n) {
+                vr[u] = dec_load16(v_base + (long long)s_slot[t] * row);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int t = base + u * TPW + tg;
+            float p[G];
+            if (t < n) {
+                if constexpr (G % 4 == 0) {
+#pragma unroll
+                    for (int g = 0; g < G; g += 4) {
+                        const float4 p4 = *reinterpret_cast<const float4*>(&s_score[t * G + g]);
+                        p[g] = p4.x;
+                        p[g + 1] = p4.y;
+                        p[g + 2] = p4.z;
+                        p[g + 3] = p4.w;
+                    }
+                } else if constexpr (G == 2) {
+                    const float2 p2 = *reinterpret_cast<const float2*>(&s_score[t * G]);
+                    p[0] = p2.x;
+                    p[1] = p2.y;
+                } else {
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        p[g] = s_score[t * G + g];
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    p[g] = 0.0f;
+                }
+            }
+            float vf[8];
+            dec_unpack(vr[u], vf);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[g][i] = fmaf(p[g], vf[i], acc[g][i]);
+                }
+            }
+        }
+    }
+
+    // Sum over the rows of a warp load (lanes with the same chunk j).
+#pragma unroll
+    for (int o = TPT; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+            }
+        }
+    }
+    __syncthreads();  // every warp is done reading probabilities
+    float* s_acc = s_score;  // [DEC_WARPS][G][D]
+    if (tg == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float4* dst = reinterpret_cast<float4*>(&s_acc[(warp * G + g) * D + 8 * j]);
+            dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+            dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        }
+    }
+    __syncthreads();
+
+    const long long head0 = (long long)seq * num_heads + (long long)kv * group;
+    for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
+        const int g = idx / D;
+        const int d = idx - g * D;
+        if (g >= group) {
+            break;  // idx only grows, and so does g
+        }
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) {
+            o += s_acc[(w * G + g) * D + d];
+        }
+        if (single) {
+            out[(head0 + g) * D + d] = f2bf(o / s_l[g]);
+        } else {
+            const long long slot = (head0 + g) * max_parts + part;
+            part_acc[slot * D + d] = o;
+            if (d == 0) {
+                part_ml[slot * 2] = s_m[g];
+                part_ml[slot * 2 + 1] = s_l[g];
+            }
+        }
+    }
+}
+
+// Entry points: one per (head_dim, G), spelled out so their names stay
+// greppable; the arguments are the same for all.
+#define DEC_PARAMS                                                                        \
+    bf16 *__restrict__ out, float *__restrict__ part_acc, float *__restrict__ part_ml,    \
+        const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,                     \
+        const bf16 *__restrict__ v_cache, const int *__restrict__ context_lens,           \
+        const int *__restrict__ block_tables, int max_blocks_per_seq, int block_size,     \
+        int num_heads, int num_kv_heads, int max_parts, float scale
+#define DEC_CALL(D, G)                                                                    \
+    paged_decode_attention<D, G>(out, part_acc, part_ml, q, k_cache, v_cache,            \
+                                 context_lens, block_tables, max_blocks_per_seq,         \
+                                 block_size, num_heads, num_kv_heads, max_parts, scale)
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd64_g1(DEC_PARAMS) {
+    DEC_CALL(64, 1);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd64_g2(DEC_PARAMS) {
+    DEC_CALL(64, 2);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd64_g4(DEC_PARAMS) {
+    DEC_CALL(64, 4);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd64_g8(DEC_PARAMS) {
+    DEC_CALL(64, 8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd128_g1(DEC_PARAMS) {
+    DEC_CALL(128, 1);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd128_g2(DEC_PARAMS) {
+    DEC_CALL(128, 2);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd128_g4(DEC_PARAMS) {
+    DEC_CALL(128, 4);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd128_g8(DEC_PARAMS) {
+    DEC_CALL(128, 8);
+}
+
+// Merges the partitions of each (sequence, head) whose sequence has more
+// than one: out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p, with
+// M = max_p m_p. Sequences of one partition were written by launch 1.
+extern "C" __global__ void __launch_bounds__(128)
+paged_decode_reduce_bf16(bf16* __restrict__ out, const float* __restrict__ part_acc,
+                         const float* __restrict__ part_ml, const int* __restrict__ context_lens,
+                         int max_blocks_per_seq, int block_size, int num_heads, int head_dim,
+                         int max_parts) {
+    const int seq = blockIdx.x;
+    const int head = blockIdx.y;
+    const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
+    const int nparts = min((n_seq + DEC_PARTITION - 1) / DEC_PARTITION, max_parts);
+    if (nparts <= 1) {
+        return;
+    }
+    const long long base = ((long long)seq * num_heads + head) * max_parts;
+    const float* ml = part_ml + base * 2;
+    float gm = NEG_INF;
+    for (int p = 0; p < nparts; p++) {
+        gm = fmaxf(gm, ml[2 * p]);
+    }
+    float gl = 0.0f;
+    for (int p = 0; p < nparts; p++) {
+        gl += ml[2 * p + 1] * exp2f(ml[2 * p] - gm);
+    }
+    const float inv = 1.0f / gl;
+    bf16* o = out + ((long long)seq * num_heads + head) * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float a = 0.0f;
+        for (int p = 0; p < nparts; p++) {
+            a += part_acc[(base + p) * head_dim + d] * exp2f(ml[2 * p] - gm);
+        }
+        o[d] = f2bf(a * inv);
+    }
+}
