@@ -88,6 +88,27 @@ if has bench; then
         --batch-sizes 1,64,256 --context 1000
     step bench_decode_eager "$PAGODA" bench decode --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
         --batch-sizes 1,64,256 --context 1000 --enforce-eager
+    # serve --device cuda on the small Qwen3 of the tests phase (it has a
+    # byte-level tokenizer), loaded by pagoda bench serve, then stopped with SIGINT.
+    serve_check() {
+        local dir=${PAGODA_QWEN3_DIR:-/tmp/qwen3-small}
+        [ -f "$dir/config.json" ] || python3 scripts/gpu/make_qwen3.py "$dir" || return 1
+        "$PAGODA" serve --device cuda --model "$dir" --port 8123 --max-model-len 1024 &
+        local pid=$!
+        for _ in $(seq 60); do curl -sf http://127.0.0.1:8123/health > /dev/null && break; sleep 1; done
+        curl -s http://127.0.0.1:8123/v1/completions -H 'Content-Type: application/json' \
+            -d '{"prompt": "hello", "max_tokens": 8, "temperature": 0}'
+        echo
+        "$PAGODA" bench serve --url http://127.0.0.1:8123 --num-prompts 64 --max-concurrency 16 \
+            --input-len 200 --output-len 64
+        local rc=$?
+        kill -INT $pid
+        wait $pid
+        local src=$?
+        echo "bench serve rc $rc, server exit $src"
+        [ $rc -eq 0 ] && [ $src -eq 0 ]
+    }
+    step serve_cuda serve_check
     step bench_offline64 "$PAGODA" bench --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
         --num-seqs 64 --min-input 100 --max-input 512 --min-output 100 --max-output 256
 fi
@@ -113,7 +134,7 @@ printf '%s' "$table"
 printf '%s' "$steps"
 [ -f "$LOGS/cuda_qwen3_torch.log" ] && grep -E 'qwen3 vs PyTorch|greedy' "$LOGS/cuda_qwen3_torch.log" | tail -4
 [ -f "$LOGS/kernel_timings.log" ] && grep -E '^bench:' "$LOGS/kernel_timings.log"
-for f in bench_single bench_decode bench_decode_eager bench_offline64 bench_nanovllm bench_hf_workload hf_generate_batch; do
+for f in bench_single bench_decode bench_decode_eager serve_cuda bench_offline64 bench_nanovllm bench_hf_workload hf_generate_batch; do
     [ -f "$LOGS/$f.log" ] || continue
     grep -E '^\{' "$LOGS/$f.log" | python3 -c '
 import json, sys
@@ -124,6 +145,8 @@ for line in sys.stdin:
         print(f"{name}: pp{d[\"prompt_tokens\"]} {d[\"pp_tok_per_s\"]:.0f} tok/s, tg{d[\"gen_tokens\"]} {d[\"tg_tok_per_s\"]:.1f} tok/s ({1000 / max(d[\"tg_tok_per_s\"], 1e-9):.2f} ms/token) on {d[\"backend\"]}")
     elif "ms_per_step_median" in d:
         print(f"{name}: batch {d[\"batch\"]} ctx {d[\"context\"]}: {d[\"ms_per_step_median\"]:.3f} ms/step (min {d[\"ms_per_step_min\"]:.3f}), {d[\"tok_per_s\"]:.0f} tok/s, graphs {d[\"graphs\"]}")
+    elif "mean_ttft_ms" in d:
+        print(f"{name}: {d[\"completed\"]} done / {d[\"failed\"]} failed, {d[\"output_tok_per_s\"]:.0f} output tok/s, TTFT p50 {d[\"p50_ttft_ms\"]} ms, ITL p50 {d[\"p50_itl_ms\"]} ms")
     elif "engine" in d:
         print(f"{name}: {d[\"engine\"]} on {d[\"gpu\"]}: {d[\"output_tokens\"]} tokens in {d[\"seconds\"]:.1f}s = {d[\"output_tok_per_s\"]:.0f} output tok/s")
     else:

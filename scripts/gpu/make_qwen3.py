@@ -28,6 +28,27 @@ def rel_margin(logits):
     return float((top[0] - top[1]) / logits.abs().max().clamp_min(1e-6))
 
 
+def write_tokenizer(out_dir, vocab_size):
+    """A byte-level BPE tokenizer.json covering every id of the model (the
+    first 256 are the bytes; the rest are two-byte strings no merge
+    produces), so `pagoda serve` can serve the directory over text APIs."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    i = len(vocab)
+    for a in alphabet:
+        for b in alphabet:
+            if i >= vocab_size:
+                break
+            vocab.setdefault(a + b, i)
+            i = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+
+
 def main():
     t0 = time.time()
     torch.manual_seed(0)
@@ -53,6 +74,7 @@ def main():
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     os.makedirs(OUT_DIR, exist_ok=True)
     model.save_pretrained(OUT_DIR)
+    write_tokenizer(OUT_DIR, cfg.vocab_size)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref = Qwen3ForCausalLM.from_pretrained(OUT_DIR, dtype=torch.float32).to(device).eval()
