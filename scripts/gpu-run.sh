@@ -136,21 +136,6 @@ printf '%s' "$steps"
 [ -f "$LOGS/kernel_timings.log" ] && grep -E '^bench:' "$LOGS/kernel_timings.log"
 for f in bench_single bench_decode bench_decode_eager serve_cuda bench_offline64 bench_nanovllm bench_hf_workload hf_generate_batch; do
     [ -f "$LOGS/$f.log" ] || continue
-    grep -E '^\{' "$LOGS/$f.log" | python3 -c '
-import json, sys
-name = sys.argv[1]
-for line in sys.stdin:
-    d = json.loads(line)
-    if "tg_tok_per_s" in d:
-        print(f"{name}: pp{d[\"prompt_tokens\"]} {d[\"pp_tok_per_s\"]:.0f} tok/s, tg{d[\"gen_tokens\"]} {d[\"tg_tok_per_s\"]:.1f} tok/s ({1000 / max(d[\"tg_tok_per_s\"], 1e-9):.2f} ms/token) on {d[\"backend\"]}")
-    elif "ms_per_step_median" in d:
-        print(f"{name}: batch {d[\"batch\"]} ctx {d[\"context\"]}: {d[\"ms_per_step_median\"]:.3f} ms/step (min {d[\"ms_per_step_min\"]:.3f}), {d[\"tok_per_s\"]:.0f} tok/s, graphs {d[\"graphs\"]}")
-    elif "mean_ttft_ms" in d:
-        print(f"{name}: {d[\"completed\"]} done / {d[\"failed\"]} failed, {d[\"output_tok_per_s\"]:.0f} output tok/s, TTFT p50 {d[\"p50_ttft_ms\"]} ms, ITL p50 {d[\"p50_itl_ms\"]} ms")
-    elif "engine" in d:
-        print(f"{name}: {d[\"engine\"]} on {d[\"gpu\"]}: {d[\"output_tokens\"]} tokens in {d[\"seconds\"]:.1f}s = {d[\"output_tok_per_s\"]:.0f} output tok/s")
-    else:
-        print(f"{name}: {d.get(\"num_seqs\")} seqs, {d.get(\"input_tokens\")} in / {d.get(\"output_tokens\")} out in {d.get(\"seconds\", 0):.2f}s: {d.get(\"output_tok_per_s\", 0):.0f} output tok/s, {d.get(\"total_tok_per_s\", 0):.0f} total tok/s, {d.get(\"preemptions\")} preemptions")
-' "$f" || echo "$f: no JSON result"
+    python3 scripts/gpu/summarize.py "$f" < "$LOGS/$f.log"
 done
 exit $status
