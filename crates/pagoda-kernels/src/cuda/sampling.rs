@@ -1,18 +1,101 @@
-//! Sampling on the device: one token per logits row (placeholder until the
-//! sampling kernels land).
+//! Sampling on the device: one token id per logits row, with the host
+//! sampler's semantics (pagoda-engine's `sampler`), queued on the stream.
+//!
+//! Owns the launch of `sample_bf16` (`kernels/sampling.cu`, whose header
+//! describes the algorithm): one 1024-thread block per row, the row's
+//! parameters read from the step's packed `sampling` span (6 ints per row,
+//! see [`super::storage::Layout::sampling`]), the id written to `out[row]`.
+//!
+//! Semantics (those of [`crate::SamplingRow`]): temperature NaN or below 1e-5
+//! is greedy (argmax, ties to the lowest id, NaN never chosen, token 0 when
+//! nothing is above -inf); otherwise softmax(logits / T), top-k, top-p (the
+//! shortest most-likely prefix whose mass reaches p, at least one token),
+//! min-p, and one draw with `u = (random >> 11) * 2^-53`, walking the kept
+//! tokens in id order when neither top-k nor top-p filters and in rank order
+//! (probability descending, id ascending) when either does, as the host does.
+//! Ranking ties always go to the lower id.
+//!
+//! Invariants: the launch shape and arguments depend only on (rows, vocab),
+//! so the launch can be captured into a CUDA graph and replayed with new
+//! parameter values; rows never interact (a row's token depends on that
+//! row's logits and parameters only, whatever the batch); the result is
+//! deterministic (integer fixed-point masses, exact sums). No allocation and
+//! no synchronization here.
+//!
+//! Costs per row of V logits: greedy one read of the row (2V bytes); a draw
+//! without top-k/top-p three reads; with them two reads plus one per distinct
+//! threshold bin (at most three), plus one more when the draw lands on the
+//! second or later of several tokens with the same logit. Vocabularies up to
+//! 2^23 - 1 tokens (the fixed-point total must stay below 2^63).
 
 use super::pool::DeviceBuf;
-use super::storage::{CudaStep, CudaTensor};
-use super::CudaBackend;
+use super::storage::{CudaStep, CudaTensor, SAMPLING_INTS};
+use super::{device_err, CudaBackend};
 use crate::{KernelError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Threads per row (the kernel's `SMP_THREADS`).
+const THREADS: u32 = 1024;
+/// Largest vocabulary the fixed-point masses allow (`V * 2^40 < 2^63`).
+pub(crate) const MAX_VOCAB: usize = (1 << 23) - 1;
+
+fn shape_err(detail: String) -> KernelError {
+    KernelError::Shape {
+        op: "sample",
+        detail,
+    }
+}
 
 /// Queues the sampling of every row of `logits` with the step's sampling
 /// rows; the ids land in `out` (at least `logits.rows` elements).
 pub(crate) fn launch_sample(
-    _b: &CudaBackend,
-    _logits: &CudaTensor,
-    _step: &CudaStep,
-    _out: &mut DeviceBuf<i32>,
+    b: &CudaBackend,
+    logits: &CudaTensor,
+    step: &CudaStep,
+    out: &mut DeviceBuf<i32>,
 ) -> Result<()> {
-    Err(KernelError::Unsupported("device sampling".into()))
+    let (rows, vocab) = (logits.rows, logits.cols);
+    let params = step.ctx.sampling.len();
+    if params != rows {
+        return Err(shape_err(format!(
+            "{rows} logits rows but {params} sampling rows in the step"
+        )));
+    }
+    if step.layout.sampling.len != rows * SAMPLING_INTS {
+        return Err(shape_err(format!(
+            "the packed step holds {} sampling ints for {rows} rows",
+            step.layout.sampling.len
+        )));
+    }
+    if out.len() < rows {
+        return Err(shape_err(format!(
+            "output holds {} ids for {rows} rows",
+            out.len()
+        )));
+    }
+    if vocab > MAX_VOCAB {
+        return Err(shape_err(format!(
+            "vocabulary of {vocab} tokens (at most {MAX_VOCAB})"
+        )));
+    }
+    let grid = u32::try_from(rows)
+        .ok()
+        .filter(|&r| r < i32::MAX as u32 / SAMPLING_INTS as u32)
+        .ok_or_else(|| shape_err(format!("{rows} rows")))?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let v = vocab as i32;
+    let sampling = step.view(step.layout.sampling);
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("sample_bf16")?);
+    l.arg(&mut *out).arg(&logits.data).arg(&sampling).arg(&v);
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel reads `rows * vocab` logits (the tensor holds them),
+    // `6 * rows` ints of the step (checked above) and writes `rows` ids.
+    unsafe { l.launch(cfg) }.map_err(|e| device_err("sample", e))?;
+    Ok(())
 }
