@@ -20,7 +20,8 @@
 // with Q (A fragments) kept in registers for the whole walk and P re-packed
 // from S's accumulators without leaving registers. The causal mask is
 // applied only on tiles that cross a warp's diagonal; warps whose rows see
-// none of a tile's keys skip its math. O is normalized once at the end and
+// none of a tile's keys, or whose rows are all past query_len, skip its math
+// (but never a barrier). O is normalized once at the end and
 // written as bf16; rows past query_len are never written.
 //
 // Pipelining with one K and one V buffer: K(t+1) is fetched while the
@@ -233,6 +234,7 @@ __device__ __forceinline__ void prefill_attention_tile(
     const int last_key1 = ctx + row_j + 8;
     const int warp_first_last = ctx + m0 + warp * 16;      // smallest last key in the warp
     const int warp_last_last = warp_first_last + 15;       // largest
+    const bool warp_has_rows = m0 + warp * 16 < q_len;     // else its rows are never written
 
     // K operand addressing: matrix i = lane / 8 covers keys 8 * (i / 2), dims 8 * (i % 2).
     const int k_row = (lane & 7) + 8 * (lane >> 4);
@@ -243,8 +245,9 @@ __device__ __forceinline__ void prefill_attention_tile(
 
     for (int t = 0; t < n_tiles; t++) {
         const int n0 = t * PF_BLOCK_N;
-        const bool active = n0 <= warp_last_last;  // some row of the warp sees a key here
-        pf_cp_async_wait1();                       // K(t) landed
+        // Some row of the warp that will be written sees a key of this tile.
+        const bool active = warp_has_rows && n0 <= warp_last_last;
+        pf_cp_async_wait1();  // K(t) landed
         __syncthreads();
 
         float s[NB_S][4];
