@@ -36,7 +36,9 @@
 // first): greedy 1; dense draw 3 (max, per-warp segment sums, one warp walks
 // one segment); filtered 2 + one fine pass per distinct bin among the top-k,
 // top-p and draw thresholds (1 to 3) + rarely the ordered tie pass.
-// Shared memory ~25 KB, 1024 threads.
+// Shared memory ~25 KB, 1024 threads, 64 registers, no spills (sm_90). The
+// level-1 histogram uses 32-bit shared atomics only (counts aggregate per
+// warp; masses as two words with an exact carry), never a 64-bit CAS loop.
 
 #define SMP_THREADS 1024
 #define SMP_WARPS 32
@@ -85,6 +87,22 @@ __device__ __forceinline__ smp_u64 smp_mass(float w) {
 // Mass of every token holding key k.
 __device__ __forceinline__ smp_u64 smp_key_mass(unsigned k, float t, float vmax) {
     return smp_mass(smp_weight(smp_key_value(k), t, vmax));
+}
+
+// Adds q to the 64-bit value lo + 2^32 hi with 32-bit atomics only: the
+// adder whose add wraps `lo` carries into `hi`, so the result is exact and
+// independent of the order.
+__device__ __forceinline__ void smp_add_mass(unsigned* lo, unsigned* hi, smp_u64 q) {
+    unsigned ql = (unsigned)q;
+    unsigned carry = 0u;
+    if (ql != 0u) {
+        unsigned old = atomicAdd(lo, ql);
+        carry = old > 0xffffffffu - ql ? 1u : 0u;
+    }
+    unsigned qh = (unsigned)(q >> 32) + carry;
+    if (qh != 0u) {
+        atomicAdd(hi, qh);
+    }
 }
 
 // floor(u53 * total / 2^53) without overflow (u53 < 2^53, total < 2^63).
@@ -448,9 +466,14 @@ sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
 
     // Pass 2: level-1 histogram (counts and masses), the total mass and the
     // min-p set's size and mass.
+    // Masses accumulate as two 32-bit words per bin (sm_90 has no native
+    // 64-bit shared atomic add), then become one 64-bit word in place.
+    unsigned* mass_lo = (unsigned*)s_mass;
+    unsigned* mass_hi = mass_lo + SMP_BINS;
     for (int b = tid; b < SMP_BINS; b += SMP_THREADS) {
         s_cnt[b] = 0u;
-        s_mass[b] = 0ull;
+        mass_lo[b] = 0u;
+        mass_hi[b] = 0u;
     }
     __syncthreads();
     smp_u64 all_mass = 0, m_cnt = 0, m_mass = 0;
@@ -459,14 +482,20 @@ sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
         float w = smp_weight(smp_key_value(k), temp, vmax);
         smp_u64 q = smp_mass(w);
         atomicAdd(&s_cnt[k >> 5], 1u);
-        if (q != 0ull) {
-            atomicAdd(&s_mass[k >> 5], q);
-        }
+        smp_add_mass(&mass_lo[k >> 5], &mass_hi[k >> 5], q);
         all_mass += q;
         if (w >= min_w) {
             m_cnt += 1;
             m_mass += q;
         }
+    }
+    __syncthreads();
+    {
+        smp_u64 m0 = ((smp_u64)mass_hi[2 * tid] << 32) | mass_lo[2 * tid];
+        smp_u64 m1 = ((smp_u64)mass_hi[2 * tid + 1] << 32) | mass_lo[2 * tid + 1];
+        __syncthreads();
+        s_mass[2 * tid] = m0;
+        s_mass[2 * tid + 1] = m1;
     }
     all_mass = smp_block_sum(all_mass, sh.red);
     m_cnt = smp_block_sum(m_cnt, sh.red);
