@@ -100,7 +100,7 @@ if has bench; then
             -d '{"prompt": "hello", "max_tokens": 8, "temperature": 0}'
         echo
         "$PAGODA" bench serve --url http://127.0.0.1:8123 --num-prompts 64 --max-concurrency 16 \
-            --input-len 200 --output-len 64
+            --input-len 200 --output-len 64 --max-token-id 4096
         local rc=$?
         kill -INT $pid
         wait $pid

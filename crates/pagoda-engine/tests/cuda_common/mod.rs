@@ -22,9 +22,11 @@ pub const BLOCK_SIZE: usize = 16;
 pub const TOL: f32 = 1e-2;
 
 /// Logits tolerance against an f32 reference with no bf16 run of its own
-/// (pagoda's CPU backend): bf16 activations alone move logits by 1-2% (the
-/// Qwen3 test model's PyTorch bf16 run is 1.05-1.82e-2 from its f32 run).
-pub const TOL_BF16_VS_F32: f32 = 2e-2;
+/// (pagoda's CPU backend): bf16 activations (residual stream included)
+/// alone move logits by 1-2.2% (the Qwen3 test model's PyTorch bf16 run is
+/// 1.04-1.81e-2 from its f32 run; tiny-llama on an H100 peaked at 2.17e-2).
+/// A wrong kernel moves them by far more than this.
+pub const TOL_BF16_VS_F32: f32 = 3e-2;
 
 /// The GPU backend, or `None` (with a notice) where there is no CUDA.
 pub fn gpu() -> Option<CudaBackend> {

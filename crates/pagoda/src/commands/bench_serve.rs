@@ -57,6 +57,10 @@ pub struct BenchServeArgs {
     /// Seed of the prompts and the arrival times.
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub seed: u64,
+    /// Prompt token ids are drawn from [0, N); lower it for models with a
+    /// smaller vocabulary.
+    #[arg(long, default_value_t = dataset::VOCAB_LIMIT, value_name = "N")]
+    pub max_token_id: u32,
     /// Model name to send (default: none; pagoda serves its one model).
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
@@ -93,6 +97,7 @@ pub fn run(args: BenchServeArgs) -> Result<()> {
         range_ratio: args.range_ratio,
         shared_prefix_len: args.shared_prefix_len,
         seed: args.seed,
+        max_token_id: args.max_token_id,
     })?;
     let arrivals = arrival_times(prompts.len(), args.request_rate, args.seed);
     let base = args.url.trim_end_matches('/');

@@ -13,8 +13,8 @@
 use anyhow::{bail, Result};
 use pagoda_engine::sampler::RequestRng;
 
-/// Token ids are drawn from `[0, VOCAB_LIMIT)`, a range every served
-/// vocabulary covers.
+/// Token ids are drawn from `[0, VOCAB_LIMIT)` by default, a range most
+/// served vocabularies cover (`--max-token-id` changes it).
 pub const VOCAB_LIMIT: u32 = 10_000;
 
 /// Which prompts to build.
@@ -34,6 +34,8 @@ pub struct DatasetSpec {
     /// Tokens every prompt starts with (`shared-prefix` only).
     pub shared_prefix_len: usize,
     pub seed: u64,
+    /// Token ids are drawn from `[0, max_token_id)`.
+    pub max_token_id: u32,
 }
 
 /// Uniform integer in `[lo, hi]`.
@@ -41,8 +43,9 @@ fn uniform(rng: &mut RequestRng, lo: usize, hi: usize) -> usize {
     lo + (rng.next_u64() % (hi - lo + 1) as u64) as usize
 }
 
-fn random_ids(rng: &mut RequestRng, n: usize) -> impl Iterator<Item = u32> + '_ {
-    (0..n).map(move |_| (rng.next_u64() % VOCAB_LIMIT as u64) as u32)
+fn random_ids(rng: &mut RequestRng, n: usize, limit: u32) -> impl Iterator<Item = u32> + '_ {
+    let limit = limit.max(1) as u64;
+    (0..n).map(move |_| (rng.next_u64() % limit) as u32)
 }
 
 /// The inclusive range of unique (non-prefix) prompt lengths.
@@ -75,13 +78,13 @@ pub fn build_prompts(spec: &DatasetSpec) -> Result<Vec<Vec<u32>>> {
         DatasetKind::SharedPrefix => spec.shared_prefix_len,
     };
     let mut rng = RequestRng::new(spec.seed);
-    let prefix: Vec<u32> = random_ids(&mut rng, prefix_len).collect();
+    let prefix: Vec<u32> = random_ids(&mut rng, prefix_len, spec.max_token_id).collect();
     let mut prompts = Vec::with_capacity(spec.num_prompts);
     for _ in 0..spec.num_prompts {
         let len = uniform(&mut rng, lo, hi);
         let mut ids = Vec::with_capacity(prefix_len + len);
         ids.extend_from_slice(&prefix);
-        ids.extend(random_ids(&mut rng, len));
+        ids.extend(random_ids(&mut rng, len, spec.max_token_id));
         prompts.push(ids);
     }
     Ok(prompts)
@@ -117,7 +120,19 @@ mod tests {
             range_ratio: ratio,
             shared_prefix_len: prefix,
             seed: 7,
+            max_token_id: VOCAB_LIMIT,
         }
+    }
+
+    #[test]
+    fn token_ids_stay_below_the_limit() {
+        let s = DatasetSpec {
+            max_token_id: 100,
+            ..spec(DatasetKind::SharedPrefix, 4, 300, 0.0, 50)
+        };
+        let prompts = build_prompts(&s).unwrap();
+        assert!(prompts.iter().flatten().all(|&t| t < 100));
+        assert!(prompts.iter().flatten().any(|&t| t >= 90));
     }
 
     #[test]
