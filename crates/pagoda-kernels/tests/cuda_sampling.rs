@@ -31,7 +31,7 @@ use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
 use pagoda_kernels::{Backend, ForwardContext, KernelError, SamplingRow};
 
 /// Relative slack (of the kept mass) within which a boundary counts as "near".
-const NEAR: f64 = 1e-4;
+const NEAR: f64 = 1e-5;
 
 /// The GPU backend, or `None` (with a notice) where there is no CUDA.
 fn gpu() -> Option<CudaBackend> {
