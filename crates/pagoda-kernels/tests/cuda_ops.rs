@@ -249,6 +249,16 @@ fn linear_matches_cpu() {
         (17, 1000, 257),
         (128, 576, 1536),
         (3, 7, 1),
+        // The decode path (gemv_bf16): 1..=8 rows, K a multiple of 8,
+        // odd N, and the Qwen3-0.6B shapes.
+        (1, 1024, 2048),
+        (2, 8, 5),
+        (3, 3072, 1024),
+        (4, 1024, 6144),
+        (6, 2048, 1023),
+        (7, 16, 3),
+        (8, 1024, 4099),
+        (9, 1024, 512),
     ] {
         let x = rvec(&mut rng, rows * inner, 1.0);
         let w = rvec(&mut rng, out * inner, 0.2);

@@ -23,6 +23,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("sampling.cu", include_str!("kernels/sampling.cu")),
     (
         "attention_decode.cu",
@@ -55,6 +56,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "store_kv_bf16",
     "copy_blocks_bf16",
     "paged_attention_bf16",
+    "gemv_bf16",
     "sample_bf16",
     "paged_decode_attention_bf16_hd64_g1",
     "paged_decode_attention_bf16_hd64_g2",

@@ -5,7 +5,9 @@
 //! precomputed maxima) on the host before queuing work, so a bad request is a
 //! [`KernelError::Shape`], never an out-of-bounds device access. Launches of
 //! zero elements are skipped. `linear` is one cuBLAS GEMM (bf16 operands, f32
-//! compute, bf16 out) plus a bias kernel when there is a bias.
+//! compute, bf16 out) plus a bias kernel when there is a bias; with at most
+//! 8 rows (decode) it is instead one `gemv_bf16` pass over the weights with
+//! the bias fused (kernels/gemv.cu).
 
 use super::storage::{CudaStep, CudaTensor, CudaWeight, WeightBuf};
 use super::{device_err, CudaBackend};
@@ -15,6 +17,11 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 const THREADS: u32 = 256;
+/// `linear` with at most this many rows (and `in % 8 == 0`) runs the
+/// `gemv_bf16` kernel instead of cuBLAS (must match `GEMV_MAX_ROWS`).
+const GEMV_MAX_ROWS: usize = 8;
+/// Warps per `gemv_bf16` block (must match `GEMV_WARPS`).
+const GEMV_WARPS: usize = 8;
 
 fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
@@ -228,6 +235,26 @@ pub(crate) fn linear(
     }
     if inner == 0 {
         fill(b, &mut y.data, rows * out, 0)?;
+    } else if rows <= GEMV_MAX_ROWS && inner % 8 == 0 {
+        // Decode-sized: one pass over the weights, bias fused.
+        let (m, n, k) = (i32_of(rows, op)?, i32_of(out, op)?, i32_of(inner, op)?);
+        let has_bias = i32::from(bias.is_some());
+        let cfg = LaunchConfig {
+            grid_dim: (out.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = b.dev.stream.launch_builder(b.dev.kernel("gemv_bf16")?);
+        l.arg(&mut y.data)
+            .arg(&x.data)
+            .arg(wd)
+            .arg(bias.unwrap_or(wd))
+            .arg(&has_bias)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k);
+        unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (gemv)", e))?;
+        return Ok(y);
     } else {
         // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T is, column-major,
         // y'[out, rows] = w'^T[out, in] * x'[in, rows].
