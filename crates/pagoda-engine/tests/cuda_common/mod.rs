@@ -21,12 +21,14 @@ pub const BLOCK_SIZE: usize = 16;
 /// token is an excused near-tie), and the floor of the logits tolerance.
 pub const TOL: f32 = 1e-2;
 
-/// Logits tolerance against an f32 reference with no bf16 run of its own
-/// (pagoda's CPU backend): bf16 activations (residual stream included)
-/// alone move logits by 1-2.2% (the Qwen3 test model's PyTorch bf16 run is
-/// 1.04-1.81e-2 from its f32 run; tiny-llama on an H100 peaked at 2.17e-2).
-/// A wrong kernel moves them by far more than this.
-pub const TOL_BF16_VS_F32: f32 = 3e-2;
+/// Logits tolerance (and near-tie margin) against an f32 reference with no
+/// bf16 run of its own (pagoda's CPU backend): bf16 activations (residual
+/// stream included) alone move logits by 1-3.4% (the Qwen3 test model's
+/// PyTorch bf16 run is 1.04-1.81e-2 from its f32 run; on an H200 the tiny
+/// random models peaked at 2.17e-2 (llama), 1.76e-2 (qwen2) and 3.38e-2
+/// (qwen3, whose q/k norms sharpen the scores)). A wrong kernel moves them
+/// by far more than this.
+pub const TOL_BF16_VS_F32: f32 = 4e-2;
 
 /// The GPU backend, or `None` (with a notice) where there is no CUDA.
 pub fn gpu() -> Option<CudaBackend> {
@@ -201,9 +203,21 @@ impl Tally {
     /// Checks one greedy step: `got` must pick `want_token` unless the
     /// reference's relative margin is within [`TOL`] (printed as excused).
     pub fn check_token(&mut self, what: &str, got: &[f32], want_token: u32, want_margin: f32) {
+        self.check_token_within(what, got, want_token, want_margin, TOL)
+    }
+
+    /// [`Self::check_token`] with near-ties up to a relative margin of `tol`.
+    pub fn check_token_within(
+        &mut self,
+        what: &str,
+        got: &[f32],
+        want_token: u32,
+        want_margin: f32,
+        tol: f32,
+    ) {
         self.steps += 1;
         let got_token = argmax(got);
-        if want_margin <= TOL {
+        if want_margin <= tol {
             self.near_ties += 1;
             if got_token != want_token {
                 self.excused_mismatches += 1;
