@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use pagoda_core::SamplingParams;
-use pagoda_engine::{GenerateRequest, LlmEngine, SchedulerConfig};
+use pagoda_engine::{GenerateRequest, LlmEngine};
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
 

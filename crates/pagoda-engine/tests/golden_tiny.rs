@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use pagoda_core::SamplingParams;
-use pagoda_engine::{GenerateRequest, LlmEngine, SchedulerConfig};
+use pagoda_engine::{GenerateRequest, LlmEngine};
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;

@@ -1,7 +1,7 @@
-//! Opening a CUDA device: the driver context, one stream, a cuBLAS handle and
-//! the kernel module.
+//! Opening a CUDA device: the driver context, one stream and the kernel
+//! module (the cuBLASLt handle lives in [`super::blaslt`]).
 //!
-//! cudarc loads libcuda, libnvrtc and libcublas lazily and panics when one is
+//! cudarc loads libcuda, libnvrtc and libcublasLt lazily and panics when one is
 //! missing; [`Device::open`] first asks whether each library can be opened,
 //! then runs the whole setup under `catch_unwind`, so a machine without CUDA
 //! gets a [`KernelError::Device`] naming what is missing, never a panic.
@@ -10,7 +10,6 @@
 
 use super::compile;
 use crate::{KernelError, Result};
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -22,7 +21,6 @@ pub(crate) struct Device {
     #[allow(dead_code)]
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    pub blas: CudaBlas,
     pub kernels: HashMap<&'static str, CudaFunction>,
     pub name: String,
 }
@@ -42,8 +40,8 @@ fn check_libraries() -> Result<()> {
             ),
             (cudarc::nvrtc::sys::is_culib_present(), "libnvrtc (CUDA 13)"),
             (
-                cudarc::cublas::sys::is_culib_present(),
-                "libcublas (CUDA 13)",
+                cudarc::cublaslt::sys::is_culib_present(),
+                "libcublasLt (CUDA 13)",
             ),
         ]
     };
@@ -93,8 +91,6 @@ impl Device {
         let stream = ctx
             .new_stream()
             .map_err(|e| err(format!("cannot create a CUDA stream: {e:?}")))?;
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| err(format!("cannot create a cuBLAS handle: {e:?}")))?;
         let cc = ctx
             .compute_capability()
             .map_err(|e| err(format!("cannot read the compute capability: {e:?}")))?;
@@ -115,7 +111,6 @@ impl Device {
         Ok(Device {
             ctx,
             stream,
-            blas,
             kernels,
             name,
         })

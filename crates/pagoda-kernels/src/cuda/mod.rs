@@ -2,7 +2,7 @@
 //! paged KV cache, cuBLAS GEMMs and NVRTC-compiled kernels for everything else.
 //!
 //! Built behind the `cuda` feature. The binary links no CUDA library: cudarc
-//! opens libcuda, libnvrtc and libcublas at run time, so [`CudaBackend::new`]
+//! opens libcuda, libnvrtc and libcublasLt at run time, so [`CudaBackend::new`]
 //! on a machine without them returns [`KernelError::Device`] saying which one
 //! is missing (cudarc's panic on a missing library is caught and turned into
 //! that error).
@@ -20,6 +20,7 @@
 mod attention;
 mod attention_decode;
 mod attention_prefill;
+mod blaslt;
 mod compile;
 mod device;
 mod graph;
@@ -51,6 +52,8 @@ pub struct CudaBackend {
     dev: device::Device,
     /// Activations and scratch (see [`pool`]).
     pool: std::sync::Arc<pool::Pool>,
+    /// GEMMs of more than a few rows (see [`blaslt`]).
+    lt: blaslt::LtGemm,
     /// When set, fresh outputs are filled with NaN before the op writes them
     /// (tests use it to catch elements an op leaves unwritten).
     poison: AtomicBool,
@@ -79,8 +82,10 @@ impl CudaBackend {
     /// them with NVRTC on first use, then from the disk cache).
     pub fn new(opts: CudaOptions) -> Result<Self> {
         let dev = device::Device::open(opts.device)?;
+        let pool = pool::Pool::new(dev.stream.clone());
         Ok(CudaBackend {
-            pool: pool::Pool::new(dev.stream.clone()),
+            lt: blaslt::LtGemm::new(dev.stream.clone(), &pool)?,
+            pool,
             dev,
             poison: AtomicBool::new(false),
         })

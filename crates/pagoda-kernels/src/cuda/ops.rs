@@ -4,15 +4,15 @@
 //! Every op checks shapes (and every index it will read, against the step's
 //! precomputed maxima) on the host before queuing work, so a bad request is a
 //! [`KernelError::Shape`], never an out-of-bounds device access. Launches of
-//! zero elements are skipped. `linear` is one cuBLAS GEMM (bf16 operands, f32
-//! compute, bf16 out) plus a bias kernel when there is a bias; with at most
+//! zero elements are skipped. `linear` is one cuBLASLt GEMM (bf16 operands,
+//! f32 compute, bf16 out; plans cached per shape) plus a bias kernel when
+//! there is a bias; with at most
 //! 8 rows (decode) it is instead one `gemv_bf16` pass over the weights with
 //! the bias fused (kernels/gemv.cu).
 
 use super::storage::{CudaStep, CudaTensor, CudaWeight, WeightBuf};
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result, RopeStyle};
-use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
@@ -256,23 +256,8 @@ pub(crate) fn linear(
         unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (gemv)", e))?;
         return Ok(y);
     } else {
-        // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T is, column-major,
-        // y'[out, rows] = w'^T[out, in] * x'[in, rows].
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_T,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: i32_of(out, op)?,
-            n: i32_of(rows, op)?,
-            k: i32_of(inner, op)?,
-            alpha: bf16::ONE,
-            lda: i32_of(inner, op)?,
-            ldb: i32_of(inner, op)?,
-            beta: bf16::ZERO,
-            ldc: i32_of(out, op)?,
-        };
-        // SAFETY: the buffers hold at least out*in, rows*in and rows*out elements.
-        unsafe { b.dev.blas.gemm(cfg, wd, &*x.data, &mut *y.data) }
-            .map_err(|e| device_err("linear (cuBLAS GEMM)", e))?;
+        // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T (see blaslt.rs).
+        b.lt.gemm(out, rows, inner, wd, &x.data, &mut y.data)?;
     }
     if let Some(bias) = bias {
         let (nr, nc) = (i32_of(rows, op)?, i32_of(out, op)?);
