@@ -132,7 +132,7 @@ echo
 echo "==== summary ($phases)"
 printf '%s' "$table"
 printf '%s' "$steps"
-[ -f "$LOGS/cuda_qwen3_torch.log" ] && grep -E 'qwen3 vs PyTorch|greedy' "$LOGS/cuda_qwen3_torch.log" | tail -4
+[ -f "$LOGS/cuda_qwen3_torch.log" ] && grep -E '^qwen3 ' "$LOGS/cuda_qwen3_torch.log"
 [ -f "$LOGS/kernel_timings.log" ] && grep -E '^bench:' "$LOGS/kernel_timings.log"
 for f in bench_single bench_decode bench_decode_eager serve_cuda bench_offline64 bench_nanovllm bench_hf_workload hf_generate_batch; do
     [ -f "$LOGS/$f.log" ] || continue

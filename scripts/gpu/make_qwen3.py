@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
-"""Builds a small random Qwen3 with transformers and writes PyTorch's reference
+"""Builds a random Qwen3 with transformers and writes PyTorch's reference
 outputs for crates/pagoda-engine/tests/cuda_qwen3_torch.rs.
 
-The model (torch.manual_seed(0), random init, bfloat16) is saved with
-save_pretrained to OUT_DIR (default /tmp/qwen3-small). The reference is computed
+By default the model has Qwen3-0.6B's shape (28 layers, hidden 1024, 16
+query heads, 8 KV heads, head_dim 128, intermediate 3072, vocabulary 151936,
+tied embeddings; options change any of them), transformers' own
+initialization (initializer_range 0.02 unless --init-range says otherwise)
+under torch.manual_seed(0), and is saved in bfloat16 with save_pretrained to
+OUT_DIR (default /tmp/qwen3-small). The reference is computed
 in float32 from those saved bf16 weights, on the GPU when there is one, and
 written to OUT_DIR/reference.json: for 8 prompts of random token ids, the last
 prompt position's logits and 16 greedy tokens, each with its relative top-1
 margin ((top1 - top2) / max |logit|); and, as a yardstick, the relative error
 (L2/max-abs) of PyTorch's own bf16 prompt logits against the f32 ones.
 """
+import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-OUT_DIR = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PAGODA_QWEN3_DIR", "/tmp/qwen3-small")
 NEW_TOKENS = 16
 PROMPT_LENS = [1, 7, 19, 33, 64, 100, 130, 250]
 
@@ -49,24 +52,43 @@ def write_tokenizer(out_dir, vocab_size):
     tok.save(os.path.join(out_dir, "tokenizer.json"))
 
 
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", nargs="?", default=os.environ.get("PAGODA_QWEN3_DIR", "/tmp/qwen3-small"))
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--intermediate", type=int, default=3072)
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--tie", action=argparse.BooleanOptionalAction, default=True,
+                    help="tie the LM head to the embedding (as Qwen3-0.6B)")
+    ap.add_argument("--init-range", type=float, default=0.02, help="std of the random weights")
+    return ap.parse_args()
+
+
 def main():
+    args = parse_args()
+    # The reference is true f32: no TF32 in matmuls or convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    OUT_DIR = args.out_dir
     t0 = time.time()
     torch.manual_seed(0)
     cfg = Qwen3Config(
-        vocab_size=4096,
-        hidden_size=512,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
         max_position_embeddings=2048,
         rope_theta=1e6,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        # Wider than the default 0.02 so logits spread and greedy picks are
-        # rarely near-ties.
-        initializer_range=0.05,
+        tie_word_embeddings=args.tie,
+        initializer_range=args.init_range,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
@@ -129,8 +151,10 @@ def main():
             f,
         )
     print(
-        f"make_qwen3: saved {OUT_DIR} and reference.json ({len(prompts)} prompts, "
-        f"{NEW_TOKENS} steps, min margin {min(min(p['margins']) for p in prompts):.3e}) "
+        f"make_qwen3: saved {OUT_DIR} and reference.json ({cfg.num_hidden_layers} layers, hidden "
+        f"{cfg.hidden_size}, head_dim {cfg.head_dim}, init {cfg.initializer_range}; {len(prompts)} prompts, "
+        f"{NEW_TOKENS} steps, min margin {min(min(p['margins']) for p in prompts):.3e}; "
+        f"PyTorch bf16 vs f32 prompt logits (L2/max-abs): {' '.join(bf16_errors)}) "
         f"in {time.time() - t0:.1f}s"
     )
 

@@ -28,7 +28,7 @@ for line in sys.stdin:
     elif "engine" in d:
         print(f"{name}: {d['engine']} on {d['gpu']}: {d['output_tokens']} tokens in {d['seconds']:.1f}s = "
               f"{d['output_tok_per_s']:.0f} output tok/s")
-    else:
+    elif "num_seqs" in d:
         print(f"{name}: {d.get('num_seqs')} seqs, {d.get('input_tokens')} in / {d.get('output_tokens')} out "
               f"in {d.get('seconds', 0):.2f}s: {d.get('output_tok_per_s', 0):.0f} output tok/s, "
               f"{d.get('total_tok_per_s', 0):.0f} total tok/s, {d.get('preemptions')} preemptions")

@@ -1,11 +1,10 @@
 //! Whole models on the CUDA backend, checked end to end:
 //! - the tiny Llama, Qwen2, Qwen3 and OPT models (tests/golden/tiny-*, dummy
-//!   weights) against the CPU backend with f32 weights: the CPU decodes each
-//!   golden prompt greedily; the GPU runs all prompts batched, fed the CPU's
-//!   tokens; every step's logits agree within the bf16 tolerance
-//!   `TOL_BF16_VS_F32` (relative, L2; see cuda_common for the measured bf16
-//!   spread) and the greedy token agrees wherever the CPU's top-1 margin
-//!   exceeds that tolerance;
+//!   weights) against the CPU backend holding the same bf16-rounded weights:
+//!   the CPU decodes each golden prompt greedily; the GPU runs all prompts
+//!   batched, fed the CPU's tokens; every step's logits agree within the bf16
+//!   tolerance of these models, [`TINY_TOL`] (relative, L2), and the greedy
+//!   token agrees wherever the CPU's top-1 margin exceeds it;
 //! - batch invariance: 8 prompts (some sharing a prefix) batched through the
 //!   engine, with the prefix cache on and off and a 32-token step budget (so
 //!   prompts are chunked and mixed with decodes), give the greedy tokens each
@@ -29,10 +28,22 @@ use std::collections::HashMap;
 
 const NEW_TOKENS: usize = 16;
 
+/// The bf16 tolerance of the tiny dummy-weight models. Their weights keep
+/// unit variance through every matrix (`r * sqrt(3 / cols)`, see
+/// pagoda_model::loader::dummy), a far harsher conditioning than a trained
+/// or transformers-initialized model, so bf16 rounding of the GEMM inputs is
+/// amplified more: on an H200 the largest errors over 64 steps per model
+/// were 1.59e-2 (llama), 1.37e-2 (qwen2), 2.81e-2 (qwen3, whose q/k norms
+/// sharpen the scores) and 0.90e-2 (opt). A wrong kernel moves logits by far
+/// more. The transformers-built Qwen3 of cuda_qwen3_torch is held to [`TOL`].
+const TINY_TOL: f32 = 4e-2;
+
+/// The CPU reference holds the weights rounded to bf16, as the GPU does, so
+/// the two differ only in the arithmetic.
 fn cpu() -> CpuBackend {
     CpuBackend::new(CpuOptions {
         threads: 2,
-        weight_dtype: WeightDtype::F32,
+        weight_dtype: WeightDtype::BF16,
     })
     .unwrap()
 }
@@ -47,6 +58,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 #[test]
 fn tiny_models_on_cuda_match_the_cpu_backend() {
+    let mut failures = Vec::new();
     for arch in ["llama", "qwen2", "qwen3", "opt"] {
         let Some(dev) = gpu() else { return };
         let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
@@ -78,23 +90,20 @@ fn tiny_models_on_cuda_match_the_cpu_backend() {
             .map(|t| t[..NEW_TOKENS - 1].to_vec())
             .collect();
         let got = forced_trace(&mut gpu_runner, &prompts, &forced);
-        let mut tally = Tally::default();
+        let mut tally = Tally {
+            near_tie_margin: TINY_TOL,
+            ..Tally::default()
+        };
         for (i, p) in prompts.iter().enumerate() {
             for s in 0..NEW_TOKENS {
                 let what = format!("tiny-{arch}, prompt {i} ({} tokens), step {s}", p.len());
-                tally.check_logits(&what, &got[i][s], &want_logits[i][s], TOL_BF16_VS_F32);
+                tally.check_logits(&what, &got[i][s], &want_logits[i][s], TINY_TOL);
                 let margin = rel_margin(&want_logits[i][s]);
-                tally.check_token_within(
-                    &what,
-                    &got[i][s],
-                    want_tokens[i][s],
-                    margin,
-                    TOL_BF16_VS_F32,
-                );
+                tally.check_token(&what, &got[i][s], want_tokens[i][s], margin);
             }
         }
         eprintln!(
-            "tiny-{arch} on {}: {} steps, max logits relative error {:.3e} (L2), {:.3e} (max-abs), {} near-ties ({} tokens differ there)",
+            "tiny-{arch} on {}: {} steps, max logits relative error {:.3e} (L2; bar {TINY_TOL:.0e}), {:.3e} (max-abs), {} near-ties ({} tokens differ there)",
             gpu_runner.backend_name(),
             tally.steps,
             tally.max_rel_err,
@@ -102,8 +111,14 @@ fn tiny_models_on_cuda_match_the_cpu_backend() {
             tally.near_ties,
             tally.excused_mismatches
         );
-        tally.finish(&format!("tiny-{arch} on CUDA vs the CPU"));
+        failures.extend(tally.failures);
     }
+    assert!(
+        failures.is_empty(),
+        "tiny models on CUDA vs the CPU: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Greedy decoding of one prompt on the CPU: the tokens and the logits each

@@ -11,7 +11,13 @@
 //! - a KV cache layer holds K and V, each `[num_blocks, block_size,
 //!   num_kv_heads, head_dim]`, and `slot = block * block_size + offset`;
 //! - ops that read batch metadata take the backend's `Step`, made once per
-//!   forward pass by [`Backend::begin_step`] from a [`ForwardContext`].
+//!   forward pass by [`Backend::begin_step`] from a [`ForwardContext`];
+//! - the residual stream (what [`Backend::embedding`] returns, and what
+//!   [`Backend::add_linear`], [`Backend::add`] and
+//!   [`Backend::add_position_embedding`] accumulate into) is kept at f32 on
+//!   every backend, even where other activations are bf16; the norms read it
+//!   and return an activation of the backend's compute precision, which is
+//!   what every other op takes.
 
 use crate::{ForwardContext, HostTensor, Result};
 
@@ -103,7 +109,8 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- ops ----------------------------------------------------------------
 
-    /// Rows of `table` (`[vocab, hidden]`) for each of the step's `input_ids`.
+    /// Rows of `table` (`[vocab, hidden]`) for each of the step's
+    /// `input_ids`: the start of the residual stream (f32).
     fn embedding(&self, step: &Self::Step, table: &Self::Weight) -> Result<Self::Tensor>;
     /// `x @ w^T + bias` for `x: [rows, in]`, `w: [out, in]`, `bias: [out]`.
     fn linear(
@@ -112,6 +119,19 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Weight,
         bias: Option<&Self::Weight>,
     ) -> Result<Self::Tensor>;
+    /// `residual += x @ w^T (+ bias)`: a projection added into the residual
+    /// stream at the residual's precision (on CUDA the GEMM accumulates into
+    /// the f32 residual, so the projection is never rounded to bf16).
+    fn add_linear(
+        &self,
+        residual: &mut Self::Tensor,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+    ) -> Result<()> {
+        let y = self.linear(x, w, bias)?;
+        self.add(residual, &y)
+    }
     /// RMSNorm of each row with weight `w: [cols]`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32) -> Result<Self::Tensor>;
     /// `residual += x`, then returns RMSNorm(residual) (the fused pre-norm step).

@@ -456,3 +456,206 @@ fn store_kv_and_copy_blocks_match_cpu() {
         assert!(g.copy_blocks(&mut gc, &bad).is_err());
     }
 }
+
+/// Asserts no NaN/inf and `‖got − want‖ / ‖want‖ < tol`.
+fn check_tol(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    let rel = (num / den.max(1e-30)).sqrt();
+    assert!(
+        rel < tol,
+        "{what}: relative error {rel:.3e} (bar {tol:.0e})"
+    );
+}
+
+/// `n` random values in `[-scale, scale)` at full f32 precision (residual
+/// stream values are not bf16-representable in general).
+fn rvec_f32(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform() * scale).collect()
+}
+
+/// The f32 residual stream: `embedding` makes it, `add_linear`, `add` and
+/// `add_position_embedding` accumulate into it without rounding to bf16 (so
+/// the CPU's f32 results are matched to f32 accuracy, far below bf16's
+/// 2^-9), the norms read it, and the bf16-only ops refuse it.
+#[test]
+fn residual_stream_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(8);
+    // Products of bf16 inputs accumulated in f32: only summation order differs.
+    const F32_TOL: f64 = 1e-5;
+
+    for (rows, inner, out) in [
+        (1, 64, 64),
+        (3, 1024, 1024),
+        (8, 3072, 1024),
+        (9, 1024, 1024),
+        (17, 1000, 257),
+        (128, 2048, 1024),
+        (3, 7, 5),
+    ] {
+        let what = format!("add_linear [{rows}, {inner}] x [{out}, {inner}]^T");
+        let x = rvec(&mut rng, rows * inner, 1.0);
+        let w = rvec(&mut rng, out * inner, 0.2);
+        let bias = rvec(&mut rng, out, 1.0);
+        let res = rvec_f32(&mut rng, rows * out, 2.0);
+        let (gx, cx) = pair(&g, &c, rows, inner, &x);
+        let (gw, cw) = wpair(&g, &c, vec![out, inner], w);
+        let (gb, cb) = wpair(&g, &c, vec![out], bias);
+        for with_bias in [false, true] {
+            let mut gr = g.residual_from_host(rows, out, &res).unwrap();
+            let mut cr = c.tensor_from_host(rows, out, &res).unwrap();
+            let (gbias, cbias) = if with_bias {
+                (Some(&gb), Some(&cb))
+            } else {
+                (None, None)
+            };
+            g.add_linear(&mut gr, &gx, &gw, gbias).unwrap();
+            c.add_linear(&mut cr, &cx, &cw, cbias).unwrap();
+            assert!(gr.is_f32());
+            check_tol(
+                &format!("{what} bias {with_bias}"),
+                &g.tensor_to_host(&gr).unwrap(),
+                cr.data(),
+                F32_TOL,
+            );
+        }
+        // Into a bf16 activation (OPT's post-norm layers): linear, then add.
+        let res16 = rvec(&mut rng, rows * out, 2.0);
+        let (mut gr, mut cr) = pair(&g, &c, rows, out, &res16);
+        g.add_linear(&mut gr, &gx, &gw, Some(&gb)).unwrap();
+        c.add_linear(&mut cr, &cx, &cw, Some(&cb)).unwrap();
+        assert!(!gr.is_f32());
+        check(
+            &format!("{what} into bf16"),
+            &g.tensor_to_host(&gr).unwrap(),
+            cr.data(),
+        );
+        let mut wrong = g.residual_from_host(rows, out + 1, &vec![0.0; rows * (out + 1)]);
+        assert!(g
+            .add_linear(wrong.as_mut().unwrap(), &gx, &gw, None)
+            .is_err());
+    }
+
+    for &(r, n) in SHAPES {
+        let what = format!("[{r}, {n}]");
+        let res = rvec_f32(&mut rng, r * n, 2.0);
+        let x = rvec(&mut rng, r * n, 2.0);
+        let w: Vec<f32> = (0..n).map(|_| bf(1.0 + 0.5 * rng.uniform())).collect();
+        let bias = rvec(&mut rng, n, 1.0);
+        let (gw, cw) = wpair(&g, &c, vec![n], w);
+        let (gbias, cbias) = wpair(&g, &c, vec![n], bias);
+        let gres = g.residual_from_host(r, n, &res).unwrap();
+        let cres = c.tensor_from_host(r, n, &res).unwrap();
+        let (gx, cx) = pair(&g, &c, r, n, &x);
+
+        let gy = g.rms_norm(&gres, &gw, 1e-6).unwrap();
+        let cy = c.rms_norm(&cres, &cw, 1e-6).unwrap();
+        assert!(!gy.is_f32(), "norms return bf16");
+        check(
+            &format!("rms_norm of f32 {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+        let gy = g.layer_norm(&gres, &gw, &gbias, 1e-5).unwrap();
+        let cy = c.layer_norm(&cres, &cw, &cbias, 1e-5).unwrap();
+        check(
+            &format!("layer_norm of f32 {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+
+        let mut gr = g.residual_from_host(r, n, &res).unwrap();
+        let mut cr = c.tensor_from_host(r, n, &res).unwrap();
+        let gy = g.add_rms_norm(&mut gr, &gx, &gw, 1e-6).unwrap();
+        let cy = c.add_rms_norm(&mut cr, &cx, &cw, 1e-6).unwrap();
+        check(
+            &format!("add_rms_norm into f32 {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+        check_tol(
+            &format!("add_rms_norm f32 residual {what}"),
+            &g.tensor_to_host(&gr).unwrap(),
+            cr.data(),
+            1e-6,
+        );
+
+        let mut gr = g.residual_from_host(r, n, &res).unwrap();
+        let mut cr = c.tensor_from_host(r, n, &res).unwrap();
+        g.add(&mut gr, &gx).unwrap();
+        c.add(&mut cr, &cx).unwrap();
+        check_tol(
+            &format!("add bf16 into f32 {what}"),
+            &g.tensor_to_host(&gr).unwrap(),
+            cr.data(),
+            1e-6,
+        );
+        let gres2 = g.residual_from_host(r, n, &res).unwrap();
+        g.add(&mut gr, &gres2).unwrap();
+        c.add(&mut cr, &cres).unwrap();
+        check_tol(
+            &format!("add f32 into f32 {what}"),
+            &g.tensor_to_host(&gr).unwrap(),
+            cr.data(),
+            1e-6,
+        );
+
+        // The bf16-only ops refuse the residual stream.
+        let (mut gx2, _) = pair(&g, &c, r, n, &x);
+        assert!(g.add(&mut gx2, &gres).is_err(), "bf16 += f32");
+        assert!(g.linear(&gres, &gw, None).is_err());
+        assert!(g.silu_mul2(&gres, &gx).is_err());
+        let mut gr = g.residual_from_host(r, n, &res).unwrap();
+        assert!(g.relu(&mut gr).is_err());
+    }
+
+    // embedding starts the f32 stream; positions add into it; the logits
+    // rows keep its precision.
+    let ps = mixed_step(&mut rng, 16, 2);
+    let (gs, cs) = (
+        g.begin_step(&ps.ctx).unwrap(),
+        c.begin_step(&ps.ctx).unwrap(),
+    );
+    for hidden in [64, 333] {
+        let (ge, ce) = wpair(&g, &c, vec![100, hidden], rvec(&mut rng, 100 * hidden, 1.0));
+        let (gp, cp) = wpair(&g, &c, vec![64, hidden], rvec(&mut rng, 64 * hidden, 1.0));
+        let mut gx = g.embedding(&gs, &ge).unwrap();
+        let mut cx = c.embedding(&cs, &ce).unwrap();
+        assert!(gx.is_f32(), "embedding makes the f32 residual stream");
+        g.add_position_embedding(&mut gx, &gs, &gp, 2).unwrap();
+        c.add_position_embedding(&mut cx, &cs, &cp, 2).unwrap();
+        check_tol(
+            &format!("embedding + positions in f32, hidden {hidden}"),
+            &g.tensor_to_host(&gx).unwrap(),
+            cx.data(),
+            1e-6,
+        );
+        let gl = g.gather_logits_rows(&gx, &gs).unwrap();
+        let cl = c.gather_logits_rows(&cx, &cs).unwrap();
+        assert!(gl.is_f32());
+        check_tol(
+            &format!("gather_logits_rows of f32, hidden {hidden}"),
+            &g.tensor_to_host(&gl).unwrap(),
+            cl.data(),
+            1e-7,
+        );
+        let t = ps.ctx.num_tokens();
+        let mut gq = g
+            .residual_from_host(t, hidden, &vec![0.5; t * hidden])
+            .unwrap();
+        let ht = HostTensor::f32(vec![64, hidden], vec![1.0; 64 * hidden]);
+        let table = g.load_table(ht).unwrap();
+        assert!(g
+            .rope(&mut gq, &gs, &table, hidden, RopeStyle::Neox)
+            .is_err());
+    }
+}

@@ -71,8 +71,8 @@ pub(crate) fn store_kv(
     let mut l = b.dev.stream.launch_builder(b.dev.kernel("store_kv_bf16")?);
     l.arg(&mut cache.k)
         .arg(&mut cache.v)
-        .arg(&k.data)
-        .arg(&v.data)
+        .arg(k.bf16(op)?)
+        .arg(v.bf16(op)?)
         .arg(&slot_view)
         .arg(&nr)
         .arg(&w);
@@ -252,8 +252,8 @@ pub(crate) fn attention(
         .dev
         .stream
         .launch_builder(b.dev.kernel("paged_attention_bf16")?);
-    l.arg(&mut y.data)
-        .arg(&q.data)
+    l.arg(y.bf16_mut(op)?)
+        .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
         .arg(&token_seq)

@@ -152,10 +152,10 @@ pub(crate) fn decode_attention(
         shared_mem_bytes: 0,
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(&mut y.data)
+    l.arg(y.bf16_mut(op)?)
         .arg(&mut part_acc)
         .arg(&mut part_ml)
-        .arg(&q.data)
+        .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
         .arg(&ctx_lens)
@@ -179,7 +179,7 @@ pub(crate) fn decode_attention(
         .dev
         .stream
         .launch_builder(b.dev.kernel("paged_decode_reduce_bf16")?);
-    l.arg(&mut y.data)
+    l.arg(y.bf16_mut(op)?)
         .arg(&part_acc)
         .arg(&part_ml)
         .arg(&ctx_lens)

@@ -100,8 +100,8 @@ pub(crate) fn prefill_attention(
         i32_of(p.num_kv_heads)?,
     );
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(&mut y.data)
-        .arg(&q.data)
+    l.arg(y.bf16_mut(op)?)
+        .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
         .arg(&cu_q)

@@ -3,8 +3,11 @@
 //! `linear` of more than a few rows computes, row-major,
 //! `y[rows, out] = x[rows, in] @ w[out, in]^T`, which column-major is
 //! `y'[out, rows] = op(w')[out, in] * x'[in, rows]` with `w'` transposed.
-//! For each `(out, rows, in)` the first call builds the matmul descriptor
-//! (f32 compute and scale, bf16 A/B/C), the three layouts and asks
+//! Two output modes: bf16 `y = w x` ([`LtGemm::gemm`]), and `y += w x` into
+//! an f32 `y` ([`LtGemm::gemm_acc_f32`]: beta = 1 with C = D, how
+//! `add_linear` adds a projection into the f32 residual stream unrounded).
+//! For each `(out, rows, in, mode)` the first call builds the matmul
+//! descriptor (f32 compute and scale, bf16 A/B), the three layouts and asks
 //! cuBLASLt's heuristic for its best algorithm under a 32 MiB workspace;
 //! later calls with that shape reuse the plan, so a step's GEMMs cost one
 //! `cublasLtMatmul` each on the host. The workspace is allocated once (a
@@ -17,8 +20,9 @@ use super::device_err;
 use super::pool::{DeviceBuf, Pool};
 use crate::{KernelError, Result};
 use cudarc::cublaslt::{result, sys};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -38,7 +42,7 @@ struct Plan {
 pub(crate) struct LtGemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuf<u8>,
-    plans: Mutex<HashMap<(u64, u64, u64), Plan>>,
+    plans: Mutex<HashMap<(u64, u64, u64, bool), Plan>>,
     stream: Arc<CudaStream>,
 }
 
@@ -66,8 +70,14 @@ impl LtGemm {
         })
     }
 
-    fn plan(&self, m: u64, n: u64, k: u64) -> Result<Plan> {
+    /// The plan of `(m, n, k)`; `acc_f32` makes C/D f32 (else bf16).
+    fn plan(&self, m: u64, n: u64, k: u64, acc_f32: bool) -> Result<Plan> {
         let bf = sys::cudaDataType::CUDA_R_16BF;
+        let out_type = if acc_f32 {
+            sys::cudaDataType::CUDA_R_32F
+        } else {
+            bf
+        };
         // SAFETY: every object is created here and checked; attribute
         // buffers are live locals of the size passed.
         unsafe {
@@ -89,7 +99,7 @@ impl LtGemm {
                 .map_err(|e| lt_err("layout A", e))?;
             let b = result::create_matrix_layout(bf, k, n, k as i64)
                 .map_err(|e| lt_err("layout B", e))?;
-            let c = result::create_matrix_layout(bf, m, n, m as i64)
+            let c = result::create_matrix_layout(out_type, m, n, m as i64)
                 .map_err(|e| lt_err("layout C", e))?;
             let pref = result::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
             let ws = WORKSPACE_BYTES;
@@ -126,37 +136,63 @@ impl LtGemm {
         m: usize,
         n: usize,
         k: usize,
-        w: &cudarc::driver::CudaSlice<bf16>,
-        x: &cudarc::driver::CudaSlice<bf16>,
-        y: &mut cudarc::driver::CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        x: &CudaSlice<bf16>,
+        y: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        if w.len() < m * k || x.len() < k * n || y.len() < m * n {
-            return Err(KernelError::Shape {
-                op: "linear",
-                detail: format!("buffers too small for a GEMM of m={m} n={n} k={k}"),
-            });
-        }
+        check_len(m, n, k, w, x, y.len())?;
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        self.run(m, n, k, w, x, yp, false)
+    }
+
+    /// `y += op(w) * x` with `y` f32 (see [`Self::gemm`] for the shapes).
+    pub fn gemm_acc_f32(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &CudaSlice<bf16>,
+        x: &CudaSlice<bf16>,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        check_len(m, n, k, w, x, y.len())?;
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        self.run(m, n, k, w, x, yp, true)
+    }
+
+    /// One `cublasLtMatmul` with the cached plan of the shape and mode;
+    /// `yp` is C and D (beta 1 when accumulating, else 0).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &CudaSlice<bf16>,
+        x: &CudaSlice<bf16>,
+        yp: cudarc::driver::sys::CUdeviceptr,
+        acc_f32: bool,
+    ) -> Result<()> {
         self.stream
             .context()
             .bind_to_thread()
             .map_err(|e| device_err("bind context", e))?;
-        let key = (m as u64, n as u64, k as u64);
+        let key = (m as u64, n as u64, k as u64, acc_f32);
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if !plans.contains_key(&key) {
-            let p = self.plan(key.0, key.1, key.2)?;
-            plans.insert(key, p);
-        }
-        let Some(p) = plans.get(&key) else {
-            return Err(KernelError::Device("cuBLASLt plan vanished".into()));
+        let p = match plans.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => v.insert(self.plan(key.0, key.1, key.2, acc_f32)?),
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let alpha = 1.0f32;
+        let beta = if acc_f32 { 1.0f32 } else { 0.0f32 };
         let stream = &self.stream;
         let (wp, _gw) = w.device_ptr(stream);
         let (xp, _gx) = x.device_ptr(stream);
-        let (yp, _gy) = y.device_ptr_mut(stream);
         let (ws, _gws) = self.workspace.device_ptr(stream);
-        // SAFETY: the plan's layouts match the sizes checked above; the
-        // pointers are live device buffers; the workspace is WORKSPACE_BYTES.
+        // SAFETY: the plan's layouts match the sizes checked by the caller;
+        // the pointers are live device buffers; the workspace is
+        // WORKSPACE_BYTES; C and D are the same buffer with the same layout
+        // (in-place, which cuBLASLt allows).
         unsafe {
             result::matmul(
                 self.handle,
@@ -179,6 +215,24 @@ impl LtGemm {
         }
         .map_err(|e| lt_err("matmul", e))
     }
+}
+
+/// Shape check of a GEMM's buffers (elements of w, x and y).
+fn check_len(
+    m: usize,
+    n: usize,
+    k: usize,
+    w: &CudaSlice<bf16>,
+    x: &CudaSlice<bf16>,
+    y_len: usize,
+) -> Result<()> {
+    if w.len() < m * k || x.len() < k * n || y_len < m * n {
+        return Err(KernelError::Shape {
+            op: "linear",
+            detail: format!("buffers too small for a GEMM of m={m} n={n} k={k}"),
+        });
+    }
+    Ok(())
 }
 
 impl Drop for LtGemm {

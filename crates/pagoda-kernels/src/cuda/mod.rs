@@ -1,5 +1,6 @@
-//! The CUDA backend: bf16 weights and activations, f32 accumulation, a bf16
-//! paged KV cache, cuBLAS GEMMs and NVRTC-compiled kernels for everything else.
+//! The CUDA backend: bf16 weights and activations with f32 accumulation and
+//! an f32 residual stream, a bf16 paged KV cache, cuBLASLt GEMMs and
+//! NVRTC-compiled kernels for everything else.
 //!
 //! Built behind the `cuda` feature. The binary links no CUDA library: cudarc
 //! opens libcuda, libnvrtc and libcublasLt at run time, so [`CudaBackend::new`]
@@ -31,7 +32,7 @@ mod storage;
 
 pub use graph::CudaGraphRunner;
 pub use pool::DeviceBuf;
-pub use storage::{CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
+pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
 use crate::{
     AttentionParams, Backend, BlockCopyOp, ForwardContext, HostTensor, KernelError, KvCacheShape,
@@ -160,6 +161,42 @@ impl CudaBackend {
         Ok(host.into_iter().map(|x| x.to_f32()).collect())
     }
 
+    /// The first `n` elements of an f32 buffer (waits for the device).
+    fn download_f32(&self, d: &cudarc::driver::CudaSlice<f32>, n: usize) -> Result<Vec<f32>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        self.dev
+            .stream
+            .clone_dtoh(&d.slice(..n))
+            .map_err(|e| device_err("copy to host", e))
+    }
+
+    /// A residual-stream activation (f32, like `embedding`'s output) from
+    /// host rows: for tests of the ops that read or accumulate into it.
+    pub fn residual_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
+        if data.len() != rows * cols {
+            return Err(KernelError::Shape {
+                op: "residual_from_host",
+                detail: format!("{} values for [{rows}, {cols}]", data.len()),
+            });
+        }
+        let mut host = data.to_vec();
+        if host.is_empty() {
+            host.push(0.0);
+        }
+        let data = self
+            .dev
+            .stream
+            .clone_htod(&host)
+            .map_err(|e| device_err("residual_from_host", e))?;
+        Ok(CudaTensor {
+            rows,
+            cols,
+            data: Act::F32(DeviceBuf::unpooled(data)),
+        })
+    }
+
     /// A bf16 buffer of `n` elements (at least one), NaN-filled when poisoning.
     pub(crate) fn alloc_bf16(&self, n: usize) -> Result<DeviceBuf<bf16>> {
         // Every op writes each element it later reads; poisoning (or the op)
@@ -177,6 +214,15 @@ impl CudaBackend {
         self.pool.take::<f32>(n)
     }
 
+    /// An f32 activation buffer of `n` elements, NaN-filled when poisoning.
+    fn alloc_f32_act(&self, n: usize) -> Result<DeviceBuf<f32>> {
+        let mut d = self.pool.take::<f32>(n)?;
+        if self.poison.load(Ordering::Relaxed) {
+            ops::fill_f32(self, &mut d, n, 0x7fc0_0000)?;
+        }
+        Ok(d)
+    }
+
     /// A scratch buffer of `n` i32 (at least one) from the pool.
     pub(crate) fn alloc_i32(&self, n: usize) -> Result<DeviceBuf<i32>> {
         self.pool.take::<i32>(n)
@@ -187,12 +233,21 @@ impl CudaBackend {
         self.pool.reserved_bytes()
     }
 
-    /// A fresh `[rows, cols]` activation.
+    /// A fresh `[rows, cols]` bf16 activation.
     pub(crate) fn output(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
         Ok(CudaTensor {
             rows,
             cols,
-            data: self.alloc_bf16(rows * cols)?,
+            data: Act::Bf16(self.alloc_bf16(rows * cols)?),
+        })
+    }
+
+    /// A fresh `[rows, cols]` f32 activation (the residual stream).
+    pub(crate) fn output_f32(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            rows,
+            cols,
+            data: Act::F32(self.alloc_f32_act(rows * cols)?),
         })
     }
 }
@@ -279,12 +334,15 @@ impl Backend for CudaBackend {
         Ok(CudaTensor {
             rows,
             cols,
-            data: DeviceBuf::unpooled(data),
+            data: Act::Bf16(DeviceBuf::unpooled(data)),
         })
     }
 
     fn tensor_to_host(&self, x: &CudaTensor) -> Result<Vec<f32>> {
-        self.download(&x.data, x.numel())
+        match &x.data {
+            Act::Bf16(d) => self.download(d, x.numel()),
+            Act::F32(d) => self.download_f32(d, x.numel()),
+        }
     }
 
     fn dims(&self, x: &CudaTensor) -> (usize, usize) {
@@ -306,6 +364,16 @@ impl Backend for CudaBackend {
         bias: Option<&CudaWeight>,
     ) -> Result<CudaTensor> {
         ops::linear(self, x, w, bias)
+    }
+
+    fn add_linear(
+        &self,
+        residual: &mut CudaTensor,
+        x: &CudaTensor,
+        w: &CudaWeight,
+        bias: Option<&CudaWeight>,
+    ) -> Result<()> {
+        ops::add_linear(self, residual, x, w, bias)
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32) -> Result<CudaTensor> {

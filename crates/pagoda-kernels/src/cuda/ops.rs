@@ -1,5 +1,5 @@
-//! Launches of the row-wise and elementwise kernels, and `linear` through
-//! cuBLAS.
+//! Launches of the row-wise and elementwise kernels, and `linear` /
+//! `add_linear` through cuBLASLt.
 //!
 //! Every op checks shapes (and every index it will read, against the step's
 //! precomputed maxima) on the host before queuing work, so a bad request is a
@@ -8,9 +8,14 @@
 //! f32 compute, bf16 out; plans cached per shape) plus a bias kernel when
 //! there is a bias; with at most
 //! 8 rows (decode) it is instead one `gemv_bf16` pass over the weights with
-//! the bias fused (kernels/gemv.cu).
+//! the bias fused (kernels/gemv.cu). `add_linear` is the same product added
+//! into the f32 residual stream (GEMM with beta 1, or `gemv_bf16_acc_f32`).
+//! The residual stream is f32 ([`Act::F32`]): `embedding` makes it, the norms
+//! read it, `add`/`add_position_embedding`/`add_linear` accumulate into it;
+//! the other ops take bf16 activations only and refuse the residual with a
+//! shape error.
 
-use super::storage::{CudaStep, CudaTensor, CudaWeight, WeightBuf};
+use super::storage::{Act, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result, RopeStyle};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -84,6 +89,15 @@ pub(crate) fn fill(b: &CudaBackend, d: &mut CudaSlice<bf16>, n: usize, bits: u16
     Ok(())
 }
 
+/// Fills the first `n` elements of `d` with the f32 bit pattern `bits`.
+pub(crate) fn fill_f32(b: &CudaBackend, d: &mut CudaSlice<f32>, n: usize, bits: u32) -> Result<()> {
+    let n = n as i64;
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel("fill_u32")?);
+    l.arg(d).arg(&bits).arg(&n);
+    unsafe { l.launch(elems_cfg(n as usize)) }.map_err(|e| device_err("fill", e))?;
+    Ok(())
+}
+
 /// Rows of a table read by index: `x[r] = table[idx[r] + offset]`
 /// (embedding) or `x[r] += table[idx[r] + offset]` (position embedding).
 struct TableRows {
@@ -127,14 +141,21 @@ fn table_rows(
         i32_of(t.offset, op)?,
     );
     let idx = step.view(t.idx);
-    let name = match (&table.data, t.accumulate) {
-        (WeightBuf::Bf16(_), false) => "gather_rows_bf16",
-        (WeightBuf::F32(_), false) => "gather_rows_f32",
-        (WeightBuf::Bf16(_), true) => "add_rows_bf16",
-        (WeightBuf::F32(_), true) => "add_rows_f32",
+    let name = match (&table.data, &x.data, t.accumulate) {
+        (WeightBuf::Bf16(_), Act::Bf16(_), false) => "gather_rows_bf16",
+        (WeightBuf::F32(_), Act::Bf16(_), false) => "gather_rows_f32",
+        (WeightBuf::Bf16(_), Act::F32(_), false) => "gather_rows_bf16_f32",
+        (WeightBuf::F32(_), Act::F32(_), false) => "gather_rows_f32_f32",
+        (WeightBuf::Bf16(_), Act::Bf16(_), true) => "add_rows_bf16",
+        (WeightBuf::F32(_), Act::Bf16(_), true) => "add_rows_f32",
+        (WeightBuf::Bf16(_), Act::F32(_), true) => "add_rows_bf16_f32",
+        (WeightBuf::F32(_), Act::F32(_), true) => "add_rows_f32_f32",
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(&mut x.data);
+    match &mut x.data {
+        Act::Bf16(d) => l.arg(d),
+        Act::F32(d) => l.arg(d),
+    };
     match &table.data {
         WeightBuf::Bf16(d) => l.arg(d),
         WeightBuf::F32(d) => l.arg(d),
@@ -149,7 +170,8 @@ pub(crate) fn embedding(
     step: &CudaStep,
     table: &CudaWeight,
 ) -> Result<CudaTensor> {
-    let mut y = b.output(step.ctx.num_tokens(), table.cols)?;
+    // The residual stream starts here, in f32.
+    let mut y = b.output_f32(step.ctx.num_tokens(), table.cols)?;
     let t = TableRows {
         op: "embedding",
         idx: step.input_ids,
@@ -191,7 +213,11 @@ pub(crate) fn gather_logits_rows(
             format!("row {bad} of {}", x.rows),
         ));
     }
-    let mut y = b.output(idx.len(), x.cols)?;
+    // The rows keep x's precision (the residual stream stays f32).
+    let mut y = match x.data {
+        Act::Bf16(_) => b.output(idx.len(), x.cols)?,
+        Act::F32(_) => b.output_f32(idx.len(), x.cols)?,
+    };
     let n = y.numel();
     if n == 0 {
         return Ok(y);
@@ -199,16 +225,17 @@ pub(crate) fn gather_logits_rows(
     let op = "gather_logits_rows";
     let (nr, nc, off) = (i32_of(y.rows, op)?, i32_of(y.cols, op)?, 0i32);
     let rows = step.view(step.logits_indices);
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("gather_rows_bf16")?);
-    l.arg(&mut y.data)
-        .arg(&x.data)
-        .arg(&rows)
-        .arg(&off)
-        .arg(&nr)
-        .arg(&nc);
+    let name = match x.data {
+        Act::Bf16(_) => "gather_rows_bf16",
+        Act::F32(_) => "gather_rows_f32_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    match (&mut y.data, &x.data) {
+        (Act::Bf16(yd), Act::Bf16(xd)) => l.arg(yd).arg(xd),
+        (Act::F32(yd), Act::F32(xd)) => l.arg(yd).arg(xd),
+        _ => return Err(shape_err(op, "output precision differs from input".into())),
+    };
+    l.arg(&rows).arg(&off).arg(&nr).arg(&nc);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -220,21 +247,87 @@ pub(crate) fn linear(
     bias: Option<&CudaWeight>,
 ) -> Result<CudaTensor> {
     let op = "linear";
-    let wd = w.bf16(op)?;
+    let bias = check_linear(op, x, w, bias)?;
+    let mut y = b.output(x.rows, w.rows)?;
+    let Act::Bf16(yd) = &mut y.data else {
+        return Err(shape_err(op, "output is not bf16".into()));
+    };
+    product(b, op, x, w, bias, Dest::Bf16(yd))?;
+    Ok(y)
+}
+
+/// `residual += x @ w^T (+ bias)`, unrounded into an f32 residual; a bf16
+/// residual (OPT's post-norm layers make one) takes `linear` then `add`.
+pub(crate) fn add_linear(
+    b: &CudaBackend,
+    residual: &mut CudaTensor,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    bias: Option<&CudaWeight>,
+) -> Result<()> {
+    let op = "add_linear";
+    let bias_d = check_linear(op, x, w, bias)?;
+    if (residual.rows, residual.cols) != (x.rows, w.rows) {
+        return Err(shape_err(
+            op,
+            format!(
+                "residual is [{}, {}], the product [{}, {}]",
+                residual.rows, residual.cols, x.rows, w.rows
+            ),
+        ));
+    }
+    match &mut residual.data {
+        Act::F32(rd) => product(b, op, x, w, bias_d, Dest::AccF32(rd)),
+        Act::Bf16(_) => {
+            let y = linear(b, x, w, bias)?;
+            add(b, residual, &y)
+        }
+    }
+}
+
+/// Where a product goes: a fresh bf16 output, or added into the f32 residual.
+enum Dest<'a> {
+    Bf16(&'a mut CudaSlice<bf16>),
+    AccF32(&'a mut CudaSlice<f32>),
+}
+
+/// Checks `x @ w^T (+ bias)`: x bf16 `[rows, in]`, w `[out, in]`, bias `[out]`.
+fn check_linear<'w>(
+    op: &'static str,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    bias: Option<&'w CudaWeight>,
+) -> Result<Option<&'w CudaSlice<bf16>>> {
+    x.bf16(op)?;
+    w.bf16(op)?;
     if w.cols != x.cols {
         return Err(shape_err(
             op,
             format!("x is [{}, {}], w [{}, {}]", x.rows, x.cols, w.rows, w.cols),
         ));
     }
+    bias.map(|bb| bb.vector(w.rows, op)).transpose()
+}
+
+/// The product of a checked `linear`/`add_linear` into `dest`.
+fn product(
+    b: &CudaBackend,
+    op: &'static str,
+    x: &CudaTensor,
+    w: &CudaWeight,
+    bias: Option<&CudaSlice<bf16>>,
+    mut dest: Dest<'_>,
+) -> Result<()> {
+    let (xd, wd) = (x.bf16(op)?, w.bf16(op)?);
     let (rows, out, inner) = (x.rows, w.rows, x.cols);
-    let bias = bias.map(|bb| bb.vector(out, op)).transpose()?;
-    let mut y = b.output(rows, out)?;
     if rows == 0 || out == 0 {
-        return Ok(y);
+        return Ok(());
     }
     if inner == 0 {
-        fill(b, &mut y.data, rows * out, 0)?;
+        // An empty sum: zero (nothing to add into the residual).
+        if let Dest::Bf16(y) = &mut dest {
+            fill(b, y, rows * out, 0)?;
+        }
     } else if rows <= GEMV_MAX_ROWS && inner % 8 == 0 {
         // Decode-sized: one pass over the weights, bias fused.
         let (m, n, k) = (i32_of(rows, op)?, i32_of(out, op)?, i32_of(inner, op)?);
@@ -244,9 +337,16 @@ pub(crate) fn linear(
             block_dim: (32 * GEMV_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = b.dev.stream.launch_builder(b.dev.kernel("gemv_bf16")?);
-        l.arg(&mut y.data)
-            .arg(&x.data)
+        let name = match dest {
+            Dest::Bf16(_) => "gemv_bf16",
+            Dest::AccF32(_) => "gemv_bf16_acc_f32",
+        };
+        let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+        match &mut dest {
+            Dest::Bf16(y) => l.arg(&mut **y),
+            Dest::AccF32(y) => l.arg(&mut **y),
+        };
+        l.arg(xd)
             .arg(wd)
             .arg(bias.unwrap_or(wd))
             .arg(&has_bias)
@@ -254,18 +354,29 @@ pub(crate) fn linear(
             .arg(&n)
             .arg(&k);
         unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (gemv)", e))?;
-        return Ok(y);
+        return Ok(());
     } else {
         // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T (see blaslt.rs).
-        b.lt.gemm(out, rows, inner, wd, &x.data, &mut y.data)?;
+        match &mut dest {
+            Dest::Bf16(y) => b.lt.gemm(out, rows, inner, wd, xd, y)?,
+            Dest::AccF32(y) => b.lt.gemm_acc_f32(out, rows, inner, wd, xd, y)?,
+        }
     }
     if let Some(bias) = bias {
         let (nr, nc) = (i32_of(rows, op)?, i32_of(out, op)?);
-        let mut l = b.dev.stream.launch_builder(b.dev.kernel("add_bias_bf16")?);
-        l.arg(&mut y.data).arg(bias).arg(&nr).arg(&nc);
+        let name = match dest {
+            Dest::Bf16(_) => "add_bias_bf16",
+            Dest::AccF32(_) => "add_bias_f32",
+        };
+        let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+        match &mut dest {
+            Dest::Bf16(y) => l.arg(&mut **y),
+            Dest::AccF32(y) => l.arg(&mut **y),
+        };
+        l.arg(bias).arg(&nr).arg(&nc);
         unsafe { l.launch(elems_cfg(rows * out)) }.map_err(|e| device_err(op, e))?;
     }
-    Ok(y)
+    Ok(())
 }
 
 pub(crate) fn rms_norm(
@@ -281,8 +392,17 @@ pub(crate) fn rms_norm(
         return Ok(y);
     }
     let nc = i32_of(x.cols, op)?;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("rms_norm_bf16")?);
-    l.arg(&mut y.data).arg(&x.data).arg(wd).arg(&nc).arg(&eps);
+    let name = match x.data {
+        Act::Bf16(_) => "rms_norm_bf16",
+        Act::F32(_) => "rms_norm_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(y.bf16_mut(op)?);
+    match &x.data {
+        Act::Bf16(d) => l.arg(d),
+        Act::F32(d) => l.arg(d),
+    };
+    l.arg(wd).arg(&nc).arg(&eps);
     unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -302,16 +422,18 @@ pub(crate) fn add_rms_norm(
         return Ok(y);
     }
     let nc = i32_of(x.cols, op)?;
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("add_rms_norm_bf16")?);
-    l.arg(&mut y.data)
-        .arg(&mut residual.data)
-        .arg(&x.data)
-        .arg(wd)
-        .arg(&nc)
-        .arg(&eps);
+    let xd = x.bf16(op)?;
+    let name = match residual.data {
+        Act::Bf16(_) => "add_rms_norm_bf16",
+        Act::F32(_) => "add_rms_norm_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(y.bf16_mut(op)?);
+    match &mut residual.data {
+        Act::Bf16(d) => l.arg(d),
+        Act::F32(d) => l.arg(d),
+    };
+    l.arg(xd).arg(wd).arg(&nc).arg(&eps);
     unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -331,16 +453,17 @@ pub(crate) fn head_rms_norm(
         ));
     }
     let wd = w.vector(head_dim, op)?;
-    if x.numel() == 0 {
+    let heads = x.numel() / head_dim;
+    let xd = x.bf16_mut(op)?;
+    if heads == 0 {
         return Ok(());
     }
     let hd = i32_of(head_dim, op)?;
-    let heads = x.numel() / head_dim;
     let mut l = b
         .dev
         .stream
         .launch_builder(b.dev.kernel("head_rms_norm_bf16")?);
-    l.arg(&mut x.data).arg(wd).arg(&hd).arg(&eps);
+    l.arg(xd).arg(wd).arg(&hd).arg(&eps);
     unsafe { l.launch(rows_cfg(heads, head_dim)) }.map_err(|e| device_err(op, e))?;
     Ok(())
 }
@@ -360,16 +483,17 @@ pub(crate) fn layer_norm(
         return Ok(y);
     }
     let nc = i32_of(x.cols, op)?;
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("layer_norm_bf16")?);
-    l.arg(&mut y.data)
-        .arg(&x.data)
-        .arg(wd)
-        .arg(bd)
-        .arg(&nc)
-        .arg(&eps);
+    let name = match x.data {
+        Act::Bf16(_) => "layer_norm_bf16",
+        Act::F32(_) => "layer_norm_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(y.bf16_mut(op)?);
+    match &x.data {
+        Act::Bf16(d) => l.arg(d),
+        Act::F32(d) => l.arg(d),
+    };
+    l.arg(wd).arg(bd).arg(&nc).arg(&eps);
     unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -384,6 +508,7 @@ pub(crate) fn rope(
 ) -> Result<()> {
     let op = "rope";
     check_rows(op, x, step)?;
+    x.bf16(op)?;
     let rd = cos_sin.cols;
     if head_dim == 0 || x.cols % head_dim != 0 || rd > head_dim || rd % 2 != 0 {
         return Err(shape_err(
@@ -418,20 +543,21 @@ pub(crate) fn rope(
         WeightBuf::F32(_) => "rope_f32",
         WeightBuf::Bf16(_) => "rope_bf16",
     };
+    let n = x.rows * heads * (rd / 2);
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(&mut x.data).arg(&positions);
+    l.arg(x.bf16_mut(op)?).arg(&positions);
     match &cos_sin.data {
         WeightBuf::F32(d) => l.arg(d),
         WeightBuf::Bf16(d) => l.arg(d),
     };
     l.arg(&nr).arg(&nh).arg(&hd).arg(&rdi).arg(&style);
-    let n = x.rows * heads * (rd / 2);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
     Ok(())
 }
 
 pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTensor> {
     let op = "silu_mul";
+    let gd = gate_up.bf16(op)?;
     if gate_up.cols % 2 != 0 {
         return Err(shape_err(op, format!("odd column count {}", gate_up.cols)));
     }
@@ -443,7 +569,7 @@ pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTens
     let (nr, nc) = (i32_of(gate_up.rows, op)?, i32_of(n, op)?);
     let total = y.numel();
     let mut l = b.dev.stream.launch_builder(b.dev.kernel("silu_mul_bf16")?);
-    l.arg(&mut y.data).arg(&gate_up.data).arg(&nr).arg(&nc);
+    l.arg(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
     unsafe { l.launch(elems_cfg(total)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -451,6 +577,7 @@ pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTens
 pub(crate) fn silu_mul2(b: &CudaBackend, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
     let op = "silu_mul2";
     same_dims(op, gate, up)?;
+    let (gd, ud) = (gate.bf16(op)?, up.bf16(op)?);
     let mut y = b.output(gate.rows, gate.cols)?;
     let n = y.numel();
     if n == 0 {
@@ -458,19 +585,20 @@ pub(crate) fn silu_mul2(b: &CudaBackend, gate: &CudaTensor, up: &CudaTensor) -> 
     }
     let n64 = n as i64;
     let mut l = b.dev.stream.launch_builder(b.dev.kernel("silu_mul2_bf16")?);
-    l.arg(&mut y.data).arg(&gate.data).arg(&up.data).arg(&n64);
+    l.arg(y.bf16_mut(op)?).arg(gd).arg(ud).arg(&n64);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
 
 pub(crate) fn relu(b: &CudaBackend, x: &mut CudaTensor) -> Result<()> {
     let n = x.numel();
+    let xd = x.bf16_mut("relu")?;
     if n == 0 {
         return Ok(());
     }
     let n64 = n as i64;
     let mut l = b.dev.stream.launch_builder(b.dev.kernel("relu_bf16")?);
-    l.arg(&mut x.data).arg(&n64);
+    l.arg(xd).arg(&n64);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("relu", e))?;
     Ok(())
 }
@@ -482,8 +610,27 @@ pub(crate) fn add(b: &CudaBackend, x: &mut CudaTensor, y: &CudaTensor) -> Result
         return Ok(());
     }
     let n64 = n as i64;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("add_bf16")?);
-    l.arg(&mut x.data).arg(&y.data).arg(&n64);
+    let name = match (&x.data, &y.data) {
+        (Act::Bf16(_), Act::Bf16(_)) => "add_bf16",
+        (Act::F32(_), Act::Bf16(_)) => "add_f32_bf16",
+        (Act::F32(_), Act::F32(_)) => "add_f32_f32",
+        (Act::Bf16(_), Act::F32(_)) => {
+            return Err(shape_err(
+                "add",
+                "cannot add the f32 residual stream into a bf16 activation".into(),
+            ))
+        }
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    match &mut x.data {
+        Act::Bf16(d) => l.arg(d),
+        Act::F32(d) => l.arg(d),
+    };
+    match &y.data {
+        Act::Bf16(d) => l.arg(d),
+        Act::F32(d) => l.arg(d),
+    };
+    l.arg(&n64);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("add", e))?;
     Ok(())
 }

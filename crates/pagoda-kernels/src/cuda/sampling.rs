@@ -88,7 +88,10 @@ pub(crate) fn launch_sample(
     let v = vocab as i32;
     let sampling = step.view(step.layout.sampling);
     let mut l = b.dev.stream.launch_builder(b.dev.kernel("sample_bf16")?);
-    l.arg(&mut *out).arg(&logits.data).arg(&sampling).arg(&v);
+    l.arg(&mut *out)
+        .arg(logits.bf16("sample")?)
+        .arg(&sampling)
+        .arg(&v);
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (THREADS, 1, 1),

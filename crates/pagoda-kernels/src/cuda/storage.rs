@@ -1,10 +1,14 @@
 //! Memory of the CUDA backend: activations, weights, KV cache and step metadata.
 //!
-//! - [`CudaTensor`]: a row-major `[rows, cols]` bf16 activation on the device.
-//!   Every activation is bf16, the residual stream included (one tensor type
-//!   keeps the op set simple; kernels accumulate in f32 and round once per
-//!   output element). `data.len() >= rows * cols` (empty tensors hold one
-//!   element so no zero-byte allocation is made).
+//! - [`CudaTensor`]: a row-major `[rows, cols]` activation on the device,
+//!   bf16 ([`Act::Bf16`]) or f32 ([`Act::F32`]). The residual stream is f32
+//!   (`embedding` makes it, `add_linear` accumulates into it, the norms read
+//!   it); every other activation is bf16, the input precision of the GEMMs
+//!   and of attention. Keeping the residual in f32 removes the rounding that
+//!   otherwise compounds over the layers (on a 28-layer Qwen3 it is most of
+//!   the bf16 error). Kernels accumulate in f32 and round once per output
+//!   element. The buffer holds at least `rows * cols` elements (empty tensors
+//!   hold one element so no zero-byte allocation is made).
 //! - [`CudaWeight`]: `[rows, cols]`, bf16 for everything [`load_weight`]
 //!   uploads (matrices, tables, norm weights and biases alike), f32 for what
 //!   `load_table` uploads (the rotary cos/sin table).
@@ -21,11 +25,18 @@ use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Res
 use cudarc::driver::{CudaSlice, CudaView};
 use half::bf16;
 
-/// An activation: row-major `[rows, cols]` bf16 on the device.
+/// Element storage of an activation.
+pub enum Act {
+    Bf16(DeviceBuf<bf16>),
+    /// The residual stream.
+    F32(DeviceBuf<f32>),
+}
+
+/// An activation: row-major `[rows, cols]` on the device.
 pub struct CudaTensor {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
-    pub(crate) data: super::pool::DeviceBuf<bf16>,
+    pub(crate) data: Act,
 }
 
 impl CudaTensor {
@@ -37,8 +48,37 @@ impl CudaTensor {
         self.cols
     }
 
+    /// Whether the elements are f32 (the residual stream) rather than bf16.
+    pub fn is_f32(&self) -> bool {
+        matches!(self.data, Act::F32(_))
+    }
+
     pub(crate) fn numel(&self) -> usize {
         self.rows * self.cols
+    }
+
+    /// The bf16 storage, or a shape error naming `op` for an f32 tensor.
+    pub(crate) fn bf16(&self, op: &'static str) -> Result<&DeviceBuf<bf16>> {
+        match &self.data {
+            Act::Bf16(d) => Ok(d),
+            Act::F32(_) => Err(f32_input(op)),
+        }
+    }
+
+    /// The bf16 storage, mutably (see [`Self::bf16`]).
+    pub(crate) fn bf16_mut(&mut self, op: &'static str) -> Result<&mut DeviceBuf<bf16>> {
+        match &mut self.data {
+            Act::Bf16(d) => Ok(d),
+            Act::F32(_) => Err(f32_input(op)),
+        }
+    }
+}
+
+fn f32_input(op: &'static str) -> KernelError {
+    KernelError::Shape {
+        op,
+        detail: "expects a bf16 activation, got the f32 residual stream (normalize it first)"
+            .into(),
     }
 }
 

@@ -182,6 +182,8 @@ impl<B: Backend> LlamaFamily<B> {
         })
     }
 
+    /// Self-attention up to (not including) o_proj, which the caller adds
+    /// into the residual stream.
     fn attention(
         &self,
         b: &B,
@@ -205,29 +207,31 @@ impl<B: Backend> LlamaFamily<B> {
         b.rope(&mut k, step, &self.cos_sin, hd, RopeStyle::Neox)?;
         // 4. Store this step's K/V, then attend over the whole cached sequence.
         b.store_kv(&k, &v, kv, step)?;
-        let o = b.attention(&q, kv, step, &self.attn)?;
-        Ok(b.linear(&o, &a.o_proj, None)?)
+        Ok(b.attention(&q, kv, step, &self.attn)?)
     }
 }
 
 impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
     fn forward(&self, b: &B, step: &B::Step, kv: &mut [B::KvCache]) -> Result<B::Tensor> {
-        // `x` is the residual stream; `h` the normalized input of the next block.
+        // `x` is the residual stream (f32 on every backend); `h` the
+        // normalized input of the next block. The two output projections of
+        // a layer add straight into `x`.
         let mut x = b.embedding(step, &self.embed_tokens)?;
         let Some(first) = self.layers.first() else {
             return Err(crate::ModelError::Config("model has no layers".into()));
         };
         let mut h = b.rms_norm(&x, &first.input_layernorm, self.eps)?;
         for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
-            let attn_out = self.attention(b, &layer.self_attn, &h, step, cache)?;
-            h = b.add_rms_norm(&mut x, &attn_out, &layer.post_attention_layernorm, self.eps)?;
+            let attn = self.attention(b, &layer.self_attn, &h, step, cache)?;
+            b.add_linear(&mut x, &attn, &layer.self_attn.o_proj, None)?;
+            h = b.rms_norm(&x, &layer.post_attention_layernorm, self.eps)?;
             let gate_up = b.linear(&h, &layer.mlp.gate_up_proj, None)?;
-            let mlp_out = b.linear(&b.silu_mul(&gate_up)?, &layer.mlp.down_proj, None)?;
+            b.add_linear(&mut x, &b.silu_mul(&gate_up)?, &layer.mlp.down_proj, None)?;
             let next_norm = match self.layers.get(i + 1) {
                 Some(next) => &next.input_layernorm,
                 None => &self.norm,
             };
-            h = b.add_rms_norm(&mut x, &mlp_out, next_norm, self.eps)?;
+            h = b.rms_norm(&x, next_norm, self.eps)?;
         }
         let last = b.gather_logits_rows(&h, step)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);

@@ -167,7 +167,12 @@ impl<B: Backend> CausalLm<B> for Opt<B> {
             let v = self.apply(b, &layer.v_proj, h)?;
             b.store_kv(&k, &v, cache, step)?;
             let o = b.attention(&q, cache, step, &self.attn)?;
-            b.add(&mut x, &self.apply(b, &layer.out_proj, &o)?)?;
+            b.add_linear(
+                &mut x,
+                &o,
+                &layer.out_proj.weight,
+                Some(&layer.out_proj.bias),
+            )?;
             if !pre_norm {
                 x = self.norm(b, &layer.self_attn_layer_norm, &x)?;
             }
@@ -178,7 +183,7 @@ impl<B: Backend> CausalLm<B> for Opt<B> {
             };
             let mut f = self.apply(b, &layer.fc1, normed.as_ref().unwrap_or(&x))?;
             b.relu(&mut f)?;
-            b.add(&mut x, &self.apply(b, &layer.fc2, &f)?)?;
+            b.add_linear(&mut x, &f, &layer.fc2.weight, Some(&layer.fc2.bias))?;
             if !pre_norm {
                 x = self.norm(b, &layer.final_layer_norm, &x)?;
             }

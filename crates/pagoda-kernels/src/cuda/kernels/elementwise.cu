@@ -3,9 +3,6 @@
 // slots) come from the step's packed int32 buffer and were range-checked on
 // the host before the launch.
 
-__device__ __forceinline__ float ld(const bf16* p, long long i) { return bf2f(p[i]); }
-__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
-
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)gridDim.x * blockDim.x)
@@ -14,54 +11,89 @@ extern "C" __global__ void fill_u16(unsigned short* p, unsigned short v, long lo
     GRID_STRIDE(i, n) { p[i] = v; }
 }
 
-// y[r, c] = table[rows[r] + offset, c]
-template <typename T>
-__device__ void gather_rows_impl(bf16* y, const T* table, const int* rows, int offset,
-                                 int n_rows, int cols) {
+extern "C" __global__ void fill_u32(unsigned int* p, unsigned int v, long long n) {
+    GRID_STRIDE(i, n) { p[i] = v; }
+}
+
+// y[r, c] = table[rows[r] + offset, c]; Y and T are bf16 or float.
+template <typename Y, typename T>
+__device__ void gather_rows_impl(Y* y, const T* table, const int* rows, int offset, int n_rows,
+                                 int cols) {
     long long n = (long long)n_rows * cols;
     GRID_STRIDE(i, n) {
         long long r = i / cols;
         int c = (int)(i - r * cols);
-        y[i] = f2bf(ld(table, (long long)(rows[r] + offset) * cols + c));
+        st(y, i, ld(table, (long long)(rows[r] + offset) * cols + c));
     }
 }
 
-extern "C" __global__ void gather_rows_bf16(bf16* y, const bf16* table, const int* rows,
-                                            int offset, int n_rows, int cols) {
-    gather_rows_impl(y, table, rows, offset, n_rows, cols);
-}
-
-extern "C" __global__ void gather_rows_f32(bf16* y, const float* table, const int* rows,
-                                           int offset, int n_rows, int cols) {
-    gather_rows_impl(y, table, rows, offset, n_rows, cols);
-}
-
 // x[r, c] += table[rows[r] + offset, c]
-template <typename T>
-__device__ void add_rows_impl(bf16* x, const T* table, const int* rows, int offset, int n_rows,
+template <typename X, typename T>
+__device__ void add_rows_impl(X* x, const T* table, const int* rows, int offset, int n_rows,
                               int cols) {
     long long n = (long long)n_rows * cols;
     GRID_STRIDE(i, n) {
         long long r = i / cols;
         int c = (int)(i - r * cols);
-        x[i] = f2bf(bf2f(x[i]) + ld(table, (long long)(rows[r] + offset) * cols + c));
+        st(x, i, ld(x, i) + ld(table, (long long)(rows[r] + offset) * cols + c));
     }
 }
 
+// Entry points named <op>_<table type>[_<output type>], the output bf16
+// where none is named (the f32 outputs are the residual stream).
+extern "C" __global__ void gather_rows_bf16(bf16* y, const bf16* table, const int* rows,
+                                  int offset, int n_rows, int cols) {
+    gather_rows_impl(y, table, rows, offset, n_rows, cols);
+}
+
 extern "C" __global__ void add_rows_bf16(bf16* x, const bf16* table, const int* rows, int offset,
-                                         int n_rows, int cols) {
+                               int n_rows, int cols) {
     add_rows_impl(x, table, rows, offset, n_rows, cols);
 }
 
+extern "C" __global__ void gather_rows_f32(bf16* y, const float* table, const int* rows,
+                                  int offset, int n_rows, int cols) {
+    gather_rows_impl(y, table, rows, offset, n_rows, cols);
+}
+
 extern "C" __global__ void add_rows_f32(bf16* x, const float* table, const int* rows, int offset,
-                                        int n_rows, int cols) {
+                               int n_rows, int cols) {
+    add_rows_impl(x, table, rows, offset, n_rows, cols);
+}
+
+extern "C" __global__ void gather_rows_bf16_f32(float* y, const bf16* table, const int* rows,
+                                  int offset, int n_rows, int cols) {
+    gather_rows_impl(y, table, rows, offset, n_rows, cols);
+}
+
+extern "C" __global__ void add_rows_bf16_f32(float* x, const bf16* table, const int* rows, int offset,
+                               int n_rows, int cols) {
+    add_rows_impl(x, table, rows, offset, n_rows, cols);
+}
+
+extern "C" __global__ void gather_rows_f32_f32(float* y, const float* table, const int* rows,
+                                  int offset, int n_rows, int cols) {
+    gather_rows_impl(y, table, rows, offset, n_rows, cols);
+}
+
+extern "C" __global__ void add_rows_f32_f32(float* x, const float* table, const int* rows, int offset,
+                               int n_rows, int cols) {
     add_rows_impl(x, table, rows, offset, n_rows, cols);
 }
 
 // y[r, c] += bias[c]
-extern "C" __global__ void add_bias_bf16(bf16* y, const bf16* bias, int n_rows, int cols) {
+template <typename Y>
+__device__ void add_bias_impl(Y* y, const bf16* bias, int n_rows, int cols) {
     long long n = (long long)n_rows * cols;
-    GRID_STRIDE(i, n) { y[i] = f2bf(bf2f(y[i]) + bf2f(bias[i % cols])); }
+    GRID_STRIDE(i, n) { st(y, i, ld(y, i) + bf2f(bias[i % cols])); }
+}
+
+extern "C" __global__ void add_bias_bf16(bf16* y, const bf16* bias, int n_rows, int cols) {
+    add_bias_impl(y, bias, n_rows, cols);
+}
+
+extern "C" __global__ void add_bias_f32(float* y, const bf16* bias, int n_rows, int cols) {
+    add_bias_impl(y, bias, n_rows, cols);
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
@@ -85,8 +117,20 @@ extern "C" __global__ void relu_bf16(bf16* x, long long n) {
     GRID_STRIDE(i, n) { x[i] = f2bf(fmaxf(bf2f(x[i]), 0.0f)); }
 }
 
-extern "C" __global__ void add_bf16(bf16* x, const bf16* y, long long n) {
-    GRID_STRIDE(i, n) { x[i] = f2bf(bf2f(x[i]) + bf2f(y[i])); }
+// x += y: bf16 += bf16, and the f32 residual += bf16 or f32.
+template <typename X, typename Y>
+__device__ void add_impl(X* x, const Y* y, long long n) {
+    GRID_STRIDE(i, n) { st(x, i, ld(x, i) + ld(y, i)); }
+}
+
+extern "C" __global__ void add_bf16(bf16* x, const bf16* y, long long n) { add_impl(x, y, n); }
+
+extern "C" __global__ void add_f32_bf16(float* x, const bf16* y, long long n) {
+    add_impl(x, y, n);
+}
+
+extern "C" __global__ void add_f32_f32(float* x, const float* y, long long n) {
+    add_impl(x, y, n);
 }
 
 // Rotary embedding in place. One thread per (row, head, pair); the table row

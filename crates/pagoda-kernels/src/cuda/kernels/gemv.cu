@@ -7,7 +7,8 @@
 // 512 contiguous bytes per iteration), multiplies them by the same chunk of
 // every x row (x is tiny and shared by all warps, so it is served from L1),
 // and keeps M f32 sums; a warp reduction finishes each sum and lane 0 writes
-// the M outputs (+ bias), rounded once to bf16. Requires K % 8 == 0 and
+// the M outputs (+ bias), rounded once to bf16 (gemv_bf16) or added into the
+// f32 residual stream (gemv_bf16_acc_f32, the decode path of add_linear). Requires K % 8 == 0 and
 // 16-byte aligned rows (the host checks; other shapes go to cuBLAS).
 //
 // The two numbers (Qwen3-0.6B, batch 1): every decode step reads each weight
@@ -16,6 +17,9 @@
 
 #define GEMV_MAX_ROWS 8
 #define GEMV_WARPS 8
+
+__device__ __forceinline__ void store_gemv(bf16* y, long long i, float v) { y[i] = f2bf(v); }
+__device__ __forceinline__ void store_gemv(float* y, long long i, float v) { y[i] += v; }
 
 __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
     const unsigned int u[4] = {v.x, v.y, v.z, v.w};
@@ -26,8 +30,9 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
     }
 }
 
-template <int M>
-__device__ __forceinline__ void gemv_rows(bf16* __restrict__ y, const bf16* __restrict__ x,
+// Y = bf16: y = x w^T (+ bias); Y = float: y += x w^T (+ bias).
+template <int M, typename Y>
+__device__ __forceinline__ void gemv_rows(Y* __restrict__ y, const bf16* __restrict__ x,
                                           const bf16* __restrict__ w,
                                           const bf16* __restrict__ bias, int has_bias, int n_out,
                                           int k) {
@@ -86,15 +91,16 @@ __device__ __forceinline__ void gemv_rows(bf16* __restrict__ y, const bf16* __re
         float b = has_bias ? bf2f(bias[n]) : 0.0f;
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            y[(long long)m * n_out + n] = f2bf(acc[m] + b);
+            store_gemv(y, (long long)m * n_out + n, acc[m] + b);
         }
     }
 }
 
-// Grid: ceil(n_out / GEMV_WARPS) blocks of 32 * GEMV_WARPS threads.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
-          const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+template <typename Y>
+__device__ __forceinline__ void gemv_dispatch(Y* __restrict__ y, const bf16* __restrict__ x,
+                                              const bf16* __restrict__ w,
+                                              const bf16* __restrict__ bias, int has_bias, int m,
+                                              int n_out, int k) {
     switch (m) {
         case 1: gemv_rows<1>(y, x, w, bias, has_bias, n_out, k); break;
         case 2: gemv_rows<2>(y, x, w, bias, has_bias, n_out, k); break;
@@ -105,4 +111,17 @@ gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restri
         case 7: gemv_rows<7>(y, x, w, bias, has_bias, n_out, k); break;
         default: gemv_rows<8>(y, x, w, bias, has_bias, n_out, k); break;
     }
+}
+
+// Grid: ceil(n_out / GEMV_WARPS) blocks of 32 * GEMV_WARPS threads.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
+          const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+    gemv_dispatch(y, x, w, bias, has_bias, m, n_out, k);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_bf16_acc_f32(float* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                  const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+    gemv_dispatch(y, x, w, bias, has_bias, m, n_out, k);
 }

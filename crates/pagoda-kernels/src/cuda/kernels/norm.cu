@@ -1,37 +1,63 @@
 // Normalizations, one block per row (or per (row, head) for head_rms_norm).
-// Rows are bf16; weights bf16; every reduction is in f32.
+// Inputs are bf16 activations or the f32 residual stream, outputs bf16;
+// weights bf16; every reduction is in f32.
 
-extern "C" __global__ void rms_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
-                                         const bf16* __restrict__ w, int cols, float eps) {
-    const bf16* xr = x + (long long)blockIdx.x * cols;
+// y = RMSNorm(x); x is a bf16 activation or the f32 residual stream.
+template <typename X>
+__device__ void rms_norm_impl(bf16* __restrict__ y, const X* __restrict__ x,
+                              const bf16* __restrict__ w, int cols, float eps) {
+    const X* xr = x + (long long)blockIdx.x * cols;
     bf16* yr = y + (long long)blockIdx.x * cols;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = bf2f(xr[c]);
+        float v = ld(xr, c);
         ss += v * v;
     }
     float inv = rsqrtf(block_sum(ss) / (float)cols + eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        yr[c] = f2bf(bf2f(xr[c]) * inv * bf2f(w[c]));
+        yr[c] = f2bf(ld(xr, c) * inv * bf2f(w[c]));
     }
 }
 
-// residual += x (stored bf16); y = RMSNorm(residual) from the f32 sums.
-extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ y, bf16* __restrict__ residual,
-                                             const bf16* __restrict__ x,
-                                             const bf16* __restrict__ w, int cols, float eps) {
+extern "C" __global__ void rms_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
+                                         const bf16* __restrict__ w, int cols, float eps) {
+    rms_norm_impl(y, x, w, cols, eps);
+}
+
+extern "C" __global__ void rms_norm_f32(bf16* __restrict__ y, const float* __restrict__ x,
+                                        const bf16* __restrict__ w, int cols, float eps) {
+    rms_norm_impl(y, x, w, cols, eps);
+}
+
+// residual += x (stored at the residual's precision); y = RMSNorm(residual).
+template <typename R>
+__device__ void add_rms_norm_impl(bf16* __restrict__ y, R* __restrict__ residual,
+                                  const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                  int cols, float eps) {
     long long base = (long long)blockIdx.x * cols;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = bf2f(residual[base + c]) + bf2f(x[base + c]);
-        residual[base + c] = f2bf(v);
+        st(residual, base + c, ld(residual, base + c) + bf2f(x[base + c]));
+        float v = ld(residual, base + c);
         ss += v * v;
     }
     float inv = rsqrtf(block_sum(ss) / (float)cols + eps);
     // Each thread re-reads only the residual elements it wrote itself.
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        y[base + c] = f2bf(bf2f(residual[base + c]) * inv * bf2f(w[c]));
+        y[base + c] = f2bf(ld(residual, base + c) * inv * bf2f(w[c]));
     }
+}
+
+extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ y, bf16* __restrict__ residual,
+                                             const bf16* __restrict__ x,
+                                             const bf16* __restrict__ w, int cols, float eps) {
+    add_rms_norm_impl(y, residual, x, w, cols, eps);
+}
+
+extern "C" __global__ void add_rms_norm_f32(bf16* __restrict__ y, float* __restrict__ residual,
+                                            const bf16* __restrict__ x,
+                                            const bf16* __restrict__ w, int cols, float eps) {
+    add_rms_norm_impl(y, residual, x, w, cols, eps);
 }
 
 // In place on every head_dim slice; one block per (row, head).
@@ -49,23 +75,36 @@ extern "C" __global__ void head_rms_norm_bf16(bf16* __restrict__ x, const bf16* 
     }
 }
 
-extern "C" __global__ void layer_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
-                                           const bf16* __restrict__ w, const bf16* __restrict__ b,
-                                           int cols, float eps) {
-    const bf16* xr = x + (long long)blockIdx.x * cols;
+template <typename X>
+__device__ void layer_norm_impl(bf16* __restrict__ y, const X* __restrict__ x,
+                                const bf16* __restrict__ w, const bf16* __restrict__ b, int cols,
+                                float eps) {
+    const X* xr = x + (long long)blockIdx.x * cols;
     bf16* yr = y + (long long)blockIdx.x * cols;
     float s = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        s += bf2f(xr[c]);
+        s += ld(xr, c);
     }
     float mean = block_sum(s) / (float)cols;
     float sq = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float d = bf2f(xr[c]) - mean;
+        float d = ld(xr, c) - mean;
         sq += d * d;
     }
     float inv = rsqrtf(block_sum(sq) / (float)cols + eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        yr[c] = f2bf((bf2f(xr[c]) - mean) * inv * bf2f(w[c]) + bf2f(b[c]));
+        yr[c] = f2bf((ld(xr, c) - mean) * inv * bf2f(w[c]) + bf2f(b[c]));
     }
+}
+
+extern "C" __global__ void layer_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
+                                           const bf16* __restrict__ w, const bf16* __restrict__ b,
+                                           int cols, float eps) {
+    layer_norm_impl(y, x, w, b, cols, eps);
+}
+
+extern "C" __global__ void layer_norm_f32(bf16* __restrict__ y, const float* __restrict__ x,
+                                          const bf16* __restrict__ w, const bf16* __restrict__ b,
+                                          int cols, float eps) {
+    layer_norm_impl(y, x, w, b, cols, eps);
 }

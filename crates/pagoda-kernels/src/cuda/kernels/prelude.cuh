@@ -23,6 +23,13 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// Loads and stores of activation elements as f32, for kernels templated on
+// the element type (bf16 activations, the f32 residual stream, f32 tables).
+__device__ __forceinline__ float ld(const bf16* p, long long i) { return bf2f(p[i]); }
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ void st(bf16* p, long long i, float v) { p[i] = f2bf(v); }
+__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) {
         v += __shfl_xor_sync(0xffffffffu, v, o);
