@@ -346,3 +346,71 @@ fn decode_graphs_and_device_sampling_give_the_host_sampled_tokens() {
         }
     }
 }
+
+/// Once a workload's step shapes have run, running it again allocates no
+/// device memory and the host waits for the device once per step that
+/// samples (a step of prompt chunks only waits not at all). Prefix caching is
+/// off so the second round repeats the first's schedule; the 32-token budget
+/// chunks prompts and mixes them with decodes, and decode steps replay graphs.
+#[test]
+fn repeated_steps_allocate_nothing_and_sync_once_per_step() {
+    let Some(dev) = gpu() else { return };
+    let sched = SchedulerConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks: 256,
+        max_num_batched_tokens: 32,
+        max_num_seqs: 16,
+        max_model_len: 256,
+        enable_prefix_caching: false,
+    };
+    let path = repo_root().join("tests/golden/tiny-qwen3/config.json");
+    let cfg = load_config_file(&path).unwrap();
+    let src = DummySource::new(&cfg).unwrap();
+    let mut r = runner(dev, &cfg, &src, sched.num_blocks);
+    r.capture_decode_graphs(sched.max_num_seqs, sched.max_model_len)
+        .unwrap();
+    let mut engine = LlmEngine::new(r, None, sched).unwrap();
+    let prompts = batch_prompts();
+    let first = run_batch_device(&mut engine, &prompts);
+
+    let bytes = engine.runner().backend().pool_reserved_bytes();
+    let syncs = engine.runner().backend().host_syncs();
+    let mut index: HashMap<RequestId, usize> = HashMap::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let id = engine
+            .add_request(EngineRequest {
+                prompt_token_ids: p.clone(),
+                params: SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(NEW_TOKENS)
+                },
+                logprobs: None,
+            })
+            .unwrap();
+        index.insert(id, i);
+    }
+    let (mut steps, mut sampling_steps) = (0u64, 0u64);
+    let mut second = vec![Vec::new(); prompts.len()];
+    while engine.has_unfinished_requests() {
+        let out = engine.step().unwrap();
+        steps += 1;
+        sampling_steps += u64::from(!out.is_empty());
+        for o in out {
+            second[index[&o.request_id]].push(o.token_id);
+        }
+    }
+    let backend = engine.runner().backend();
+    let grew = backend.pool_reserved_bytes() - bytes;
+    let waits = backend.host_syncs() - syncs;
+    eprintln!(
+        "repeated workload: {steps} steps ({sampling_steps} sampling), {waits} host syncs, \
+         pool grew by {grew} bytes"
+    );
+    assert_eq!(second, first, "the same greedy tokens the second time");
+    assert!(sampling_steps >= NEW_TOKENS as u64);
+    assert_eq!(grew, 0, "device memory was allocated in a repeated step");
+    assert_eq!(
+        waits, sampling_steps,
+        "host syncs differ from the number of sampling steps"
+    );
+}

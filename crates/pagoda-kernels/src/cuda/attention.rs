@@ -120,10 +120,11 @@ pub(crate) fn copy_blocks(
     if max_tokens == 0 || slot_elems == 0 {
         return Ok(());
     }
-    let ops_dev = b
-        .dev
+    // From the pool, like every per-step buffer (no device allocation once warm).
+    let mut ops_dev = b.alloc_i32(ops.len())?;
+    b.dev
         .stream
-        .clone_htod(&ops)
+        .memcpy_htod(&ops, &mut *ops_dev)
         .map_err(|e| device_err("copy_blocks upload", e))?;
     let block_elems = (s.block_size * slot_elems) as i64;
     let se = i32_of(slot_elems, op)?;

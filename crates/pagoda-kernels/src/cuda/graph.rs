@@ -136,6 +136,6 @@ pub(crate) fn replay(
     stream
         .memcpy_dtoh(&*g.tokens, &mut g.host_tokens)
         .map_err(|e| device_err("replay download", e))?;
-    stream.synchronize().map_err(|e| device_err("replay", e))?;
+    b.synchronize()?;
     Ok(g.host_tokens[..g.rows].iter().map(|&t| t as u32).collect())
 }

@@ -39,7 +39,7 @@ use crate::{
     Result, RopeStyle,
 };
 use half::bf16;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How to build a [`CudaBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,6 +58,8 @@ pub struct CudaBackend {
     /// When set, fresh outputs are filled with NaN before the op writes them
     /// (tests use it to catch elements an op leaves unwritten).
     poison: AtomicBool,
+    /// Host waits for the device so far (see [`CudaBackend::host_syncs`]).
+    syncs: AtomicU64,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -89,6 +91,7 @@ impl CudaBackend {
             pool,
             dev,
             poison: AtomicBool::new(false),
+            syncs: AtomicU64::new(0),
         })
     }
 
@@ -97,8 +100,16 @@ impl CudaBackend {
         self.poison.store(on, Ordering::Relaxed);
     }
 
+    /// How many times the host has waited for the device (every
+    /// `synchronize`, download, device-sampling and graph-replay wait): the
+    /// engine's tests check it grows by one per sampling step.
+    pub fn host_syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
     /// Waits for all queued work; reports a kernel fault if one happened.
     pub fn synchronize(&self) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         self.dev
             .stream
             .synchronize()
@@ -153,6 +164,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         let host: Vec<bf16> = self
             .dev
             .stream
@@ -166,6 +178,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         self.dev
             .stream
             .clone_dtoh(&d.slice(..n))
