@@ -163,10 +163,14 @@ fn engine_on(gpu: CudaBackend, sched: SchedulerConfig) -> LlmEngine<CudaBackend>
     LlmEngine::new(runner(gpu, &cfg, &src, sched.num_blocks), None, sched).unwrap()
 }
 
-/// Runs `prompts` together to the end; per prompt, each step's token and its
-/// top-2 logprob gap.
-fn run_batch(engine: &mut LlmEngine<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<Vec<(u32, f32)>> {
-    let mut index: HashMap<RequestId, usize> = HashMap::new();
+/// Adds each prompt as a greedy request of NEW_TOKENS tokens (ignoring EOS);
+/// returns each request's prompt index.
+fn submit_greedy(
+    engine: &mut LlmEngine<CudaBackend>,
+    prompts: &[Vec<u32>],
+    logprobs: Option<usize>,
+) -> HashMap<RequestId, usize> {
+    let mut index = HashMap::new();
     for (i, p) in prompts.iter().enumerate() {
         let id = engine
             .add_request(EngineRequest {
@@ -175,11 +179,18 @@ fn run_batch(engine: &mut LlmEngine<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<V
                     ignore_eos: true,
                     ..SamplingParams::greedy(NEW_TOKENS)
                 },
-                logprobs: Some(2),
+                logprobs,
             })
             .unwrap();
         index.insert(id, i);
     }
+    index
+}
+
+/// Runs `prompts` together to the end; per prompt, each step's token and its
+/// top-2 logprob gap.
+fn run_batch(engine: &mut LlmEngine<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<Vec<(u32, f32)>> {
+    let index = submit_greedy(engine, prompts, Some(2));
     let mut out = vec![Vec::new(); prompts.len()];
     while engine.has_unfinished_requests() {
         for o in engine.step().unwrap() {
@@ -256,20 +267,7 @@ fn batched_greedy_tokens_on_cuda_equal_each_prompt_alone() {
 
 /// Runs `prompts` together greedily with device sampling (no logprobs).
 fn run_batch_device(engine: &mut LlmEngine<CudaBackend>, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    let mut index: HashMap<RequestId, usize> = HashMap::new();
-    for (i, p) in prompts.iter().enumerate() {
-        let id = engine
-            .add_request(EngineRequest {
-                prompt_token_ids: p.clone(),
-                params: SamplingParams {
-                    ignore_eos: true,
-                    ..SamplingParams::greedy(NEW_TOKENS)
-                },
-                logprobs: None,
-            })
-            .unwrap();
-        index.insert(id, i);
-    }
+    let index = submit_greedy(engine, prompts, None);
     let mut out = vec![Vec::new(); prompts.len()];
     while engine.has_unfinished_requests() {
         for o in engine.step().unwrap() {
@@ -375,20 +373,7 @@ fn repeated_steps_allocate_nothing_and_sync_once_per_step() {
 
     let bytes = engine.runner().backend().pool_reserved_bytes();
     let syncs = engine.runner().backend().host_syncs();
-    let mut index: HashMap<RequestId, usize> = HashMap::new();
-    for (i, p) in prompts.iter().enumerate() {
-        let id = engine
-            .add_request(EngineRequest {
-                prompt_token_ids: p.clone(),
-                params: SamplingParams {
-                    ignore_eos: true,
-                    ..SamplingParams::greedy(NEW_TOKENS)
-                },
-                logprobs: None,
-            })
-            .unwrap();
-        index.insert(id, i);
-    }
+    let index = submit_greedy(&mut engine, &prompts, None);
     let (mut steps, mut sampling_steps) = (0u64, 0u64);
     let mut second = vec![Vec::new(); prompts.len()];
     while engine.has_unfinished_requests() {

@@ -80,6 +80,17 @@ pub(crate) fn device_err(what: &str, e: impl std::fmt::Debug) -> KernelError {
     }
 }
 
+/// `data` holds exactly `rows * cols` values.
+fn check_host_rows(rows: usize, cols: usize, data: &[f32], op: &'static str) -> Result<()> {
+    if data.len() != rows * cols {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("{} values for [{rows}, {cols}]", data.len()),
+        });
+    }
+    Ok(())
+}
+
 impl CudaBackend {
     /// Opens device `opts.device`, loads cuBLAS and the kernels (compiling
     /// them with NVRTC on first use, then from the disk cache).
@@ -188,26 +199,30 @@ impl CudaBackend {
     /// A residual-stream activation (f32, like `embedding`'s output) from
     /// host rows: for tests of the ops that read or accumulate into it.
     pub fn residual_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
-        if data.len() != rows * cols {
-            return Err(KernelError::Shape {
-                op: "residual_from_host",
-                detail: format!("{} values for [{rows}, {cols}]", data.len()),
-            });
-        }
-        let mut host = data.to_vec();
-        if host.is_empty() {
-            host.push(0.0);
-        }
-        let data = self
-            .dev
-            .stream
-            .clone_htod(&host)
-            .map_err(|e| device_err("residual_from_host", e))?;
+        let op = "residual_from_host";
+        check_host_rows(rows, cols, data, op)?;
+        let data = self.upload(data.to_vec(), op)?;
         Ok(CudaTensor {
             rows,
             cols,
             data: Act::F32(DeviceBuf::unpooled(data)),
         })
+    }
+
+    /// Copies `host` to a new device buffer (one element where `host` is
+    /// empty, so no zero-byte allocation is made).
+    fn upload<T: cudarc::driver::DeviceRepr + Default>(
+        &self,
+        mut host: Vec<T>,
+        op: &str,
+    ) -> Result<cudarc::driver::CudaSlice<T>> {
+        if host.is_empty() {
+            host.push(T::default());
+        }
+        self.dev
+            .stream
+            .clone_htod(&host)
+            .map_err(|e| device_err(op, e))
     }
 
     /// A bf16 buffer of `n` elements (at least one), NaN-filled when poisoning.
@@ -278,12 +293,7 @@ impl Backend for CudaBackend {
 
     fn load_weight(&self, w: HostTensor) -> Result<CudaWeight> {
         let (rows, cols) = storage::host_dims(&w, "load_weight")?;
-        let host = storage::host_to_bf16(w.data);
-        let data = self
-            .dev
-            .stream
-            .clone_htod(&host)
-            .map_err(|e| device_err("load_weight", e))?;
+        let data = self.upload(storage::host_to_bf16(w.data), "load_weight")?;
         Ok(CudaWeight {
             rows,
             cols,
@@ -293,15 +303,7 @@ impl Backend for CudaBackend {
 
     fn load_table(&self, t: HostTensor) -> Result<CudaWeight> {
         let (rows, cols) = storage::host_dims(&t, "load_table")?;
-        let mut host = t.into_f32_vec();
-        if host.is_empty() {
-            host.push(0.0);
-        }
-        let data = self
-            .dev
-            .stream
-            .clone_htod(&host)
-            .map_err(|e| device_err("load_table", e))?;
+        let data = self.upload(t.into_f32_vec(), "load_table")?;
         Ok(CudaWeight {
             rows,
             cols,
@@ -329,21 +331,10 @@ impl Backend for CudaBackend {
     }
 
     fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {
-        if data.len() != rows * cols {
-            return Err(KernelError::Shape {
-                op: "tensor_from_host",
-                detail: format!("{} values for [{rows}, {cols}]", data.len()),
-            });
-        }
-        let mut host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
-        if host.is_empty() {
-            host.push(bf16::ZERO);
-        }
-        let data = self
-            .dev
-            .stream
-            .clone_htod(&host)
-            .map_err(|e| device_err("tensor_from_host", e))?;
+        let op = "tensor_from_host";
+        check_host_rows(rows, cols, data, op)?;
+        let host: Vec<bf16> = data.iter().map(|&v| bf16::from_f32(v)).collect();
+        let data = self.upload(host, op)?;
         Ok(CudaTensor {
             rows,
             cols,
