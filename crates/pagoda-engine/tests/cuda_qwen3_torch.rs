@@ -168,13 +168,12 @@ fn against_torch(
             rel_err_l2(&got[i][0], want),
             rel_err(&got[i][0], want)
         ));
-        for s in 0..golden.steps() {
-            tally.check_token(
-                &format!("{what}, step {s}"),
-                &got[i][s],
-                golden.outputs[i][s],
-                golden.margins[i][s],
-            );
+        let steps = got[i]
+            .iter()
+            .zip(&golden.outputs[i])
+            .zip(&golden.margins[i]);
+        for (s, ((logits, &token), &margin)) in steps.enumerate() {
+            tally.check_token(&format!("{what}, step {s}"), logits, token, margin);
         }
     }
     eprintln!(

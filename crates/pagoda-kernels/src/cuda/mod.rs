@@ -172,20 +172,19 @@ impl CudaBackend {
 
     /// The first `n` elements of `d` as f32 (waits for the device).
     fn download(&self, d: &cudarc::driver::CudaSlice<bf16>, n: usize) -> Result<Vec<f32>> {
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        let host: Vec<bf16> = self
-            .dev
-            .stream
-            .clone_dtoh(&d.slice(..n))
-            .map_err(|e| device_err("copy to host", e))?;
-        Ok(host.into_iter().map(|x| x.to_f32()).collect())
+        Ok(self
+            .download_raw(d, n)?
+            .into_iter()
+            .map(|x| x.to_f32())
+            .collect())
     }
 
-    /// The first `n` elements of an f32 buffer (waits for the device).
-    fn download_f32(&self, d: &cudarc::driver::CudaSlice<f32>, n: usize) -> Result<Vec<f32>> {
+    /// The first `n` elements of `d` as they are (waits for the device).
+    fn download_raw<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        d: &cudarc::driver::CudaSlice<T>,
+        n: usize,
+    ) -> Result<Vec<T>> {
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -345,7 +344,7 @@ impl Backend for CudaBackend {
     fn tensor_to_host(&self, x: &CudaTensor) -> Result<Vec<f32>> {
         match &x.data {
             Act::Bf16(d) => self.download(d, x.numel()),
-            Act::F32(d) => self.download_f32(d, x.numel()),
+            Act::F32(d) => self.download_raw(d, x.numel()),
         }
     }
 

@@ -152,10 +152,7 @@ fn table_rows(
         (WeightBuf::F32(_), Act::F32(_), true) => "add_rows_f32_f32",
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    match &mut x.data {
-        Act::Bf16(d) => l.arg(d),
-        Act::F32(d) => l.arg(d),
-    };
+    l.arg(&mut x.data);
     match &table.data {
         WeightBuf::Bf16(d) => l.arg(d),
         WeightBuf::F32(d) => l.arg(d),
@@ -230,12 +227,12 @@ pub(crate) fn gather_logits_rows(
         Act::F32(_) => "gather_rows_f32_f32",
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    match (&mut y.data, &x.data) {
-        (Act::Bf16(yd), Act::Bf16(xd)) => l.arg(yd).arg(xd),
-        (Act::F32(yd), Act::F32(xd)) => l.arg(yd).arg(xd),
-        _ => return Err(shape_err(op, "output precision differs from input".into())),
-    };
-    l.arg(&rows).arg(&off).arg(&nr).arg(&nc);
+    l.arg(&mut y.data)
+        .arg(&x.data)
+        .arg(&rows)
+        .arg(&off)
+        .arg(&nr)
+        .arg(&nc);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -249,10 +246,7 @@ pub(crate) fn linear(
     let op = "linear";
     let bias = check_linear(op, x, w, bias)?;
     let mut y = b.output(x.rows, w.rows)?;
-    let Act::Bf16(yd) = &mut y.data else {
-        return Err(shape_err(op, "output is not bf16".into()));
-    };
-    product(b, op, x, w, bias, Dest::Bf16(yd))?;
+    product(b, op, x, w, bias, Dest::Bf16(y.bf16_mut(op)?))?;
     Ok(y)
 }
 
@@ -397,12 +391,11 @@ pub(crate) fn rms_norm(
         Act::F32(_) => "rms_norm_f32",
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?);
-    match &x.data {
-        Act::Bf16(d) => l.arg(d),
-        Act::F32(d) => l.arg(d),
-    };
-    l.arg(wd).arg(&nc).arg(&eps);
+    l.arg(y.bf16_mut(op)?)
+        .arg(&x.data)
+        .arg(wd)
+        .arg(&nc)
+        .arg(&eps);
     unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -428,12 +421,12 @@ pub(crate) fn add_rms_norm(
         Act::F32(_) => "add_rms_norm_f32",
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?);
-    match &mut residual.data {
-        Act::Bf16(d) => l.arg(d),
-        Act::F32(d) => l.arg(d),
-    };
-    l.arg(xd).arg(wd).arg(&nc).arg(&eps);
+    l.arg(y.bf16_mut(op)?)
+        .arg(&mut residual.data)
+        .arg(xd)
+        .arg(wd)
+        .arg(&nc)
+        .arg(&eps);
     unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -488,12 +481,12 @@ pub(crate) fn layer_norm(
         Act::F32(_) => "layer_norm_f32",
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?);
-    match &x.data {
-        Act::Bf16(d) => l.arg(d),
-        Act::F32(d) => l.arg(d),
-    };
-    l.arg(wd).arg(bd).arg(&nc).arg(&eps);
+    l.arg(y.bf16_mut(op)?)
+        .arg(&x.data)
+        .arg(wd)
+        .arg(bd)
+        .arg(&nc)
+        .arg(&eps);
     unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -622,15 +615,7 @@ pub(crate) fn add(b: &CudaBackend, x: &mut CudaTensor, y: &CudaTensor) -> Result
         }
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    match &mut x.data {
-        Act::Bf16(d) => l.arg(d),
-        Act::F32(d) => l.arg(d),
-    };
-    match &y.data {
-        Act::Bf16(d) => l.arg(d),
-        Act::F32(d) => l.arg(d),
-    };
-    l.arg(&n64);
+    l.arg(&mut x.data).arg(&y.data).arg(&n64);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("add", e))?;
     Ok(())
 }

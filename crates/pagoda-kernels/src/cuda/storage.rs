@@ -22,7 +22,7 @@
 
 use super::pool::DeviceBuf;
 use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, LaunchArgs, PushKernelArg};
 use half::bf16;
 
 /// Element storage of an activation.
@@ -30,6 +30,26 @@ pub enum Act {
     Bf16(DeviceBuf<bf16>),
     /// The residual stream.
     F32(DeviceBuf<f32>),
+}
+
+// Kernel arguments: an activation passes as its buffer, whichever the type
+// (the launch site picks the kernel that matches it).
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b Act> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: &'b Act) -> &mut Self {
+        match arg {
+            Act::Bf16(d) => self.arg(d),
+            Act::F32(d) => self.arg(d),
+        }
+    }
+}
+
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut Act> for LaunchArgs<'a> {
+    fn arg(&mut self, arg: &'b mut Act) -> &mut Self {
+        match arg {
+            Act::Bf16(d) => self.arg(d),
+            Act::F32(d) => self.arg(d),
+        }
+    }
 }
 
 /// An activation: row-major `[rows, cols]` on the device.
