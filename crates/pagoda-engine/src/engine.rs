@@ -76,6 +76,9 @@ pub struct LlmEngine<B: Backend> {
     seed_source: RequestRng,
     /// Reused per step: block tables as plain ids.
     tables: Vec<Vec<u32>>,
+    /// The requests of the step being run (or last run), and its tokens.
+    in_step: Vec<RequestId>,
+    in_step_tokens: usize,
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -112,6 +115,8 @@ impl<B: Backend> LlmEngine<B> {
             next_id: 0,
             seed_source: RequestRng::new(time_seed),
             tables: Vec::new(),
+            in_step: Vec::new(),
+            in_step_tokens: 0,
         })
     }
 
@@ -188,10 +193,26 @@ impl<B: Backend> LlmEngine<B> {
         Ok(())
     }
 
+    /// The requests scheduled in the step being run or last run (empty if
+    /// planning itself failed): when a step fails, these are the requests
+    /// whose state it may have left half-done; the others are untouched.
+    pub fn last_step_requests(&self) -> &[RequestId] {
+        &self.in_step
+    }
+
+    /// `(tokens, sequences)` of the step being run or last run.
+    pub fn last_step_shape(&self) -> (usize, usize) {
+        (self.in_step_tokens, self.in_step.len())
+    }
+
     /// Runs one step; returns an output for every request that got a token.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
         // 1. Plan.
+        self.in_step.clear();
         let plan = self.scheduler.schedule()?;
+        self.in_step
+            .extend(plan.scheduled.iter().map(|s| s.request_id));
+        self.in_step_tokens = plan.num_prefill_tokens + plan.num_decode_tokens;
         if plan.scheduled.is_empty() {
             if self.scheduler.has_unfinished_requests() {
                 return Err(EngineError::Internal(

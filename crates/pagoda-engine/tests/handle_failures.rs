@@ -1,6 +1,7 @@
 //! The threaded engine when a step fails: through a backend that fails or
 //! panics on demand, a failed step ends its requests with an error item and
-//! the engine goes on (checked against `LlmEngine::generate`); a panicking
+//! the engine goes on (checked against `LlmEngine::generate`), requests the
+//! failed step did not run are served as if nothing happened; a panicking
 //! step ends every stream and stops the engine thread cleanly.
 
 mod common;
@@ -76,6 +77,48 @@ fn a_failed_step_fails_its_requests_and_the_engine_goes_on() {
         .collect();
     let got: Vec<_> = streams.iter_mut().map(drain_blocking).collect();
     check_against_offline(&got, &prompts, &want);
+    handle.blocking_shutdown(ShutdownMode::Drain).unwrap();
+}
+
+#[test]
+fn a_failed_step_spares_the_requests_it_did_not_run() {
+    // Three sequences per step: while three long requests run, a fourth
+    // waits, so the step that fails is not its step.
+    let (engine, faults) = faulty_engine_with(128, 3);
+    let handle = EngineHandle::spawn(engine).unwrap();
+    let prompts = prompts();
+    let mut running: Vec<_> = prompts[..3]
+        .iter()
+        .map(|p| {
+            handle
+                .blocking_submit(request(p.clone(), long(200)))
+                .unwrap()
+        })
+        .collect();
+    for s in &mut running {
+        assert!(s.blocking_next().unwrap().is_ok());
+    }
+    let mut waiting = handle
+        .blocking_submit(request(prompts[3].clone(), SamplingParams::greedy(5)))
+        .unwrap();
+    faults.fail_steps.store(1, Ordering::SeqCst);
+    for s in &mut running {
+        let mut last = None;
+        while let Some(item) = s.blocking_next() {
+            last = Some(item);
+        }
+        assert!(
+            matches!(last, Some(Err(EngineError::StepFailed(_)))),
+            "a request of the failed step ended with {last:?}"
+        );
+    }
+    let got = vec![drain_blocking(&mut waiting)];
+    check_against_offline(&got, &prompts[3..4], &offline(&prompts[3..4], &[5]));
+    let stats = handle.blocking_stats().unwrap();
+    assert_eq!(
+        (stats.counters.num_failed_steps, stats.counters.num_failed),
+        (1, 3)
+    );
     handle.blocking_shutdown(ShutdownMode::Drain).unwrap();
 }
 

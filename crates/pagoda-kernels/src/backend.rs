@@ -213,6 +213,24 @@ pub trait Backend: Send + Sync + 'static {
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
 
+    /// Ends the warm-up of a device's step memory: from now on every step
+    /// takes its activations and scratch from a fixed reservation sized by
+    /// the steps run so far (the runner's profiling steps), and never
+    /// allocates device memory again; a step that does not fit fails with
+    /// [`crate::KernelError::OutOfMemory`]. Returns the reserved bytes
+    /// (`None` where the backend has no such reservation, e.g. the CPU).
+    fn freeze_step_memory(&self) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
+    /// Row counts (up to `max_rows`) a warm-up should run a step at so
+    /// that the backend has planned, and loaded the library kernels for,
+    /// every GEMM a step of any size will need (see the runner's
+    /// profiling). Empty where nothing needs warming.
+    fn warmup_row_counts(&self, _max_rows: usize) -> Vec<usize> {
+        Vec::new()
+    }
+
     // ---- device sampling and decode graphs (optional) ---------------------
 
     /// Whether [`Backend::sample`] works: then the runner fills

@@ -10,6 +10,9 @@
 //!   every other backend is tested against.
 //! - `cuda::CudaBackend` (feature `cuda`): bf16 on NVIDIA GPUs.
 
+// Host bookkeeping of the CUDA activation arena (plain data, tested everywhere).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod arena;
 pub mod backend;
 pub mod context;
 pub mod cpu;

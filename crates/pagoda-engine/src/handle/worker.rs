@@ -229,12 +229,19 @@ impl<B: Backend> Worker<B> {
             Ok(Err(e)) => {
                 self.counters.num_failed_steps += 1;
                 let message = e.to_string();
+                // The step's own requests fail; the others go on. Where the
+                // failure came before any request was scheduled, every
+                // request in flight fails (nothing says which are sound).
+                let ids: Vec<RequestId> = match self.engine.last_step_requests() {
+                    [] => self.live.keys().copied().collect(),
+                    step => step.to_vec(),
+                };
                 tracing::error!(
                     error = %message,
+                    failed = ids.len(),
                     in_flight = self.live.len(),
                     "engine step failed; failing its requests"
                 );
-                let ids: Vec<RequestId> = self.live.keys().copied().collect();
                 for id in ids {
                     if let Some(live) = self.live.remove(&id) {
                         let _ = live

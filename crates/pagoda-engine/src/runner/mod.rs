@@ -106,28 +106,75 @@ impl<B: Backend> ModelRunner<B> {
         self.backend.samples_on_device()
     }
 
-    /// Runs the largest step the scheduler can plan (`max_tokens` prompt
-    /// tokens over `max_seqs` sequences, each sampled) once with dummy
-    /// inputs that store nothing, so the backend's activation pool reaches
-    /// its peak before the KV cache is sized from what memory is left.
+    /// Start-up on a device, before the KV cache is sized: runs the
+    /// profiling steps ([`Self::profile_peak_memory`]) on the current cache
+    /// (one block is enough), drops that cache, and freezes the backend's
+    /// step memory. Returns the bytes reserved for steps (`None` where the
+    /// backend reserves none: it does not sample on a device). Then call
+    /// [`Self::resize_kv_cache`] with what memory is left.
+    pub fn reserve_step_memory(
+        &mut self,
+        max_tokens: usize,
+        max_seqs: usize,
+        max_model_len: usize,
+    ) -> Result<Option<usize>> {
+        if !self.samples_on_device() {
+            return Ok(None);
+        }
+        self.profile_peak_memory(max_tokens, max_seqs, max_model_len)?;
+        self.resize_kv_cache(0)?;
+        Ok(self.backend.freeze_step_memory()?)
+    }
+
+    /// Runs, with dummy inputs that store nothing, the steps that bring the
+    /// backend's step memory to its peak, so that it can be frozen (see
+    /// [`Backend::freeze_step_memory`]) and the KV cache sized from what
+    /// is left: the largest prompt step (`max_tokens` tokens over up to
+    /// `max_seqs` sequences, each sampled), the largest decode step
+    /// (`max_seqs` sequences of one token), both with block tables wide
+    /// enough for `max_model_len`, and one prompt step per row count the
+    /// backend warms up ([`Backend::warmup_row_counts`]: on CUDA the GEMM
+    /// plan buckets, so every plan and library kernel exists before serving).
     pub fn profile_peak_memory(
         &mut self,
         max_tokens: usize,
         max_seqs: usize,
         max_model_len: usize,
     ) -> Result<()> {
-        let seqs = max_seqs.clamp(1, max_tokens.max(1));
-        let per_seq = max_tokens.max(1).div_ceil(seqs).min(max_model_len.max(1));
-        let block = self.kv_shape.block_size;
-        let width = per_seq.div_ceil(block);
+        let max_tokens = max_tokens.max(1);
+        let max_seqs = max_seqs.max(1);
+        let width = max_model_len.max(1).div_ceil(self.kv_shape.block_size);
+        let mut shapes = vec![(max_tokens, max_seqs), (max_seqs, max_seqs)];
+        for n in self.backend.warmup_row_counts(max_tokens) {
+            shapes.push((n, n.min(max_seqs)));
+        }
+        for (tokens, seqs) in shapes {
+            let ctx = self.dummy_step(tokens, seqs, width, max_model_len);
+            self.execute(&ctx)?;
+        }
+        Ok(())
+    }
+
+    /// A step of `tokens` prompt tokens spread evenly over `seqs` sequences
+    /// (each at most `max_model_len` long, each sampled), block tables
+    /// `width` wide and all pointing at block 0, storing nothing.
+    fn dummy_step(
+        &self,
+        tokens: usize,
+        seqs: usize,
+        width: usize,
+        max_model_len: usize,
+    ) -> ForwardContext {
+        let seqs = seqs.clamp(1, tokens.max(1));
+        let per_seq = tokens.max(1).div_ceil(seqs).min(max_model_len.max(1));
         let mut ctx = ForwardContext {
-            block_size: block,
+            block_size: self.kv_shape.block_size,
             max_blocks_per_seq: width,
             ..Default::default()
         };
         ctx.cu_seqlens_q.push(0);
         ctx.cu_seqlens_k.push(0);
-        let mut left = max_tokens.max(1);
+        let mut left = tokens.max(1);
         for i in 0..seqs {
             let q = per_seq.min(left);
             if q == 0 {
@@ -145,8 +192,12 @@ impl<B: Backend> ModelRunner<B> {
             ctx.logits_indices.push(ctx.cu_seqlens_q[i + 1] - 1);
             ctx.max_query_len = ctx.max_query_len.max(q);
             ctx.max_seq_len = ctx.max_seq_len.max(q);
-            ctx.num_prefills += 1;
-            ctx.num_prefill_tokens += q;
+            if q == 1 {
+                ctx.num_decode_tokens += 1;
+            } else {
+                ctx.num_prefills += 1;
+                ctx.num_prefill_tokens += q;
+            }
         }
         if self.samples_on_device() {
             ctx.sampling = vec![
@@ -160,8 +211,7 @@ impl<B: Backend> ModelRunner<B> {
                 ctx.logits_indices.len()
             ];
         }
-        self.execute(&ctx)?;
-        Ok(())
+        ctx
     }
 
     /// Captures a decode graph for every ladder size up to `max_batch`

@@ -115,6 +115,17 @@ pub fn check_against_offline(
 
 /// An engine on the tiny model whose forward passes fail or panic on demand.
 pub fn faulty_engine(num_blocks: usize) -> (LlmEngine<FaultyBackend>, Arc<Faults>) {
+    faulty_engine_with(
+        num_blocks,
+        scheduler_config(num_blocks, MAX_MODEL_LEN).max_num_seqs,
+    )
+}
+
+/// [`faulty_engine`] running at most `max_num_seqs` sequences per step.
+pub fn faulty_engine_with(
+    num_blocks: usize,
+    max_num_seqs: usize,
+) -> (LlmEngine<FaultyBackend>, Arc<Faults>) {
     let path = repo_root().join("tests/golden/tiny-qwen3/config.json");
     let cfg = load_config_file(&path).unwrap();
     let src = DummySource::new(&cfg).unwrap();
@@ -134,6 +145,7 @@ pub fn faulty_engine(num_blocks: usize) -> (LlmEngine<FaultyBackend>, Arc<Faults
     let runner = ModelRunner::new(backend, model, BLOCK_SIZE, num_blocks).unwrap();
     let config = SchedulerConfig {
         enable_prefix_caching: false,
+        max_num_seqs,
         ..scheduler_config(num_blocks, MAX_MODEL_LEN)
     };
     (LlmEngine::new(runner, None, config).unwrap(), faults)

@@ -1,4 +1,4 @@
-//! bf16 GEMMs through cuBLASLt, with one cached plan per shape.
+//! bf16 GEMMs through cuBLASLt, with a bounded set of cached plans.
 //!
 //! `linear` of more than a few rows computes, row-major,
 //! `y[rows, out] = x[rows, in] @ w[out, in]^T`, which column-major is
@@ -6,15 +6,19 @@
 //! Two output modes: bf16 `y = w x` ([`LtGemm::gemm`]), and `y += w x` into
 //! an f32 `y` ([`LtGemm::gemm_acc_f32`]: beta = 1 with C = D, how
 //! `add_linear` adds a projection into the f32 residual stream unrounded).
-//! For each `(out, rows, in, mode)` the first call builds the matmul
-//! descriptor (f32 compute and scale, bf16 A/B), the three layouts and asks
-//! cuBLASLt's heuristic for its best algorithm under a 32 MiB workspace;
-//! later calls with that shape reuse the plan, so a step's GEMMs cost one
-//! `cublasLtMatmul` each on the host. The workspace is allocated once (a
-//! fixed buffer, so GEMMs can be captured into CUDA graphs).
 //!
-//! Plans live as long as the backend; shapes repeat (decode batch sizes,
-//! prompt chunk lengths), so the cache stays small.
+//! Plans are keyed by `(out, bucket(rows), in, mode)`: [`bucket`] rounds the
+//! row count up to one of a few dozen sizes (multiples of 16 up to 128, then
+//! four steps per octave). A plan holds the matmul descriptor (f32 compute
+//! and scale, bf16 A/B), the three layouts and cuBLASLt's heuristic choice
+//! of algorithm for the bucket's size under a 32 MiB workspace; a call sets
+//! the layouts' column count to its own row count and runs that algorithm.
+//! So however varied the steps, the plans (and the kernels cuBLASLt loads
+//! for them) are bounded by the buckets, and a step's GEMMs cost one
+//! `cublasLtMatmul` each on the host. Should cuBLASLt refuse a bucket's
+//! algorithm at some row count, that call falls back to a one-off plan of
+//! its exact shape. The workspace is allocated once (a static buffer, so
+//! GEMMs can be captured into CUDA graphs).
 
 use super::device_err;
 use super::pool::{DeviceBuf, Pool};
@@ -38,7 +42,51 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
-/// A cuBLASLt handle, its workspace and the plans by `(m, n, k)`.
+impl Plan {
+    /// Points the B and C layouts at `n` columns (the call's row count).
+    fn set_cols(&self, n: u64) -> Result<()> {
+        for layout in [self.b, self.c] {
+            // SAFETY: the layout is live (owned by this plan); the buffer is
+            // a u64, the attribute's type.
+            unsafe {
+                result::set_matrix_layout_attribute(
+                    layout,
+                    sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_COLS,
+                    (&n) as *const u64 as *const c_void,
+                    std::mem::size_of::<u64>(),
+                )
+            }
+            .map_err(|e| lt_err("layout columns", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: created in `LtGemm::plan`, destroyed once here; cuBLASLt
+        // reads descriptors when a matmul is queued, never later.
+        unsafe {
+            let _ = result::destroy_matrix_layout(self.a);
+            let _ = result::destroy_matrix_layout(self.b);
+            let _ = result::destroy_matrix_layout(self.c);
+            let _ = result::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+/// The row count a plan is chosen for: `n` rounded up to a multiple of 16
+/// up to 128, then to a quarter of its octave (160, 192, 224, 256, 320, ...).
+pub(crate) fn bucket(n: u64) -> u64 {
+    if n <= 128 {
+        return n.max(1).div_ceil(16) * 16;
+    }
+    let octave = 1u64 << (63 - (n - 1).leading_zeros());
+    let step = octave / 4;
+    n.div_ceil(step) * step
+}
+
+/// A cuBLASLt handle, its workspace and the plans by `(m, bucket(n), k, mode)`.
 pub(crate) struct LtGemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuf<u8>,
@@ -64,7 +112,7 @@ impl LtGemm {
         let handle = result::create_handle().map_err(|e| lt_err("create handle", e))?;
         Ok(LtGemm {
             handle,
-            workspace: pool.take::<u8>(WORKSPACE_BYTES)?,
+            workspace: pool.take_static::<u8>(WORKSPACE_BYTES)?,
             plans: Mutex::new(HashMap::new()),
             stream,
         })
@@ -177,12 +225,33 @@ impl LtGemm {
             .context()
             .bind_to_thread()
             .map_err(|e| device_err("bind context", e))?;
-        let key = (m as u64, n as u64, k as u64, acc_f32);
+        let n = n as u64;
+        let key = (m as u64, bucket(n), k as u64, acc_f32);
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let p = match plans.entry(key) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => v.insert(self.plan(key.0, key.1, key.2, acc_f32)?),
         };
+        p.set_cols(n)?;
+        if self.matmul(p, w, x, yp, acc_f32).is_ok() {
+            return Ok(());
+        }
+        // The bucket's algorithm does not take this row count: a one-off
+        // plan of the exact shape.
+        let exact = self.plan(key.0, n, key.2, acc_f32)?;
+        self.matmul(&exact, w, x, yp, acc_f32)
+    }
+
+    /// One `cublasLtMatmul` of plan `p` (its layouts set to the call's
+    /// shape); `yp` is C and D (beta 1 when accumulating, else 0).
+    fn matmul(
+        &self,
+        p: &Plan,
+        w: &CudaSlice<bf16>,
+        x: &CudaSlice<bf16>,
+        yp: cudarc::driver::sys::CUdeviceptr,
+        acc_f32: bool,
+    ) -> Result<()> {
         let alpha = 1.0f32;
         let beta = if acc_f32 { 1.0f32 } else { 0.0f32 };
         let stream = &self.stream;
@@ -215,6 +284,11 @@ impl LtGemm {
         }
         .map_err(|e| lt_err("matmul", e))
     }
+
+    /// Plans made so far (bounded by the buckets of the row counts seen).
+    pub fn num_plans(&self) -> usize {
+        self.plans.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
 }
 
 /// Shape check of a GEMM's buffers (elements of w, x and y).
@@ -238,19 +312,30 @@ fn check_len(
 impl Drop for LtGemm {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
-        let plans = self.plans.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (_, p) in plans.drain() {
-            // SAFETY: created in `plan`, destroyed once here.
-            unsafe {
-                let _ = result::destroy_matrix_layout(p.a);
-                let _ = result::destroy_matrix_layout(p.b);
-                let _ = result::destroy_matrix_layout(p.c);
-                let _ = result::destroy_matmul_desc(p.desc);
-            }
-        }
-        // SAFETY: created in `new`, destroyed once here.
+        self.plans
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        // SAFETY: created in `new`, destroyed once here (after its plans).
         unsafe {
             let _ = result::destroy_handle(self.handle);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_cover_every_row_count_and_stay_few() {
+        let mut seen = std::collections::BTreeSet::new();
+        for n in 1..=16384u64 {
+            let b = bucket(n);
+            assert!(b >= n && b < n + n / 4 + 16, "bucket({n}) = {b}");
+            assert_eq!(bucket(b), b, "a bucket is its own bucket");
+            seen.insert(b);
+        }
+        assert!(seen.len() <= 40, "{} buckets", seen.len());
     }
 }

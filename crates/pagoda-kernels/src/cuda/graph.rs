@@ -12,11 +12,11 @@
 //! - every kernel's launch shape and arguments depend only on the context's
 //!   shape (tokens, sequences, block-table width, sampling rows), never on
 //!   its values; [`replay`] refuses a context whose packed layout differs;
-//! - activations come from the caching pool with plain `cuMemAlloc`, so no
-//!   stream-ordered allocation is captured; intermediates go back to the
-//!   pool after capture and may serve other work, which is safe because the
-//!   one stream serializes replays with everything else and nothing pooled
-//!   is held across a replay;
+//! - activations come from the step arena (see `pool`), so no allocation is
+//!   captured; intermediates go back to the arena after capture and may
+//!   serve other work, which is safe because the one stream serializes
+//!   replays with everything else and nothing in the arena is held across a
+//!   replay: the graph's input and output are static buffers;
 //! - capture uses relaxed mode (allocation calls are allowed) and runs with
 //!   output poisoning off.
 //!
@@ -70,7 +70,16 @@ pub(crate) fn capture(
             ),
         });
     }
-    let mut tokens = b.alloc_i32(rows)?;
+    // The graph's input (packed metadata) and output (sampled ids) live
+    // across replays: static buffers, outside the step arena.
+    let mut step = step;
+    let mut input = b.alloc_static_i32(step.buf.len())?;
+    b.dev
+        .stream
+        .memcpy_dtod(&*step.buf, &mut *input)
+        .map_err(|e| device_err("graph input copy", e))?;
+    step.buf = input;
+    let mut tokens = b.alloc_static_i32(rows)?;
     let poison = b.poison.swap(false, Ordering::Relaxed);
     let stream = &b.dev.stream;
     stream

@@ -255,9 +255,32 @@ impl CudaBackend {
         self.pool.take::<i32>(n)
     }
 
-    /// Bytes the activation pool holds (in use or cached for reuse).
+    /// Bytes the activation pool holds (in use or cached for reuse while
+    /// warming up; the arena once frozen).
     pub fn pool_reserved_bytes(&self) -> usize {
         self.pool.reserved_bytes()
+    }
+
+    /// The arena size the work so far needed (before the freeze), or the
+    /// highest arena offset used (after it); see [`pool`].
+    pub fn pool_arena_need(&self) -> usize {
+        self.pool.arena_need()
+    }
+
+    /// Whether the step memory is frozen into its arena (see [`pool`]).
+    pub fn step_memory_frozen(&self) -> bool {
+        self.pool.is_frozen()
+    }
+
+    /// cuBLASLt plans made so far (bounded: one per GEMM shape and row
+    /// bucket).
+    pub fn gemm_plans(&self) -> usize {
+        self.lt.num_plans()
+    }
+
+    /// A static buffer of `n` i32 outside the arena (graph inputs/outputs).
+    pub(crate) fn alloc_static_i32(&self, n: usize) -> Result<DeviceBuf<i32>> {
+        self.pool.take_static::<i32>(n)
     }
 
     /// A fresh `[rows, cols]` bf16 activation.
@@ -476,6 +499,25 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
     ) -> Result<CudaTensor> {
         attention::attention(self, q, cache, step, params)
+    }
+
+    fn warmup_row_counts(&self, max_rows: usize) -> Vec<usize> {
+        // Every GEMM plan bucket above the gemv sizes, below the largest step.
+        let mut rows = Vec::new();
+        let mut n = ops::GEMV_MAX_ROWS as u64 + 1;
+        while (n as usize) < max_rows {
+            let b = blaslt::bucket(n);
+            if b as usize >= max_rows {
+                break;
+            }
+            rows.push(b as usize);
+            n = b + 1;
+        }
+        rows
+    }
+
+    fn freeze_step_memory(&self) -> Result<Option<usize>> {
+        self.pool.freeze().map(Some)
     }
 
     fn samples_on_device(&self) -> bool {

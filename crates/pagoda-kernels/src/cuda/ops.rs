@@ -24,7 +24,7 @@ use half::bf16;
 const THREADS: u32 = 256;
 /// `linear` with at most this many rows (and `in % 8 == 0`) runs the
 /// `gemv_bf16` kernel instead of cuBLAS (must match `GEMV_MAX_ROWS`).
-const GEMV_MAX_ROWS: usize = 8;
+pub(crate) const GEMV_MAX_ROWS: usize = 8;
 /// Warps per `gemv_bf16` block (must match `GEMV_WARPS`).
 const GEMV_WARPS: usize = 8;
 

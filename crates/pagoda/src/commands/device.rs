@@ -245,28 +245,43 @@ fn build_engine<B: KvBudget>(
     )?;
     pb.finish_and_clear();
     drop(files.weights);
-    // A one-block cache first: on a device, one profiling step of the
-    // largest plan brings the activation pool to its peak, and the KV cache
-    // is sized from what is left after it.
+    // A one-block cache first: on a device, the profiling steps bring the
+    // step memory to its peak, it is frozen into a fixed arena (no device
+    // allocation ever after), and the KV cache is sized from what is left.
     let mut runner = ModelRunner::new(backend, model, cache.block_size, 1)?;
-    if runner.samples_on_device() {
-        runner.profile_peak_memory(
-            cache.max_num_batched_tokens,
-            cache.max_num_seqs,
-            max_model_len,
-        )?;
-        runner.resize_kv_cache(0)?;
+    let t = std::time::Instant::now();
+    let reserved = runner.reserve_step_memory(
+        cache.max_num_batched_tokens,
+        cache.max_num_seqs,
+        max_model_len,
+    )?;
+    if let Some(bytes) = reserved {
+        tracing::info!(
+            "step memory: a fixed arena of {:.1} MiB (profiled in {:.2} s)",
+            bytes as f64 / (1u64 << 20) as f64,
+            t.elapsed().as_secs_f64()
+        );
     }
     let per_block = ModelRunner::kv_bytes_per_block(runner.backend(), &cfg, cache.block_size);
     let budget = runner
         .backend()
         .kv_cache_budget(cache, device.gpu_memory_utilization)?;
-    let num_blocks = budget / per_block.max(1);
+    let mut num_blocks = budget / per_block.max(1);
     if num_blocks == 0 {
         bail!(
             "a KV cache of {budget} bytes holds no KV block ({per_block} bytes each); \
              raise --kv-cache-memory or --gpu-memory-utilization"
         );
+    }
+    // Slots (block * block_size + offset) are 32-bit in the kernels: cap the
+    // cache here, once, rather than fail a step later.
+    let max_blocks = i32::MAX as usize / cache.block_size;
+    if num_blocks > max_blocks {
+        tracing::warn!(
+            "the KV cache budget holds {num_blocks} blocks; capped at {max_blocks} \
+             (slot indices are 32-bit)"
+        );
+        num_blocks = max_blocks;
     }
     tracing::info!(
         num_blocks,
