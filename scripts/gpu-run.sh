@@ -8,6 +8,10 @@
 #          prefill attention, sampling), `pagoda bench single`, `pagoda bench
 #          decode` at batch 1/64/256 with graphs and eagerly, and a short
 #          offline `pagoda bench`, all on the Qwen3-0.6B shape (dummy weights);
+#   soak   the workload of widely varying step shapes (3,000 requests,
+#          prompts of 8-3,000 tokens, 1-200 new tokens, 8,192-token steps)
+#          with device memory sampled every 0.5 s (nvidia-smi), which must
+#          stay flat after start-up;
 #   full   the nano-vllm workload (256 sequences, in/out uniform in
 #          [100, 1024], temperature 0.6) with `pagoda bench`, then pagoda and
 #          transformers' generate_batch on one shared workload (256 prompts of
@@ -113,6 +117,22 @@ if has bench; then
         --num-seqs 64 --min-input 100 --max-input 512 --min-output 100 --max-output 256
 fi
 
+if has soak; then
+    varied() {
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$LOGS/varied_mem.csv" &
+        local smi=$!
+        "$PAGODA" bench --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
+            --max-num-batched-tokens 8192 --num-seqs 3000 --min-input 8 --max-input 3000 \
+            --min-output 1 --max-output 200 --seed 3
+        local rc=$?
+        kill $smi
+        # Memory in MiB: first sample, the sample 20 s in (start-up done), last, max.
+        awk 'NR==1{f=$1} NR==40{w=$1} {l=$1; if($1>m)m=$1} END{print "device memory MiB: first", f, "at 20 s", w, "last", l, "max", m, "samples", NR}' "$LOGS/varied_mem.csv"
+        return $rc
+    }
+    step bench_varied varied
+fi
+
 if has full; then
     step bench_nanovllm "$PAGODA" bench --device cuda --dummy-weights --config "$Q06" --max-model-len 4096 \
         --max-num-batched-tokens 8192
@@ -134,7 +154,8 @@ printf '%s' "$table"
 printf '%s' "$steps"
 [ -f "$LOGS/cuda_qwen3_torch.log" ] && grep -E '^qwen3 ' "$LOGS/cuda_qwen3_torch.log"
 [ -f "$LOGS/kernel_timings.log" ] && grep -E '^bench:' "$LOGS/kernel_timings.log"
-for f in bench_single bench_decode bench_decode_eager serve_cuda bench_offline64 bench_nanovllm bench_hf_workload hf_generate_batch; do
+[ -f "$LOGS/bench_varied.log" ] && grep -E '^device memory' "$LOGS/bench_varied.log"
+for f in bench_single bench_decode bench_decode_eager serve_cuda bench_offline64 bench_varied bench_nanovllm bench_hf_workload hf_generate_batch; do
     [ -f "$LOGS/$f.log" ] || continue
     python3 scripts/gpu/summarize.py "$f" < "$LOGS/$f.log"
 done
