@@ -239,8 +239,8 @@ fn a_step_too_large_for_the_arena_fails_alone() {
     let mut r = runner(dev, &cfg, &src, 1);
     // Warm up for 16-token steps only.
     r.reserve_step_memory(16, 4, 256).unwrap();
-    r.resize_kv_cache(64).unwrap();
-    let table: Vec<u32> = (0..64).collect();
+    r.resize_kv_cache(128).unwrap();
+    let table: Vec<u32> = (0..128).collect();
     let step = |r: &mut pagoda_engine::ModelRunner<_>, n: usize| {
         let tokens: Vec<u32> = (0..n as u32).map(|i| 3 + i % 4000).collect();
         let seqs = [ScheduledSeq {
@@ -253,7 +253,7 @@ fn a_step_too_large_for_the_arena_fails_alone() {
         r.execute(&ctx).map(|o| o.into_logits().unwrap())
     };
     let small = step(&mut r, 12).unwrap();
-    match step(&mut r, 1000) {
+    match step(&mut r, 2000) {
         Err(pagoda_engine::EngineError::Kernel(KernelError::OutOfMemory(msg))) => {
             eprintln!("refused as expected: {msg}")
         }

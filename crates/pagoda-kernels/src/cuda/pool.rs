@@ -45,7 +45,7 @@ const GRANULE: usize = 512;
 /// The arena holds the measured need times this, plus [`ARENA_SLACK`]:
 /// steps of other shapes than the profiled ones may fragment it more.
 const ARENA_HEADROOM: f64 = 1.25;
-const ARENA_SLACK: usize = 32 << 20;
+const ARENA_SLACK: usize = 4 << 20;
 
 /// Where a handed-out range lives.
 #[derive(Clone, Copy)]
