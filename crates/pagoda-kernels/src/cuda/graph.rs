@@ -1,12 +1,16 @@
 //! CUDA graphs for decode steps: capture once per batch shape, replay after.
 //!
-//! [`capture`] records the model's forward pass over a step, followed by
-//! device sampling, into a graph; nothing runs at capture. The graph keeps
-//! the captured [`CudaStep`] (its packed metadata buffer is the graph's
-//! static input) and the buffer the sampled ids land in (its static output).
-//! [`replay`] packs a new context of the same shape into that input buffer
-//! (one host-to-device copy), launches the graph, and copies the ids back
-//! (the step's one synchronization).
+//! [`capture`] records the model's forward pass over a step, up to its
+//! logits rows, into a graph; nothing runs at capture. The graph keeps the
+//! captured [`CudaStep`] (its packed metadata buffer is the graph's static
+//! input) and the logits tensor the forward pass returned (its static
+//! output, held for the graph's lifetime). [`replay`] packs a new context of
+//! the same shape into that input buffer (one host-to-device copy, plus one
+//! for the sampling options when the step has any, both before the launch),
+//! launches the graph, then samples the logits eagerly (penalties, the draw,
+//! logprobs; see [`super::sampling_extras`]) and copies the results back (the
+//! step's one synchronization). Sampling outside the graph means per-row
+//! options never change what was captured.
 //!
 //! What makes this sound:
 //! - every kernel's launch shape and arguments depend only on the context's
@@ -16,17 +20,19 @@
 //!   stream-ordered allocation is captured; intermediates go back to the
 //!   pool after capture and may serve other work, which is safe because the
 //!   one stream serializes replays with everything else and nothing pooled
-//!   is held across a replay;
+//!   but the graph's own logits is held across a replay; the logits are
+//!   read by the sampling kernels queued right after the replay, before any
+//!   other work;
 //! - capture uses relaxed mode (allocation calls are allowed) and runs with
 //!   output poisoning off.
 //!
 //! Range checks on the replayed values (token ids, positions, block ids) are
 //! the caller's: the ops check them at capture only.
 
-use super::pool::DeviceBuf;
+use super::sampling_extras::{pack_options, sample_rows, OptionsInfo};
 use super::storage::{pack, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
-use crate::{ForwardContext, KernelError, Result};
+use crate::{DeviceSamples, ForwardContext, KernelError, Result, SamplingOptions};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 use std::sync::atomic::Ordering;
@@ -35,10 +41,12 @@ use std::sync::atomic::Ordering;
 pub struct CudaGraphRunner {
     graph: CudaGraph,
     step: CudaStep,
-    tokens: DeviceBuf<i32>,
+    /// The forward pass's logits rows, written by every replay.
+    logits: CudaTensor,
     rows: usize,
     packed: Vec<i32>,
-    host_tokens: Vec<i32>,
+    /// Reused host buffer for the packed sampling options.
+    opts_packed: Vec<i32>,
 }
 
 impl std::fmt::Debug for CudaGraphRunner {
@@ -70,18 +78,25 @@ pub(crate) fn capture(
             ),
         });
     }
-    let mut tokens = b.alloc_i32(rows)?;
     let poison = b.poison.swap(false, Ordering::Relaxed);
     let stream = &b.dev.stream;
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| device_err("begin graph capture", e))?;
-    let recorded = forward(&step)
-        .and_then(|logits| super::sampling::launch_sample(b, &logits, &step, &mut tokens));
+    let recorded = forward(&step);
     // End the capture whatever happened, so the stream is usable again.
     let ended = stream.end_capture(CUgraphInstantiate_flags(0));
     b.poison.store(poison, Ordering::Relaxed);
-    recorded?;
+    let logits = recorded?;
+    if logits.rows != rows || logits.bf16("capture_graph").is_err() {
+        return Err(KernelError::Shape {
+            op: "capture_graph",
+            detail: format!(
+                "the forward pass returned {} logits rows for {rows} (bf16 expected)",
+                logits.rows
+            ),
+        });
+    }
     let graph = ended
         .map_err(|e| device_err("end graph capture", e))?
         .ok_or_else(|| KernelError::Device("graph capture recorded nothing".into()))?;
@@ -89,10 +104,10 @@ pub(crate) fn capture(
     Ok(CudaGraphRunner {
         graph,
         step,
-        tokens,
+        logits,
         rows,
         packed: Vec::new(),
-        host_tokens: vec![0; rows],
+        opts_packed: Vec::new(),
     })
 }
 
@@ -100,7 +115,8 @@ pub(crate) fn replay(
     b: &CudaBackend,
     g: &mut CudaGraphRunner,
     ctx: &ForwardContext,
-) -> Result<Vec<u32>> {
+    opts: &SamplingOptions,
+) -> Result<DeviceSamples> {
     let shape_err = |detail: String| KernelError::Shape {
         op: "replay_graph",
         detail,
@@ -126,16 +142,32 @@ pub(crate) fn replay(
             cap.sampling.len()
         )));
     }
+    let info = OptionsInfo::new(opts, ctx.sampling.len())?;
     let stream = &b.dev.stream;
     stream
         .memcpy_htod(&g.packed, &mut *g.step.buf)
         .map_err(|e| device_err("replay upload", e))?;
+    // The options go up before the launch, while the stream is idle.
+    let mut opts_buf = None;
+    if info.present {
+        g.opts_packed.clear();
+        let spans = pack_options(opts, ctx.sampling.len(), &mut g.opts_packed);
+        let mut d = b.alloc_i32(g.opts_packed.len())?;
+        stream
+            .memcpy_htod(&g.opts_packed, &mut *d)
+            .map_err(|e| device_err("replay options upload", e))?;
+        opts_buf = Some((d, spans));
+    }
     g.graph
         .launch()
         .map_err(|e| device_err("replay graph", e))?;
-    stream
-        .memcpy_dtoh(&*g.tokens, &mut g.host_tokens)
-        .map_err(|e| device_err("replay download", e))?;
-    b.synchronize()?;
-    Ok(g.host_tokens[..g.rows].iter().map(|&t| t as u32).collect())
+    let views = opts_buf.as_ref().map(|(d, (o, h))| {
+        (
+            d.slice(o.start..o.start + o.len),
+            d.slice(h.start..h.start + h.len),
+        )
+    });
+    let mut out = sample_rows(b, &g.logits, &g.step, views, &info)?;
+    out.tokens.truncate(g.rows);
+    Ok(out)
 }
