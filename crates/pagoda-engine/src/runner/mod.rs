@@ -66,6 +66,8 @@ pub struct ModelRunner<B: Backend> {
     kv: Vec<B::KvCache>,
     kv_shape: KvCacheShape,
     graphs: Option<DecodeGraphs<B::Graph>>,
+    /// Decode graph replays so far.
+    graph_replays: u64,
 }
 
 impl<B: Backend> ModelRunner<B> {
@@ -92,6 +94,7 @@ impl<B: Backend> ModelRunner<B> {
             kv,
             kv_shape,
             graphs: None,
+            graph_replays: 0,
         })
     }
 
@@ -229,6 +232,11 @@ impl<B: Backend> ModelRunner<B> {
         Ok(n)
     }
 
+    /// How many steps replayed a decode graph so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.graph_replays
+    }
+
     /// Batch sizes with a captured decode graph, ascending.
     pub fn graph_batch_sizes(&self) -> Vec<usize> {
         self.graphs
@@ -354,6 +362,7 @@ impl<B: Backend> ModelRunner<B> {
         let mut samples = self.backend.replay_graph_with(graph, &g.padded, opts)?;
         samples.tokens.truncate(n);
         samples.logprobs.truncate(n);
+        self.graph_replays += 1;
         Ok(Some(samples))
     }
 }
