@@ -100,7 +100,7 @@ impl SamplingOptions {
                 self.rows.len()
             ));
         }
-        if self.history.len() % 2 != 0 {
+        if !self.history.len().is_multiple_of(2) {
             return Err("the history holds (token, count) pairs".into());
         }
         let pairs = self.history.len() / 2;

@@ -5,9 +5,9 @@
 //! captured [`CudaStep`] (its packed metadata buffer is the graph's static
 //! input) and the logits tensor the forward pass returned (its static
 //! output, held for the graph's lifetime). [`replay`] packs a new context of
-//! the same shape into that input buffer (one host-to-device copy, plus one
-//! for the sampling options when the step has any, both before the launch),
-//! launches the graph, then samples the logits eagerly (penalties, the draw,
+//! the same shape into that input buffer (one host-to-device copy), launches
+//! the graph, uploads the sampling options when the step has any (a second
+//! copy, queued after the graph), then samples the logits eagerly (penalties, the draw,
 //! logprobs; see [`super::sampling_extras`]) and copies the results back (the
 //! step's one synchronization). Sampling outside the graph means per-row
 //! options never change what was captured.
@@ -20,9 +20,10 @@
 //!   stream-ordered allocation is captured; intermediates go back to the
 //!   pool after capture and may serve other work, which is safe because the
 //!   one stream serializes replays with everything else and nothing pooled
-//!   but the graph's own logits is held across a replay; the logits are
-//!   read by the sampling kernels queued right after the replay, before any
-//!   other work;
+//!   but the graph's own buffers (its step, its logits) is held across a
+//!   replay: whatever the sampling after a replay takes from the pool
+//!   (options, results) it takes after the launch and writes after the
+//!   graph, in stream order;
 //! - capture uses relaxed mode (allocation calls are allowed) and runs with
 //!   output poisoning off.
 //!
@@ -147,7 +148,12 @@ pub(crate) fn replay(
     stream
         .memcpy_htod(&g.packed, &mut *g.step.buf)
         .map_err(|e| device_err("replay upload", e))?;
-    // The options go up before the launch, while the stream is idle.
+    g.graph
+        .launch()
+        .map_err(|e| device_err("replay graph", e))?;
+    // The options go up after the launch: a pooled buffer may be one the
+    // graph uses as an intermediate (the pool holds those as free), and
+    // stream order keeps this copy after every write of the graph.
     let mut opts_buf = None;
     if info.present {
         g.opts_packed.clear();
@@ -158,9 +164,6 @@ pub(crate) fn replay(
             .map_err(|e| device_err("replay options upload", e))?;
         opts_buf = Some((d, spans));
     }
-    g.graph
-        .launch()
-        .map_err(|e| device_err("replay graph", e))?;
     let views = opts_buf.as_ref().map(|(d, (o, h))| {
         (
             d.slice(o.start..o.start + o.len),

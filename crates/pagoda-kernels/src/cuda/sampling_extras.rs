@@ -6,7 +6,7 @@
 //!
 //! Owns the packed form of [`SamplingOptions`] (7 ints per sampling row,
 //! then the history pairs; uploaded with the step's metadata, or on its own
-//! before a graph replay) and the one download of a step's results: the ids
+//! right after a graph's launch) and the one download of a step's results: the ids
 //! of every row, then 42 ints per row asking for logprobs (logprob, count,
 //! and up to 20 (id, logprob) pairs), in one device-to-host copy followed by
 //! the step's one wait for the device.
