@@ -331,6 +331,10 @@ impl<B: Backend> LlmEngine<B> {
                 tokens,
                 logprobs: Vec::new(),
             },
+            // A step of prompt chunks only: no rows, nothing sampled.
+            StepOutput::Logits(l) if l.is_empty() && ctx.sampling.is_empty() => {
+                DeviceSamples::default()
+            }
             StepOutput::Logits(_) => {
                 return Err(EngineError::Internal(
                     "a step sampled on the device returned logits".into(),
