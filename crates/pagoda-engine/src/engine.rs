@@ -1,8 +1,10 @@
 //! The engine: a scheduler, a model runner and per-request output state,
 //! advanced one step at a time.
 //!
-//! One [`LlmEngine::step`] = schedule -> block copies -> forward context ->
-//! forward pass -> sample -> scheduler update -> detokenize and stop strings.
+//! One [`LlmEngine::step`] = prepare (schedule, block copies, forward
+//! context) -> sample (forward pass and a token per sequence: on the device,
+//! penalties and logprobs included, where the backend can; else on the
+//! host) -> emit (scheduler update, detokenize, stop strings).
 //! It is synchronous and owns everything it touches; the threaded handle and
 //! the offline batch call are built on top of it.
 //!
@@ -14,11 +16,16 @@ use crate::context::{build_forward_context, ScheduledSeq};
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
 use crate::stop::{find_stop, held_back_len};
+use crate::token_history::TokenHistory;
 use crate::{EngineError, Result};
 use pagoda_core::{
-    FinishReason, Request, RequestId, SamplingParams, Scheduler, SchedulerConfig, SchedulerStats,
+    FinishReason, Request, RequestId, SamplingParams, Scheduler, SchedulerConfig, SchedulerOutput,
+    SchedulerStats,
 };
-use pagoda_kernels::{Backend, BlockCopyOp, SamplingRow};
+use pagoda_kernels::{
+    Backend, BlockCopyOp, DeviceSamples, ForwardContext, RowOptions, SamplingOptions, SamplingRow,
+    MAX_LOGPROBS,
+};
 use pagoda_model::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,6 +64,10 @@ struct RequestState {
     detok: Option<IncrementalDetokenizer<Arc<Tokenizer>>>,
     stop: Vec<String>,
     logprobs: Option<usize>,
+    /// Distinct prompt + output tokens with output counts, for device
+    /// penalties (made at the first device-sampled step of a request with
+    /// penalties).
+    history: Option<TokenHistory>,
     num_prompt_tokens: usize,
     /// All text decoded so far (cut at a stop string when one is found).
     text: String,
@@ -79,6 +90,8 @@ pub struct LlmEngine<B: Backend> {
     /// The requests of the step being run (or last run), and its tokens.
     in_step: Vec<RequestId>,
     in_step_tokens: usize,
+    /// Reused per step: the sampling rows' penalties and logprobs requests.
+    sampling_options: SamplingOptions,
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -117,6 +130,7 @@ impl<B: Backend> LlmEngine<B> {
             tables: Vec::new(),
             in_step: Vec::new(),
             in_step_tokens: 0,
+            sampling_options: SamplingOptions::default(),
         })
     }
 
@@ -153,6 +167,13 @@ impl<B: Backend> LlmEngine<B> {
                 "prompt token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
+        if let (Some(n), true) = (r.logprobs, self.runner.samples_on_device()) {
+            if n > MAX_LOGPROBS {
+                return Err(EngineError::InvalidRequest(format!(
+                    "{n} top logprobs asked; at most {MAX_LOGPROBS}"
+                )));
+            }
+        }
         let id = RequestId(self.next_id);
         let seed = r.params.seed.unwrap_or_else(|| self.seed_source.next_u64());
         let detok = match &self.tokenizer {
@@ -168,6 +189,7 @@ impl<B: Backend> LlmEngine<B> {
             detok,
             stop: r.params.stop.clone(),
             logprobs: r.logprobs,
+            history: None,
             num_prompt_tokens: r.prompt_token_ids.len(),
             text: String::new(),
             emitted: 0,
@@ -207,8 +229,17 @@ impl<B: Backend> LlmEngine<B> {
 
     /// Runs one step; returns an output for every request that got a token.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
-        // 1. Plan.
         self.in_step.clear();
+        let Some((plan, mut ctx)) = self.prepare()? else {
+            return Ok(Vec::new());
+        };
+        let (sampled, logprobs) = self.sample(&plan, &mut ctx)?;
+        self.emit(&plan, &sampled, logprobs)
+    }
+
+    /// Stage 1: plan the step, copy shared blocks, build the forward
+    /// context (no sampling rows yet). `None`: nothing to run.
+    fn prepare(&mut self) -> Result<Option<(SchedulerOutput, ForwardContext)>> {
         let plan = self.scheduler.schedule()?;
         self.in_step
             .extend(plan.scheduled.iter().map(|s| s.request_id));
@@ -219,9 +250,9 @@ impl<B: Backend> LlmEngine<B> {
                     "the scheduler planned an empty step".into(),
                 ));
             }
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        // 2. Copy-on-write of partly shared blocks, then the forward pass.
+        // Copy-on-write of partly shared blocks, before the forward pass.
         if !plan.block_copies.is_empty() {
             let copies: Vec<BlockCopyOp> = plan
                 .block_copies
@@ -250,89 +281,155 @@ impl<B: Backend> LlmEngine<B> {
                 want_logits: s.needs_logits,
             })
             .collect();
-        let mut ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
-        drop(seqs);
-        // 3. Sample a token for every sequence that finished its prompt or
-        // decoded: on the device when the backend can and no row needs what
-        // only the host sampler does (penalties, logprobs).
-        let sampled_rows = || plan.scheduled.iter().filter(|s| s.needs_logits);
-        let on_device = self.runner.samples_on_device()
-            && sampled_rows().all(|s| {
-                let (Some(seq), Some(state)) = (
-                    self.scheduler.sequence(s.request_id),
-                    self.states.get(&s.request_id),
-                ) else {
-                    return true;
-                };
-                state.logprobs.is_none() && !has_penalties(&seq.sampling)
+        let ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
+        Ok(Some((plan, ctx)))
+    }
+
+    /// Stage 2: the forward pass and a token for every sequence that
+    /// finished its prompt or decoded: on the device where the backend
+    /// samples there (penalties and logprobs included), else on the host.
+    fn sample(&mut self, plan: &SchedulerOutput, ctx: &mut ForwardContext) -> Result<Sampled> {
+        if self.runner.samples_on_device() {
+            self.sample_on_device(plan, ctx)
+        } else {
+            self.sample_on_host(plan, ctx)
+        }
+    }
+
+    fn sample_on_device(
+        &mut self,
+        plan: &SchedulerOutput,
+        ctx: &mut ForwardContext,
+    ) -> Result<Sampled> {
+        let opts = &mut self.sampling_options;
+        opts.clear();
+        let mut any_options = false;
+        for s in plan.scheduled.iter().filter(|s| s.needs_logits) {
+            let (Some(seq), Some(state)) = (
+                self.scheduler.sequence(s.request_id),
+                self.states.get_mut(&s.request_id),
+            ) else {
+                ctx.sampling.push(SamplingRow::GREEDY);
+                opts.rows.push(RowOptions::NONE);
+                continue;
+            };
+            let p = &seq.sampling;
+            ctx.sampling.push(SamplingRow {
+                temperature: p.temperature,
+                top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+                top_p: p.top_p,
+                min_p: p.min_p,
+                // One draw per sampled token, as on the host.
+                random: state.rng.next_u64(),
             });
-        if on_device {
-            for s in sampled_rows() {
-                let (Some(seq), Some(state)) = (
-                    self.scheduler.sequence(s.request_id),
-                    self.states.get_mut(&s.request_id),
-                ) else {
-                    ctx.sampling.push(SamplingRow::GREEDY);
-                    continue;
-                };
-                let p = &seq.sampling;
-                ctx.sampling.push(SamplingRow {
-                    temperature: p.temperature,
-                    top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
-                    top_p: p.top_p,
-                    min_p: p.min_p,
-                    // One draw per sampled token, as on the host.
-                    random: state.rng.next_u64(),
-                });
+            let mut row = RowOptions {
+                logprobs: state.logprobs.map(|n| n.min(MAX_LOGPROBS) as u32),
+                ..RowOptions::NONE
+            };
+            if has_penalties(p) {
+                let prompt = &seq.token_ids[..seq.num_prompt_tokens];
+                let h = state
+                    .history
+                    .get_or_insert_with(|| TokenHistory::from_prompt(prompt));
+                h.sync(prompt, seq.output_token_ids());
+                row.repetition_penalty = p.repetition_penalty;
+                row.frequency_penalty = p.frequency_penalty;
+                row.presence_penalty = p.presence_penalty;
+                row.history_start = u32::try_from(opts.history.len() / 2)
+                    .map_err(|_| EngineError::Internal("penalty history too long".into()))?;
+                row.history_len = h.len() as u32;
+                opts.history.extend_from_slice(h.pairs());
+            }
+            any_options |= row != RowOptions::NONE;
+            opts.rows.push(row);
+        }
+        if !any_options {
+            opts.clear();
+        }
+        let samples = match self.runner.execute_with(ctx, &self.sampling_options)? {
+            StepOutput::Samples(s) => s,
+            StepOutput::Tokens(tokens) => DeviceSamples {
+                tokens,
+                logprobs: Vec::new(),
+            },
+            // A step of prompt chunks only: no rows, nothing sampled.
+            StepOutput::Logits(l) if l.is_empty() && ctx.sampling.is_empty() => {
+                DeviceSamples::default()
+            }
+            StepOutput::Logits(_) => {
+                return Err(EngineError::Internal(
+                    "a step sampled on the device returned logits".into(),
+                ))
+            }
+        };
+        if samples.tokens.len() != ctx.logits_indices.len() {
+            return Err(EngineError::Internal(
+                "fewer sampled tokens than sequences".into(),
+            ));
+        }
+        let mut sampled = Vec::with_capacity(samples.tokens.len());
+        let mut logprobs = HashMap::new();
+        let mut lps = samples.logprobs.into_iter();
+        let rows = plan.scheduled.iter().filter(|s| s.needs_logits);
+        for (s, &t) in rows.zip(&samples.tokens) {
+            let lp = lps.next().flatten();
+            if self.states.contains_key(&s.request_id) {
+                sampled.push((s.request_id, t));
+                if let Some(lp) = lp {
+                    logprobs.insert(
+                        s.request_id,
+                        TokenLogprobs {
+                            logprob: lp.logprob,
+                            top: lp.top,
+                        },
+                    );
+                }
             }
         }
+        Ok((sampled, logprobs))
+    }
+
+    fn sample_on_host(&mut self, plan: &SchedulerOutput, ctx: &ForwardContext) -> Result<Sampled> {
         let mut sampled = Vec::with_capacity(ctx.logits_indices.len());
         let mut logprobs = HashMap::new();
-        match self.runner.execute(&ctx)? {
-            StepOutput::Tokens(tokens) => {
-                if tokens.len() != ctx.logits_indices.len() {
-                    return Err(EngineError::Internal(
-                        "fewer sampled tokens than sequences".into(),
-                    ));
-                }
-                for (s, &t) in sampled_rows().zip(&tokens) {
-                    if self.states.contains_key(&s.request_id) {
-                        sampled.push((s.request_id, t));
-                    }
-                }
-            }
-            StepOutput::Logits(mut logits) => {
-                let vocab = self.runner.config().vocab_size;
-                let mut rows = logits.chunks_exact_mut(vocab);
-                for s in sampled_rows() {
-                    let row = rows.next().ok_or_else(|| {
-                        EngineError::Internal("fewer logits rows than sequences".into())
-                    })?;
-                    let (Some(seq), Some(state)) = (
-                        self.scheduler.sequence(s.request_id),
-                        self.states.get_mut(&s.request_id),
-                    ) else {
-                        continue;
-                    };
-                    let prompt = &seq.token_ids[..seq.num_prompt_tokens];
-                    let out = sampler::sample_with_logprobs(
-                        row,
-                        &seq.sampling,
-                        prompt,
-                        seq.output_token_ids(),
-                        &mut state.rng,
-                        state.logprobs,
-                    );
-                    sampled.push((s.request_id, out.token));
-                    if let Some(lp) = out.logprobs {
-                        logprobs.insert(s.request_id, lp);
-                    }
-                }
+        let mut logits = self.runner.execute(ctx)?.into_logits()?;
+        let vocab = self.runner.config().vocab_size;
+        let mut rows = logits.chunks_exact_mut(vocab);
+        for s in plan.scheduled.iter().filter(|s| s.needs_logits) {
+            let row = rows
+                .next()
+                .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))?;
+            let (Some(seq), Some(state)) = (
+                self.scheduler.sequence(s.request_id),
+                self.states.get_mut(&s.request_id),
+            ) else {
+                continue;
+            };
+            let prompt = &seq.token_ids[..seq.num_prompt_tokens];
+            let out = sampler::sample_with_logprobs(
+                row,
+                &seq.sampling,
+                prompt,
+                seq.output_token_ids(),
+                &mut state.rng,
+                state.logprobs,
+            );
+            sampled.push((s.request_id, out.token));
+            if let Some(lp) = out.logprobs {
+                logprobs.insert(s.request_id, lp);
             }
         }
+        Ok((sampled, logprobs))
+    }
 
-        // 4. Append, stop checks, text.
-        let updates = self.scheduler.update_from_output(&plan, &sampled)?;
+    /// Stage 3: append the tokens, run the stop checks, decode text.
+    fn emit(
+        &mut self,
+        plan: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+        mut logprobs: HashMap<RequestId, TokenLogprobs>,
+    ) -> Result<Vec<RequestOutput>> {
+        let updates = self.scheduler.update_from_output(plan, sampled)?;
         if tracing::enabled!(tracing::Level::DEBUG) {
             let st = self.scheduler.stats();
             tracing::debug!(
@@ -396,7 +493,10 @@ impl<B: Backend> LlmEngine<B> {
     }
 }
 
-/// Whether a request's sampling needs its token history (host sampler only).
+/// A step's sampled tokens, and the logprobs of the requests that asked.
+type Sampled = (Vec<(RequestId, u32)>, HashMap<RequestId, TokenLogprobs>);
+
+/// Whether a request's sampling needs its token history.
 fn has_penalties(p: &pagoda_core::SamplingParams) -> bool {
     p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
 }

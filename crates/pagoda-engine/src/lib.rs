@@ -15,6 +15,7 @@ pub mod handle;
 pub mod runner;
 pub mod sampler;
 pub mod stop;
+pub mod token_history;
 
 pub use engine::{EngineRequest, LlmEngine, RequestOutput};
 pub use generate::{GenerateOutput, GenerateRequest};

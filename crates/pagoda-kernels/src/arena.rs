@@ -76,6 +76,42 @@ impl FirstFit {
         Some(off)
     }
 
+    /// Hands out exactly `[off, off + len)` if all of it is free (`false`
+    /// and no change otherwise): how a range handed out, released, and
+    /// known to be untouched since, is taken back.
+    pub fn alloc_at(&mut self, off: usize, len: usize) -> bool {
+        let end = match off.checked_add(len) {
+            Some(e) if e <= self.limit => e,
+            _ => return false,
+        };
+        // The free range holding `off`: a listed one (running on into the
+        // tail when it ends at `top`), or the tail itself.
+        let listed = self.free.range(..=off).next_back().map(|(&o, &l)| (o, l));
+        let (start, stop, was_listed) = match listed {
+            Some((o, l)) if o + l == self.top => (o, self.limit, true),
+            Some((o, l)) if off < o + l => (o, o + l, true),
+            _ if off >= self.top => (self.top, self.limit, false),
+            _ => return false,
+        };
+        if end > stop {
+            return false;
+        }
+        if was_listed {
+            self.free.remove(&start);
+        }
+        if off > start {
+            self.free.insert(start, off - start);
+        }
+        if stop == self.limit {
+            self.top = end;
+        } else if stop > end {
+            self.free.insert(end, stop - end);
+        }
+        self.peak = self.peak.max(self.top);
+        self.live += len;
+        true
+    }
+
     /// Gives back the range `[off, off + len)` handed out by [`Self::alloc`].
     pub fn release(&mut self, off: usize, len: usize) {
         self.live -= len;
@@ -140,6 +176,27 @@ mod tests {
         assert_eq!(a.alloc(100), Some(200));
         assert_eq!(a.alloc(41), None, "40 bytes free at 60..100 only");
         assert_eq!(a.alloc(40), Some(60));
+    }
+
+    #[test]
+    fn a_released_range_is_taken_back_exactly() {
+        let mut a = FirstFit::new(1000);
+        let x = a.alloc(100).unwrap();
+        let y = a.alloc(200).unwrap();
+        let z = a.alloc(50).unwrap();
+        a.release(y, 200);
+        assert!(a.alloc_at(y, 200), "free since released");
+        assert!(!a.alloc_at(y, 200), "now in use");
+        a.release(y, 200);
+        a.release(z, 50);
+        // Everything above 100 is free again: take a range across it.
+        assert!(a.alloc_at(150, 400));
+        assert_eq!(a.alloc(50), Some(100));
+        assert!(!a.alloc_at(x, 1), "in use");
+        assert!(!a.alloc_at(900, 101), "past the limit");
+        assert!(a.alloc_at(900, 100), "the tail, leaving a gap below");
+        assert_eq!(a.alloc(300), Some(550));
+        assert_eq!(a.live(), 100 + 400 + 50 + 100 + 300);
     }
 
     proptest! {

@@ -19,7 +19,7 @@
 //!   and return an activation of the backend's compute precision, which is
 //!   what every other op takes.
 
-use crate::{ForwardContext, HostTensor, Result};
+use crate::{DeviceSamples, ForwardContext, HostTensor, Result, SamplingOptions};
 
 /// How rotary embedding pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,13 +247,36 @@ pub trait Backend: Send + Sync + 'static {
             "sampling on this backend's device".into(),
         ))
     }
+    /// [`Backend::begin_step`] for a step whose sampling rows carry
+    /// penalties or logprobs requests (`opts`, see [`SamplingOptions`]),
+    /// uploaded with the step's metadata. Backends without device sampling
+    /// accept only empty options.
+    fn begin_step_with(&self, ctx: &ForwardContext, opts: &SamplingOptions) -> Result<Self::Step> {
+        if !opts.is_empty() {
+            return Err(crate::KernelError::Unsupported(
+                "sampling options on this backend's device".into(),
+            ));
+        }
+        self.begin_step(ctx)
+    }
+    /// [`Backend::sample`] with the step's sampling options applied
+    /// (penalties before sampling; logprobs of the rows that ask); one wait
+    /// for the device, one download of the ids and the small logprob results.
+    fn sample_full(&self, logits: &Self::Tensor, step: &Self::Step) -> Result<DeviceSamples> {
+        let _ = (logits, step);
+        Err(crate::KernelError::Unsupported(
+            "sampling on this backend's device".into(),
+        ))
+    }
     /// Whether [`Backend::capture_graph`] works.
     fn supports_graphs(&self) -> bool {
         false
     }
     /// Records `forward` (the model's forward pass over `step`, returning the
-    /// logits rows) followed by device sampling into a replayable graph.
-    /// Nothing runs now; [`Backend::replay_graph`] runs it.
+    /// logits rows) into a replayable graph whose logits stay in a buffer of
+    /// the graph's own; replays sample them after the graph runs, outside it,
+    /// so per-row sampling options never change what was captured. Nothing
+    /// runs now; [`Backend::replay_graph`] runs it.
     fn capture_graph(
         &self,
         step: Self::Step,
@@ -268,7 +291,19 @@ pub trait Backend: Send + Sync + 'static {
     /// captured with (tokens, sequences, block-table width, sampling rows);
     /// returns the sampled token ids (one sync with the device).
     fn replay_graph(&self, graph: &mut Self::Graph, ctx: &ForwardContext) -> Result<Vec<u32>> {
-        let _ = (graph, ctx);
+        Ok(self
+            .replay_graph_with(graph, ctx, &SamplingOptions::default())?
+            .tokens)
+    }
+    /// [`Backend::replay_graph`] with sampling options (see
+    /// [`Backend::sample_full`]); still one wait for the device.
+    fn replay_graph_with(
+        &self,
+        graph: &mut Self::Graph,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+    ) -> Result<DeviceSamples> {
+        let _ = (graph, ctx, opts);
         Err(crate::KernelError::Unsupported(
             "graphs on this backend".into(),
         ))

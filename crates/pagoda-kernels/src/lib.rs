@@ -20,8 +20,10 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod host;
+pub mod sampling_options;
 
 pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, RopeStyle};
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{HostData, HostTensor};
+pub use sampling_options::{DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, MAX_LOGPROBS};

@@ -7,15 +7,20 @@
 //! (see [`graphs`]) are captured against those caches, so resizing the cache
 //! drops them.
 //!
-//! Per step: eager steps upload the metadata once, queue the forward pass
-//! and either sample on the device (ids come back: the step's one sync) or
-//! copy the logits back; decode steps that fit a captured graph replay it
-//! instead (one upload, one launch, one download).
+//! Per step: eager steps upload the metadata (with the sampling options)
+//! once, queue the forward pass and either sample on the device (ids and
+//! the small logprob results come back: the step's one sync) or copy the
+//! logits back; decode steps that fit a captured graph replay it instead
+//! (the graph holds the forward pass; sampling with any per-row options
+//! runs after it, so penalties and logprobs never leave the graph path).
 
 pub mod graphs;
 
 use crate::{EngineError, Result};
-use pagoda_kernels::{Backend, BlockCopyOp, ForwardContext, KvCacheShape, SamplingRow};
+use pagoda_kernels::{
+    Backend, BlockCopyOp, DeviceSamples, ForwardContext, KvCacheShape, RowOptions, SamplingOptions,
+    SamplingRow, MAX_LOGPROBS,
+};
 use pagoda_model::arch::CausalLm;
 use pagoda_model::ModelConfig;
 use std::collections::BTreeMap;
@@ -25,6 +30,8 @@ use std::collections::BTreeMap;
 pub enum StepOutput {
     /// One sampled token per logits row (the context carried sampling rows).
     Tokens(Vec<u32>),
+    /// What [`ModelRunner::execute_with`] sampled: tokens and logprobs.
+    Samples(DeviceSamples),
     /// Row-major `[logits rows, vocab]` logits, for sampling on the host.
     Logits(Vec<f32>),
 }
@@ -34,7 +41,7 @@ impl StepOutput {
     pub fn into_logits(self) -> Result<Vec<f32>> {
         match self {
             StepOutput::Logits(l) => Ok(l),
-            StepOutput::Tokens(_) => Err(EngineError::Internal(
+            StepOutput::Tokens(_) | StepOutput::Samples(_) => Err(EngineError::Internal(
                 "the step sampled on the device; no logits came back".into(),
             )),
         }
@@ -59,6 +66,8 @@ pub struct ModelRunner<B: Backend> {
     kv: Vec<B::KvCache>,
     kv_shape: KvCacheShape,
     graphs: Option<DecodeGraphs<B::Graph>>,
+    /// Decode graph replays so far.
+    graph_replays: u64,
 }
 
 impl<B: Backend> ModelRunner<B> {
@@ -85,6 +94,7 @@ impl<B: Backend> ModelRunner<B> {
             kv,
             kv_shape,
             graphs: None,
+            graph_replays: 0,
         })
     }
 
@@ -149,8 +159,8 @@ impl<B: Backend> ModelRunner<B> {
             shapes.push((n, n.min(max_seqs)));
         }
         for (tokens, seqs) in shapes {
-            let ctx = self.dummy_step(tokens, seqs, width, max_model_len);
-            self.execute(&ctx)?;
+            let (ctx, opts) = self.dummy_step(tokens, seqs, width, max_model_len);
+            self.execute_with(&ctx, &opts)?;
         }
         Ok(())
     }
@@ -164,7 +174,7 @@ impl<B: Backend> ModelRunner<B> {
         seqs: usize,
         width: usize,
         max_model_len: usize,
-    ) -> ForwardContext {
+    ) -> (ForwardContext, SamplingOptions) {
         let seqs = seqs.clamp(1, tokens.max(1));
         let per_seq = tokens.max(1).div_ceil(seqs).min(max_model_len.max(1));
         let mut ctx = ForwardContext {
@@ -199,7 +209,9 @@ impl<B: Backend> ModelRunner<B> {
                 ctx.num_prefill_tokens += q;
             }
         }
+        let mut opts = SamplingOptions::default();
         if self.samples_on_device() {
+            let rows = ctx.logits_indices.len();
             ctx.sampling = vec![
                 SamplingRow {
                     temperature: 1.0,
@@ -208,10 +220,20 @@ impl<B: Backend> ModelRunner<B> {
                     min_p: 0.0,
                     random: 1,
                 };
-                ctx.logits_indices.len()
+                rows
+            ];
+            // Every row with the largest logprobs request and a penalty, so
+            // the sampling scratch reaches its peak too.
+            opts.rows = vec![
+                RowOptions {
+                    presence_penalty: 0.5,
+                    logprobs: Some(MAX_LOGPROBS as u32),
+                    ..RowOptions::NONE
+                };
+                rows
             ];
         }
-        ctx
+        (ctx, opts)
     }
 
     /// Captures a decode graph for every ladder size up to `max_batch`
@@ -258,6 +280,11 @@ impl<B: Backend> ModelRunner<B> {
             padded: ForwardContext::default(),
         });
         Ok(n)
+    }
+
+    /// How many steps replayed a decode graph so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.graph_replays
     }
 
     /// Batch sizes with a captured decode graph, ascending.
@@ -307,6 +334,20 @@ impl<B: Backend> ModelRunner<B> {
     /// [`Self::samples_on_device`]) returns the sampled tokens, else the
     /// logits of `ctx.logits_indices`, row-major `[rows, vocab]`.
     pub fn execute(&mut self, ctx: &ForwardContext) -> Result<StepOutput> {
+        Ok(match self.execute_with(ctx, &SamplingOptions::default())? {
+            StepOutput::Samples(s) => StepOutput::Tokens(s.tokens),
+            other => other,
+        })
+    }
+
+    /// [`Self::execute`] with per-row sampling options (penalties,
+    /// logprobs; empty for none): a step with sampling rows returns
+    /// [`StepOutput::Samples`], one token (and logprobs where asked) per row.
+    pub fn execute_with(
+        &mut self,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+    ) -> Result<StepOutput> {
         if ctx.block_size != self.kv_shape.block_size {
             return Err(EngineError::Internal(
                 "step block size differs from the cache's".into(),
@@ -314,30 +355,39 @@ impl<B: Backend> ModelRunner<B> {
         }
         debug_assert_eq!(ctx.validate(), Ok(()));
         let sample = !ctx.sampling.is_empty();
+        if !sample && !opts.is_empty() {
+            return Err(EngineError::Internal(
+                "sampling options for a step sampled on the host".into(),
+            ));
+        }
         if ctx.logits_indices.is_empty() && ctx.num_tokens() == 0 {
             return Ok(if sample {
-                StepOutput::Tokens(Vec::new())
+                StepOutput::Samples(DeviceSamples::default())
             } else {
                 StepOutput::Logits(Vec::new())
             });
         }
         if sample {
-            if let Some(tokens) = self.replay_decode_graph(ctx)? {
-                return Ok(StepOutput::Tokens(tokens));
+            if let Some(samples) = self.replay_decode_graph(ctx, opts)? {
+                return Ok(StepOutput::Samples(samples));
             }
         }
-        let step = self.backend.begin_step(ctx)?;
+        let step = self.backend.begin_step_with(ctx, opts)?;
         let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
         let logits = backend.scope(|| model.forward(backend, &step, kv))?;
         Ok(if sample {
-            StepOutput::Tokens(backend.sample(&logits, &step)?)
+            StepOutput::Samples(backend.sample_full(&logits, &step)?)
         } else {
             StepOutput::Logits(backend.tensor_to_host(&logits)?)
         })
     }
 
     /// Replays the decode graph `ctx` fits, if any (`None`: run eagerly).
-    fn replay_decode_graph(&mut self, ctx: &ForwardContext) -> Result<Option<Vec<u32>>> {
+    fn replay_decode_graph(
+        &mut self,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+    ) -> Result<Option<DeviceSamples>> {
         let Some(g) = self.graphs.as_mut() else {
             return Ok(None);
         };
@@ -358,8 +408,11 @@ impl<B: Backend> ModelRunner<B> {
             return Ok(None);
         }
         graphs::pad_decode(ctx, size, g.width, &mut g.padded);
-        let mut tokens = self.backend.replay_graph(graph, &g.padded)?;
-        tokens.truncate(n);
-        Ok(Some(tokens))
+        // Padding rows have no options (the backend pads them).
+        let mut samples = self.backend.replay_graph_with(graph, &g.padded, opts)?;
+        samples.tokens.truncate(n);
+        samples.logprobs.truncate(n);
+        self.graph_replays += 1;
+        Ok(Some(samples))
     }
 }

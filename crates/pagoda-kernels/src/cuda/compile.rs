@@ -26,6 +26,10 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("sampling.cu", include_str!("kernels/sampling.cu")),
     (
+        "sampling_extras.cu",
+        include_str!("kernels/sampling_extras.cu"),
+    ),
+    (
         "attention_decode.cu",
         include_str!("kernels/attention_decode.cu"),
     ),
@@ -70,6 +74,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "gemv_bf16",
     "gemv_bf16_acc_f32",
     "sample_bf16",
+    "penalize_bf16",
+    "logprobs_bf16",
     "paged_decode_attention_bf16_hd64_g1",
     "paged_decode_attention_bf16_hd64_g2",
     "paged_decode_attention_bf16_hd64_g4",

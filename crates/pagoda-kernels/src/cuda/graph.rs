@@ -1,44 +1,57 @@
 //! CUDA graphs for decode steps: capture once per batch shape, replay after.
 //!
-//! [`capture`] records the model's forward pass over a step, followed by
-//! device sampling, into a graph; nothing runs at capture. The graph keeps
-//! the captured [`CudaStep`] (its packed metadata buffer is the graph's
-//! static input) and the buffer the sampled ids land in (its static output).
-//! [`replay`] packs a new context of the same shape into that input buffer
-//! (one host-to-device copy), launches the graph, and copies the ids back
-//! (the step's one synchronization).
+//! [`capture`] records the model's forward pass over a step, up to its
+//! logits rows, into a graph; nothing runs at capture. The graph keeps the
+//! captured [`CudaStep`], whose packed metadata buffer (a static buffer,
+//! outside the step arena) is the graph's input, and the address of the
+//! logits the forward pass returned: its output, a range of the step arena
+//! that every replay writes, given back after capture and claimed again
+//! for the sampling after each launch. [`replay`] packs a new context of
+//! the same shape into that input buffer (one host-to-device copy), launches
+//! the graph, uploads the sampling options when the step has any (a second
+//! copy, queued after the graph), then samples the logits eagerly (penalties, the draw,
+//! logprobs; see [`super::sampling_extras`]) and copies the results back (the
+//! step's one synchronization). Sampling outside the graph means per-row
+//! options never change what was captured.
 //!
 //! What makes this sound:
 //! - every kernel's launch shape and arguments depend only on the context's
 //!   shape (tokens, sequences, block-table width, sampling rows), never on
 //!   its values; [`replay`] refuses a context whose packed layout differs;
 //! - activations come from the step arena (see `pool`), so no allocation is
-//!   captured; intermediates go back to the arena after capture and may
-//!   serve other work, which is safe because the one stream serializes
-//!   replays with everything else and nothing in the arena is held across a
-//!   replay: the graph's input and output are static buffers;
+//!   captured; intermediates, the logits included, go back to the arena
+//!   after capture and may serve other work, which is safe because the one
+//!   stream serializes replays with everything else and nothing in the
+//!   arena is held across a replay. After the launch the logits' range is
+//!   claimed back first (it is free: nothing else is held), then whatever
+//!   the sampling takes from the arena (options, results) comes from the
+//!   rest and is written after the graph, in stream order;
 //! - capture uses relaxed mode (allocation calls are allowed) and runs with
 //!   output poisoning off.
 //!
 //! Range checks on the replayed values (token ids, positions, block ids) are
 //! the caller's: the ops check them at capture only.
 
-use super::pool::DeviceBuf;
-use super::storage::{pack, CudaStep, CudaTensor};
+use super::sampling_extras::{pack_options, sample_rows, OptionsInfo};
+use super::storage::{pack, Act, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
-use crate::{ForwardContext, KernelError, Result};
+use crate::{DeviceSamples, ForwardContext, KernelError, Result, SamplingOptions};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use cudarc::driver::{CudaGraph, DevicePtr};
 use std::sync::atomic::Ordering;
 
 /// A captured decode step (see the module docs).
 pub struct CudaGraphRunner {
     graph: CudaGraph,
     step: CudaStep,
-    tokens: DeviceBuf<i32>,
+    /// Where every replay writes the logits: `[rows, cols]` bf16, a range
+    /// of the step arena claimed back after each launch.
+    logits_ptr: cudarc::driver::sys::CUdeviceptr,
+    cols: usize,
     rows: usize,
     packed: Vec<i32>,
-    host_tokens: Vec<i32>,
+    /// Reused host buffer for the packed sampling options.
+    opts_packed: Vec<i32>,
 }
 
 impl std::fmt::Debug for CudaGraphRunner {
@@ -70,8 +83,7 @@ pub(crate) fn capture(
             ),
         });
     }
-    // The graph's input (packed metadata) and output (sampled ids) live
-    // across replays: static buffers, outside the step arena.
+    // The graph's input lives across replays: a static buffer.
     let mut step = step;
     let mut input = b.alloc_static_i32(step.buf.len())?;
     b.dev
@@ -79,29 +91,44 @@ pub(crate) fn capture(
         .memcpy_dtod(&*step.buf, &mut *input)
         .map_err(|e| device_err("graph input copy", e))?;
     step.buf = input;
-    let mut tokens = b.alloc_static_i32(rows)?;
     let poison = b.poison.swap(false, Ordering::Relaxed);
     let stream = &b.dev.stream;
     stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         .map_err(|e| device_err("begin graph capture", e))?;
-    let recorded = forward(&step)
-        .and_then(|logits| super::sampling::launch_sample(b, &logits, &step, &mut tokens));
+    let recorded = forward(&step);
     // End the capture whatever happened, so the stream is usable again.
     let ended = stream.end_capture(CUgraphInstantiate_flags(0));
     b.poison.store(poison, Ordering::Relaxed);
-    recorded?;
+    let logits = recorded?;
+    let logits_ptr = match &logits.data {
+        Act::Bf16(d) if logits.rows == rows => d.device_ptr(stream).0,
+        _ => 0,
+    };
+    if logits_ptr == 0 {
+        return Err(KernelError::Shape {
+            op: "capture_graph",
+            detail: format!(
+                "the forward pass returned {} logits rows for {rows} (bf16 expected)",
+                logits.rows
+            ),
+        });
+    }
     let graph = ended
         .map_err(|e| device_err("end graph capture", e))?
         .ok_or_else(|| KernelError::Device("graph capture recorded nothing".into()))?;
     graph.upload().map_err(|e| device_err("upload graph", e))?;
+    let cols = logits.cols;
+    // Back to the arena: nothing holds the output between replays.
+    drop(logits);
     Ok(CudaGraphRunner {
         graph,
         step,
-        tokens,
+        logits_ptr,
+        cols,
         rows,
         packed: Vec::new(),
-        host_tokens: vec![0; rows],
+        opts_packed: Vec::new(),
     })
 }
 
@@ -109,7 +136,8 @@ pub(crate) fn replay(
     b: &CudaBackend,
     g: &mut CudaGraphRunner,
     ctx: &ForwardContext,
-) -> Result<Vec<u32>> {
+    opts: &SamplingOptions,
+) -> Result<DeviceSamples> {
     let shape_err = |detail: String| KernelError::Shape {
         op: "replay_graph",
         detail,
@@ -135,6 +163,7 @@ pub(crate) fn replay(
             cap.sampling.len()
         )));
     }
+    let info = OptionsInfo::new(opts, ctx.sampling.len())?;
     let stream = &b.dev.stream;
     stream
         .memcpy_htod(&g.packed, &mut *g.step.buf)
@@ -142,9 +171,32 @@ pub(crate) fn replay(
     g.graph
         .launch()
         .map_err(|e| device_err("replay graph", e))?;
-    stream
-        .memcpy_dtoh(&*g.tokens, &mut g.host_tokens)
-        .map_err(|e| device_err("replay download", e))?;
-    b.synchronize()?;
-    Ok(g.host_tokens[..g.rows].iter().map(|&t| t as u32).collect())
+    // The logits first, then the options: a buffer from the arena may be
+    // one the graph uses as an intermediate (the arena holds those as
+    // free), and stream order keeps this copy after every write of the
+    // graph; claiming the logits first keeps them out of its way.
+    let logits = CudaTensor {
+        rows: g.rows,
+        cols: g.cols,
+        data: Act::Bf16(b.pool.claim(g.logits_ptr, g.rows * g.cols)?),
+    };
+    let mut opts_buf = None;
+    if info.present {
+        g.opts_packed.clear();
+        let spans = pack_options(opts, ctx.sampling.len(), &mut g.opts_packed);
+        let mut d = b.alloc_i32(g.opts_packed.len())?;
+        stream
+            .memcpy_htod(&g.opts_packed, &mut *d)
+            .map_err(|e| device_err("replay options upload", e))?;
+        opts_buf = Some((d, spans));
+    }
+    let views = opts_buf.as_ref().map(|(d, (o, h))| {
+        (
+            d.slice(o.start..o.start + o.len),
+            d.slice(h.start..h.start + h.len),
+        )
+    });
+    let mut out = sample_rows(b, &logits, &g.step, views, &info)?;
+    out.tokens.truncate(g.rows);
+    Ok(out)
 }

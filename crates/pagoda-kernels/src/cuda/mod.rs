@@ -28,6 +28,7 @@ mod graph;
 mod ops;
 mod pool;
 mod sampling;
+mod sampling_extras;
 mod storage;
 
 pub use graph::CudaGraphRunner;
@@ -35,8 +36,8 @@ pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
 use crate::{
-    AttentionParams, Backend, BlockCopyOp, ForwardContext, HostTensor, KernelError, KvCacheShape,
-    Result, RopeStyle,
+    AttentionParams, Backend, BlockCopyOp, DeviceSamples, ForwardContext, HostTensor, KernelError,
+    KvCacheShape, Result, RopeStyle, SamplingOptions,
 };
 use half::bf16;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -525,16 +526,21 @@ impl Backend for CudaBackend {
     }
 
     fn sample(&self, logits: &CudaTensor, step: &CudaStep) -> Result<Vec<u32>> {
-        let rows = logits.rows;
-        let mut out = self.alloc_i32(rows)?;
-        sampling::launch_sample(self, logits, step, &mut out)?;
-        let mut host = vec![0i32; rows.max(1)];
-        self.dev
-            .stream
-            .memcpy_dtoh(&*out, &mut host)
-            .map_err(|e| device_err("sample download", e))?;
-        self.synchronize()?;
-        Ok(host[..rows].iter().map(|&t| t as u32).collect())
+        Ok(self.sample_full(logits, step)?.tokens)
+    }
+
+    fn begin_step_with(&self, ctx: &ForwardContext, opts: &SamplingOptions) -> Result<CudaStep> {
+        CudaStep::with_options(ctx, opts, self)
+    }
+
+    fn sample_full(&self, logits: &CudaTensor, step: &CudaStep) -> Result<DeviceSamples> {
+        let opts = step.opts.present.then(|| {
+            (
+                step.view(step.layout.options),
+                step.view(step.layout.history),
+            )
+        });
+        sampling_extras::sample_rows(self, logits, step, opts, &step.opts)
     }
 
     fn supports_graphs(&self) -> bool {
@@ -549,7 +555,12 @@ impl Backend for CudaBackend {
         graph::capture(self, step, forward)
     }
 
-    fn replay_graph(&self, graph: &mut CudaGraphRunner, ctx: &ForwardContext) -> Result<Vec<u32>> {
-        graph::replay(self, graph, ctx)
+    fn replay_graph_with(
+        &self,
+        graph: &mut CudaGraphRunner,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+    ) -> Result<DeviceSamples> {
+        graph::replay(self, graph, ctx, opts)
     }
 }

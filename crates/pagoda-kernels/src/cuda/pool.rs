@@ -149,6 +149,43 @@ impl Pool {
         Ok(self.wrap(ptr, len, bytes, lease))
     }
 
+    /// Takes back, as a buffer of `len` elements of `T`, the very memory at
+    /// `ptr` that an earlier [`Self::take`] of the same length handed out
+    /// and that has been given back since. How a captured graph's output
+    /// (written by every replay) is read after a replay without being held
+    /// in between: at replay nothing else is held, so the range is free.
+    /// Errors if any of it is in use.
+    pub fn claim<T>(self: &Arc<Self>, ptr: sys::CUdeviceptr, len: usize) -> Result<DeviceBuf<T>> {
+        let len = len.max(1);
+        let bytes = (len * std::mem::size_of::<T>()).div_ceil(GRANULE) * GRANULE;
+        let busy = || {
+            KernelError::Device(format!(
+                "a graph's output ({bytes} bytes) is in use by other work at replay"
+            ))
+        };
+        let mut phase = self.lock();
+        let lease = match &mut *phase {
+            Phase::Warmup {
+                by_size, shadow, ..
+            } => {
+                let free = by_size.get_mut(&bytes).ok_or_else(busy)?;
+                let i = free.iter().position(|&p| p == ptr).ok_or_else(busy)?;
+                free.swap_remove(i);
+                let shadow = shadow.alloc(bytes).unwrap_or(0);
+                Lease::Cached { shadow }
+            }
+            Phase::Arena { base, ranges } => {
+                let off = ptr.checked_sub(*base).ok_or_else(busy)? as usize;
+                if !ranges.alloc_at(off, bytes) {
+                    return Err(busy());
+                }
+                Lease::Arena { off }
+            }
+        };
+        drop(phase);
+        Ok(self.wrap(ptr, len, bytes, lease))
+    }
+
     /// A static buffer of `len` elements of `T` (at least one), outside the
     /// arena: for what lives across steps. Allocates device memory, so only
     /// start-up code calls it.

@@ -4,7 +4,9 @@
 //! Owns the launch of `sample_bf16` (`kernels/sampling.cu`, whose header
 //! describes the algorithm): one 1024-thread block per row, the row's
 //! parameters read from the step's packed `sampling` span (6 ints per row,
-//! see [`super::storage::Layout::sampling`]), the id written to `out[row]`.
+//! see [`super::storage::Layout::sampling`]), the id written to `out[row]`
+//! and the kept prefix (length, mass) to `kept` for the logprobs kernel
+//! (see [`super::sampling_extras`]).
 //!
 //! Semantics (those of [`crate::SamplingRow`]): temperature NaN or below 1e-5
 //! is greedy (argmax, ties to the lowest id, NaN never chosen, token 0 when
@@ -47,12 +49,14 @@ fn shape_err(detail: String) -> KernelError {
 }
 
 /// Queues the sampling of every row of `logits` with the step's sampling
-/// rows; the ids land in `out` (at least `logits.rows` elements).
+/// rows; the ids land in `out` (at least `logits.rows` elements), each row's
+/// kept-prefix length and mass in `kept` (two u64 per row, for logprobs).
 pub(crate) fn launch_sample(
     b: &CudaBackend,
     logits: &CudaTensor,
     step: &CudaStep,
     out: &mut DeviceBuf<i32>,
+    kept: &mut DeviceBuf<i32>,
 ) -> Result<()> {
     let (rows, vocab) = (logits.rows, logits.cols);
     let params = step.ctx.sampling.len();
@@ -73,6 +77,12 @@ pub(crate) fn launch_sample(
             out.len()
         )));
     }
+    if kept.len() < 4 * rows {
+        return Err(shape_err(format!(
+            "kept buffer holds {} ints for {rows} rows",
+            kept.len()
+        )));
+    }
     if vocab > MAX_VOCAB {
         return Err(shape_err(format!(
             "vocabulary of {vocab} tokens (at most {MAX_VOCAB})"
@@ -91,14 +101,17 @@ pub(crate) fn launch_sample(
     l.arg(&mut *out)
         .arg(logits.bf16("sample")?)
         .arg(&sampling)
-        .arg(&v);
+        .arg(&v)
+        .arg(&mut *kept);
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the kernel reads `rows * vocab` logits (the tensor holds them),
-    // `6 * rows` ints of the step (checked above) and writes `rows` ids.
+    // `6 * rows` ints of the step (checked above) and writes `rows` ids and
+    // `2 * rows` u64 of `kept` (4 * rows ints, checked above; pool buffers
+    // are 512-byte aligned).
     unsafe { l.launch(cfg) }.map_err(|e| device_err("sample", e))?;
     Ok(())
 }

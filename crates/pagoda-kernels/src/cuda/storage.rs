@@ -217,6 +217,11 @@ pub struct Layout {
     /// top_k, top_p (f32 bits), min_p (f32 bits), random low 32 bits,
     /// random high 32 bits; empty when the step samples on the host.
     pub(crate) sampling: Span,
+    /// Per-row sampling options and their history pairs (see
+    /// [`super::sampling_extras`]); empty when the step has none. Not part
+    /// of a captured graph's input (replays upload them apart).
+    pub(crate) options: Span,
+    pub(crate) history: Span,
     /// Largest token id / position / block id the step reads (block ids:
     /// only the entries each sequence's length reaches).
     pub(crate) max_input_id: Option<u32>,
@@ -297,6 +302,10 @@ pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout
     }
     // A trailing element keeps every span (empty ones too) inside the buffer.
     packed.push(0);
+    let empty = Span {
+        start: packed.len() - 1,
+        len: 0,
+    };
     let max_block = (0..ctx.num_seqs())
         .flat_map(|i| {
             let used = (ctx.seq_lens[i] as usize).div_ceil(ctx.block_size);
@@ -313,6 +322,8 @@ pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout
         block_tables,
         logits_indices,
         sampling,
+        options: empty,
+        history: empty,
         max_input_id: ctx.input_ids.iter().copied().max(),
         max_position: ctx.positions.iter().copied().max(),
         max_block,
@@ -326,6 +337,8 @@ pub struct CudaStep {
     pub(crate) ctx: ForwardContext,
     pub(crate) buf: DeviceBuf<i32>,
     pub(crate) layout: Layout,
+    /// What the host needs of the step's sampling options.
+    pub(crate) opts: super::sampling_extras::OptionsInfo,
 }
 
 impl std::ops::Deref for CudaStep {
@@ -339,16 +352,38 @@ impl CudaStep {
     /// Validates `ctx` (as the CPU backend does), packs its arrays and uploads
     /// them with one copy.
     pub(crate) fn new(ctx: &ForwardContext, b: &super::CudaBackend) -> Result<Self> {
+        Self::with_options(ctx, &crate::SamplingOptions::default(), b)
+    }
+
+    /// [`Self::new`] with the sampling options packed after the context's
+    /// arrays, in the same upload.
+    pub(crate) fn with_options(
+        ctx: &ForwardContext,
+        opts: &crate::SamplingOptions,
+        b: &super::CudaBackend,
+    ) -> Result<Self> {
         // The CPU step's checks are the contract: reuse them (and its copy).
         let ctx = crate::cpu::CpuStep::new(ctx)?.ctx;
         let mut packed = Vec::new();
-        let layout = pack(&ctx, &mut packed)?;
+        let mut layout = pack(&ctx, &mut packed)?;
+        let info = super::sampling_extras::OptionsInfo::new(opts, ctx.sampling.len())?;
+        if !opts.is_empty() {
+            let rows = ctx.sampling.len();
+            let (o, h) = super::sampling_extras::pack_options(opts, rows, &mut packed);
+            layout.options = o;
+            layout.history = h;
+        }
         let mut buf = b.alloc_i32(packed.len())?;
         b.dev
             .stream
             .memcpy_htod(&packed, &mut *buf)
             .map_err(|e| super::device_err("begin_step upload", e))?;
-        Ok(CudaStep { ctx, buf, layout })
+        Ok(CudaStep {
+            ctx,
+            buf,
+            layout,
+            opts: info,
+        })
     }
 
     /// A device view of one packed array.

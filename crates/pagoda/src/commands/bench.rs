@@ -4,7 +4,11 @@
 //! requests of random token ids in [0, 10000), prompt lengths uniform in
 //! [`--min-input`, `--max-input`], max_tokens uniform in [`--min-output`,
 //! `--max-output`], ignore_eos, temperature 0.6, all from `--seed`;
-//! `--shared-prefix LEN` gives every prompt the same first LEN tokens.
+//! `--shared-prefix LEN` gives every prompt the same first LEN tokens;
+//! `--logprobs-fraction F --logprobs K` makes a random F of the requests ask
+//! for K top logprobs and `--penalty-fraction F` gives a random F repetition
+//! 1.1, frequency 0.2 and presence 0.2 penalties (both drawn from `--seed`
+//! apart from the prompts, so the prompts are those of the plain run).
 //! Prints one JSON line.
 //!
 //! `pagoda bench single`: single-stream speed like llama.cpp's llama-bench:
@@ -20,7 +24,7 @@ use clap::{Args, Subcommand};
 use pagoda_core::SamplingParams;
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::sampler::RequestRng;
-use pagoda_engine::{GenerateRequest, LlmEngine, StepOutput};
+use pagoda_engine::{EngineRequest, LlmEngine, StepOutput};
 use pagoda_kernels::{Backend, SamplingRow};
 use serde::Serialize;
 use std::time::Instant;
@@ -65,6 +69,16 @@ pub struct ThroughputArgs {
     /// Seed of the workload and of each request's sampling.
     #[arg(long, default_value_t = 0, value_name = "S")]
     pub seed: u64,
+    /// Fraction of the requests (drawn from the seed) asking for logprobs.
+    #[arg(long, default_value_t = 0.0, value_name = "F")]
+    pub logprobs_fraction: f64,
+    /// Top logprobs those requests ask for.
+    #[arg(long, default_value_t = 5, value_name = "K")]
+    pub logprobs: usize,
+    /// Fraction of the requests (drawn from the seed) with repetition 1.1,
+    /// frequency 0.2 and presence 0.2 penalties.
+    #[arg(long, default_value_t = 0.0, value_name = "F")]
+    pub penalty_fraction: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -129,16 +143,32 @@ struct ThroughputResult {
     preemptions: u64,
     prefix_caching: bool,
     shared_prefix: usize,
+    logprobs_fraction: f64,
+    logprobs: usize,
+    logprobs_requests: usize,
+    penalty_fraction: f64,
+    penalty_requests: usize,
 }
 
 /// The workload: prompts and max_tokens per request, reproducible from the
 /// seed. Token ids are drawn from [0, 10000), or the whole vocabulary when it
 /// is smaller.
-fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<GenerateRequest>> {
+fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>> {
     let max_id = vocab_size.clamp(1, 10_000) - 1;
     if a.num_seqs == 0 || a.min_input == 0 || a.min_output == 0 {
         bail!("--num-seqs, --min-input and --min-output must be at least 1");
     }
+    for (name, f) in [
+        ("--logprobs-fraction", a.logprobs_fraction),
+        ("--penalty-fraction", a.penalty_fraction),
+    ] {
+        if !(0.0..=1.0).contains(&f) {
+            bail!("{name} must be within [0, 1], got {f}");
+        }
+    }
+    // Options come from their own stream, so the prompts and lengths are
+    // those of the run without them.
+    let mut option_rng = RequestRng::new(a.seed ^ 0x6f70_7469_6f6e_7321);
     if a.min_input > a.max_input || a.min_output > a.max_output {
         bail!("--min-input/--min-output must not exceed --max-input/--max-output");
     }
@@ -154,16 +184,23 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<GenerateRequest
         while ids.len() < len {
             ids.push(uniform(0, max_id) as u32);
         }
-        let params = SamplingParams {
+        let mut params = SamplingParams {
             temperature: a.temperature,
             max_tokens: uniform(a.min_output, a.max_output),
             ignore_eos: true,
             seed: Some(a.seed.wrapping_add(i as u64)),
             ..SamplingParams::default()
         };
-        requests.push(GenerateRequest {
+        let logprobs = (option_rng.next_f64() < a.logprobs_fraction).then_some(a.logprobs);
+        if option_rng.next_f64() < a.penalty_fraction {
+            params.repetition_penalty = 1.1;
+            params.frequency_penalty = 0.2;
+            params.presence_penalty = 0.2;
+        }
+        requests.push(EngineRequest {
             prompt_token_ids: ids,
             params,
+            logprobs,
         });
     }
     Ok(requests)
@@ -195,7 +232,7 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
 /// The offline run, on whichever backend the engine was built for.
 struct Throughput<'a> {
     args: &'a ThroughputArgs,
-    requests: Vec<GenerateRequest>,
+    requests: Vec<EngineRequest>,
     name: String,
 }
 
@@ -206,25 +243,47 @@ impl EngineTask for Throughput<'_> {
         let (a, requests, name) = (self.args, self.requests, self.name);
         let input_tokens: usize = requests.iter().map(|r| r.prompt_token_ids.len()).sum();
         let expected: usize = requests.iter().map(|r| r.params.max_tokens).sum();
+        let logprobs_requests = requests.iter().filter(|r| r.logprobs.is_some()).count();
+        let penalty_requests = requests
+            .iter()
+            .filter(|r| r.params.repetition_penalty != 1.0)
+            .count();
+        let num_seqs = requests.len();
         let pb = progress::bar(expected as u64, "generating", false);
         let started = Instant::now();
-        let outputs = engine.generate(requests, &mut |n| pb.inc(n as u64))?;
+        // As `LlmEngine::generate`, with each request's logprobs request.
+        for r in requests {
+            engine.add_request(r)?;
+        }
+        let (mut output_tokens, mut cached_tokens) = (0usize, 0usize);
+        while engine.has_unfinished_requests() {
+            let step = engine.step()?;
+            pb.inc(step.len() as u64);
+            output_tokens += step.len();
+            for o in step.iter().filter(|o| o.finish_reason.is_some()) {
+                cached_tokens += o.num_cached_tokens;
+            }
+        }
         let seconds = started.elapsed().as_secs_f64();
         pb.finish_and_clear();
-        let output_tokens: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
         let result = ThroughputResult {
             model: name,
             backend: engine.runner().backend_name(),
-            num_seqs: outputs.len(),
+            num_seqs,
             input_tokens,
             output_tokens,
             seconds,
             output_tok_per_s: output_tokens as f64 / seconds,
             total_tok_per_s: (input_tokens + output_tokens) as f64 / seconds,
-            cached_tokens: outputs.iter().map(|o| o.num_cached_tokens).sum(),
+            cached_tokens,
             preemptions: engine.stats().counters.num_preemptions,
             prefix_caching: !a.cache.no_prefix_caching,
             shared_prefix: a.shared_prefix,
+            logprobs_fraction: a.logprobs_fraction,
+            logprobs: a.logprobs,
+            logprobs_requests,
+            penalty_fraction: a.penalty_fraction,
+            penalty_requests,
         };
         Ok(result)
     }
@@ -313,6 +372,7 @@ impl EngineTask for Single<'_> {
                 }
                 token = match runner.execute(&ctx)? {
                     StepOutput::Tokens(t) => t.first().copied().unwrap_or(0),
+                    StepOutput::Samples(s) => s.tokens.first().copied().unwrap_or(0),
                     StepOutput::Logits(l) => argmax(&l),
                 };
             }

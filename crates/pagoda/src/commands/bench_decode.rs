@@ -146,6 +146,7 @@ impl EngineTask for Decode<'_> {
                 tokens =
                     match result {
                         StepOutput::Tokens(t) => t,
+                        StepOutput::Samples(s) => s.tokens,
                         StepOutput::Logits(l) => {
                             let v = l.len() / batch.max(1);
                             l.chunks_exact(v.max(1))

@@ -417,10 +417,13 @@ __device__ int smp_draw_dense(const bf16* x, int vocab, float t, float vmax, flo
 }
 
 // out[row] = the token sampled from row `blockIdx.x` of `logits` ([rows,
-// vocab] bf16) with the parameters at `sampling + 6 * row`.
+// vocab] bf16) with the parameters at `sampling + 6 * row`. kept[2 * row]
+// and kept[2 * row + 1] get the length and fixed-point mass of the kept
+// rank prefix when top-k or top-p filtered the row, else 0 and 0 (the
+// logprobs kernel's input, see sampling_extras.cu).
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
-            const int* __restrict__ sampling, int vocab) {
+            const int* __restrict__ sampling, int vocab, smp_u64* __restrict__ kept) {
     __shared__ unsigned s_cnt[SMP_BINS];
     __shared__ smp_u64 s_mass[SMP_BINS];
     __shared__ SmpShared sh;
@@ -434,6 +437,10 @@ sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
     const float top_p = __int_as_float(prm[2]);
     const float min_p = __int_as_float(prm[3]);
     const smp_u64 u53 = ((smp_u64)(unsigned)prm[4] | ((smp_u64)(unsigned)prm[5] << 32)) >> 11;
+    if (tid == 0) {
+        kept[2 * row] = 0ull;
+        kept[2 * row + 1] = 0ull;
+    }
 
     // Pass 1: the largest key, lowest id first (key << 32 | ~id).
     smp_u64 best = ((smp_u64)SMP_KEY_NEG_INF << 32) | 0xffffffffull;
@@ -562,6 +569,11 @@ sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
     if (m_cnt < len) {
         len = m_cnt;
         mass = m_mass;
+    }
+
+    if (tid == 0) {
+        kept[2 * row] = len;
+        kept[2 * row + 1] = mass;
     }
 
     // The draw, in rank order over the first `len` ranked tokens.

@@ -1,0 +1,172 @@
+// Penalties and logprobs on the device, around `sample_bf16` (sampling.cu,
+// whose helpers this file uses): `penalize_bf16` runs before it on the
+// logits rows, `logprobs_bf16` after it on the ids it wrote. Semantics are
+// the host sampler's (crates/pagoda-engine/src/sampler.rs); see
+// crates/pagoda-kernels/src/sampling_options.rs.
+//
+// Per-row options (SX_OPT_INTS ints per sampling row): repetition,
+// frequency, presence penalty (f32 bits), history start and length (in
+// (token, output count) pairs of `hist`), logprobs n (-1: none), and the
+// row's slot among the rows asking for logprobs. Rows never interact.
+//
+// penalize_bf16: one block per row; each thread takes history pairs (the
+// tokens are distinct, so no two threads touch one logit) and applies, in
+// f32 without contraction, repetition (x > 0: x / r, else x * r) to every
+// pair, then x -= f * count and x -= p to pairs with count > 0; the result
+// is rounded to bf16 in place. Rows without penalties return at once.
+//
+// logprobs_bf16: one 1024-thread block per row asking. With T the row's
+// temperature (1 for greedy rows) and w = exp(x / T - max(x / T)) as the
+// sampler weighs tokens, logprob(t) = ln w_t - ln(kept mass). The kept set
+// is a rank prefix (logit descending, id ascending): for rows that filtered
+// with top-k / top-p, `sample_bf16` left its length and fixed-point mass in
+// `kept`; greedy rows keep every token, other rows those with w >= min_p.
+// The top n are found in n passes of a block-wide maximum over the packed
+// rank key (key << 32 | ~id) below the previous one; tokens of weight 0 end
+// the list. Results: SX_LP_INTS ints per slot after the `rows` ids in `out`:
+// the sampled token's logprob (f32 bits), the count, then (id, logprob bits)
+// pairs.
+
+#define SX_OPT_INTS 7
+#define SX_LP_INTS 42
+#define SX_MAX_LOGPROBS 20
+#define SX_PEN_THREADS 256
+// ln(2^40): masses are fixed point with 40 fractional bits.
+#define SX_LN_MASS_ONE 27.725887222397812
+
+extern "C" __global__ void __launch_bounds__(SX_PEN_THREADS)
+penalize_bf16(bf16* __restrict__ logits, const int* __restrict__ opts,
+              const int* __restrict__ hist, int vocab) {
+    const int row = blockIdx.x;
+    const int* o = opts + SX_OPT_INTS * row;
+    const float rep = __int_as_float(o[0]);
+    const float freq = __int_as_float(o[1]);
+    const float pres = __int_as_float(o[2]);
+    const bool rep_on = rep != 1.0f && rep > 0.0f;
+    const bool out_on = freq != 0.0f || pres != 0.0f;
+    if (!rep_on && !out_on) {
+        return;
+    }
+    const int start = o[3];
+    const int len = o[4];
+    bf16* x = logits + (long long)row * vocab;
+    for (int e = threadIdx.x; e < len; e += SX_PEN_THREADS) {
+        const long long at = 2ll * ((long long)start + e);
+        const int tok = hist[at];
+        const unsigned cnt = (unsigned)hist[at + 1];
+        if (tok < 0 || tok >= vocab) {
+            continue;
+        }
+        float l = bf2f(x[tok]);
+        if (rep_on) {
+            l = l > 0.0f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+        }
+        if (out_on && cnt > 0u) {
+            l = __fsub_rn(l, __fmul_rn(freq, __uint2float_rn(cnt)));
+            l = __fsub_rn(l, pres);
+        }
+        x[tok] = f2bf(l);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
+              const int* __restrict__ sampling, const int* __restrict__ opts,
+              const smp_u64* __restrict__ kept, int rows, int vocab) {
+    __shared__ smp_u64 red[SMP_WARPS];
+    const int row = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int* o = opts + SX_OPT_INTS * row;
+    const int n_ask = o[5];
+    if (n_ask < 0) {
+        return;
+    }
+    const int n = n_ask < SX_MAX_LOGPROBS ? n_ask : SX_MAX_LOGPROBS;
+    int* res = out + rows + (long long)o[6] * SX_LP_INTS;
+    const bf16* x = logits + (long long)row * vocab;
+    const float temp_in = __int_as_float(sampling[6 * row]);
+    const float min_p = __int_as_float(sampling[6 * row + 3]);
+    const bool greedy = !(temp_in >= 1e-5f);
+    const float temp = greedy ? 1.0f : temp_in;
+
+    // The largest key: the weights' reference point.
+    smp_u64 kmax = 0;
+    for (int i = tid; i < vocab; i += SMP_THREADS) {
+        smp_u64 k = smp_key(x[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    kmax = smp_block_max(kmax, red);
+    if (kmax <= SMP_KEY_NEG_INF) {
+        // Nothing above -inf: no token has probability.
+        if (tid == 0) {
+            res[0] = (int)0xff800000u;
+            res[1] = 0;
+        }
+        return;
+    }
+    const float vmax = smp_key_value((unsigned)kmax) / temp;
+
+    // The kept set's length and mass.
+    smp_u64 len = kept[2 * row];
+    smp_u64 mass = kept[2 * row + 1];
+    if (greedy || len == 0ull) {
+        const float min_w = (!greedy && min_p > 0.0f) ? fminf(min_p, 1.0f) : 0.0f;
+        smp_u64 c = 0, m = 0;
+        for (int i = tid; i < vocab; i += SMP_THREADS) {
+            float w = smp_weight(smp_key_value(smp_key(x[i])), temp, vmax);
+            if (w >= min_w) {
+                c += 1;
+                m += smp_mass(w);
+            }
+        }
+        len = smp_block_sum(c, red);
+        mass = smp_block_sum(m, red);
+    }
+    // The top token weighs 1 (mass 2^40) and is always kept.
+    const double log_total = mass > 0ull ? log((double)mass) - SX_LN_MASS_ONE : 0.0;
+
+    if (tid == 0) {
+        const int tok = out[row];
+        float lp = NEG_INF;
+        if (tok >= 0 && tok < vocab) {
+            float w = smp_weight(smp_key_value(smp_key(x[tok])), temp, vmax);
+            if (w > 0.0f) {
+                lp = (float)(log((double)w) - log_total);
+            }
+        }
+        res[0] = __float_as_int(lp);
+    }
+
+    // The top n kept tokens, one block-wide maximum each.
+    const smp_u64 nn = (smp_u64)n < len ? (smp_u64)n : len;
+    smp_u64 prev = ~0ull;
+    int count = 0;
+    for (smp_u64 r = 0; r < nn; r++) {
+        smp_u64 best = 0;
+        for (int i = tid; i < vocab; i += SMP_THREADS) {
+            smp_u64 c = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
+            if (c < prev && c > best) {
+                best = c;
+            }
+        }
+        best = smp_block_max(best, red);
+        if (best == 0ull) {
+            break;
+        }
+        const unsigned key = (unsigned)(best >> 32);
+        const int id = (int)(0xffffffffu - (unsigned)best);
+        const float w = smp_weight(smp_key_value(key), temp, vmax);
+        if (!(w > 0.0f)) {
+            break;
+        }
+        if (tid == 0) {
+            res[2 + 2 * count] = id;
+            res[3 + 2 * count] = __float_as_int((float)(log((double)w) - log_total));
+        }
+        count += 1;
+        prev = best;
+    }
+    if (tid == 0) {
+        res[1] = count;
+    }
+}

@@ -1,0 +1,186 @@
+//! Per-row options of device sampling beyond [`crate::SamplingRow`]:
+//! repetition / frequency / presence penalties and logprobs, and what a
+//! device sampling step returns ([`DeviceSamples`]).
+//!
+//! Semantics are the engine's host sampler's (pagoda-engine's `sampler`):
+//! - penalties act on the raw logits row before anything else: repetition
+//!   on every distinct token of prompt + output (positive logits divided by
+//!   the penalty, others multiplied; skipped unless the penalty is > 0 and
+//!   != 1), then `logit -= frequency * count` and `logit -= presence` for
+//!   every token the output holds (`count` times), in that order, in f32;
+//!   on the device the penalized logit is then rounded to the logits'
+//!   storage precision (bf16), the one place the two may differ;
+//! - logprobs are the log-softmax of the distribution actually sampled from
+//!   (penalized, temperature-scaled, top-k / top-p / min-p filtered and
+//!   renormalized; temperature 1 and no filters for greedy rows): the
+//!   sampled token's, and the `n <= MAX_LOGPROBS` most likely kept tokens
+//!   (probability descending, ties to the lower id; tokens of probability 0
+//!   never listed).
+//!
+//! A row's history is given as distinct `(token, output count)` pairs: a
+//! prompt-only token has count 0. The caller keeps them incrementally (one
+//! new token per step), so building a step's options is a copy.
+
+/// Most top logprobs a row may ask for (OpenAI's limit).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// One sampling row's penalties and logprobs request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowOptions {
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    /// First pair of this row's history in [`SamplingOptions::history`].
+    pub history_start: u32,
+    /// Pairs of this row's history (its distinct prompt + output tokens).
+    pub history_len: u32,
+    /// `None`: no logprobs; `Some(n)`: the sampled token's and the top `n`.
+    pub logprobs: Option<u32>,
+}
+
+impl RowOptions {
+    /// No penalties, no logprobs.
+    pub const NONE: RowOptions = RowOptions {
+        repetition_penalty: 1.0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        history_start: 0,
+        history_len: 0,
+        logprobs: None,
+    };
+
+    /// Whether any penalty changes the logits (the host sampler's test).
+    pub fn has_penalties(&self) -> bool {
+        (self.repetition_penalty != 1.0 && self.repetition_penalty > 0.0)
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+    }
+}
+
+/// Options of a step's sampling rows: empty (no row has any), or one
+/// [`RowOptions`] per leading entry of [`crate::ForwardContext::sampling`]
+/// (rows past the end, such as a graph's padding rows, have none).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingOptions {
+    pub rows: Vec<RowOptions>,
+    /// Distinct `(token, output count)` pairs, flattened, rows' ranges
+    /// given by their `history_start` / `history_len`.
+    pub history: Vec<u32>,
+}
+
+impl SamplingOptions {
+    /// No row asks for anything.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.history.clear();
+    }
+
+    /// Whether any row has penalties.
+    pub fn any_penalties(&self) -> bool {
+        self.rows.iter().any(RowOptions::has_penalties)
+    }
+
+    /// Rows asking for logprobs.
+    pub fn num_logprob_rows(&self) -> usize {
+        self.rows.iter().filter(|r| r.logprobs.is_some()).count()
+    }
+
+    /// Checks the options against a step of `rows` sampling rows.
+    pub fn validate(&self, rows: usize) -> Result<(), String> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        if self.rows.len() > rows {
+            return Err(format!(
+                "{} sampling option rows for {rows} sampling rows",
+                self.rows.len()
+            ));
+        }
+        if !self.history.len().is_multiple_of(2) {
+            return Err("the history holds (token, count) pairs".into());
+        }
+        let pairs = self.history.len() / 2;
+        for (i, r) in self.rows.iter().enumerate() {
+            let end = r.history_start as usize + r.history_len as usize;
+            if end > pairs {
+                return Err(format!(
+                    "row {i}: history pairs {}..{end} of {pairs}",
+                    r.history_start
+                ));
+            }
+            if let Some(n) = r.logprobs {
+                if n as usize > MAX_LOGPROBS {
+                    return Err(format!(
+                        "row {i}: {n} top logprobs (at most {MAX_LOGPROBS})"
+                    ));
+                }
+            }
+        }
+        if i32::try_from(self.history.len()).is_err() {
+            return Err("the history does not fit in 32 bits".into());
+        }
+        Ok(())
+    }
+}
+
+/// Logprobs of one sampled token (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowLogprobs {
+    /// Log-probability of the sampled token (-inf if it had none).
+    pub logprob: f32,
+    /// The most likely kept tokens with their logprobs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What device sampling returned for a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceSamples {
+    /// One token per sampling row.
+    pub tokens: Vec<u32>,
+    /// One entry per sampling row when any row asked for logprobs (`None`
+    /// for rows that did not), else empty.
+    pub logprobs: Vec<Option<RowLogprobs>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_catches_bad_ranges_and_counts() {
+        let mut o = SamplingOptions::default();
+        assert_eq!(o.validate(3), Ok(()));
+        o.rows = vec![RowOptions::NONE; 2];
+        assert!(o.validate(1).is_err());
+        assert_eq!(o.validate(3), Ok(()));
+        o.rows[1].history_len = 1;
+        assert!(o.validate(2).is_err());
+        o.history = vec![5, 0];
+        assert_eq!(o.validate(2), Ok(()));
+        o.history.push(1);
+        assert!(o.validate(2).is_err());
+        o.history.pop();
+        o.rows[0].logprobs = Some(21);
+        assert!(o.validate(2).is_err());
+        o.rows[0].logprobs = Some(20);
+        assert_eq!(o.validate(2), Ok(()));
+        assert_eq!(o.num_logprob_rows(), 1);
+        assert!(!o.any_penalties());
+        o.rows[1].presence_penalty = 0.5;
+        assert!(o.any_penalties());
+    }
+
+    #[test]
+    fn repetition_penalty_of_one_or_less_than_zero_is_off() {
+        let mut r = RowOptions::NONE;
+        assert!(!r.has_penalties());
+        r.repetition_penalty = -1.0;
+        assert!(!r.has_penalties());
+        r.repetition_penalty = 1.2;
+        assert!(r.has_penalties());
+    }
+}
