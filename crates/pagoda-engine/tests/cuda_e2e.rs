@@ -12,7 +12,8 @@
 //! - device sampling, eager and through decode graphs (batch sizes padded up
 //!   the ladder), gives the host sampler's greedy tokens.
 //!
-//! Without a CUDA device or driver every test prints a notice and passes.
+//! Without a CUDA device or driver every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
@@ -46,14 +47,6 @@ fn cpu() -> CpuBackend {
         weight_dtype: WeightDtype::BF16,
     })
     .unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 #[test]

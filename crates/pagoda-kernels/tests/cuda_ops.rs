@@ -4,7 +4,8 @@
 //! cached prefix, mixed prefill+decode steps and slot -1 padding. Outputs are
 //! NaN-poisoned before each op, so an element left unwritten fails the check.
 //!
-//! Without a CUDA device or driver every test prints a notice and passes.
+//! Without a CUDA device or driver every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -14,37 +15,12 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
 use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
 use pagoda_kernels::{Backend, BlockCopyOp, HostTensor, KernelError, KvCacheShape, RopeStyle};
 
-/// The GPU backend, or `None` (with a notice) where there is no CUDA.
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            b.set_poison_outputs(true);
-            Some(b)
-        }
-        // Only a machine without CUDA skips; any other failure is a bug.
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
-
 fn cpu() -> CpuBackend {
     backend(2, WeightDtype::F32)
-}
-
-fn bf(v: f32) -> f32 {
-    half::bf16::from_f32(v).to_f32()
-}
-
-/// `n` random values in `[-scale, scale)`, rounded to bf16.
-fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| bf(rng.uniform() * scale)).collect()
 }
 
 /// Asserts no NaN/inf and `‖got − want‖ / ‖want‖ < 1e-2`.
@@ -468,10 +444,6 @@ fn check_tol(what: &str, got: &[f32], want: &[f32], tol: f64) {
 
 /// `n` random values in `[-scale, scale)` at full f32 precision (residual
 /// stream values are not bf16-representable in general).
-fn rvec_f32(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.uniform() * scale).collect()
-}
-
 /// The f32 residual stream: `embedding` makes it, `add_linear`, `add` and
 /// `add_position_embedding` accumulate into it without rounding to bf16 (so
 /// the CPU's f32 results are matched to f32 accuracy, far below bf16's
