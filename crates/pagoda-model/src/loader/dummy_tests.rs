@@ -33,6 +33,7 @@ fn config(
         word_embed_proj_dim: None,
         do_layer_norm_before: true,
         torch_dtype: None,
+        sliding_window: None,
     }
 }
 
