@@ -79,7 +79,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
     pub tie_word_embeddings: bool,
-    /// Biases on q/k/v (Qwen2 sets this; OPT has biases everywhere regardless).
+    /// Biases on q/k/v, and on o_proj except for Qwen2 (Qwen2 always sets
+    /// this; OPT has biases everywhere regardless).
     pub attention_bias: bool,
     pub bos_token_id: Option<u32>,
     /// End-of-sequence ids (generation_config.json may list several).

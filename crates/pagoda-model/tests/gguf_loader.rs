@@ -66,6 +66,11 @@ fn names_map_both_ways() {
             "model.layers.1.self_attn.o_proj.weight",
             "blk.1.attn_output.weight",
         ),
+        // Llama-family attention_bias: llama.cpp's name of the o_proj bias.
+        (
+            "model.layers.1.self_attn.o_proj.bias",
+            "blk.1.attn_output.bias",
+        ),
         (
             "model.layers.1.input_layernorm.weight",
             "blk.1.attn_norm.weight",
