@@ -246,6 +246,68 @@ fn linear_matches_cpu() {
     assert!(g.linear(&gx, &gw, None).is_err());
 }
 
+/// A biased `linear` rounds to bf16 once, like PyTorch's bf16 `F.linear`:
+/// every element lies within half a bf16 ulp of the f32 product plus bias
+/// (the CPU's, on the same bf16 values), plus f32 summation slack. Rounding
+/// the product to bf16 first and the sum again breaks that bound wherever
+/// the first rounding crosses a rounding boundary of the sum, which with
+/// biases larger than the products happens in a good share of elements.
+/// Covers the GEMM path (more than 8 rows) and the fused-bias gemv path.
+#[test]
+fn biased_linear_rounds_to_bf16_once() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(12);
+    for (rows, inner, out) in [(9, 64, 96), (64, 512, 256), (300, 128, 64), (4, 256, 128)] {
+        let x = rvec(&mut rng, rows * inner, 1.0);
+        let w = rvec(&mut rng, out * inner, 0.2);
+        let bias = rvec(&mut rng, out, 8.0);
+        // f32 summation slack: a small multiple of f32 epsilon times the
+        // sum of the magnitudes of the terms.
+        let slack: Vec<f64> = (0..rows * out)
+            .map(|i| {
+                let (r, o) = (i / out, i % out);
+                let sum_abs: f64 = (0..inner)
+                    .map(|k| (x[r * inner + k] as f64 * w[o * inner + k] as f64).abs())
+                    .sum();
+                1e-5 * sum_abs
+            })
+            .collect();
+        let (gx, cx) = pair(&g, &c, rows, inner, &x);
+        let (gw, cw) = wpair(&g, &c, vec![out, inner], w);
+        let (gb, cb) = wpair(&g, &c, vec![out], bias);
+        let got = g
+            .tensor_to_host(&g.linear(&gx, &gw, Some(&gb)).unwrap())
+            .unwrap();
+        let want = c.linear(&cx, &cw, Some(&cb)).unwrap().data().to_vec();
+        let mut bad = Vec::new();
+        for (i, (&gv, &wv)) in got.iter().zip(&want).enumerate() {
+            // Half a bf16 ulp of `wv`: 2^(exponent - 8).
+            let half_ulp = if wv == 0.0 {
+                0.0
+            } else {
+                2f64.powi((wv.abs() as f64).log2().floor() as i32 - 8)
+            };
+            let bound = half_ulp + slack[i];
+            if !gv.is_finite() || (gv as f64 - wv as f64).abs() > bound {
+                bad.push(format!(
+                    "[{}, {}]: got {gv}, want {wv} (bound {bound:.3e})",
+                    i / out,
+                    i % out
+                ));
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "linear [{rows}, {inner}] x [{out}, {inner}]^T + bias: {} of {} elements \
+             rounded more than once, e.g. {}",
+            bad.len(),
+            got.len(),
+            bad[..bad.len().min(5)].join("; ")
+        );
+    }
+}
+
 /// A step of mixed prefill (with cached prefixes) and decode sequences plus
 /// padding, over shuffled blocks.
 fn mixed_step(rng: &mut Rng, block_size: usize, pad: usize) -> PagedStep {
