@@ -32,6 +32,8 @@ LOGS=$(mktemp -d /tmp/pagoda-gpu-logs.XXXXXX)
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+# A CUDA test binary that finds no GPU fails instead of skipping.
+export PAGODA_REQUIRE_GPU=1
 # Compiled kernels are cached outside $OUT (only logs travel back).
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pagoda-cache}
 

@@ -6,6 +6,7 @@ default GGUF at models/, fetched by scripts/fetch-default-model.sh):
     /work/refenv/bin/python scripts/golden/models.py            # everything
     /work/refenv/bin/python scripts/golden/models.py smollm2    # only tests/golden/smollm2_q4_1.json
     /work/refenv/bin/python scripts/golden/models.py tiny       # only tests/golden/tiny-*/
+    /work/refenv/bin/python scripts/golden/models.py tiny-qwen2 # only tests/golden/tiny-qwen2/
 
 The venv needs torch, transformers (5.x), gguf, numpy. Outputs are written in place;
 rerunning with the same versions on the same CPU reproduces them (the versions used
@@ -16,7 +17,7 @@ What is written:
   transformers to float32). Greedy continuations (argmax each step, EOS not treated
   specially) with per-step top-5 ids/logits, and for the first prompt the logits of
   a fixed list of 64 ids at each of the first 10 steps.
-- tests/golden/tiny-{llama,qwen2,qwen3,opt}/config.json: the transformers config
+- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt}/config.json: the transformers config
   (save_pretrained output, plus the legacy "rope_theta"/"rope_scaling"/"torch_dtype"
   keys that real checkpoints carry; transformers reads both forms to the same config),
   and generation_config.json.
@@ -184,6 +185,9 @@ PROMPT_LENS = [1, 5, 17, 40]
 # float32 rounding differences cannot flip a greedy token. Checked below.
 PROMPT_SEED = 9
 MIN_MARGIN = 2e-3
+# Models added later keep the others' files unchanged: their own first seed
+# (trying 0, 1, 2, ...) whose greedy steps all clear MIN_MARGIN.
+PROMPT_SEEDS = {"llama-attnbias": 0}
 
 
 def tiny_configs():
@@ -218,6 +222,22 @@ def tiny_configs():
                 tie_word_embeddings=True,
             ),
             {"rope_theta": 500000.0, "rope_scaling": llama_rope},
+        ),
+        # Llama with attention_bias: biases on q/k/v and on o_proj.
+        "llama-attnbias": (
+            T.LlamaForCausalLM,
+            T.LlamaConfig(
+                **common,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                head_dim=16,
+                rms_norm_eps=1e-5,
+                rope_theta=10000.0,
+                attention_bias=True,
+                tie_word_embeddings=False,
+            ),
+            {"rope_theta": 10000.0, "rope_scaling": None},
         ),
         "qwen2": (
             T.Qwen2ForCausalLM,
@@ -323,13 +343,14 @@ def tiny(arch, cls, cfg, legacy):
     os.makedirs(out_dir, exist_ok=True)
     save_config(model, cfg, legacy, out_dir)
 
-    rng = np.random.default_rng(PROMPT_SEED)
+    seed = PROMPT_SEEDS.get(arch, PROMPT_SEED)
+    rng = np.random.default_rng(seed)
     prompts = []
     for n in PROMPT_LENS:
         ids = rng.integers(0, VOCAB, size=n).tolist()
         toks, recs, last = greedy(model, ids, 16)
         margin = min(r["top_logits"][0] - r["top_logits"][1] for r in recs)
-        assert margin >= MIN_MARGIN, f"{arch}: near-tie ({margin}) in a greedy step; pick another PROMPT_SEED"
+        assert margin >= MIN_MARGIN, f"{arch}: near-tie ({margin}) in a greedy step; pick another prompt seed"
         prompts.append(
             {
                 "prompt_ids": ids,
@@ -348,7 +369,7 @@ def tiny(arch, cls, cfg, legacy):
             "greedy argmax with a KV cache, float32 CPU eager; EOS does not stop decoding; "
             "prompt ids from numpy default_rng(prompt_seed).integers(0, vocab, n) in order",
             "versions": versions(),
-            "prompt_seed": PROMPT_SEED,
+            "prompt_seed": seed,
             "new_tokens": 16,
             "tensors": [{"name": n, "shape": s} for n, s in written],
             "prompts": prompts,
@@ -361,8 +382,8 @@ def main(argv):
     setup_torch()
     if dummy_weights._self_check() != 0:
         sys.exit("dummy weight generator disagrees with the Rust constants")
-    if "tiny" in what:
-        for arch, (cls, cfg, legacy) in tiny_configs().items():
+    for arch, (cls, cfg, legacy) in tiny_configs().items():
+        if "tiny" in what or f"tiny-{arch}" in what:
             tiny(arch, cls, cfg, legacy)
     if "smollm2" in what:
         smollm2()

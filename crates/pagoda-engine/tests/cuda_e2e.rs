@@ -1,6 +1,7 @@
 //! Whole models on the CUDA backend, checked end to end:
-//! - the tiny Llama, Qwen2, Qwen3 and OPT models (tests/golden/tiny-*, dummy
-//!   weights) against the CPU backend holding the same bf16-rounded weights:
+//! - the tiny Llama (also with attention_bias), Qwen2, Qwen3 and OPT models
+//!   (tests/golden/tiny-*, dummy weights) against the CPU backend holding the
+//!   same bf16-rounded weights:
 //!   the CPU decodes each golden prompt greedily; the GPU runs all prompts
 //!   batched, fed the CPU's tokens; every step's logits agree within the bf16
 //!   tolerance of these models, [`TINY_TOL`] (relative, L2), and the greedy
@@ -12,7 +13,8 @@
 //! - device sampling, eager and through decode graphs (batch sizes padded up
 //!   the ladder), gives the host sampler's greedy tokens.
 //!
-//! Without a CUDA device or driver every test prints a notice and passes.
+//! Without a CUDA device or driver every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
@@ -48,18 +50,10 @@ fn cpu() -> CpuBackend {
     .unwrap()
 }
 
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn tiny_models_on_cuda_match_the_cpu_backend() {
     let mut failures = Vec::new();
-    for arch in ["llama", "qwen2", "qwen3", "opt"] {
+    for arch in ["llama", "llama-attnbias", "qwen2", "qwen3", "opt"] {
         let Some(dev) = gpu() else { return };
         let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
         let cfg = load_config_file(&dir.join("config.json")).unwrap();

@@ -32,22 +32,6 @@ use std::path::PathBuf;
 /// CPU (f32 arithmetic) against PyTorch's f32: only summation order differs.
 const CPU_TOL: f32 = 1e-3;
 
-fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// PyTorch's reference: prompts, forced tokens, prompt logits and margins.
 struct Reference {
     device: String,

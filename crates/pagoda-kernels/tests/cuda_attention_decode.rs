@@ -11,7 +11,8 @@
 //! element must be written; errors are checked over the whole output and per
 //! (row, head). One test checks that the decode path really runs (it takes
 //! its split-K scratch from the pool, the general kernel takes none).
-//! Without a CUDA device every test prints a notice and passes.
+//! Without a CUDA device every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -21,42 +22,12 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cpu::WeightDtype;
-use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
+use pagoda_kernels::cuda::CudaBackend;
 use pagoda_kernels::{AttentionParams, Backend, KvCacheShape};
 
 /// Tokens per partition of the decode kernel (`DEC_PARTITION`).
 const PARTITION: usize = 512;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            b.set_poison_outputs(true);
-            Some(b)
-        }
-        // Only a machine without CUDA skips; any other failure is a bug.
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
-
-fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| half::bf16::from_f32(rng.uniform() * scale).to_f32())
-        .collect()
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        num += (g as f64 - w as f64).powi(2);
-        den += (w as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
 
 struct Case {
     /// Cached tokens per sequence before the step (each adds one token).

@@ -14,7 +14,8 @@
 //! step has no padding rows, else the same large finite garbage on both
 //! backends), so a read of any slot the step did not store shows up. Failure
 //! messages name the sequence, query index, 64-row tile, warp and head of the
-//! worst rows. Without a CUDA device every test prints a notice and passes.
+//! worst rows. Without a CUDA device every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -24,39 +25,9 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuKvCache, WeightDtype};
-use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, CudaOptions, CudaTensor};
+use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
+use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, CudaTensor};
 use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape};
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            b.set_poison_outputs(true);
-            Some(b)
-        }
-        // Only a machine without CUDA skips; any other failure is a bug.
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
-
-fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| half::bf16::from_f32(rng.uniform() * scale).to_f32())
-        .collect()
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        num += (g as f64 - w as f64).powi(2);
-        den += (w as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
 
 fn s(context_len: usize, query_len: usize) -> SeqSpec {
     SeqSpec {

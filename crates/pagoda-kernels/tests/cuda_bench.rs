@@ -13,27 +13,10 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
-use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+use pagoda_kernels::cuda::testing::gpu;
+use pagoda_kernels::cuda::CudaBackend;
 use pagoda_kernels::{AttentionParams, Backend, KvCacheShape, SamplingRow};
 use std::time::Instant;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            Some(b)
-        }
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
-
-fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.uniform() * scale).collect()
-}
 
 /// Median seconds of `reps` runs of `f`, each ended by a synchronization.
 fn time(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
@@ -77,16 +60,16 @@ fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
         }
         let s = g.begin_step(ctx).unwrap();
         let k = g
-            .tensor_from_host(rows, nkv * hd, &rvec(&mut rng, rows * nkv * hd, 1.0))
+            .tensor_from_host(rows, nkv * hd, &rvec_f32(&mut rng, rows * nkv * hd, 1.0))
             .unwrap();
         let v = g
-            .tensor_from_host(rows, nkv * hd, &rvec(&mut rng, rows * nkv * hd, 1.0))
+            .tensor_from_host(rows, nkv * hd, &rvec_f32(&mut rng, rows * nkv * hd, 1.0))
             .unwrap();
         g.store_kv(&k, &v, &mut cache, &s).unwrap();
     }
     let t = step.ctx.num_tokens();
     let q = g
-        .tensor_from_host(t, nh * hd, &rvec(&mut rng, t * nh * hd, 1.0))
+        .tensor_from_host(t, nh * hd, &rvec_f32(&mut rng, t * nh * hd, 1.0))
         .unwrap();
     let s = g.begin_step(&step.ctx).unwrap();
     let p = AttentionParams {
@@ -152,7 +135,7 @@ fn kernel_timings() {
     let (rows, vocab) = (256, 151_936);
     let mut rng = Rng::new(11);
     let logits = g
-        .tensor_from_host(rows, vocab, &rvec(&mut rng, rows * vocab, 8.0))
+        .tensor_from_host(rows, vocab, &rvec_f32(&mut rng, rows * vocab, 8.0))
         .unwrap();
     let seqs = vec![
         SeqSpec {

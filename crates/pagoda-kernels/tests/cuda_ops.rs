@@ -4,7 +4,8 @@
 //! cached prefix, mixed prefill+decode steps and slot -1 padding. Outputs are
 //! NaN-poisoned before each op, so an element left unwritten fails the check.
 //!
-//! Without a CUDA device or driver every test prints a notice and passes.
+//! Without a CUDA device or driver every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -14,37 +15,12 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
 use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
 use pagoda_kernels::{Backend, BlockCopyOp, HostTensor, KernelError, KvCacheShape, RopeStyle};
 
-/// The GPU backend, or `None` (with a notice) where there is no CUDA.
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            b.set_poison_outputs(true);
-            Some(b)
-        }
-        // Only a machine without CUDA skips; any other failure is a bug.
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
-
 fn cpu() -> CpuBackend {
     backend(2, WeightDtype::F32)
-}
-
-fn bf(v: f32) -> f32 {
-    half::bf16::from_f32(v).to_f32()
-}
-
-/// `n` random values in `[-scale, scale)`, rounded to bf16.
-fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| bf(rng.uniform() * scale)).collect()
 }
 
 /// Asserts no NaN/inf and `‖got − want‖ / ‖want‖ < 1e-2`.
@@ -270,6 +246,68 @@ fn linear_matches_cpu() {
     assert!(g.linear(&gx, &gw, None).is_err());
 }
 
+/// A biased `linear` rounds to bf16 once, like PyTorch's bf16 `F.linear`:
+/// every element lies within half a bf16 ulp of the f32 product plus bias
+/// (the CPU's, on the same bf16 values), plus f32 summation slack. Rounding
+/// the product to bf16 first and the sum again breaks that bound wherever
+/// the first rounding crosses a rounding boundary of the sum, which with
+/// biases larger than the products happens in a good share of elements.
+/// Covers the GEMM path (more than 8 rows) and the fused-bias gemv path.
+#[test]
+fn biased_linear_rounds_to_bf16_once() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(12);
+    for (rows, inner, out) in [(9, 64, 96), (64, 512, 256), (300, 128, 64), (4, 256, 128)] {
+        let x = rvec(&mut rng, rows * inner, 1.0);
+        let w = rvec(&mut rng, out * inner, 0.2);
+        let bias = rvec(&mut rng, out, 8.0);
+        // f32 summation slack: a small multiple of f32 epsilon times the
+        // sum of the magnitudes of the terms.
+        let slack: Vec<f64> = (0..rows * out)
+            .map(|i| {
+                let (r, o) = (i / out, i % out);
+                let sum_abs: f64 = (0..inner)
+                    .map(|k| (x[r * inner + k] as f64 * w[o * inner + k] as f64).abs())
+                    .sum();
+                1e-5 * sum_abs
+            })
+            .collect();
+        let (gx, cx) = pair(&g, &c, rows, inner, &x);
+        let (gw, cw) = wpair(&g, &c, vec![out, inner], w);
+        let (gb, cb) = wpair(&g, &c, vec![out], bias);
+        let got = g
+            .tensor_to_host(&g.linear(&gx, &gw, Some(&gb)).unwrap())
+            .unwrap();
+        let want = c.linear(&cx, &cw, Some(&cb)).unwrap().data().to_vec();
+        let mut bad = Vec::new();
+        for (i, (&gv, &wv)) in got.iter().zip(&want).enumerate() {
+            // Half a bf16 ulp of `wv`: 2^(exponent - 8).
+            let half_ulp = if wv == 0.0 {
+                0.0
+            } else {
+                2f64.powi((wv.abs() as f64).log2().floor() as i32 - 8)
+            };
+            let bound = half_ulp + slack[i];
+            if !gv.is_finite() || (gv as f64 - wv as f64).abs() > bound {
+                bad.push(format!(
+                    "[{}, {}]: got {gv}, want {wv} (bound {bound:.3e})",
+                    i / out,
+                    i % out
+                ));
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "linear [{rows}, {inner}] x [{out}, {inner}]^T + bias: {} of {} elements \
+             rounded more than once, e.g. {}",
+            bad.len(),
+            got.len(),
+            bad[..bad.len().min(5)].join("; ")
+        );
+    }
+}
+
 /// A step of mixed prefill (with cached prefixes) and decode sequences plus
 /// padding, over shuffled blocks.
 fn mixed_step(rng: &mut Rng, block_size: usize, pad: usize) -> PagedStep {
@@ -468,10 +506,6 @@ fn check_tol(what: &str, got: &[f32], want: &[f32], tol: f64) {
 
 /// `n` random values in `[-scale, scale)` at full f32 precision (residual
 /// stream values are not bf16-representable in general).
-fn rvec_f32(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.uniform() * scale).collect()
-}
-
 /// The f32 residual stream: `embedding` makes it, `add_linear`, `add` and
 /// `add_position_embedding` accumulate into it without rounding to bf16 (so
 /// the CPU's f32 results are matched to f32 accuracy, far below bf16's

@@ -18,7 +18,8 @@
 //! invariance, top_k = 1 against greedy, rows with one finite logit, graph
 //! replay with new parameters, and shape errors.
 //!
-//! Without a CUDA device or driver every test prints a notice and passes.
+//! Without a CUDA device or driver every test prints a notice and passes
+//! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -26,32 +27,13 @@ mod common;
 #[allow(dead_code)]
 const PORTABLE: bool = false;
 
-use common::Rng;
-use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+use common::{bf, Rng};
+use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
+use pagoda_kernels::cuda::CudaBackend;
 use pagoda_kernels::{Backend, ForwardContext, KernelError, SamplingRow};
 
 /// Relative slack (of the kept mass) within which a boundary counts as "near".
 const NEAR: f64 = 1e-5;
-
-/// The GPU backend, or `None` (with a notice) where there is no CUDA.
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            b.set_poison_outputs(true);
-            Some(b)
-        }
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
-
-fn bf(v: f32) -> f32 {
-    half::bf16::from_f32(v).to_f32()
-}
 
 /// A step of `sampling.len()` one-token sequences, each token's logits row sampled.
 fn step_ctx(sampling: Vec<SamplingRow>) -> ForwardContext {

@@ -79,7 +79,8 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
     pub tie_word_embeddings: bool,
-    /// Biases on q/k/v (Qwen2 sets this; OPT has biases everywhere regardless).
+    /// Biases on q/k/v, and on o_proj except for Qwen2 (Qwen2 always sets
+    /// this; OPT has biases everywhere regardless).
     pub attention_bias: bool,
     pub bos_token_id: Option<u32>,
     /// End-of-sequence ids (generation_config.json may list several).
@@ -90,6 +91,12 @@ pub struct ModelConfig {
     pub do_layer_norm_before: bool,
     /// Storage dtype named by the checkpoint ("bfloat16", "float16", "float32", or a GGUF quant mix).
     pub torch_dtype: Option<String>,
+    /// The sliding-window attention span the checkpoint uses (tokens a query
+    /// sees, itself included), `None` where attention is full. pagoda's
+    /// attention is full, which equals the window's only for contexts of at
+    /// most this many tokens: see [`ModelConfig::check_context_len`].
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 impl ModelConfig {
@@ -137,5 +144,21 @@ impl ModelConfig {
             return Err("head_dim must be even".into());
         }
         Ok(())
+    }
+
+    /// Checks that serving contexts of up to `max_model_len` tokens computes
+    /// what the checkpoint means: with a sliding window in use, full attention
+    /// is exact only while no context is longer than the window (sliding
+    /// windows are not implemented). The error names the window.
+    pub fn check_context_len(&self, max_model_len: usize) -> Result<(), String> {
+        match self.sliding_window {
+            Some(window) if max_model_len > window => Err(format!(
+                "the model uses sliding-window attention (window {window} tokens), which is \
+                 not implemented; a context length of {max_model_len} would be served with \
+                 full attention and give wrong outputs past {window} tokens; a context length \
+                 of at most {window} is exact"
+            )),
+            _ => Ok(()),
+        }
     }
 }

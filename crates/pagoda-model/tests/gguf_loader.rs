@@ -66,6 +66,11 @@ fn names_map_both_ways() {
             "model.layers.1.self_attn.o_proj.weight",
             "blk.1.attn_output.weight",
         ),
+        // Llama-family attention_bias: llama.cpp's name of the o_proj bias.
+        (
+            "model.layers.1.self_attn.o_proj.bias",
+            "blk.1.attn_output.bias",
+        ),
         (
             "model.layers.1.input_layernorm.weight",
             "blk.1.attn_norm.weight",
@@ -431,4 +436,22 @@ fn llama3_scaling_is_recovered_from_rope_freqs() {
     let mut off = freqs.clone();
     off[10] *= 1.5;
     assert_eq!(llama3_scaling_from_freqs(&off, head_dim, theta), None);
+}
+
+#[test]
+fn sliding_window_is_read_from_metadata() {
+    let t = Tiny {
+        arch: "llama",
+        heads: 4,
+        kv_heads: None,
+        tied: true,
+    };
+    let (cfg, _) = open(&tiny(&t)).unwrap();
+    assert_eq!(cfg.sliding_window, None);
+    for (stored, want) in [(4096, Some(4096)), (0, None)] {
+        let mut w = tiny(&t);
+        w.add_metadata("llama.attention.sliding_window", MetadataValue::U32(stored));
+        let (cfg, _) = open(&w).unwrap();
+        assert_eq!(cfg.sliding_window, want, "stored {stored}");
+    }
 }

@@ -339,6 +339,57 @@ fn prompt_longer_than_context() {
     assert!(numbers.contains(&"32"), "the limit is not named: {stderr}");
 }
 
+/// A sliding window in use is refused where contexts could outgrow it (full
+/// attention would be wrong past the window) and served where they cannot.
+#[test]
+fn sliding_window_longer_contexts_are_refused() {
+    let mut c = tiny_llama_config();
+    c["model_type"] = "mistral".into();
+    c["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    c["sliding_window"] = 64.into();
+    let d = hf_dir("hf-sliding", c.to_string().as_bytes(), None);
+    let config = format!("{}/config.json", d.path());
+    let run = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "bench",
+            "single",
+            "--dummy-weights",
+            "--config",
+            &config,
+            "--kv-cache-memory",
+            "16MiB",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "2",
+            "--repeats",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    // The default context (max_position_embeddings, 256) and an explicit 65.
+    for extra in [&[][..], &["--max-model-len", "65"][..]] {
+        let args = run(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with_one_line(
+            &args,
+            &["sliding-window", "window 64", "--max-model-len 64"],
+        );
+    }
+    let args = run(&["--max-model-len", "64"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = pagoda(&args);
+    assert!(
+        out.status.success(),
+        "a context within the window is served: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn bad_option_values() {
     let model = default_model();

@@ -9,6 +9,7 @@ pub mod tiny;
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::{ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use pagoda_kernels::Backend;
 use pagoda_model::arch::{self, BuildOptions};
 use pagoda_model::loader::WeightSource;
 use pagoda_model::ModelConfig;
@@ -64,6 +65,16 @@ pub fn cpu_runner(
         weight_dtype: dtype,
     })
     .unwrap();
+    runner(backend, cfg, weights, num_blocks)
+}
+
+/// A runner on `backend` with room for `num_blocks` blocks.
+pub fn runner<B: Backend>(
+    backend: B,
+    cfg: &ModelConfig,
+    weights: &dyn WeightSource,
+    num_blocks: usize,
+) -> ModelRunner<B> {
     let max_model_len = cfg.max_position_embeddings.min(4096);
     let model = arch::build(
         &backend,

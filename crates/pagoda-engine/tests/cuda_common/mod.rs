@@ -1,42 +1,28 @@
-//! Helpers of the engine's CUDA end-to-end tests: opening the GPU (or
-//! skipping with a notice where CUDA is absent), finding the repository on a
-//! host where the build's paths do not exist, building a runner on any
-//! backend, a batched teacher-forced trace, and the logits/greedy check with
-//! near-tie excuses.
+//! Helpers of the engine's CUDA end-to-end tests: the GPU (opened by
+//! `pagoda_kernels::cuda::testing`, shared with the kernel tests), the plain
+//! engine-test helpers of `common` (JSON readers, a runner on any backend),
+//! finding the repository on a host where the build's paths do not exist, a
+//! batched teacher-forced trace, and the logits/greedy check with near-tie
+//! excuses.
 
 #![allow(dead_code)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
+#[allow(unused_imports)] // each test binary uses some of them
+pub use common::{argmax, floats, ids, rel_err, runner, BLOCK_SIZE};
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::ModelRunner;
-use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
+use pagoda_kernels::cuda::testing;
+pub use pagoda_kernels::cuda::testing::gpu;
 use pagoda_kernels::Backend;
-use pagoda_model::arch::{self, BuildOptions};
-use pagoda_model::loader::WeightSource;
-use pagoda_model::ModelConfig;
 use std::path::PathBuf;
-
-pub const BLOCK_SIZE: usize = 16;
 
 /// The bf16 tolerance: logits must agree within it (relative error of the
 /// logit vectors, L2), and a differing greedy token is excused only where the
 /// reference's relative top-1 margin is within it (a near-tie).
 pub const TOL: f32 = 1e-2;
-
-/// The GPU backend, or `None` (with a notice) where there is no CUDA.
-pub fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(CudaOptions::default()) {
-        Ok(b) => {
-            eprintln!("notice: CUDA tests run on {}", b.name());
-            Some(b)
-        }
-        // Only a machine without CUDA skips; any other failure is a bug.
-        Err(e) if e.to_string().contains("CUDA is not available") => {
-            eprintln!("notice: CUDA tests skipped: {e}");
-            None
-        }
-        Err(e) => panic!("CUDA backend failed to start: {e}"),
-    }
-}
 
 /// The repository root: the build's path, or the current directory where the
 /// test binary was carried to another host (it runs from the repo root there).
@@ -47,25 +33,6 @@ pub fn repo_root() -> PathBuf {
     } else {
         std::env::current_dir().expect("current directory")
     }
-}
-
-/// A runner on `backend` with room for `num_blocks` blocks.
-pub fn runner<B: Backend>(
-    backend: B,
-    cfg: &ModelConfig,
-    weights: &dyn WeightSource,
-    num_blocks: usize,
-) -> ModelRunner<B> {
-    let max_model_len = cfg.max_position_embeddings.min(4096);
-    let model = arch::build(
-        &backend,
-        cfg,
-        weights,
-        BuildOptions { max_model_len },
-        &mut |_, _| {},
-    )
-    .unwrap();
-    ModelRunner::new(backend, model, BLOCK_SIZE, num_blocks).unwrap()
 }
 
 /// Blocks needed to hold every sequence of a trace, each in its own range.
@@ -130,39 +97,13 @@ pub fn forced_trace<B: Backend>(
     out
 }
 
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// max |got - want| / max |want|.
-pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
-    got.iter()
-        .zip(want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
-}
-
 /// ‖got - want‖₂ / ‖want‖₂ (the measure the op tests use).
 pub fn rel_err_l2(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        num += (g as f64 - w as f64).powi(2);
-        den += (w as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt() as f32
+    testing::rel_err_l2(got, want) as f32
 }
 
 /// (top-1 - top-2) / max |v|: how far the greedy pick is from a tie, on the
-/// scale [`rel_err`] measures errors in.
+/// scale `rel_err` measures errors in.
 pub fn rel_margin(v: &[f32]) -> f32 {
     let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     for &x in v {

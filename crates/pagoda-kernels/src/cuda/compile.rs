@@ -60,6 +60,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "add_rows_f32_f32",
     "add_bias_bf16",
     "add_bias_f32",
+    "add_bias_round_bf16",
     "silu_mul_bf16",
     "silu_mul2_bf16",
     "relu_bf16",

@@ -16,7 +16,8 @@
 //! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
 //! and its disk cache), [`storage`] (types, the packed step), [`ops`] (linear,
 //! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
-//! attention); the kernels themselves are in `kernels/*.cu`.
+//! attention), [`testing`] (helpers of the CUDA test binaries); the kernels
+//! themselves are in `kernels/*.cu`.
 
 mod attention;
 mod attention_decode;
@@ -30,6 +31,7 @@ mod pool;
 mod sampling;
 mod sampling_extras;
 mod storage;
+pub mod testing;
 
 pub use graph::CudaGraphRunner;
 pub use pool::DeviceBuf;

@@ -5,11 +5,13 @@
 //! precomputed maxima) on the host before queuing work, so a bad request is a
 //! [`KernelError::Shape`], never an out-of-bounds device access. Launches of
 //! zero elements are skipped. `linear` is one cuBLASLt GEMM (bf16 operands,
-//! f32 compute, bf16 out; plans cached per shape) plus a bias kernel when
-//! there is a bias; with at most
-//! 8 rows (decode) it is instead one `gemv_bf16` pass over the weights with
-//! the bias fused (kernels/gemv.cu). `add_linear` is the same product added
-//! into the f32 residual stream (GEMM with beta 1, or `gemv_bf16_acc_f32`).
+//! f32 compute, bf16 out; plans cached per shape); with a bias, the GEMM
+//! accumulates into an f32 scratch and one kernel adds the bias and rounds,
+//! so the output is rounded to bf16 once, as in PyTorch's bf16 `F.linear`.
+//! With at most 8 rows (decode) it is instead one `gemv_bf16` pass over the
+//! weights with the bias fused (kernels/gemv.cu), also rounded once.
+//! `add_linear` is the same product added into the f32 residual stream (GEMM
+//! with beta 1, or `gemv_bf16_acc_f32`).
 //! The residual stream is f32 ([`Act::F32`]): `embedding` makes it, the norms
 //! read it, `add`/`add_position_embedding`/`add_linear` accumulate into it;
 //! the other ops take bf16 activations only and refuse the residual with a
@@ -348,6 +350,22 @@ fn product(
             .arg(&n)
             .arg(&k);
         unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (gemv)", e))?;
+        return Ok(());
+    } else if let (Dest::Bf16(y), Some(bias)) = (&mut dest, bias) {
+        // A biased bf16 output: the f32 product plus the bias, rounded to
+        // bf16 once (as PyTorch's bf16 F.linear does), never the product
+        // rounded and then the sum rounded again.
+        let n = rows * out;
+        let mut acc = b.alloc_f32(n)?;
+        fill_f32(b, &mut acc, n, 0)?;
+        b.lt.gemm_acc_f32(out, rows, inner, wd, xd, &mut acc)?;
+        let (nr, nc) = (i32_of(rows, op)?, i32_of(out, op)?);
+        let mut l = b
+            .dev
+            .stream
+            .launch_builder(b.dev.kernel("add_bias_round_bf16")?);
+        l.arg(&mut **y).arg(&*acc).arg(bias).arg(&nr).arg(&nc);
+        unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
         return Ok(());
     } else {
         // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T (see blaslt.rs).

@@ -1,5 +1,7 @@
-//! Shared test helpers: a seeded PRNG, backend constructors, closeness checks
-//! and a builder of consistent `ForwardContext`s over shuffled paged blocks.
+//! Shared test helpers: a seeded PRNG and random vectors, backend
+//! constructors, closeness checks and a builder of consistent
+//! `ForwardContext`s over shuffled paged blocks. (The CUDA tests open the
+//! device through `pagoda_kernels::cuda::testing`.)
 #![allow(dead_code)]
 
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, CpuTensor, WeightDtype};
@@ -40,6 +42,21 @@ impl Rng {
             v.swap(i, self.below(i + 1));
         }
     }
+}
+
+/// `v` rounded to bf16.
+pub fn bf(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// `n` random values in `[-scale, scale)`, rounded to bf16 (what the device holds).
+pub fn rvec(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| bf(rng.uniform() * scale)).collect()
+}
+
+/// `n` random values in `[-scale, scale)`, unrounded.
+pub fn rvec_f32(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.uniform() * scale).collect()
 }
 
 /// A backend; in the `cpu_portable` test binary (whose root sets

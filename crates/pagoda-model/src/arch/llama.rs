@@ -1,9 +1,10 @@
 //! The Llama family: Llama 2/3, SmolLM2, Mistral-style models, and the shared
-//! body of Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm).
+//! body of Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm). With
+//! `attention_bias`, Llama and Qwen3 add biases to q/k/v and o_proj.
 //!
 //! Read top-down like Hugging Face's modeling_llama.py:
 //! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP ->
-//! residual) -> RMSNorm -> LM head. The two architecture-specific switches are
+//! residual) -> RMSNorm -> LM head. The architecture-specific switches are
 //! fields of [`Variant`], chosen by the architecture's own file, never by flags
 //! inside this one.
 
@@ -16,8 +17,12 @@ use pagoda_kernels::{AttentionParams, Backend, RopeStyle};
 /// What distinguishes the members of the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
-    /// q/k/v projections carry biases (Qwen2).
+    /// q/k/v projections carry biases (Qwen2; Llama and Qwen3 with
+    /// `attention_bias`).
     pub qkv_bias: bool,
+    /// o_proj carries a bias (Llama and Qwen3 with `attention_bias`; never
+    /// Qwen2).
+    pub o_bias: bool,
     /// RMSNorm over each head of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
 }
@@ -31,6 +36,7 @@ struct Attention<B: Backend> {
     q_bias: Option<B::Weight>,
     k_bias: Option<B::Weight>,
     v_bias: Option<B::Weight>,
+    o_bias: Option<B::Weight>,
     q_norm: Option<B::Weight>,
     k_norm: Option<B::Weight>,
 }
@@ -74,7 +80,8 @@ pub fn build<B: Backend>(
         cfg,
         src,
         Variant {
-            qkv_bias: false,
+            qkv_bias: cfg.attention_bias,
+            o_bias: cfg.attention_bias,
             qk_norm: false,
         },
         opts,
@@ -101,8 +108,10 @@ impl<B: Backend> LlamaFamily<B> {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let bias = |name: &str, n: usize| -> Result<Option<B::Weight>> {
-                if variant.qkv_bias {
+            // A bias the variant does not require is still loaded where the
+            // source has it (GGUF files do not say whether they carry biases).
+            let bias = |name: &str, n: usize, required: bool| -> Result<Option<B::Weight>> {
+                if required {
                     load(b, src, &format!("{p}.self_attn.{name}.bias"), &[n]).map(Some)
                 } else {
                     load_opt(b, src, &format!("{p}.self_attn.{name}.bias"), &[n])
@@ -130,9 +139,10 @@ impl<B: Backend> LlamaFamily<B> {
                     &[kv_dim, h],
                 )?,
                 o_proj: load(b, src, &format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?,
-                q_bias: bias("q_proj", q_dim)?,
-                k_bias: bias("k_proj", kv_dim)?,
-                v_bias: bias("v_proj", kv_dim)?,
+                q_bias: bias("q_proj", q_dim, variant.qkv_bias)?,
+                k_bias: bias("k_proj", kv_dim, variant.qkv_bias)?,
+                v_bias: bias("v_proj", kv_dim, variant.qkv_bias)?,
+                o_bias: bias("o_proj", h, variant.o_bias)?,
                 q_norm: head_norm("q_norm")?,
                 k_norm: head_norm("k_norm")?,
             };
@@ -223,7 +233,8 @@ impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
         let mut h = b.rms_norm(&x, &first.input_layernorm, self.eps)?;
         for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
             let attn = self.attention(b, &layer.self_attn, &h, step, cache)?;
-            b.add_linear(&mut x, &attn, &layer.self_attn.o_proj, None)?;
+            let o = &layer.self_attn;
+            b.add_linear(&mut x, &attn, &o.o_proj, o.o_bias.as_ref())?;
             h = b.rms_norm(&x, &layer.post_attention_layernorm, self.eps)?;
             let gate_up = b.linear(&h, &layer.mlp.gate_up_proj, None)?;
             b.add_linear(&mut x, &b.silu_mul(&gate_up)?, &layer.mlp.down_proj, None)?;

@@ -36,7 +36,8 @@ pub struct BuildOptions {
 }
 
 /// Builds the model `cfg.architecture` names. `progress(done, total)` is called
-/// as weights are loaded (total = layers + 2).
+/// as weights are loaded (total = layers + 2). A `max_model_len` past the
+/// config's sliding window is refused ([`ModelConfig::check_context_len`]).
 pub fn build<B: Backend>(
     backend: &B,
     cfg: &ModelConfig,
@@ -45,6 +46,8 @@ pub fn build<B: Backend>(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn CausalLm<B>>> {
     cfg.validate().map_err(crate::ModelError::Config)?;
+    cfg.check_context_len(opts.max_model_len)
+        .map_err(crate::ModelError::Config)?;
     Ok(match cfg.architecture {
         Architecture::Llama => Box::new(llama::build(backend, cfg, weights, opts, progress)?),
         Architecture::Qwen2 => Box::new(qwen2::build(backend, cfg, weights, opts, progress)?),

@@ -19,6 +19,7 @@ pub fn build<B: Backend>(
         src,
         Variant {
             qkv_bias: true,
+            o_bias: false,
             qk_norm: false,
         },
         opts,

@@ -16,6 +16,7 @@ pub fn build<B: Backend>(
 ) -> Result<LlamaFamily<B>> {
     let variant = Variant {
         qkv_bias: cfg.attention_bias,
+        o_bias: cfg.attention_bias,
         qk_norm: true,
     };
     LlamaFamily::new(b, cfg, src, variant, opts, progress)

@@ -83,6 +83,7 @@ mod tests {
             word_embed_proj_dim: None,
             do_layer_norm_before: true,
             torch_dtype: None,
+            sliding_window: None,
         }
     }
 

@@ -33,6 +33,7 @@ fn config(
         word_embed_proj_dim: None,
         do_layer_norm_before: true,
         torch_dtype: None,
+        sliding_window: None,
     }
 }
 
@@ -328,6 +329,9 @@ fn tiny_golden_models_have_exactly_the_dummy_tensors() {
     // The configs of scripts/golden/models.py's tiny models.
     let mut llama = config(Architecture::Llama, 64, 128, 2, 4, 2, 512);
     llama.head_dim = Some(16);
+    let mut llama_bias = llama.clone();
+    llama_bias.attention_bias = true;
+    llama_bias.tie_word_embeddings = false;
     let mut qwen2 = config(Architecture::Qwen2, 64, 128, 2, 4, 2, 512);
     qwen2.tie_word_embeddings = false;
     qwen2.attention_bias = true;
@@ -338,6 +342,7 @@ fn tiny_golden_models_have_exactly_the_dummy_tensors() {
     opt.max_position_embeddings = 256;
     for (arch, cfg) in [
         ("llama", llama),
+        ("llama-attnbias", llama_bias),
         ("qwen2", qwen2),
         ("qwen3", qwen3),
         ("opt", opt),
@@ -353,7 +358,7 @@ fn tiny_golden_models_have_exactly_the_dummy_tensors() {
 #[test]
 fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden");
-    for arch in ["llama", "qwen2", "qwen3", "opt"] {
+    for arch in ["llama", "llama-attnbias", "qwen2", "qwen3", "opt"] {
         let cfg =
             super::super::hf_config::load_hf_config(&root.join(format!("tiny-{arch}"))).unwrap();
         let mut ours = tensor_shapes(&cfg);

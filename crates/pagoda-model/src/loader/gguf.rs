@@ -355,6 +355,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         word_embed_proj_dim: None,
         do_layer_norm_before: true,
         torch_dtype: dominant_weight_type(file),
+        // A window of 0 is none.
+        sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
     };
     if let Some(rot) = opt_usize("rope.dimension_count")? {
         if rot != config.head_dim() {

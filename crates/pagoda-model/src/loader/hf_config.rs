@@ -23,8 +23,9 @@
 //!   `llama3` are accepted; anything else is an error, never silently ignored;
 //! - features pagoda's model files do not implement (`mlp_bias`, a non-SiLU /
 //!   non-ReLU activation, OPT without biases) are rejected here rather than
-//!   failing later on a missing tensor; sliding-window attention, which only
-//!   changes results past the window, is accepted with a warning;
+//!   failing later on a missing tensor; a sliding window in use is recorded
+//!   in [`ModelConfig::sliding_window`] (building the model refuses a
+//!   context longer than the window);
 //! - end-of-sequence ids are `config.json`'s followed by
 //!   `generation_config.json`'s, without duplicates.
 //!
@@ -416,6 +417,7 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
             true
         },
         torch_dtype: torch_dtype.map(str::to_string),
+        sliding_window: sliding_window(f, class)?,
     })
 }
 
@@ -447,21 +449,43 @@ fn check_supported(f: &Fields, class: HfClass) -> Result<()> {
     if f.bool_or("mlp_bias", false)? {
         return unsupported("mlp_bias = true".into());
     }
-    let sliding = match class {
+    Ok(())
+}
+
+/// The sliding window the config puts to use, if any: Mistral's
+/// `sliding_window` (null is none); Qwen2's and Qwen3's only with
+/// `use_sliding_window: true`, and then on the layers from
+/// `max_window_layers` on (none where that is past the last layer). A
+/// `layer_types` list, where present, says which layers slide. A window of 0
+/// is none.
+fn sliding_window(f: &Fields, class: HfClass) -> Result<Option<usize>> {
+    let window = match class {
         HfClass::Mistral => f.usize_opt("sliding_window")?,
         HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
             f.usize_opt("sliding_window")?
         }
         _ => None,
     };
-    if let Some(window) = sliding {
-        tracing::warn!(
-            "{}: sliding_window = {window} is not implemented; attention is full, \
-             so outputs differ from the reference past {window} tokens",
-            f.file
-        );
+    let Some(window) = window.filter(|&w| w > 0) else {
+        return Ok(None);
+    };
+    if let Some(types) = f.get("layer_types") {
+        let types = types
+            .as_array()
+            .ok_or_else(|| f.bad("layer_types", "an array", types))?;
+        let slides = types
+            .iter()
+            .any(|t| t.as_str() == Some("sliding_attention"));
+        return Ok(slides.then_some(window));
     }
-    Ok(())
+    if matches!(class, HfClass::Qwen2 | HfClass::Qwen3) {
+        if let Some(first) = f.usize_opt("max_window_layers")? {
+            if first >= f.usize_opt("num_hidden_layers")?.unwrap_or(0) {
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(window))
 }
 
 /// `(rope_theta, rope_scaling)` from `rope_scaling` / `rope_parameters`.

@@ -336,3 +336,71 @@ fn load_hf_config_reads_both_files_and_names_missing_dir() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(matches!(load_hf_config(&dir), Err(ModelError::Io { .. })));
 }
+
+/// A config of `model_type` with `extra` fields (`, "key": value` pairs).
+fn with_fields(model_type: &str, extra: &str) -> ModelConfig {
+    let json = format!(
+        r#"{{"model_type": "{model_type}", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 10{extra}}}"#
+    );
+    parse(&json).unwrap()
+}
+
+#[test]
+fn sliding_window_is_recorded_only_where_in_use() {
+    // Mistral v0.1 slides over 4096 tokens; later Mistrals say null.
+    let c = with_fields("mistral", r#", "sliding_window": 4096"#);
+    assert_eq!(c.sliding_window, Some(4096));
+    assert_eq!(
+        with_fields("mistral", r#", "sliding_window": null"#).sliding_window,
+        None
+    );
+    assert_eq!(with_fields("mistral", "").sliding_window, None);
+    assert_eq!(
+        with_fields("mistral", r#", "sliding_window": 0"#).sliding_window,
+        None
+    );
+    // Qwen2 configs carry a window that `use_sliding_window: false` leaves unused.
+    let off = r#", "use_sliding_window": false, "sliding_window": 32768"#;
+    assert_eq!(with_fields("qwen2", off).sliding_window, None);
+    assert_eq!(with_fields("qwen3", off).sliding_window, None);
+    let on = r#", "use_sliding_window": true, "sliding_window": 512"#;
+    assert_eq!(with_fields("qwen2", on).sliding_window, Some(512));
+    assert_eq!(with_fields("qwen3", on).sliding_window, Some(512));
+    // From layer max_window_layers on: none of 2 layers when it is 2, one when 1.
+    let from2 = format!(r#"{on}, "max_window_layers": 2"#);
+    assert_eq!(with_fields("qwen2", &from2).sliding_window, None);
+    let from1 = format!(r#"{on}, "max_window_layers": 1"#);
+    assert_eq!(with_fields("qwen2", &from1).sliding_window, Some(512));
+    // An explicit layer list decides.
+    let full = format!(r#"{on}, "layer_types": ["full_attention", "full_attention"]"#);
+    assert_eq!(with_fields("qwen2", &full).sliding_window, None);
+    let mixed = r#", "sliding_window": 64, "layer_types": ["full_attention", "sliding_attention"]"#;
+    assert_eq!(with_fields("mistral", mixed).sliding_window, Some(64));
+    let bad = r#", "sliding_window": 64, "layer_types": "sliding_attention""#;
+    let json = format!(
+        r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 10{bad}}}"#
+    );
+    assert!(config_err(parse(&json)).contains("layer_types"));
+    // Llama has no sliding window, whatever the file says.
+    let llama = with_fields("llama", r#", "sliding_window": 64"#);
+    assert_eq!(llama.sliding_window, None);
+}
+
+#[test]
+fn a_context_past_the_window_is_refused() {
+    let c = with_fields("mistral", r#", "sliding_window": 4096"#);
+    assert_eq!(c.check_context_len(4096), Ok(()));
+    assert_eq!(c.check_context_len(1), Ok(()));
+    let msg = c.check_context_len(4097).unwrap_err();
+    assert!(
+        msg.contains("sliding-window") && msg.contains("4096"),
+        "{msg}"
+    );
+    assert!(msg.contains("4097"), "{msg}");
+    let full = with_fields("mistral", "");
+    assert_eq!(full.check_context_len(1 << 20), Ok(()));
+}

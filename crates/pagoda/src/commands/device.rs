@@ -229,6 +229,9 @@ fn build_engine<B: KvBudget>(
             cfg.max_position_embeddings
         );
     }
+    if let (Some(window), Err(why)) = (cfg.sliding_window, cfg.check_context_len(max_model_len)) {
+        bail!("{why}: pass --max-model-len {window} (or less) to serve it exactly");
+    }
     if cache.block_size == 0 {
         bail!("--block-size must be at least 1");
     }

@@ -96,6 +96,14 @@ extern "C" __global__ void add_bias_f32(float* y, const bf16* bias, int n_rows, 
     add_bias_impl(y, bias, n_rows, cols);
 }
 
+// y[r, c] = bf16(acc[r, c] + bias[c]): an f32 product and its bias rounded to
+// bf16 once, as cuBLASLt's bias epilogue (and PyTorch's bf16 F.linear) does.
+extern "C" __global__ void add_bias_round_bf16(bf16* y, const float* acc, const bf16* bias,
+                                               int n_rows, int cols) {
+    long long n = (long long)n_rows * cols;
+    GRID_STRIDE(i, n) { y[i] = f2bf(acc[i] + bf2f(bias[i % cols])); }
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
 // y[r, c] = silu(gu[r, c]) * gu[r, n + c]

@@ -1,0 +1,95 @@
+//! Helpers shared by the CUDA test binaries of this crate and of
+//! pagoda-engine (the backend itself never calls them): opening the device
+//! for a test, and the relative L2 error the op and model comparisons
+//! measure.
+//!
+//! A machine without CUDA skips the CUDA tests with a notice, unless the
+//! environment variable [`REQUIRE_GPU_ENV`] is set (to anything but empty or
+//! `0`; scripts/gpu-run.sh sets it): then the missing device fails the test,
+//! so a broken device setup never reads as a passing run. Any other failure
+//! to start the backend always fails the test.
+
+use super::{CudaBackend, CudaOptions};
+use crate::Backend;
+
+/// The environment variable saying a GPU must be present.
+pub const REQUIRE_GPU_ENV: &str = "PAGODA_REQUIRE_GPU";
+
+/// The GPU backend, or `None` (with a notice) where there is no CUDA and no
+/// GPU is required. Panics (failing the test) where the backend fails to
+/// start for any other reason, or where a GPU is required.
+pub fn gpu() -> Option<CudaBackend> {
+    let required = std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
+    match CudaBackend::new(CudaOptions::default()) {
+        Ok(b) => {
+            eprintln!("notice: CUDA tests run on {}", b.name());
+            Some(b)
+        }
+        Err(e) => {
+            let e = e.to_string();
+            match skip_or_fail(&e, required) {
+                Ok(()) => {
+                    eprintln!("notice: CUDA tests skipped: {e}");
+                    None
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+}
+
+/// [`gpu`] with every fresh output filled with NaN before an op writes it,
+/// so an element left unwritten fails the comparison.
+pub fn gpu_poisoned() -> Option<CudaBackend> {
+    let b = gpu()?;
+    b.set_poison_outputs(true);
+    Some(b)
+}
+
+/// Whether a backend start that failed with `error` skips the tests
+/// (`Ok`) or fails them (`Err`, saying why): only a machine without CUDA
+/// skips, and only where no GPU is `required`.
+pub fn skip_or_fail(error: &str, required: bool) -> Result<(), String> {
+    if !error.contains("CUDA is not available") {
+        return Err(format!("CUDA backend failed to start: {error}"));
+    }
+    if required {
+        return Err(format!(
+            "{REQUIRE_GPU_ENV} is set but no GPU could be used: {error}"
+        ));
+    }
+    Ok(())
+}
+
+/// ‖got − want‖₂ / ‖want‖₂, in f64.
+pub fn rel_err_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "rel_err_l2: lengths differ");
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_missing_cuda_skips_and_only_when_not_required() {
+        let absent = "device error: CUDA is not available: cannot open libcuda";
+        assert!(skip_or_fail(absent, false).is_ok());
+        let err = skip_or_fail(absent, true).unwrap_err();
+        assert!(err.contains(REQUIRE_GPU_ENV), "{err}");
+        assert!(skip_or_fail("device error: out of memory", false).is_err());
+        assert!(skip_or_fail("device error: out of memory", true).is_err());
+    }
+
+    #[test]
+    fn rel_err_l2_is_relative() {
+        assert_eq!(rel_err_l2(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        let e = rel_err_l2(&[3.0, 0.0], &[4.0, 0.0]);
+        assert!((e - 0.25).abs() < 1e-12);
+    }
+}
