@@ -254,9 +254,9 @@ fn a_step_too_large_for_the_arena_fails_alone() {
     };
     let small = step(&mut r, 12).unwrap();
     match step(&mut r, 2000) {
-        Err(pagoda_engine::EngineError::Kernel(KernelError::OutOfMemory(msg))) => {
-            eprintln!("refused as expected: {msg}")
-        }
+        Err(pagoda_engine::EngineError::Model(pagoda_model::ModelError::Kernel(
+            KernelError::OutOfMemory(msg),
+        ))) => eprintln!("refused as expected: {msg}"),
         other => panic!("a step beyond the arena gave {:?}", other.map(|l| l.len())),
     }
     assert_eq!(
