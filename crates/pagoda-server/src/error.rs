@@ -92,6 +92,13 @@ impl ApiError {
         }
     }
 
+    /// Names the request parameter at fault (OpenAI's `param`), on any
+    /// error: `ApiError::invalid(..).with_param("n")`.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
@@ -186,7 +193,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
 /// Parses `bytes` as a `T`, naming the field at fault.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if inner.is_syntax() || inner.is_eof() {
@@ -194,7 +201,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else {
             data_error(path, inner)
         }
-    })
+    })?;
+    // Only whitespace may follow the value (`{...} xyz` is not JSON).
+    de.end().map_err(|e| {
+        ApiError::invalid(format!(
+            "malformed JSON body: {e} (only whitespace may follow the JSON value)"
+        ))
+    })?;
+    Ok(value)
 }
 
 /// Reads a `T` out of an already parsed body, naming the field at fault.
@@ -233,6 +247,19 @@ mod tests {
         let e = parse_json::<Req>(br#"{"temperature": "#).unwrap_err();
         assert!(e.message.contains("malformed JSON"), "{}", e.message);
         assert!(parse_json::<Req>(br#"{"temperature": 1, "unknown": [1]}"#).is_ok());
+    }
+
+    #[test]
+    fn trailing_data_after_the_body_is_malformed_but_whitespace_is_fine() {
+        for body in [
+            &br#"{"temperature": 1} xyz"#[..],
+            br#"{"temperature": 1}{}"#,
+        ] {
+            let e = parse_json::<Req>(body).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(e.message.contains("trailing characters"), "{}", e.message);
+        }
+        assert!(parse_json::<Req>(b"{\"temperature\": 1} \r\n\t ").is_ok());
     }
 
     #[test]

@@ -42,9 +42,11 @@ pub struct ServerConfig {
     pub port: u16,
     /// The name clients send as `model` and `/v1/models` lists.
     pub served_model_name: String,
-    /// When set, `/v1/*`, `/tokenize` and `/detokenize` need
-    /// `Authorization: Bearer <key>`.
+    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and (unless
+    /// `public_metrics`) `/metrics` need `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// Serve `/metrics` without the API key.
+    pub public_metrics: bool,
     /// The engine's longest prompt + output (from its scheduler config).
     pub max_model_len: usize,
     /// Larger request bodies get 413.
@@ -61,6 +63,7 @@ impl ServerConfig {
             port: 8000,
             served_model_name: served_model_name.into(),
             api_key: None,
+            public_metrics: false,
             max_model_len,
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),

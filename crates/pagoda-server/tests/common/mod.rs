@@ -41,6 +41,8 @@ pub struct Options {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// Last changes to the server's settings.
+    pub config: fn(&mut ServerConfig),
 }
 
 impl Default for Options {
@@ -53,6 +55,7 @@ impl Default for Options {
             api_key: None,
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),
+            config: |_| {},
         }
     }
 }
@@ -112,6 +115,7 @@ pub async fn start(opts: Options) -> TestServer {
     config.api_key = opts.api_key.clone();
     config.max_body_bytes = opts.max_body_bytes;
     config.shutdown_timeout = opts.shutdown_timeout;
+    (opts.config)(&mut config);
     let server = Server::bind(config, handle.clone(), tokenizer.clone())
         .await
         .unwrap();
