@@ -1,12 +1,14 @@
 //! Errors: the crate's one error enum ([`ServerError`], for start-up and
 //! serving failures), the HTTP error every route returns ([`ApiError`], in
 //! OpenAI's `{"error": {"message", "type", "param", "code"}}` shape), and the
-//! JSON body extractor ([`JsonBody`]) whose rejections are OpenAI-shaped too.
+//! JSON body extractor ([`JsonBody`]) whose rejections are OpenAI-shaped too
+//! (and which enforces the body read deadline: 408).
 //!
 //! Invariant: nothing a client sends can make a handler panic; every refusal
 //! is an [`ApiError`] with a 4xx status and a message naming the cause, and
 //! only engine failures become 5xx.
 
+use crate::conn::BodyDeadline;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -156,6 +158,11 @@ impl IntoResponse for ApiError {
             self.body_json(),
         )
             .into_response();
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
@@ -175,7 +182,15 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+        let deadline = req.extensions().get::<BodyDeadline>().copied();
+        let read = Bytes::from_request(req, state);
+        let read = match deadline {
+            Some(BodyDeadline(at)) => tokio::time::timeout_at(at, read)
+                .await
+                .map_err(|_| body_timeout())?,
+            None => read.await,
+        };
+        let bytes = read.map_err(|r| {
             let status = r.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError {
@@ -187,6 +202,16 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             }
         })?;
         parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// 408 for a body that did not arrive in time; the connection closes (the
+/// rest of the body would be read as the next request).
+fn body_timeout() -> ApiError {
+    ApiError {
+        status: StatusCode::REQUEST_TIMEOUT,
+        code: Some("request_timeout"),
+        ..ApiError::invalid("the request body did not arrive within the body read timeout")
     }
 }
 

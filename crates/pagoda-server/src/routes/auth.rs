@@ -22,7 +22,7 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
 /// The token of an `Authorization: Bearer <token>` header, if any.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(|c: char| c == ' ' || c == '\t')?;
+    let (scheme, token) = value.split_once([' ', '\t'])?;
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())

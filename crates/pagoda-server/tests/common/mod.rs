@@ -139,6 +139,11 @@ impl TestServer {
         format!("{}{path}", self.url)
     }
 
+    /// `host:port`, for raw TCP clients.
+    pub fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
     /// POSTs `body` as JSON; returns the status and the parsed body.
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         let r = self
@@ -239,4 +244,30 @@ pub fn chunks(payloads: &[String]) -> Vec<Value> {
 /// A greedy completion request body.
 pub fn greedy(prompt: &str, max_tokens: usize) -> Value {
     json!({"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+}
+
+/// Reads what the server sends until it closes the connection (or
+/// `limit` passes: then panics); returns the bytes and when it closed.
+pub async fn read_until_closed(
+    tcp: &mut tokio::net::TcpStream,
+    limit: Duration,
+) -> (String, std::time::Instant) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(limit, read)
+        .await
+        .expect("the server did not close the connection");
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        std::time::Instant::now(),
+    )
 }

@@ -49,6 +49,25 @@ pub struct ServeArgs {
     /// Seconds requests in flight may run after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    /// Seconds a client has to send a request's head (from connecting, or
+    /// from the request's first byte on a kept-alive connection).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout: u64,
+    /// Seconds a client has to send a request's body once its head is in
+    /// (then 408).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout: u64,
+    /// Seconds a kept-alive connection may idle between requests.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_alive_timeout: u64,
+    /// Connections served at once; past it clients get 503 while /health
+    /// still answers (default: below the open-file limit, which is raised
+    /// to its hard limit at start; at most 8192).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -86,6 +105,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let has_key = api_key.is_some();
     config.api_key = api_key;
     config.shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
+    config.header_read_timeout = Duration::from_secs(args.header_read_timeout);
+    config.body_read_timeout = Duration::from_secs(args.body_read_timeout);
+    config.keep_alive_timeout = Duration::from_secs(args.keep_alive_timeout);
+    config.max_connections = args
+        .max_connections
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    // Idle clients must not exhaust a low default open-file limit.
+    let fd_limit = match pagoda_server::listen::raise_fd_limit() {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+            pagoda_server::listen::fd_limit()
+        }
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -110,6 +143,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
             sched.block_size
         );
         eprintln!("  listening: {url}  (OpenAI API under {url}/v1)");
+        let limits = server.limits();
+        eprintln!(
+            "  connections: up to {} (then 503; /health on {} more), open-file limit {}",
+            limits.max_connections,
+            limits.overflow,
+            fd_limit.map_or("unlimited".to_string(), |l| l.to_string())
+        );
         eprintln!("  try:");
         eprintln!(
             "    curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n      \
