@@ -1,12 +1,14 @@
 //! Errors: the crate's one error enum ([`ServerError`], for start-up and
 //! serving failures), the HTTP error every route returns ([`ApiError`], in
 //! OpenAI's `{"error": {"message", "type", "param", "code"}}` shape), and the
-//! JSON body extractor ([`JsonBody`]) whose rejections are OpenAI-shaped too.
+//! JSON body extractor ([`JsonBody`]) whose rejections are OpenAI-shaped too
+//! (and which enforces the body read deadline: 408).
 //!
 //! Invariant: nothing a client sends can make a handler panic; every refusal
 //! is an [`ApiError`] with a 4xx status and a message naming the cause, and
 //! only engine failures become 5xx.
 
+use crate::conn::BodyDeadline;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -92,6 +94,13 @@ impl ApiError {
         }
     }
 
+    /// Names the request parameter at fault (OpenAI's `param`), on any
+    /// error: `ApiError::invalid(..).with_param("n")`.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
@@ -149,6 +158,11 @@ impl IntoResponse for ApiError {
             self.body_json(),
         )
             .into_response();
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
@@ -168,7 +182,15 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+        let deadline = req.extensions().get::<BodyDeadline>().copied();
+        let read = Bytes::from_request(req, state);
+        let read = match deadline {
+            Some(BodyDeadline(at)) => tokio::time::timeout_at(at, read)
+                .await
+                .map_err(|_| body_timeout())?,
+            None => read.await,
+        };
+        let bytes = read.map_err(|r| {
             let status = r.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError {
@@ -183,10 +205,20 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// 408 for a body that did not arrive in time; the connection closes (the
+/// rest of the body would be read as the next request).
+fn body_timeout() -> ApiError {
+    ApiError {
+        status: StatusCode::REQUEST_TIMEOUT,
+        code: Some("request_timeout"),
+        ..ApiError::invalid("the request body did not arrive within the body read timeout")
+    }
+}
+
 /// Parses `bytes` as a `T`, naming the field at fault.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if inner.is_syntax() || inner.is_eof() {
@@ -194,7 +226,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else {
             data_error(path, inner)
         }
-    })
+    })?;
+    // Only whitespace may follow the value (`{...} xyz` is not JSON).
+    de.end().map_err(|e| {
+        ApiError::invalid(format!(
+            "malformed JSON body: {e} (only whitespace may follow the JSON value)"
+        ))
+    })?;
+    Ok(value)
 }
 
 /// Reads a `T` out of an already parsed body, naming the field at fault.
@@ -233,6 +272,19 @@ mod tests {
         let e = parse_json::<Req>(br#"{"temperature": "#).unwrap_err();
         assert!(e.message.contains("malformed JSON"), "{}", e.message);
         assert!(parse_json::<Req>(br#"{"temperature": 1, "unknown": [1]}"#).is_ok());
+    }
+
+    #[test]
+    fn trailing_data_after_the_body_is_malformed_but_whitespace_is_fine() {
+        for body in [
+            &br#"{"temperature": 1} xyz"#[..],
+            br#"{"temperature": 1}{}"#,
+        ] {
+            let e = parse_json::<Req>(body).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(e.message.contains("trailing characters"), "{}", e.message);
+        }
+        assert!(parse_json::<Req>(b"{\"temperature\": 1} \r\n\t ").is_ok());
     }
 
     #[test]

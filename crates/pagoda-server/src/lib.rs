@@ -10,14 +10,21 @@
 //! - [`sse`]: streaming responses;
 //! - [`error`]: [`ServerError`], and [`ApiError`] (OpenAI's error JSON);
 //! - [`metrics`]: Prometheus text for `/metrics`;
-//! - [`state`]: what the handlers share.
+//! - [`state`]: what the handlers share;
+//! - [`listen`]: the accept loop, the connection cap and the fd limit;
+//! - [`conn`]: one connection, with header, body and keep-alive timeouts.
 //!
 //! Invariants: a client that disconnects aborts its requests at once (their
 //! engine streams are dropped with the handler or the stream task); a
-//! shutdown signal stops accepting connections, lets requests in flight finish
-//! for at most [`ServerConfig::shutdown_timeout`], then returns.
+//! client that sends nothing, or too slowly, is cut off by a timeout; past
+//! the connection cap clients get a 503 at once while `/health` keeps
+//! answering; a shutdown signal stops accepting connections, lets requests
+//! in flight finish for at most [`ServerConfig::shutdown_timeout`], then
+//! returns.
 
+pub mod conn;
 pub mod error;
+pub mod listen;
 pub mod metrics;
 pub mod openai;
 pub mod routes;
@@ -29,7 +36,7 @@ pub use state::AppState;
 
 use pagoda_engine::EngineHandle;
 use pagoda_model::tokenizer::Tokenizer;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,15 +49,27 @@ pub struct ServerConfig {
     pub port: u16,
     /// The name clients send as `model` and `/v1/models` lists.
     pub served_model_name: String,
-    /// When set, `/v1/*`, `/tokenize` and `/detokenize` need
-    /// `Authorization: Bearer <key>`.
+    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and (unless
+    /// `public_metrics`) `/metrics` need `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// Serve `/metrics` without the API key.
+    pub public_metrics: bool,
     /// The engine's longest prompt + output (from its scheduler config).
     pub max_model_len: usize,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
     /// How long requests in flight may run after a shutdown signal.
     pub shutdown_timeout: Duration,
+    /// Time to send a request's head: from connect on a fresh connection,
+    /// from its first byte on a kept-alive one.
+    pub header_read_timeout: Duration,
+    /// Time to send a request's body, from the end of its head (then 408).
+    pub body_read_timeout: Duration,
+    /// How long a kept-alive connection may idle between requests.
+    pub keep_alive_timeout: Duration,
+    /// Connections served at once (past it: 503, `/health` still answers);
+    /// None: sized below the file-descriptor limit ([`listen::Limits`]).
+    pub max_connections: Option<usize>,
 }
 
 impl ServerConfig {
@@ -61,9 +80,14 @@ impl ServerConfig {
             port: 8000,
             served_model_name: served_model_name.into(),
             api_key: None,
+            public_metrics: false,
             max_model_len,
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            keep_alive_timeout: Duration::from_secs(60),
+            max_connections: None,
         }
     }
 }
@@ -72,6 +96,7 @@ impl ServerConfig {
 pub struct Server {
     listener: tokio::net::TcpListener,
     state: AppState,
+    limits: listen::Limits,
 }
 
 impl Server {
@@ -85,10 +110,29 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
+        let fd_limit = listen::fd_limit();
+        let limits = listen::Limits::new(fd_limit, config.max_connections);
+        if let Some(fds) = fd_limit {
+            let needed = (limits.max_connections + limits.overflow) as u64 + 64;
+            if needed > fds {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    fd_limit = fds,
+                    "the connection cap is near the open-file limit; \
+                     accepting may stall (backing off) before the cap is reached"
+                );
+            }
+        }
         Ok(Server {
             listener,
             state: AppState::new(config, handle, tokenizer),
+            limits,
         })
+    }
+
+    /// The connection limits in force.
+    pub fn limits(&self) -> listen::Limits {
+        self.limits
     }
 
     pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
@@ -100,27 +144,8 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let timeout = self.state.config.shutdown_timeout;
-        let signalled = Arc::new(tokio::sync::Notify::new());
-        let notify = signalled.clone();
-        let signal = async move {
-            shutdown.await;
-            tracing::info!("shutting down: no new connections; finishing requests in flight");
-            notify.notify_one();
-        };
-        let app = routes::router(self.state);
-        let server = axum::serve(self.listener, app)
-            .with_graceful_shutdown(signal)
-            .into_future();
-        tokio::select! {
-            result = server => result?,
-            _ = async { signalled.notified().await; tokio::time::sleep(timeout).await } => {
-                tracing::warn!(
-                    seconds = timeout.as_secs_f64(),
-                    "requests still in flight after the shutdown timeout; stopping anyway"
-                );
-            }
-        }
+        let drain = self.state.config.shutdown_timeout;
+        listen::serve(self.listener, self.state, self.limits, shutdown, drain).await;
         Ok(())
     }
 }

@@ -186,9 +186,9 @@ async fn api_key_is_required_when_set_and_bodies_are_limited() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    // Health and metrics stay open.
+    // Health stays open; metrics need the key (tests/auth.rs).
     assert_eq!(s.get("/health").await.0, 200);
-    assert_eq!(s.get("/metrics").await.0, 200);
+    assert_eq!(s.get("/metrics").await.0, 401);
 
     // 9 MiB body over the 8 MiB limit.
     let big = json!({"prompt": "x".repeat(9 << 20)});

@@ -41,6 +41,8 @@ pub struct Options {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub shutdown_timeout: Duration,
+    /// Last changes to the server's settings.
+    pub config: fn(&mut ServerConfig),
 }
 
 impl Default for Options {
@@ -53,6 +55,7 @@ impl Default for Options {
             api_key: None,
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),
+            config: |_| {},
         }
     }
 }
@@ -112,6 +115,7 @@ pub async fn start(opts: Options) -> TestServer {
     config.api_key = opts.api_key.clone();
     config.max_body_bytes = opts.max_body_bytes;
     config.shutdown_timeout = opts.shutdown_timeout;
+    (opts.config)(&mut config);
     let server = Server::bind(config, handle.clone(), tokenizer.clone())
         .await
         .unwrap();
@@ -133,6 +137,11 @@ pub async fn start(opts: Options) -> TestServer {
 impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.url)
+    }
+
+    /// `host:port`, for raw TCP clients.
+    pub fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
     }
 
     /// POSTs `body` as JSON; returns the status and the parsed body.
@@ -235,4 +244,30 @@ pub fn chunks(payloads: &[String]) -> Vec<Value> {
 /// A greedy completion request body.
 pub fn greedy(prompt: &str, max_tokens: usize) -> Value {
     json!({"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+}
+
+/// Reads what the server sends until it closes the connection (or
+/// `limit` passes: then panics); returns the bytes and when it closed.
+pub async fn read_until_closed(
+    tcp: &mut tokio::net::TcpStream,
+    limit: Duration,
+) -> (String, std::time::Instant) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(limit, read)
+        .await
+        .expect("the server did not close the connection");
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        std::time::Instant::now(),
+    )
 }

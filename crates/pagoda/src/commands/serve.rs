@@ -10,7 +10,12 @@ use pagoda_core::SchedulerConfig;
 use pagoda_engine::{EngineHandle, HandleOptions, LlmEngine, ShutdownMode};
 use pagoda_kernels::Backend;
 use pagoda_server::ServerConfig;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The environment variable the API key is read from when no option gives it.
+pub const API_KEY_ENV: &str = "PAGODA_API_KEY";
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -27,19 +32,51 @@ pub struct ServeArgs {
     /// Model name clients send as `model` (default: the model file's name).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on the API routes.
-    #[arg(long, value_name = "KEY")]
+    /// Require `Authorization: Bearer KEY` on the API routes and /metrics
+    /// (visible in `ps`: prefer --api-key-file or the PAGODA_API_KEY
+    /// environment variable, used when neither option is given).
+    #[arg(long, value_name = "KEY", conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from this file (surrounding whitespace is ignored).
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
+    /// Serve /metrics without the API key.
+    #[arg(long)]
+    pub public_metrics: bool,
     /// Answer 503 (Retry-After) while this many requests wait to be scheduled.
     #[arg(long, value_name = "N")]
     pub max_waiting: Option<usize>,
     /// Seconds requests in flight may run after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    /// Seconds a client has to send a request's head (from connecting, or
+    /// from the request's first byte on a kept-alive connection).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout: u64,
+    /// Seconds a client has to send a request's body once its head is in
+    /// (then 408).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout: u64,
+    /// Seconds a kept-alive connection may idle between requests.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_alive_timeout: u64,
+    /// Connections served at once; past it clients get 503 while /health
+    /// still answers (default: below the open-file limit, which is raised
+    /// to its hard limit at start; at most 8192).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
     args.cache.check_kv_cache_memory()?;
+    let api_key = resolve_api_key(
+        args.api_key.as_deref(),
+        args.api_key_file.as_deref(),
+        std::env::var_os(API_KEY_ENV),
+    )?;
     let files = open(&args.model, false)?;
     let Some(tokenizer) = files.tokenizer.clone() else {
         bail!("the model has no tokenizer, so it cannot be served over text APIs");
@@ -64,8 +101,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(name.clone(), sched.max_model_len);
     config.host = args.host.clone();
     config.port = args.port;
-    config.api_key = args.api_key.clone();
+    config.public_metrics = args.public_metrics;
+    let has_key = api_key.is_some();
+    config.api_key = api_key;
     config.shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
+    config.header_read_timeout = Duration::from_secs(args.header_read_timeout);
+    config.body_read_timeout = Duration::from_secs(args.body_read_timeout);
+    config.keep_alive_timeout = Duration::from_secs(args.keep_alive_timeout);
+    config.max_connections = args
+        .max_connections
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    // Idle clients must not exhaust a low default open-file limit.
+    let fd_limit = match pagoda_server::listen::raise_fd_limit() {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+            pagoda_server::listen::fd_limit()
+        }
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -76,7 +129,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let server = pagoda_server::Server::bind(config, handle.clone(), tokenizer).await?;
         let addr = server.local_addr()?;
         let url = format!("http://{addr}");
-        let auth = if args.api_key.is_some() {
+        let auth = if has_key {
             " -H 'Authorization: Bearer $KEY'"
         } else {
             ""
@@ -90,6 +143,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
             sched.block_size
         );
         eprintln!("  listening: {url}  (OpenAI API under {url}/v1)");
+        let limits = server.limits();
+        eprintln!(
+            "  connections: up to {} (then 503; /health on {} more), open-file limit {}",
+            limits.max_connections,
+            limits.overflow,
+            fd_limit.map_or("unlimited".to_string(), |l| l.to_string())
+        );
         eprintln!("  try:");
         eprintln!(
             "    curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n      \
@@ -101,6 +161,38 @@ pub fn run(args: ServeArgs) -> Result<()> {
         handle.shutdown(ShutdownMode::Abort).await?;
         anyhow::Ok(())
     })
+}
+
+/// The API key: `--api-key`, else the contents of `--api-key-file`, else
+/// the environment variable (`env`); none of them: no key. An empty key is
+/// an error rather than an open server.
+pub fn resolve_api_key(
+    flag: Option<&str>,
+    file: Option<&Path>,
+    env: Option<OsString>,
+) -> Result<Option<String>> {
+    let (key, from) = if let Some(k) = flag {
+        (k.to_string(), "--api-key".to_string())
+    } else if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the API key file {}", path.display()))?;
+        (text, format!("the API key file {}", path.display()))
+    } else if let Some(v) = env {
+        let Ok(v) = v.into_string() else {
+            bail!("{API_KEY_ENV} is not valid UTF-8");
+        };
+        (v, API_KEY_ENV.to_string())
+    } else {
+        return Ok(None);
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        bail!("the API key from {from} is empty");
+    }
+    if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        bail!("the API key from {from} contains whitespace or control characters");
+    }
+    Ok(Some(key.to_string()))
 }
 
 /// Starts the engine thread, on whichever backend the engine was built for.
@@ -120,5 +212,36 @@ impl EngineTask for Spawn {
             },
         )?;
         Ok((handle, sched))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_key_from_flag_file_or_environment_in_that_order() {
+        let dir = std::env::temp_dir().join(format!("pagoda-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let env = || Some(OsString::from("from-env"));
+        let k = |f, p, e| resolve_api_key(f, p, e).unwrap();
+        assert_eq!(k(Some("flag"), Some(&file), env()).as_deref(), Some("flag"));
+        assert_eq!(k(None, Some(&file), env()).as_deref(), Some("from-file"));
+        assert_eq!(k(None, None, env()).as_deref(), Some("from-env"));
+        assert_eq!(k(None, None, None), None);
+
+        std::fs::write(&file, " \n").unwrap();
+        let e = resolve_api_key(None, Some(&file), None).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+        let e = resolve_api_key(None, None, Some(OsString::new())).unwrap_err();
+        assert!(e.to_string().contains(API_KEY_ENV), "{e}");
+        std::fs::write(&file, "two words").unwrap();
+        assert!(resolve_api_key(None, Some(&file), None).is_err());
+        let missing = dir.join("missing");
+        let e = resolve_api_key(None, Some(&missing), None).unwrap_err();
+        assert!(e.to_string().contains("cannot read"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
