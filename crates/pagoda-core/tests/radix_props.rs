@@ -93,7 +93,7 @@ impl Model {
         }
         let bs = self.bs();
         assert_eq!(m.blocks.len(), m.num_tokens / bs);
-        assert_eq!(m.partial_block.is_some(), m.num_tokens % bs != 0);
+        assert_eq!(m.partial_block.is_some(), !m.num_tokens.is_multiple_of(bs));
         assert_eq!(self.tree.node_end(m.node), Some(m.num_tokens));
         for p in 0..m.num_tokens {
             let b = m.blocks.get(p / bs).copied().or(m.partial_block).unwrap();

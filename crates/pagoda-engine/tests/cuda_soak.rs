@@ -107,7 +107,7 @@ fn soak() {
         .unwrap();
     let mut engine = LlmEngine::new(r, None, sched.clone()).unwrap();
 
-    let mut rng = Rng(0x5eed_0f_50a4);
+    let mut rng = Rng(0x5eed_0f50_a4a4);
     let prefixes: Vec<Vec<u32>> = (0..8)
         .map(|_| {
             let n = rng.range(8, 700);

@@ -358,7 +358,7 @@ fn locate(t: &mut TensorInfo, data_offset: u64, alignment: u64, file_len: u64) -
     let n_bytes = (n / block)
         .checked_mul(t.ggml_type.type_size() as u64)
         .ok_or_else(overflow)?;
-    if t.offset % alignment != 0 {
+    if !t.offset.is_multiple_of(alignment) {
         return Err(GgufError::Misaligned {
             tensor: t.name.clone(),
             offset: t.offset,

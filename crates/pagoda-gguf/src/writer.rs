@@ -57,7 +57,7 @@ impl GgufWriter {
     /// Adds a Q8_0 tensor, quantizing `data` per block of 32 as ggml does:
     /// `d = max|x| / 127` (stored as f16), `q = round(x / d)`.
     pub fn add_q8_0(&mut self, name: &str, shape: &[usize], data: &[f32]) -> Result<&mut Self> {
-        if data.len() % 32 != 0 {
+        if !data.len().is_multiple_of(32) {
             return Err(GgufError::Writer(format!(
                 "{name}: Q8_0 needs a multiple of 32 elements, got {}",
                 data.len()

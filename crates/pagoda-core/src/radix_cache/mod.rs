@@ -240,7 +240,7 @@ impl RadixCache {
         self.touch(cur, self.clock);
         while pos < end {
             let Some(&child) = self.n(cur).children.get(&tokens[pos]) else {
-                let tail = (end % bs != 0).then(|| blocks[end / bs]);
+                let tail = (!end.is_multiple_of(bs)).then(|| blocks[end / bs]);
                 let full = blocks[pos / bs..end / bs].to_vec();
                 for &b in full.iter().chain(&tail) {
                     pool.incref(b)?;
@@ -285,7 +285,11 @@ impl RadixCache {
         }
         // A leaf that lost its tail under memory pressure gets it back.
         let n = self.n(cur);
-        if cur != NodeId::ROOT && end % bs != 0 && n.children.is_empty() && n.tail.is_none() {
+        if cur != NodeId::ROOT
+            && !end.is_multiple_of(bs)
+            && n.children.is_empty()
+            && n.tail.is_none()
+        {
             pool.incref(blocks[end / bs])?;
             self.n_mut(cur).tail = Some(blocks[end / bs]);
             self.refresh(cur);

@@ -66,7 +66,7 @@ impl RadixCache {
         if q >= first && q < node.end() / bs {
             return node.blocks.get(q - first).copied();
         }
-        if q == node.end() / bs && node.end() % bs != 0 {
+        if q == node.end() / bs && !node.end().is_multiple_of(bs) {
             return node.tail;
         }
         None

@@ -85,7 +85,7 @@ pub fn add_rms_norm(
 }
 
 pub fn head_rms_norm(x: &mut CpuTensor, w: &CpuWeight, head_dim: usize, eps: f32) -> Result<()> {
-    if head_dim == 0 || x.cols % head_dim != 0 {
+    if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
         return Err(KernelError::Shape {
             op: "head_rms_norm",
             detail: format!("cols {} not a multiple of head_dim {head_dim}", x.cols),

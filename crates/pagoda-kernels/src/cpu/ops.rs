@@ -92,7 +92,7 @@ pub fn rope(
 ) -> Result<()> {
     check_rows("rope", x, step)?;
     let rd = cos_sin.cols;
-    if head_dim == 0 || x.cols % head_dim != 0 || rd > head_dim || rd % 2 != 0 {
+    if head_dim == 0 || !x.cols.is_multiple_of(head_dim) || rd > head_dim || !rd.is_multiple_of(2) {
         return Err(shape_err(
             "rope",
             format!("cols {}, head_dim {head_dim}, rotary_dim {rd}", x.cols),
@@ -144,7 +144,7 @@ pub fn rope(
 }
 
 pub fn silu_mul(gate_up: &CpuTensor) -> Result<CpuTensor> {
-    if gate_up.cols % 2 != 0 {
+    if !gate_up.cols.is_multiple_of(2) {
         return Err(shape_err(
             "silu_mul",
             format!("odd column count {}", gate_up.cols),

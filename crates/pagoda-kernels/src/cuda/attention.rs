@@ -155,7 +155,7 @@ pub(crate) fn check(
 ) -> Result<()> {
     let op = "attention";
     let s = cache.shape;
-    if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 {
+    if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             op,
             format!(

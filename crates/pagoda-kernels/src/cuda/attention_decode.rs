@@ -79,7 +79,7 @@ pub(crate) fn max_partitions(step: &CudaStep) -> usize {
 pub(crate) fn supported(step: &CudaStep, p: &AttentionParams) -> bool {
     let ctx = &step.ctx;
     p.num_kv_heads > 0
-        && p.num_heads % p.num_kv_heads == 0
+        && p.num_heads.is_multiple_of(p.num_kv_heads)
         && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads).is_some()
         && ctx.num_tokens() == ctx.num_seqs()
         && ctx

@@ -457,7 +457,7 @@ pub(crate) fn head_rms_norm(
     eps: f32,
 ) -> Result<()> {
     let op = "head_rms_norm";
-    if head_dim == 0 || x.cols % head_dim != 0 {
+    if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
         return Err(shape_err(
             op,
             format!("cols {} not a multiple of head_dim {head_dim}", x.cols),
@@ -521,7 +521,7 @@ pub(crate) fn rope(
     check_rows(op, x, step)?;
     x.bf16(op)?;
     let rd = cos_sin.cols;
-    if head_dim == 0 || x.cols % head_dim != 0 || rd > head_dim || rd % 2 != 0 {
+    if head_dim == 0 || !x.cols.is_multiple_of(head_dim) || rd > head_dim || !rd.is_multiple_of(2) {
         return Err(shape_err(
             op,
             format!("cols {}, head_dim {head_dim}, rotary_dim {rd}", x.cols),
@@ -569,7 +569,7 @@ pub(crate) fn rope(
 pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTensor> {
     let op = "silu_mul";
     let gd = gate_up.bf16(op)?;
-    if gate_up.cols % 2 != 0 {
+    if !gate_up.cols.is_multiple_of(2) {
         return Err(shape_err(op, format!("odd column count {}", gate_up.cols)));
     }
     let n = gate_up.cols / 2;

@@ -85,11 +85,11 @@ pub fn gguf_to_hf_name(name: &str) -> Option<String> {
 /// row `2j + i` of a head is Hugging Face row `i * head_dim / 2 + j`.
 /// Returns `None` when the rows do not split into `n_head` heads of even size.
 pub fn unpermute_qk_rows<T: Copy>(data: &[T], cols: usize, n_head: usize) -> Option<Vec<T>> {
-    if cols == 0 || n_head == 0 || data.len() % cols != 0 {
+    if cols == 0 || n_head == 0 || !data.len().is_multiple_of(cols) {
         return None;
     }
     let rows = data.len() / cols;
-    if rows % n_head != 0 || (rows / n_head) % 2 != 0 {
+    if !rows.is_multiple_of(n_head) || !(rows / n_head).is_multiple_of(2) {
         return None;
     }
     let half = rows / n_head / 2;

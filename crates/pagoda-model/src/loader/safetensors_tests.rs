@@ -283,7 +283,7 @@ fn unsupported_dtype_names_tensor_and_dtype() {
 fn raw_file(header: &str, data_len: usize) -> Vec<u8> {
     let mut out = (header.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(header.as_bytes());
-    out.extend(std::iter::repeat(0u8).take(data_len));
+    out.extend(std::iter::repeat_n(0u8, data_len));
     out
 }
 

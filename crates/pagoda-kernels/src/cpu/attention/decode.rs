@@ -165,6 +165,8 @@ mod avx2 {
 
     /// Heads `g0..g0 + G`, 32 output lanes at a time held in registers.
     #[target_feature(enable = "avx2,fma")]
+    // Indexing by head and lane keeps the register tile readable.
+    #[allow(clippy::needless_range_loop)]
     unsafe fn heads<const G: usize>(
         w: &[f32],
         v: &[f32],

@@ -87,7 +87,7 @@ pub(crate) fn check(
     p: &AttentionParams,
 ) -> Result<()> {
     let s = cache.shape;
-    if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 {
+    if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             "attention",
             format!(
