@@ -10,7 +10,9 @@
 //! - [`sse`]: streaming responses;
 //! - [`error`]: [`ServerError`], and [`ApiError`] (OpenAI's error JSON);
 //! - [`metrics`]: Prometheus text for `/metrics`;
-//! - [`state`]: what the handlers share.
+//! - [`state`]: what the handlers share;
+//! - [`text`]: tokenizer work off the async threads, and the byte bound that
+//!   refuses a prompt too long for the model before tokenizing it.
 //!
 //! Invariants: a client that disconnects aborts its requests at once (their
 //! engine streams are dropped with the handler or the stream task); a
@@ -23,6 +25,7 @@ pub mod openai;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod text;
 
 pub use error::{ApiError, ServerError};
 pub use state::AppState;
@@ -51,6 +54,14 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long requests in flight may run after a shutdown signal.
     pub shutdown_timeout: Duration,
+    /// Token slots of the engine's whole KV cache (blocks x block size), so
+    /// that the default `max_tokens` fits the cache. `None`: not checked.
+    pub kv_cache_tokens: Option<usize>,
+    /// Most sequences (prompts x `n`) one request may start.
+    pub max_seqs_per_request: usize,
+    /// How long a stream may stay blocked on a client that does not read
+    /// before its requests are aborted (see [`sse`]).
+    pub stream_stall_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -64,6 +75,9 @@ impl ServerConfig {
             max_model_len,
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),
+            kv_cache_tokens: None,
+            max_seqs_per_request: 256,
+            stream_stall_timeout: Duration::from_secs(30),
         }
     }
 }

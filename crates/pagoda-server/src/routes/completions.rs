@@ -4,7 +4,7 @@
 
 use super::generation::{collect_all, submit_all, usage_of, UsageTally};
 use super::logprobs::completion_logprobs;
-use super::params::{logprobs_count, ChoiceParams};
+use super::params::{check_num_seqs, logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
 use crate::openai::{CompletionChoice, CompletionRequest, CompletionResponse, Prompt};
 use crate::sse::{stream_response, to_json, ChunkFormatter};
@@ -19,7 +19,27 @@ use std::time::Instant;
 /// A prompt's token ids, and its text when it was given as text.
 type PromptIds = (Vec<u32>, Option<String>);
 
-/// The prompts' token ids, and their text (for `echo`).
+/// How many prompts `prompt` holds.
+fn num_prompts(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Text(_) | Prompt::Ids(_) => 1,
+        Prompt::Texts(ts) => ts.len(),
+        Prompt::IdLists(ls) => ls.len(),
+    }
+}
+
+/// Refuses a text prompt too long for the model, from its length alone.
+fn check_text_lens(state: &AppState, prompt: &Prompt) -> Result<(), ApiError> {
+    match prompt {
+        Prompt::Text(t) => state.text.check_len(t.len(), "prompt"),
+        Prompt::Texts(ts) => ts
+            .iter()
+            .try_for_each(|t| state.text.check_len(t.len(), "prompt")),
+        Prompt::Ids(_) | Prompt::IdLists(_) => Ok(()),
+    }
+}
+
+/// The prompts' token ids, and their text (for `echo`). Blocking.
 fn prompt_ids(tokenizer: &Tokenizer, prompt: Prompt) -> Result<Vec<PromptIds>, ApiError> {
     let prompts: Vec<PromptIds> = match prompt {
         Prompt::Text(t) => vec![(tokenizer.encode(&t, true)?, Some(t))],
@@ -57,19 +77,32 @@ pub async fn completions(
             "echo with logprobs is not supported (prompt logprobs are not computed)",
         ));
     }
+    check_num_seqs(
+        num_prompts(&req.prompt),
+        params.n,
+        state.config.max_seqs_per_request,
+    )?;
+    check_text_lens(&state, &req.prompt)?;
     let tokenizer = state.tokenizer.clone();
-    let prompts = prompt_ids(&tokenizer, req.prompt)?;
-    let echo: Vec<String> = if req.echo {
-        prompts
-            .iter()
-            .map(|(ids, text)| match text {
-                Some(t) => Ok(t.clone()),
-                None => Ok(tokenizer.decode(ids, false)?),
-            })
-            .collect::<Result<_, ApiError>>()?
-    } else {
-        vec![String::new(); prompts.len()]
-    };
+    let (prompt, want_echo) = (req.prompt, req.echo);
+    let (prompts, echo) = state
+        .text
+        .run(move |tokenizer, _| {
+            let prompts = prompt_ids(tokenizer, prompt)?;
+            let echo: Vec<String> = if want_echo {
+                prompts
+                    .iter()
+                    .map(|(ids, text)| match text {
+                        Some(t) => Ok(t.clone()),
+                        None => Ok(tokenizer.decode(ids, false)?),
+                    })
+                    .collect::<Result<_, ApiError>>()?
+            } else {
+                vec![String::new(); prompts.len()]
+            };
+            Ok((prompts, echo))
+        })
+        .await?;
     let ids: Vec<Vec<u32>> = prompts.into_iter().map(|(ids, _)| ids).collect();
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
     let id = state.response_id("cmpl");
@@ -87,7 +120,12 @@ pub async fn completions(
             offsets: vec![0; n],
             tally: UsageTally::new(ids.len(), n),
         };
-        return Ok(stream_response(choices, formatter, params.include_usage));
+        return Ok(stream_response(
+            choices,
+            formatter,
+            params.include_usage,
+            state.config.stream_stall_timeout,
+        ));
     }
     let results = collect_all(choices).await?;
     let usage = usage_of(&results, ids.len());

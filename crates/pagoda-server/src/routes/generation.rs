@@ -6,6 +6,9 @@
 //! before any is read, so the scheduler batches them and the prefix cache
 //! shares the prompt's KV between them once it is computed.
 //!
+//! A request may start at most
+//! [`crate::ServerConfig::max_seqs_per_request`] sequences (P * n).
+//!
 //! Invariant: every [`ChoiceStream`] owns its engine [`RequestStream`];
 //! dropping it (the handler future or the SSE task going away because the
 //! client did) aborts the request and returns its blocks.
@@ -21,7 +24,7 @@ use pagoda_engine::sampler::TokenLogprobs;
 use pagoda_engine::{EngineRequest, FinishReason, RequestOutput, RequestStream};
 use std::time::Instant;
 
-use super::params::ChoiceParams;
+use super::params::{check_num_seqs, ChoiceParams, SeqLimits};
 
 /// One choice being generated.
 pub struct ChoiceStream {
@@ -80,12 +83,16 @@ pub async fn submit_all(
     logprobs: Option<usize>,
     received: Instant,
 ) -> Result<Vec<ChoiceStream>, ApiError> {
-    let max_model_len = state.config.max_model_len;
+    check_num_seqs(prompts.len(), params.n, state.config.max_seqs_per_request)?;
+    let limits = SeqLimits {
+        max_model_len: state.config.max_model_len,
+        kv_cache_tokens: state.config.kv_cache_tokens,
+    };
     // Validate every prompt before submitting anything.
     let mut per_choice: Vec<(usize, SamplingParams)> = Vec::with_capacity(prompts.len() * params.n);
     for (p, prompt) in prompts.iter().enumerate() {
         for i in 0..params.n {
-            per_choice.push((p, params.for_prompt(prompt.len(), max_model_len, i)?));
+            per_choice.push((p, params.for_prompt(prompt.len(), limits, i)?));
         }
     }
     let mut choices = Vec::with_capacity(per_choice.len());

@@ -41,6 +41,8 @@ pub struct Options {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub shutdown_timeout: Duration,
+    pub max_seqs_per_request: usize,
+    pub stream_stall_timeout: Duration,
 }
 
 impl Default for Options {
@@ -53,6 +55,8 @@ impl Default for Options {
             api_key: None,
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),
+            max_seqs_per_request: 256,
+            stream_stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -112,6 +116,9 @@ pub async fn start(opts: Options) -> TestServer {
     config.api_key = opts.api_key.clone();
     config.max_body_bytes = opts.max_body_bytes;
     config.shutdown_timeout = opts.shutdown_timeout;
+    config.kv_cache_tokens = Some(opts.num_blocks * BLOCK_SIZE);
+    config.max_seqs_per_request = opts.max_seqs_per_request;
+    config.stream_stall_timeout = opts.stream_stall_timeout;
     let server = Server::bind(config, handle.clone(), tokenizer.clone())
         .await
         .unwrap();

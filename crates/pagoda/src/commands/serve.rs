@@ -36,6 +36,13 @@ pub struct ServeArgs {
     /// Seconds requests in flight may run after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    /// Most sequences (prompts x n) one request may start; more is a 400.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_seqs_per_request: usize,
+    /// Seconds a stream may wait on a client that stopped reading before its
+    /// request is aborted and its KV blocks freed.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub stream_stall_timeout: u64,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -66,6 +73,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     config.port = args.port;
     config.api_key = args.api_key.clone();
     config.shutdown_timeout = Duration::from_secs(args.shutdown_timeout);
+    config.kv_cache_tokens = Some(sched.num_blocks * sched.block_size);
+    if args.max_seqs_per_request == 0 {
+        bail!("--max-seqs-per-request must be at least 1");
+    }
+    config.max_seqs_per_request = args.max_seqs_per_request;
+    config.stream_stall_timeout = Duration::from_secs(args.stream_stall_timeout.max(1));
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
