@@ -254,6 +254,7 @@ async fn a_full_waiting_queue_answers_overloaded() {
     };
     let options = HandleOptions {
         max_waiting: Some(1),
+        ..HandleOptions::default()
     };
     let handle = EngineHandle::spawn_with(engine_with(config), options).unwrap();
     let prompt: Vec<u32> = (30..38).collect();

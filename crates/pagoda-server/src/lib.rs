@@ -10,6 +10,7 @@
 //! - [`sse`]: streaming responses;
 //! - [`error`]: [`ServerError`], and [`ApiError`] (OpenAI's error JSON);
 //! - [`metrics`]: Prometheus text for `/metrics`;
+//! - [`request_log`]: one log line per finished request;
 //! - [`state`]: what the handlers share;
 //! - [`text`]: tokenizer work off the async threads, and the byte bound that
 //!   refuses a prompt too long for the model before tokenizing it.
@@ -22,6 +23,7 @@
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod request_log;
 pub mod routes;
 pub mod sse;
 pub mod state;

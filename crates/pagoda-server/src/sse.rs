@@ -24,6 +24,8 @@
 //! the connection takes.
 
 use crate::error::ApiError;
+use crate::openai::Usage;
+use crate::request_log::RequestLog;
 use crate::routes::generation::ChoiceStream;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
@@ -44,6 +46,8 @@ pub trait ChunkFormatter: Send + 'static {
     fn output(&mut self, index: usize, out: &RequestOutput) -> Vec<String>;
     /// The last chunk, with usage, when `stream_options.include_usage`.
     fn usage_chunk(&mut self) -> String;
+    /// The usage so far (for the request's log line).
+    fn usage(&self) -> Usage;
 }
 
 fn frame(payload: &str) -> Bytes {
@@ -69,23 +73,30 @@ async fn send(tx: &mpsc::Sender<Bytes>, payload: &str, stall: Duration) -> Resul
 }
 
 /// Starts streaming `choices` through `formatter`; returns the response.
-/// A client that takes no chunk for `stall` has its requests aborted.
+/// A client that takes no chunk for `stall` has its requests aborted. `log`
+/// is written when the stream ends (status 499 if the client went away or
+/// stalled, 500 after an engine error).
 pub fn stream_response<F: ChunkFormatter>(
     choices: Vec<ChoiceStream>,
-    formatter: F,
+    mut formatter: F,
     include_usage: bool,
     stall: Duration,
+    mut log: RequestLog,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
     tokio::spawn(async move {
-        match pump(choices, formatter, include_usage, stall, &tx).await {
-            Ok(()) | Err(SendFailed::Closed) => {}
+        let result = pump(choices, &mut formatter, include_usage, stall, &tx, &mut log).await;
+        log.set_usage(formatter.usage());
+        match result {
+            Ok(status) => log.finish(status),
+            Err(SendFailed::Closed) => {}
             Err(SendFailed::Stalled) => tracing::warn!(
                 seconds = stall.as_secs_f64(),
                 "a streaming client stopped reading; aborting its request"
             ),
         }
-        // Returning drops the choices (if not yet), which aborts them.
+        // Returning drops the choices (if not yet), which aborts them, and
+        // an unfinished log, which logs them as closed by the client.
     });
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
@@ -103,14 +114,16 @@ pub fn stream_response<F: ChunkFormatter>(
         .into_response()
 }
 
-/// Sends every chunk of `choices`, then `[DONE]`.
+/// Sends every chunk of `choices`, then `[DONE]`; returns the status to log
+/// (200, or the error's after an error event).
 async fn pump<F: ChunkFormatter>(
     choices: Vec<ChoiceStream>,
-    mut formatter: F,
+    formatter: &mut F,
     include_usage: bool,
     stall: Duration,
     tx: &mpsc::Sender<Bytes>,
-) -> Result<(), SendFailed> {
+    log: &mut RequestLog,
+) -> Result<u16, SendFailed> {
     let mut merged = futures_util::stream::select_all(choices.into_iter().map(|c| c.into_stream()));
     for payload in formatter.start() {
         send(tx, &payload, stall).await?;
@@ -123,12 +136,16 @@ async fn pump<F: ChunkFormatter>(
         };
         let chunks = match item {
             None => break,
-            Some((index, Ok(out))) => formatter.output(index, &out),
+            Some((index, Ok(out))) => {
+                log.output(out.finish_reason);
+                formatter.output(index, &out)
+            }
             Some((_, Err(e))) => {
                 tracing::warn!(error = %e.message, "stream failed");
                 drop(merged);
                 send(tx, &e.body_json(), stall).await?;
-                return send(tx, "[DONE]", stall).await;
+                send(tx, "[DONE]", stall).await?;
+                return Ok(e.status.as_u16());
             }
         };
         for payload in chunks {
@@ -139,7 +156,8 @@ async fn pump<F: ChunkFormatter>(
         let usage = formatter.usage_chunk();
         send(tx, &usage, stall).await?;
     }
-    send(tx, "[DONE]", stall).await
+    send(tx, "[DONE]", stall).await?;
+    Ok(200)
 }
 
 /// Serializes a chunk; a failure (not expected for these types) becomes an

@@ -9,7 +9,8 @@ mod common;
 
 use common::*;
 use pagoda_engine::RequestOutput;
-use pagoda_server::openai::SamplingFields;
+use pagoda_server::openai::{SamplingFields, Usage};
+use pagoda_server::request_log::RequestLog;
 use pagoda_server::routes::generation::submit_all;
 use pagoda_server::routes::params::ChoiceParams;
 use pagoda_server::sse::{stream_response, ChunkFormatter};
@@ -240,6 +241,9 @@ impl ChunkFormatter for OneChunkPerToken {
     fn usage_chunk(&mut self) -> String {
         String::new()
     }
+    fn usage(&self) -> Usage {
+        Usage::new(0, 0, 0)
+    }
 }
 
 /// A client that stops reading is, to the stream, a response body nobody
@@ -261,7 +265,8 @@ async fn a_stream_whose_client_stops_reading_is_aborted_and_returns_its_blocks()
         .unwrap();
     let stall = Duration::from_secs(1);
     let started = Instant::now();
-    let response = stream_response(choices, OneChunkPerToken, false, stall);
+    let log = RequestLog::new("cmpl-test", "/v1/completions", Instant::now());
+    let response = stream_response(choices, OneChunkPerToken, false, stall, log);
 
     let aborted = loop {
         let stats = s.handle.stats().await.unwrap();

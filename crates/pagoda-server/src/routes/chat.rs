@@ -11,6 +11,7 @@ use crate::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatMessageIn, ChatMessageOut, Usage,
 };
+use crate::request_log::RequestLog;
 use crate::sse::{stream_response, to_json, ChunkFormatter};
 use crate::state::{unix_now, AppState};
 use crate::text::LenCheck;
@@ -105,6 +106,7 @@ pub async fn chat_completions(
     ];
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
     let id = state.response_id("chatcmpl");
+    let log = RequestLog::new(id.clone(), "/v1/chat/completions", received);
     let model = state.config.served_model_name.clone();
     if params.stream {
         let n = choices.len();
@@ -121,10 +123,23 @@ pub async fn chat_completions(
             formatter,
             params.include_usage,
             state.config.stream_stall_timeout,
+            log,
         ));
     }
-    let results = collect_all(choices).await?;
+    let mut log = log;
+    let results = match collect_all(choices).await {
+        Ok(results) => results,
+        Err(e) => {
+            log.finish(e.status.as_u16());
+            return Err(e);
+        }
+    };
     let usage = usage_of(&results, 1);
+    for r in &results {
+        log.choice(r.first_output, r.finish_reason);
+    }
+    log.set_usage(usage);
+    log.finish(200);
     let choices = results
         .into_iter()
         .map(|r| ChatChoice {
@@ -220,5 +235,9 @@ impl ChunkFormatter for ChatChunks {
 
     fn usage_chunk(&mut self) -> String {
         self.chunk(Vec::new(), Some(self.tally.usage()))
+    }
+
+    fn usage(&self) -> crate::openai::Usage {
+        self.tally.usage()
     }
 }

@@ -7,6 +7,7 @@ use super::logprobs::completion_logprobs;
 use super::params::{check_num_seqs, logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
 use crate::openai::{CompletionChoice, CompletionRequest, CompletionResponse, Prompt};
+use crate::request_log::RequestLog;
 use crate::sse::{stream_response, to_json, ChunkFormatter};
 use crate::state::{unix_now, AppState};
 use axum::extract::State;
@@ -106,6 +107,7 @@ pub async fn completions(
     let ids: Vec<Vec<u32>> = prompts.into_iter().map(|(ids, _)| ids).collect();
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
     let id = state.response_id("cmpl");
+    let log = RequestLog::new(id.clone(), "/v1/completions", received);
     let model = state.config.served_model_name.clone();
     if params.stream {
         let n = choices.len();
@@ -125,10 +127,23 @@ pub async fn completions(
             formatter,
             params.include_usage,
             state.config.stream_stall_timeout,
+            log,
         ));
     }
-    let results = collect_all(choices).await?;
+    let mut log = log;
+    let results = match collect_all(choices).await {
+        Ok(results) => results,
+        Err(e) => {
+            log.finish(e.status.as_u16());
+            return Err(e);
+        }
+    };
     let usage = usage_of(&results, ids.len());
+    for r in &results {
+        log.choice(r.first_output, r.finish_reason);
+    }
+    log.set_usage(usage);
+    log.finish(200);
     let choices = results
         .into_iter()
         .map(|r| {
@@ -230,5 +245,9 @@ impl ChunkFormatter for CompletionChunks {
 
     fn usage_chunk(&mut self) -> String {
         self.chunk(Vec::new(), Some(self.tally.usage()))
+    }
+
+    fn usage(&self) -> crate::openai::Usage {
+        self.tally.usage()
     }
 }

@@ -130,6 +130,8 @@ pub struct ChoiceResult {
     pub num_prompt_tokens: usize,
     pub num_output_tokens: usize,
     pub num_cached_tokens: usize,
+    /// When its first output arrived.
+    pub first_output: Option<Instant>,
 }
 
 /// Reads one choice to its end.
@@ -143,9 +145,11 @@ async fn collect(mut c: ChoiceStream) -> Result<ChoiceResult, ApiError> {
         num_prompt_tokens: 0,
         num_output_tokens: 0,
         num_cached_tokens: 0,
+        first_output: None,
     };
     while let Some(item) = c.next().await {
         let out = item?;
+        r.first_output.get_or_insert_with(Instant::now);
         r.text.push_str(&out.text_delta);
         if let Some(lp) = out.logprobs {
             r.logprobs.push((out.token_id, lp));

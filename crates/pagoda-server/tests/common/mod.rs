@@ -43,6 +43,8 @@ pub struct Options {
     pub shutdown_timeout: Duration,
     pub max_seqs_per_request: usize,
     pub stream_stall_timeout: Duration,
+    /// The engine's status line interval (`None`: no line).
+    pub log_interval: Option<Duration>,
 }
 
 impl Default for Options {
@@ -57,6 +59,7 @@ impl Default for Options {
             shutdown_timeout: Duration::from_secs(30),
             max_seqs_per_request: 256,
             stream_stall_timeout: Duration::from_secs(30),
+            log_interval: None,
         }
     }
 }
@@ -108,6 +111,7 @@ pub async fn start(opts: Options) -> TestServer {
         engine,
         HandleOptions {
             max_waiting: opts.max_waiting,
+            log_interval: opts.log_interval,
         },
     )
     .unwrap();

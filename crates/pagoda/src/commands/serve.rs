@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// request is aborted and its KV blocks freed.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub stream_stall_timeout: u64,
+    /// While requests run, log the engine's status (running/waiting,
+    /// tokens/s, KV usage, prefix hit rate) every SECONDS (0: never).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub log_stats_interval: u64,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -66,6 +70,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         false,
         Spawn {
             max_waiting: args.max_waiting,
+            log_interval: (args.log_stats_interval > 0)
+                .then(|| Duration::from_secs(args.log_stats_interval)),
         },
     )?;
     let mut config = ServerConfig::new(name.clone(), sched.max_model_len);
@@ -119,6 +125,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// Starts the engine thread, on whichever backend the engine was built for.
 struct Spawn {
     max_waiting: Option<usize>,
+    log_interval: Option<Duration>,
 }
 
 impl EngineTask for Spawn {
@@ -130,6 +137,7 @@ impl EngineTask for Spawn {
             engine,
             HandleOptions {
                 max_waiting: self.max_waiting,
+                log_interval: self.log_interval,
             },
         )?;
         Ok((handle, sched))
