@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use pagoda_core::SamplingParams;
 use pagoda_engine::sampler::TokenLogprobs;
-use pagoda_engine::{EngineRequest, FinishReason, RequestOutput, RequestStream};
+use pagoda_engine::{EngineError, EngineRequest, FinishReason, RequestOutput, RequestStream};
 use std::time::Instant;
 
 use super::params::{check_num_seqs, ChoiceParams, SeqLimits};
@@ -105,7 +105,13 @@ pub async fn submit_all(
                 params: sampling,
                 logprobs,
             })
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // What the engine refuses is the prompt (the parameters were
+                // checked above): e.g. a token id outside the vocabulary.
+                EngineError::InvalidRequest(m) => ApiError::invalid_param(params.prompt_param, m),
+                e => ApiError::from(e),
+            })?;
         choices.push(ChoiceStream {
             index,
             prompt_index: p,
