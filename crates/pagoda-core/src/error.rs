@@ -5,6 +5,10 @@
 //! a ref-count misuse is reported instead of corrupting the pool. Running out of
 //! free KV blocks is *not* an error: it is an ordinary outcome (`None`) that the
 //! scheduler answers with eviction or preemption.
+//!
+//! The messages of admission refusals (empty prompt, too long, too large for
+//! the cache) name no request id: they reach API clients, to whom the
+//! engine's ids mean nothing (the variants still carry the id).
 
 use crate::block_pool::BlockId;
 use crate::sampling::SamplingParamsError;
@@ -17,16 +21,16 @@ pub enum CoreError {
     InvalidSampling(#[from] SamplingParamsError),
     #[error("invalid scheduler config: {0}")]
     InvalidConfig(String),
-    #[error("request {0}: the prompt is empty")]
+    #[error("the prompt is empty")]
     EmptyPrompt(RequestId),
-    #[error("request {id}: prompt of {prompt_len} tokens exceeds max_model_len ({max_model_len})")]
+    #[error("the prompt of {prompt_len} tokens exceeds max_model_len ({max_model_len})")]
     PromptTooLong {
         id: RequestId,
         prompt_len: usize,
         max_model_len: usize,
     },
     #[error(
-        "request {id}: needs up to {needed} KV blocks but the whole cache has {num_blocks}; \
+        "the request needs up to {needed} KV blocks but the whole cache has {num_blocks}; \
          lower max_tokens or the prompt length"
     )]
     ExceedsKvCache {

@@ -226,7 +226,11 @@ async fn admission_errors_come_back_from_submit() {
     ];
     for (what, r) in cases.iter().cloned() {
         match handle.submit(r).await {
-            Err(EngineError::InvalidRequest(msg)) => assert!(!msg.is_empty(), "{what}"),
+            Err(EngineError::InvalidRequest(msg)) => {
+                assert!(!msg.is_empty(), "{what}");
+                // Refusals reach API clients: no internal request id.
+                assert!(!msg.contains("request 0"), "{what}: {msg}");
+            }
             Err(e) => panic!("{what}: unexpected error {e}"),
             Ok(_) => panic!("{what}: admitted"),
         }
@@ -250,6 +254,7 @@ async fn a_full_waiting_queue_answers_overloaded() {
     };
     let options = HandleOptions {
         max_waiting: Some(1),
+        ..HandleOptions::default()
     };
     let handle = EngineHandle::spawn_with(engine_with(config), options).unwrap();
     let prompt: Vec<u32> = (30..38).collect();

@@ -10,7 +10,10 @@
 //! - [`sse`]: streaming responses;
 //! - [`error`]: [`ServerError`], and [`ApiError`] (OpenAI's error JSON);
 //! - [`metrics`]: Prometheus text for `/metrics`;
+//! - [`request_log`]: one log line per finished request;
 //! - [`state`]: what the handlers share;
+//! - [`text`]: tokenizer work off the async threads, and the byte bound that
+//!   refuses a prompt too long for the model before tokenizing it;
 //! - [`listen`]: the accept loop, the connection cap and the fd limit;
 //! - [`conn`]: one connection, with header, body and keep-alive timeouts.
 //!
@@ -27,9 +30,11 @@ pub mod error;
 pub mod listen;
 pub mod metrics;
 pub mod openai;
+pub mod request_log;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod text;
 
 pub use error::{ApiError, ServerError};
 pub use state::AppState;
@@ -70,6 +75,14 @@ pub struct ServerConfig {
     /// Connections served at once (past it: 503, `/health` still answers);
     /// None: sized below the file-descriptor limit ([`listen::Limits`]).
     pub max_connections: Option<usize>,
+    /// Token slots of the engine's whole KV cache (blocks x block size), so
+    /// that the default `max_tokens` fits the cache. `None`: not checked.
+    pub kv_cache_tokens: Option<usize>,
+    /// Most sequences (prompts x `n`) one request may start.
+    pub max_seqs_per_request: usize,
+    /// How long a stream may stay blocked on a client that does not read
+    /// before its requests are aborted (see [`sse`]).
+    pub stream_stall_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -88,6 +101,9 @@ impl ServerConfig {
             body_read_timeout: Duration::from_secs(30),
             keep_alive_timeout: Duration::from_secs(60),
             max_connections: None,
+            kv_cache_tokens: None,
+            max_seqs_per_request: 256,
+            stream_stall_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -10,14 +10,29 @@
 //!
 //! A failure mid-stream (an engine error) is sent as one `data:` event with an
 //! OpenAI error object, followed by `[DONE]`.
+//!
+//! Backpressure: a client that stops reading (but keeps its connection) first
+//! fills the socket buffers, then this channel; the task then waits to send
+//! and reads nothing more from the engine: the stream is *paused* (the engine
+//! keeps computing the request's tokens, at most its `max_tokens`, and they
+//! wait unread in its output queue; the server formats and buffers nothing
+//! more). If the channel has no room for
+//! [`crate::ServerConfig::stream_stall_timeout`], the task gives up: it
+//! returns, which drops its [`ChoiceStream`]s, aborts their requests and
+//! returns their KV blocks within one engine step. A client that reads
+//! slowly but steadily is never aborted: the clock restarts at every chunk
+//! the connection takes.
 
 use crate::error::ApiError;
+use crate::openai::Usage;
+use crate::request_log::RequestLog;
 use crate::routes::generation::ChoiceStream;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use pagoda_engine::RequestOutput;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Chunks buffered between the task and the connection.
@@ -31,56 +46,57 @@ pub trait ChunkFormatter: Send + 'static {
     fn output(&mut self, index: usize, out: &RequestOutput) -> Vec<String>;
     /// The last chunk, with usage, when `stream_options.include_usage`.
     fn usage_chunk(&mut self) -> String;
+    /// The usage so far (for the request's log line).
+    fn usage(&self) -> Usage;
 }
 
 fn frame(payload: &str) -> Bytes {
     Bytes::from(format!("data: {payload}\n\n"))
 }
 
+/// Why a chunk could not be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendFailed {
+    /// The connection went away.
+    Closed,
+    /// The client did not take a chunk for the whole stall timeout.
+    Stalled,
+}
+
+/// Sends `payload`, waiting at most `stall` for room in the channel.
+async fn send(tx: &mpsc::Sender<Bytes>, payload: &str, stall: Duration) -> Result<(), SendFailed> {
+    match tokio::time::timeout(stall, tx.send(frame(payload))).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(SendFailed::Closed),
+        Err(_) => Err(SendFailed::Stalled),
+    }
+}
+
 /// Starts streaming `choices` through `formatter`; returns the response.
+/// A client that takes no chunk for `stall` has its requests aborted. `log`
+/// is written when the stream ends (status 499 if the client went away or
+/// stalled, 500 after an engine error).
 pub fn stream_response<F: ChunkFormatter>(
     choices: Vec<ChoiceStream>,
     mut formatter: F,
     include_usage: bool,
+    stall: Duration,
+    mut log: RequestLog,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
     tokio::spawn(async move {
-        let mut merged =
-            futures_util::stream::select_all(choices.into_iter().map(|c| c.into_stream()));
-        for payload in formatter.start() {
-            if tx.send(frame(&payload)).await.is_err() {
-                return;
-            }
+        let result = pump(choices, &mut formatter, include_usage, stall, &tx, &mut log).await;
+        log.set_usage(formatter.usage());
+        match result {
+            Ok(status) => log.finish(status),
+            Err(SendFailed::Closed) => {}
+            Err(SendFailed::Stalled) => tracing::warn!(
+                seconds = stall.as_secs_f64(),
+                "a streaming client stopped reading; aborting its request"
+            ),
         }
-        loop {
-            let item = tokio::select! {
-                item = merged.next() => item,
-                // The client went away: returning drops `merged`, which aborts.
-                _ = tx.closed() => return,
-            };
-            let chunks = match item {
-                None => break,
-                Some((index, Ok(out))) => formatter.output(index, &out),
-                Some((_, Err(e))) => {
-                    tracing::warn!(error = %e.message, "stream failed");
-                    let _ = tx.send(frame(&e.body_json())).await;
-                    let _ = tx.send(frame("[DONE]")).await;
-                    return;
-                }
-            };
-            for payload in chunks {
-                if tx.send(frame(&payload)).await.is_err() {
-                    return;
-                }
-            }
-        }
-        if include_usage {
-            let usage = formatter.usage_chunk();
-            if tx.send(frame(&usage)).await.is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(frame("[DONE]")).await;
+        // Returning drops the choices (if not yet), which aborts them, and
+        // an unfinished log, which logs them as closed by the client.
     });
     let body = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
@@ -96,6 +112,52 @@ pub fn stream_response<F: ChunkFormatter>(
         Body::from_stream(body),
     )
         .into_response()
+}
+
+/// Sends every chunk of `choices`, then `[DONE]`; returns the status to log
+/// (200, or the error's after an error event).
+async fn pump<F: ChunkFormatter>(
+    choices: Vec<ChoiceStream>,
+    formatter: &mut F,
+    include_usage: bool,
+    stall: Duration,
+    tx: &mpsc::Sender<Bytes>,
+    log: &mut RequestLog,
+) -> Result<u16, SendFailed> {
+    let mut merged = futures_util::stream::select_all(choices.into_iter().map(|c| c.into_stream()));
+    for payload in formatter.start() {
+        send(tx, &payload, stall).await?;
+    }
+    loop {
+        let item = tokio::select! {
+            item = merged.next() => item,
+            // The client went away: returning drops `merged`, which aborts.
+            _ = tx.closed() => return Err(SendFailed::Closed),
+        };
+        let chunks = match item {
+            None => break,
+            Some((index, Ok(out))) => {
+                log.output(out.finish_reason);
+                formatter.output(index, &out)
+            }
+            Some((_, Err(e))) => {
+                tracing::warn!(error = %e.message, "stream failed");
+                drop(merged);
+                send(tx, &e.body_json(), stall).await?;
+                send(tx, "[DONE]", stall).await?;
+                return Ok(e.status.as_u16());
+            }
+        };
+        for payload in chunks {
+            send(tx, &payload, stall).await?;
+        }
+    }
+    if include_usage {
+        let usage = formatter.usage_chunk();
+        send(tx, &usage, stall).await?;
+    }
+    send(tx, "[DONE]", stall).await?;
+    Ok(200)
 }
 
 /// Serializes a chunk; a failure (not expected for these types) becomes an

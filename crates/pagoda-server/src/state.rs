@@ -1,7 +1,9 @@
-//! What every route shares: the engine handle, the tokenizer, the server's
-//! settings and the metrics. Cheap to clone (one `Arc`).
+//! What every route shares: the engine handle, the tokenizer (and its lane to
+//! the blocking pool, [`TextWork`]), the server's settings and the metrics.
+//! Cheap to clone (one `Arc`).
 
 use crate::metrics::Metrics;
+use crate::text::TextWork;
 use crate::ServerConfig;
 use pagoda_engine::EngineHandle;
 use pagoda_model::tokenizer::Tokenizer;
@@ -15,6 +17,8 @@ pub struct AppState(pub Arc<Inner>);
 pub struct Inner {
     pub handle: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
+    /// Runs tokenizer work off the async workers.
+    pub text: TextWork,
     pub config: ServerConfig,
     pub metrics: Metrics,
     /// Unix time the server started (the model card's `created`).
@@ -34,6 +38,7 @@ impl AppState {
     pub fn new(config: ServerConfig, handle: EngineHandle, tokenizer: Arc<Tokenizer>) -> Self {
         AppState(Arc::new(Inner {
             handle,
+            text: TextWork::new(tokenizer.clone(), config.max_model_len),
             tokenizer,
             config,
             metrics: Metrics::default(),

@@ -105,7 +105,11 @@ async fn bad_requests_get_400s_and_do_not_disturb_a_running_stream() {
             json!({"prompt": "hi", "max_tokens": 5000}),
             Some("max_tokens"),
         ),
-        ("/v1/completions", json!({"prompt": [999999]}), None),
+        (
+            "/v1/completions",
+            json!({"prompt": [999999]}),
+            Some("prompt"),
+        ),
         (
             "/v1/chat/completions",
             json!({"messages": []}),

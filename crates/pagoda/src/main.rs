@@ -2,6 +2,7 @@
 //! `commands/`, parses its options with clap, and calls the engine.
 
 mod commands;
+mod logging;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -13,6 +14,9 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr (text has colours only on a terminal).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -29,7 +33,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // `serve` logs each finished request and the engine's status by default.
+    let default_filter = match cli.command {
+        Command::Serve(_) => "warn,pagoda=info,pagoda_server=info,pagoda_engine=info",
+        _ => "warn",
+    };
+    logging::init(cli.log_format, default_filter);
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
         Command::Info(args) => commands::info::run(args),
@@ -61,14 +70,4 @@ fn error_line(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
-}
-
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
 }

@@ -26,6 +26,7 @@
 //! Costs: a submit or stats call is one channel round trip to the engine
 //! thread, served between steps (so it waits for at most one step).
 
+mod stats_log;
 mod worker;
 
 use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
@@ -46,6 +47,9 @@ pub struct HandleOptions {
     /// Refuse new requests with [`EngineError::Overloaded`] while this many
     /// (or more) requests wait to be scheduled. `None`: no limit.
     pub max_waiting: Option<usize>,
+    /// While busy, log a status line (target `pagoda_engine::stats`: running,
+    /// waiting, tokens/s, KV usage, prefix hit rate) this often. `None`: never.
+    pub log_interval: Option<std::time::Duration>,
 }
 
 /// What [`EngineHandle::shutdown`] does with requests in flight.

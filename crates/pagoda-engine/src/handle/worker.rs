@@ -13,10 +13,14 @@
 //! fails, leaves the engine in an unknown state: the streams get an error item
 //! and the thread stops (later submissions get [`EngineError::Shutdown`]).
 //!
+//! While busy it logs a status line every [`HandleOptions::log_interval`]
+//! (see `stats_log`).
+//!
 //! The loop ends when a shutdown was asked and no request is left, or when
 //! every handle and stream is gone. The engine (and its KV cache) is dropped
 //! before the shutdown callers are told.
 
+use super::stats_log::StatsLog;
 use super::{Command, EngineCounters, EngineStats, HandleOptions, ShutdownMode, StreamItem};
 use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
 use crate::{EngineError, Result};
@@ -63,6 +67,8 @@ struct Worker<B: Backend> {
     commands_closed: bool,
     /// Told when the thread has stopped.
     shutdown_waiters: Vec<oneshot::Sender<()>>,
+    /// The periodic status line.
+    stats_log: StatsLog,
 }
 
 /// The engine can no longer be trusted; the loop must stop.
@@ -83,6 +89,7 @@ impl<B: Backend> Worker<B> {
             accepting: true,
             commands_closed: false,
             shutdown_waiters: Vec::new(),
+            stats_log: StatsLog::new(options.log_interval),
         }
     }
 
@@ -111,6 +118,8 @@ impl<B: Backend> Worker<B> {
                     Some(command) => self.handle(command)?,
                     None => return Ok(()),
                 }
+                // Busy again: the status line's window starts now.
+                self.stats_log.restart(&self.counters, &self.engine.stats());
             }
             loop {
                 match self.commands.try_recv() {
@@ -133,6 +142,10 @@ impl<B: Backend> Worker<B> {
             }
             if self.engine.has_unfinished_requests() {
                 self.step()?;
+            }
+            if self.stats_log.due() {
+                let sched = self.engine.stats();
+                self.stats_log.take(&self.counters, &sched).log();
             }
         }
     }

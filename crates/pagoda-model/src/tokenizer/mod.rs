@@ -13,12 +13,15 @@
 //! - [`chat_template`]: Jinja chat templates rendered with minijinja in the
 //!   dialect transformers uses.
 //! - [`detokenizer`]: streaming text deltas that never split a character.
+//! - `bounds`: [`Tokenizer::max_bytes_per_token`], to refuse a text too long
+//!   for a context before tokenizing it.
 //!
 //! Invariants: `encode` adds BOS (and EOS) only when asked for special tokens
 //! and the model's config says so, and never twice; `decode` of an unknown id
 //! drops it rather than failing. Costs: encode is linear in the text (BPE
 //! merges are cached per word by `tokenizers`); decode is linear in the ids.
 
+mod bounds;
 pub mod chat_template;
 pub mod detokenizer;
 pub mod gguf;

@@ -11,8 +11,10 @@ use crate::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatMessageIn, ChatMessageOut, Usage,
 };
+use crate::request_log::RequestLog;
 use crate::sse::{stream_response, to_json, ChunkFormatter};
 use crate::state::{unix_now, AppState};
+use crate::text::LenCheck;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use pagoda_engine::RequestOutput;
@@ -20,12 +22,15 @@ use pagoda_model::tokenizer::{ChatMessage, MessageContent, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Renders `messages` with the chat template and tokenizes the result.
+/// Renders `messages` with the chat template and tokenizes the result,
+/// refusing (per `check`) a rendering too long for the model untokenized.
+/// Blocking: call it through [`crate::text::TextWork::run`].
 pub fn chat_prompt_ids(
     tokenizer: &Tokenizer,
     messages: &[ChatMessageIn],
     add_generation_prompt: bool,
     add_special_tokens: bool,
+    check: &LenCheck,
 ) -> Result<Vec<u32>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid_param(
@@ -61,6 +66,7 @@ pub fn chat_prompt_ids(
         });
     }
     let text = template.apply(&rendered, add_generation_prompt)?;
+    check.check(text.len(), "messages")?;
     Ok(tokenizer.encode(&text, add_special_tokens)?)
 }
 
@@ -71,7 +77,10 @@ pub async fn chat_completions(
     let received = Instant::now();
     let req: ChatCompletionRequest = super::parse_request(&body)?;
     state.check_model(req.model.as_deref())?;
-    let params = ChoiceParams::from_fields(&req.sampling)?;
+    let params = ChoiceParams {
+        prompt_param: "messages",
+        ..ChoiceParams::from_fields(&req.sampling)?
+    };
     let top = req
         .top_logprobs
         .map(|v| logprobs_count("top_logprobs", v))
@@ -87,10 +96,17 @@ pub async fn chat_completions(
         }
     };
     let tokenizer = state.tokenizer.clone();
+    let messages = req.messages;
     // The template writes any BOS it wants.
-    let ids = vec![chat_prompt_ids(&tokenizer, &req.messages, true, false)?];
+    let ids = vec![
+        state
+            .text
+            .run(move |tok, check| chat_prompt_ids(tok, &messages, true, false, check))
+            .await?,
+    ];
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
     let id = state.response_id("chatcmpl");
+    let log = RequestLog::new(id.clone(), "/v1/chat/completions", received);
     let model = state.config.served_model_name.clone();
     if params.stream {
         let n = choices.len();
@@ -102,10 +118,28 @@ pub async fn chat_completions(
             n,
             tally: UsageTally::new(1, n),
         };
-        return Ok(stream_response(choices, formatter, params.include_usage));
+        return Ok(stream_response(
+            choices,
+            formatter,
+            params.include_usage,
+            state.config.stream_stall_timeout,
+            log,
+        ));
     }
-    let results = collect_all(choices).await?;
+    let mut log = log;
+    let results = match collect_all(choices).await {
+        Ok(results) => results,
+        Err(e) => {
+            log.finish(e.status.as_u16());
+            return Err(e);
+        }
+    };
     let usage = usage_of(&results, 1);
+    for r in &results {
+        log.choice(r.first_output, r.finish_reason);
+    }
+    log.set_usage(usage);
+    log.finish(200);
     let choices = results
         .into_iter()
         .map(|r| ChatChoice {
@@ -201,5 +235,9 @@ impl ChunkFormatter for ChatChunks {
 
     fn usage_chunk(&mut self) -> String {
         self.chunk(Vec::new(), Some(self.tally.usage()))
+    }
+
+    fn usage(&self) -> crate::openai::Usage {
+        self.tally.usage()
     }
 }

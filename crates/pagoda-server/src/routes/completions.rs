@@ -4,9 +4,10 @@
 
 use super::generation::{collect_all, submit_all, usage_of, UsageTally};
 use super::logprobs::completion_logprobs;
-use super::params::{logprobs_count, ChoiceParams};
+use super::params::{check_num_seqs, logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
 use crate::openai::{CompletionChoice, CompletionRequest, CompletionResponse, Prompt};
+use crate::request_log::RequestLog;
 use crate::sse::{stream_response, to_json, ChunkFormatter};
 use crate::state::{unix_now, AppState};
 use axum::extract::State;
@@ -19,7 +20,27 @@ use std::time::Instant;
 /// A prompt's token ids, and its text when it was given as text.
 type PromptIds = (Vec<u32>, Option<String>);
 
-/// The prompts' token ids, and their text (for `echo`).
+/// How many prompts `prompt` holds.
+fn num_prompts(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Text(_) | Prompt::Ids(_) => 1,
+        Prompt::Texts(ts) => ts.len(),
+        Prompt::IdLists(ls) => ls.len(),
+    }
+}
+
+/// Refuses a text prompt too long for the model, from its length alone.
+fn check_text_lens(state: &AppState, prompt: &Prompt) -> Result<(), ApiError> {
+    match prompt {
+        Prompt::Text(t) => state.text.check_len(t.len(), "prompt"),
+        Prompt::Texts(ts) => ts
+            .iter()
+            .try_for_each(|t| state.text.check_len(t.len(), "prompt")),
+        Prompt::Ids(_) | Prompt::IdLists(_) => Ok(()),
+    }
+}
+
+/// The prompts' token ids, and their text (for `echo`). Blocking.
 fn prompt_ids(tokenizer: &Tokenizer, prompt: Prompt) -> Result<Vec<PromptIds>, ApiError> {
     let prompts: Vec<PromptIds> = match prompt {
         Prompt::Text(t) => vec![(tokenizer.encode(&t, true)?, Some(t))],
@@ -57,22 +78,36 @@ pub async fn completions(
             "echo with logprobs is not supported (prompt logprobs are not computed)",
         ));
     }
+    check_num_seqs(
+        num_prompts(&req.prompt),
+        params.n,
+        state.config.max_seqs_per_request,
+    )?;
+    check_text_lens(&state, &req.prompt)?;
     let tokenizer = state.tokenizer.clone();
-    let prompts = prompt_ids(&tokenizer, req.prompt)?;
-    let echo: Vec<String> = if req.echo {
-        prompts
-            .iter()
-            .map(|(ids, text)| match text {
-                Some(t) => Ok(t.clone()),
-                None => Ok(tokenizer.decode(ids, false)?),
-            })
-            .collect::<Result<_, ApiError>>()?
-    } else {
-        vec![String::new(); prompts.len()]
-    };
+    let (prompt, want_echo) = (req.prompt, req.echo);
+    let (prompts, echo) = state
+        .text
+        .run(move |tokenizer, _| {
+            let prompts = prompt_ids(tokenizer, prompt)?;
+            let echo: Vec<String> = if want_echo {
+                prompts
+                    .iter()
+                    .map(|(ids, text)| match text {
+                        Some(t) => Ok(t.clone()),
+                        None => Ok(tokenizer.decode(ids, false)?),
+                    })
+                    .collect::<Result<_, ApiError>>()?
+            } else {
+                vec![String::new(); prompts.len()]
+            };
+            Ok((prompts, echo))
+        })
+        .await?;
     let ids: Vec<Vec<u32>> = prompts.into_iter().map(|(ids, _)| ids).collect();
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
     let id = state.response_id("cmpl");
+    let log = RequestLog::new(id.clone(), "/v1/completions", received);
     let model = state.config.served_model_name.clone();
     if params.stream {
         let n = choices.len();
@@ -87,10 +122,28 @@ pub async fn completions(
             offsets: vec![0; n],
             tally: UsageTally::new(ids.len(), n),
         };
-        return Ok(stream_response(choices, formatter, params.include_usage));
+        return Ok(stream_response(
+            choices,
+            formatter,
+            params.include_usage,
+            state.config.stream_stall_timeout,
+            log,
+        ));
     }
-    let results = collect_all(choices).await?;
+    let mut log = log;
+    let results = match collect_all(choices).await {
+        Ok(results) => results,
+        Err(e) => {
+            log.finish(e.status.as_u16());
+            return Err(e);
+        }
+    };
     let usage = usage_of(&results, ids.len());
+    for r in &results {
+        log.choice(r.first_output, r.finish_reason);
+    }
+    log.set_usage(usage);
+    log.finish(200);
     let choices = results
         .into_iter()
         .map(|r| {
@@ -192,5 +245,9 @@ impl ChunkFormatter for CompletionChunks {
 
     fn usage_chunk(&mut self) -> String {
         self.chunk(Vec::new(), Some(self.tally.usage()))
+    }
+
+    fn usage(&self) -> crate::openai::Usage {
+        self.tally.usage()
     }
 }

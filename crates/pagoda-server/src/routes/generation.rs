@@ -6,6 +6,9 @@
 //! before any is read, so the scheduler batches them and the prefix cache
 //! shares the prompt's KV between them once it is computed.
 //!
+//! A request may start at most
+//! [`crate::ServerConfig::max_seqs_per_request`] sequences (P * n).
+//!
 //! Invariant: every [`ChoiceStream`] owns its engine [`RequestStream`];
 //! dropping it (the handler future or the SSE task going away because the
 //! client did) aborts the request and returns its blocks.
@@ -18,10 +21,10 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use pagoda_core::SamplingParams;
 use pagoda_engine::sampler::TokenLogprobs;
-use pagoda_engine::{EngineRequest, FinishReason, RequestOutput, RequestStream};
+use pagoda_engine::{EngineError, EngineRequest, FinishReason, RequestOutput, RequestStream};
 use std::time::Instant;
 
-use super::params::ChoiceParams;
+use super::params::{check_num_seqs, ChoiceParams, SeqLimits};
 
 /// One choice being generated.
 pub struct ChoiceStream {
@@ -80,12 +83,16 @@ pub async fn submit_all(
     logprobs: Option<usize>,
     received: Instant,
 ) -> Result<Vec<ChoiceStream>, ApiError> {
-    let max_model_len = state.config.max_model_len;
+    check_num_seqs(prompts.len(), params.n, state.config.max_seqs_per_request)?;
+    let limits = SeqLimits {
+        max_model_len: state.config.max_model_len,
+        kv_cache_tokens: state.config.kv_cache_tokens,
+    };
     // Validate every prompt before submitting anything.
     let mut per_choice: Vec<(usize, SamplingParams)> = Vec::with_capacity(prompts.len() * params.n);
     for (p, prompt) in prompts.iter().enumerate() {
         for i in 0..params.n {
-            per_choice.push((p, params.for_prompt(prompt.len(), max_model_len, i)?));
+            per_choice.push((p, params.for_prompt(prompt.len(), limits, i)?));
         }
     }
     let mut choices = Vec::with_capacity(per_choice.len());
@@ -98,7 +105,13 @@ pub async fn submit_all(
                 params: sampling,
                 logprobs,
             })
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // What the engine refuses is the prompt (the parameters were
+                // checked above): e.g. a token id outside the vocabulary.
+                EngineError::InvalidRequest(m) => ApiError::invalid_param(params.prompt_param, m),
+                e => ApiError::from(e),
+            })?;
         choices.push(ChoiceStream {
             index,
             prompt_index: p,
@@ -123,6 +136,8 @@ pub struct ChoiceResult {
     pub num_prompt_tokens: usize,
     pub num_output_tokens: usize,
     pub num_cached_tokens: usize,
+    /// When its first output arrived.
+    pub first_output: Option<Instant>,
 }
 
 /// Reads one choice to its end.
@@ -136,9 +151,11 @@ async fn collect(mut c: ChoiceStream) -> Result<ChoiceResult, ApiError> {
         num_prompt_tokens: 0,
         num_output_tokens: 0,
         num_cached_tokens: 0,
+        first_output: None,
     };
     while let Some(item) = c.next().await {
         let out = item?;
+        r.first_output.get_or_insert_with(Instant::now);
         r.text.push_str(&out.text_delta);
         if let Some(lp) = out.logprobs {
             r.logprobs.push((out.token_id, lp));

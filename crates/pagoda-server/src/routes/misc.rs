@@ -52,35 +52,64 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// Tokenizes a prompt or a chat (on the blocking pool). Texts longer than
+/// `max_model_len` tokens are refused, most of them from their length alone.
 pub async fn tokenize(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
-    let tokenizer = &state.tokenizer;
-    let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => tokenizer.encode(p, req.add_special_tokens.unwrap_or(true))?,
-        (None, Some(m)) => chat_prompt_ids(
-            tokenizer,
-            m,
-            req.add_generation_prompt,
-            req.add_special_tokens.unwrap_or(false),
-        )?,
-        _ => {
-            return Err(ApiError::invalid(
-                "give either 'prompt' (text) or 'messages' (a chat)",
-            ))
-        }
-    };
-    let token_strs = req.return_token_strs.then(|| {
-        tokens
-            .iter()
-            .map(|&t| tokenizer.id_to_token(t).unwrap_or_default())
-            .collect()
-    });
+    if let Some(p) = &req.prompt {
+        state.text.check_len(p.len(), "prompt")?;
+    }
+    let max_model_len = state.config.max_model_len;
+    let (tokens, token_strs) = state
+        .text
+        .run(move |tokenizer, check| {
+            let (tokens, param) = match (&req.prompt, &req.messages) {
+                (Some(p), None) => (
+                    tokenizer.encode(p, req.add_special_tokens.unwrap_or(true))?,
+                    "prompt",
+                ),
+                (None, Some(m)) => (
+                    chat_prompt_ids(
+                        tokenizer,
+                        m,
+                        req.add_generation_prompt,
+                        req.add_special_tokens.unwrap_or(false),
+                        check,
+                    )?,
+                    "messages",
+                ),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "give either 'prompt' (text) or 'messages' (a chat)",
+                    ))
+                }
+            };
+            if tokens.len() > max_model_len {
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!(
+                        "this model's maximum context length is {max_model_len} tokens, \
+                         but the text has {} tokens",
+                        tokens.len()
+                    ),
+                )
+                .with_code("context_length_exceeded"));
+            }
+            let token_strs: Option<Vec<String>> = req.return_token_strs.then(|| {
+                tokens
+                    .iter()
+                    .map(|&t| tokenizer.id_to_token(t).unwrap_or_default())
+                    .collect()
+            });
+            Ok((tokens, token_strs))
+        })
+        .await?;
     Ok(json(&TokenizeResponse {
         count: tokens.len(),
-        max_model_len: state.config.max_model_len,
+        max_model_len,
         tokens,
         token_strs,
     }))
@@ -98,6 +127,10 @@ pub async fn detokenize(
             format!("token id {bad} is outside the vocabulary (size {vocab})"),
         ));
     }
-    let prompt = state.tokenizer.decode(&req.tokens, false)?;
+    let tokens = req.tokens;
+    let prompt = state
+        .text
+        .run(move |tokenizer, _| Ok(tokenizer.decode(&tokens, false)?))
+        .await?;
     Ok(json(&DetokenizeResponse { prompt }))
 }

@@ -1,11 +1,18 @@
 //! Request options -> engine [`SamplingParams`], with OpenAI's defaults and
 //! validation (every refusal a 400 naming the parameter).
 //!
-//! Default `max_tokens`: what is left of `max_model_len` after the prompt,
-//! capped at [`DEFAULT_MAX_TOKENS_CAP`] so that a request without a limit on a
-//! long-context model cannot hold a sequence for tens of thousands of tokens
-//! by accident. An explicit `max_tokens` with the prompt must fit in
-//! `max_model_len` (vLLM's rule), otherwise 400.
+//! Default `max_tokens`: what the request can get, i.e. the least of what is
+//! left of `max_model_len` after the prompt, what the whole KV cache can hold
+//! beyond the prompt (so a request without `max_tokens` runs on any cache
+//! that holds its prompt), and [`DEFAULT_MAX_TOKENS_CAP`] (so that a request
+//! without a limit on a long-context model cannot hold a sequence for tens of
+//! thousands of tokens by accident). An explicit `max_tokens` with the prompt
+//! must fit in `max_model_len` (vLLM's rule) and in the KV cache, otherwise
+//! 400 naming `max_tokens`.
+//!
+//! The KV bound mirrors the scheduler's admission rule: a sequence of
+//! `prompt + max_tokens` tokens needs the KV of all but its last token, so it
+//! fits a cache of `C` token slots when `prompt + max_tokens - 1 <= C`.
 
 use crate::error::ApiError;
 use crate::openai::SamplingFields;
@@ -25,9 +32,41 @@ pub struct ChoiceParams {
     pub sampling: SamplingParams,
     /// The request's `max_tokens` (or `max_completion_tokens`), if given.
     pub max_tokens: Option<usize>,
+    /// The name the request gave it under (`max_completion_tokens` or
+    /// `max_tokens`), named by refusals.
+    pub max_tokens_param: &'static str,
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// The parameter that holds the prompt (`prompt`, or chat's `messages`),
+    /// named by refusals about the prompt's length.
+    pub prompt_param: &'static str,
+}
+
+/// What the server can give one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqLimits {
+    /// The model's longest prompt + output.
+    pub max_model_len: usize,
+    /// Token slots of the whole KV cache (`None`: unknown, not checked).
+    pub kv_cache_tokens: Option<usize>,
+}
+
+/// Refuses a request that would start more than `limit` sequences
+/// (`num_prompts` x `n`).
+pub fn check_num_seqs(num_prompts: usize, n: usize, limit: usize) -> Result<(), ApiError> {
+    let seqs = num_prompts.saturating_mul(n);
+    if seqs <= limit {
+        return Ok(());
+    }
+    let param = if n > 1 { "n" } else { "prompt" };
+    Err(ApiError::invalid_param(
+        param,
+        format!(
+            "this request asks for {num_prompts} prompt(s) x n={n} = {seqs} sequences, \
+             more than the limit of {limit} per request (max_seqs_per_request)"
+        ),
+    ))
 }
 
 fn finite(name: &str, v: Option<f64>, default: f32) -> Result<f32, ApiError> {
@@ -112,26 +151,30 @@ impl ChoiceParams {
         Ok(ChoiceParams {
             sampling,
             max_tokens,
+            max_tokens_param: max_name,
             n,
             stream: f.stream,
             include_usage: f.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            prompt_param: "prompt",
         })
     }
 
     /// The parameters of choice `i` (of `n`) for a prompt of `prompt_len`
-    /// tokens: `max_tokens` resolved, seed offset by `i`.
+    /// tokens: `max_tokens` resolved within `limits`, seed offset by `i`.
     pub fn for_prompt(
         &self,
         prompt_len: usize,
-        max_model_len: usize,
+        limits: SeqLimits,
         i: usize,
     ) -> Result<SamplingParams, ApiError> {
+        let max_model_len = limits.max_model_len;
+        let prompt_param = self.prompt_param;
         if prompt_len == 0 {
-            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+            return Err(ApiError::invalid_param(prompt_param, "the prompt is empty"));
         }
         if prompt_len >= max_model_len {
             return Err(ApiError::invalid_param(
-                "prompt",
+                prompt_param,
                 format!(
                     "this model's maximum context length is {max_model_len} tokens, \
                      but the prompt has {prompt_len} tokens (no room to generate)"
@@ -139,13 +182,28 @@ impl ChoiceParams {
             )
             .with_code("context_length_exceeded"));
         }
-        let remaining = max_model_len - prompt_len;
-        let max_tokens = match self.max_tokens {
-            None => remaining.min(DEFAULT_MAX_TOKENS_CAP),
-            Some(m) if m <= remaining => m,
-            Some(m) => {
+        let context_room = max_model_len - prompt_len;
+        // Tokens the whole cache can give this request beyond its prompt.
+        let cache_room = match limits.kv_cache_tokens {
+            None => usize::MAX,
+            Some(slots) if prompt_len <= slots => slots + 1 - prompt_len,
+            Some(slots) => {
                 return Err(ApiError::invalid_param(
-                    "max_tokens",
+                    prompt_param,
+                    format!(
+                        "the prompt has {prompt_len} tokens but the whole KV cache holds \
+                         {slots}; send a shorter prompt"
+                    ),
+                )
+                .with_code("context_length_exceeded"))
+            }
+        };
+        let max_name = self.max_tokens_param;
+        let max_tokens = match self.max_tokens {
+            None => context_room.min(cache_room).min(DEFAULT_MAX_TOKENS_CAP),
+            Some(m) if m > context_room => {
+                return Err(ApiError::invalid_param(
+                    max_name,
                     format!(
                         "this model's maximum context length is {max_model_len} tokens, \
                          but {} were requested ({prompt_len} in the prompt, {m} to generate)",
@@ -154,6 +212,19 @@ impl ChoiceParams {
                 )
                 .with_code("context_length_exceeded"))
             }
+            Some(m) if m > cache_room => {
+                return Err(ApiError::invalid_param(
+                    max_name,
+                    format!(
+                        "the whole KV cache holds {} tokens, too few for {prompt_len} \
+                         prompt tokens and {m} to generate; {max_name} can be at most \
+                         {cache_room} for this prompt",
+                        limits.kv_cache_tokens.unwrap_or(0)
+                    ),
+                )
+                .with_code("context_length_exceeded"))
+            }
+            Some(m) => m,
         };
         Ok(SamplingParams {
             max_tokens,
@@ -183,17 +254,24 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
+    fn ctx(max_model_len: usize) -> SeqLimits {
+        SeqLimits {
+            max_model_len,
+            kv_cache_tokens: None,
+        }
+    }
+
     #[test]
     fn defaults_follow_openai_and_max_tokens_fills_the_context() {
         let p = ChoiceParams::from_fields(&fields("{}")).unwrap();
         assert_eq!(p.sampling.temperature, 1.0);
         assert_eq!(p.n, 1);
-        assert_eq!(p.for_prompt(10, 100, 0).unwrap().max_tokens, 90);
+        assert_eq!(p.for_prompt(10, ctx(100), 0).unwrap().max_tokens, 90);
         assert_eq!(
-            p.for_prompt(10, 8192, 0).unwrap().max_tokens,
+            p.for_prompt(10, ctx(8192), 0).unwrap().max_tokens,
             DEFAULT_MAX_TOKENS_CAP
         );
-        assert!(p.for_prompt(100, 100, 0).is_err());
+        assert!(p.for_prompt(100, ctx(100), 0).is_err());
     }
 
     #[test]
@@ -215,8 +293,51 @@ mod tests {
     #[test]
     fn seeds_step_per_choice_and_explicit_max_tokens_must_fit() {
         let p = ChoiceParams::from_fields(&fields(r#"{"seed": 7, "max_tokens": 50}"#)).unwrap();
-        assert_eq!(p.for_prompt(10, 100, 2).unwrap().seed, Some(9));
-        assert_eq!(p.for_prompt(10, 100, 0).unwrap().max_tokens, 50);
-        assert!(p.for_prompt(60, 100, 0).is_err());
+        assert_eq!(p.for_prompt(10, ctx(100), 2).unwrap().seed, Some(9));
+        assert_eq!(p.for_prompt(10, ctx(100), 0).unwrap().max_tokens, 50);
+        assert!(p.for_prompt(60, ctx(100), 0).is_err());
+    }
+
+    #[test]
+    fn default_max_tokens_fits_the_kv_cache_and_refusals_name_the_parameter() {
+        // 22 blocks of 16: 352 slots.
+        let small = SeqLimits {
+            max_model_len: 2048,
+            kv_cache_tokens: Some(352),
+        };
+        let p = ChoiceParams::from_fields(&fields("{}")).unwrap();
+        // prompt + max_tokens - 1 <= 352.
+        assert_eq!(p.for_prompt(40, small, 0).unwrap().max_tokens, 313);
+        assert_eq!(p.for_prompt(352, small, 0).unwrap().max_tokens, 1);
+        let e = p.for_prompt(353, small, 0).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert!(e.message.contains("352"), "{}", e.message);
+        let chat = ChoiceParams {
+            prompt_param: "messages",
+            ..p.clone()
+        };
+        let e = chat.for_prompt(400, small, 0).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+
+        let p = ChoiceParams::from_fields(&fields(r#"{"max_completion_tokens": 314}"#)).unwrap();
+        let e = p.for_prompt(40, small, 0).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+        assert!(e.message.contains("at most 313"), "{}", e.message);
+        let p = ChoiceParams::from_fields(&fields(r#"{"max_tokens": 313}"#)).unwrap();
+        assert_eq!(p.for_prompt(40, small, 0).unwrap().max_tokens, 313);
+    }
+
+    #[test]
+    fn sequences_per_request_are_capped() {
+        assert!(check_num_seqs(2, 128, 256).is_ok());
+        let e = check_num_seqs(500, 128, 256).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert!(
+            e.message.contains("64000") && e.message.contains("256"),
+            "{}",
+            e.message
+        );
+        let e = check_num_seqs(300, 1, 256).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
     }
 }

@@ -43,6 +43,10 @@ pub struct Options {
     pub shutdown_timeout: Duration,
     /// Last changes to the server's settings.
     pub config: fn(&mut ServerConfig),
+    pub max_seqs_per_request: usize,
+    pub stream_stall_timeout: Duration,
+    /// The engine's status line interval (`None`: no line).
+    pub log_interval: Option<Duration>,
 }
 
 impl Default for Options {
@@ -56,6 +60,9 @@ impl Default for Options {
             max_body_bytes: 8 << 20,
             shutdown_timeout: Duration::from_secs(30),
             config: |_| {},
+            max_seqs_per_request: 256,
+            stream_stall_timeout: Duration::from_secs(30),
+            log_interval: None,
         }
     }
 }
@@ -107,6 +114,7 @@ pub async fn start(opts: Options) -> TestServer {
         engine,
         HandleOptions {
             max_waiting: opts.max_waiting,
+            log_interval: opts.log_interval,
         },
     )
     .unwrap();
@@ -116,6 +124,9 @@ pub async fn start(opts: Options) -> TestServer {
     config.max_body_bytes = opts.max_body_bytes;
     config.shutdown_timeout = opts.shutdown_timeout;
     (opts.config)(&mut config);
+    config.kv_cache_tokens = Some(opts.num_blocks * BLOCK_SIZE);
+    config.max_seqs_per_request = opts.max_seqs_per_request;
+    config.stream_stall_timeout = opts.stream_stall_timeout;
     let server = Server::bind(config, handle.clone(), tokenizer.clone())
         .await
         .unwrap();

@@ -68,6 +68,17 @@ pub struct ServeArgs {
     /// to its hard limit at start; at most 8192).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
+    /// Most sequences (prompts x n) one request may start; more is a 400.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_seqs_per_request: usize,
+    /// Seconds a stream may wait on a client that stopped reading before its
+    /// request is aborted and its KV blocks freed.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub stream_stall_timeout: u64,
+    /// While requests run, log the engine's status (running/waiting,
+    /// tokens/s, KV usage, prefix hit rate) every SECONDS (0: never).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub log_stats_interval: u64,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -96,6 +107,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         false,
         Spawn {
             max_waiting: args.max_waiting,
+            log_interval: (args.log_stats_interval > 0)
+                .then(|| Duration::from_secs(args.log_stats_interval)),
         },
     )?;
     let mut config = ServerConfig::new(name.clone(), sched.max_model_len);
@@ -119,6 +132,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
             pagoda_server::listen::fd_limit()
         }
     };
+    config.kv_cache_tokens = Some(sched.num_blocks * sched.block_size);
+    if args.max_seqs_per_request == 0 {
+        bail!("--max-seqs-per-request must be at least 1");
+    }
+    config.max_seqs_per_request = args.max_seqs_per_request;
+    config.stream_stall_timeout = Duration::from_secs(args.stream_stall_timeout.max(1));
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -198,6 +217,7 @@ pub fn resolve_api_key(
 /// Starts the engine thread, on whichever backend the engine was built for.
 struct Spawn {
     max_waiting: Option<usize>,
+    log_interval: Option<Duration>,
 }
 
 impl EngineTask for Spawn {
@@ -209,6 +229,7 @@ impl EngineTask for Spawn {
             engine,
             HandleOptions {
                 max_waiting: self.max_waiting,
+                log_interval: self.log_interval,
             },
         )?;
         Ok((handle, sched))
