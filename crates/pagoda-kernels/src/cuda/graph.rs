@@ -158,7 +158,9 @@ pub(crate) fn replay(
     if info.present {
         g.opts_packed.clear();
         let spans = pack_options(opts, ctx.sampling.len(), &mut g.opts_packed);
-        let mut d = b.alloc_i32(g.opts_packed.len())?;
+        // A power of two: the size grows with the histories, and few sizes
+        // keep the pool from collecting one buffer per step.
+        let mut d = b.alloc_i32(g.opts_packed.len().next_power_of_two())?;
         stream
             .memcpy_htod(&g.opts_packed, &mut *d)
             .map_err(|e| device_err("replay options upload", e))?;
