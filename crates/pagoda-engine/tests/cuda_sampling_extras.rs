@@ -601,6 +601,25 @@ fn penalties_and_logprobs_stay_on_graphs_with_one_sync_per_step_and_match_the_cp
          {sampling_steps} steps"
     );
 
+    let (failures, excused, compared) = compare_mixed(&got, &want);
+    assert!(compared >= 4, "logprobs compared at {compared} steps only");
+    eprintln!(
+        "mixed batch against the CPU engine: logprobs compared at {compared} steps, {excused} \
+         near-ties excused"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Compares a mixed run (`got`) with the reference run that asked every
+/// request for 20 logprobs (`want`): tokens up to the first difference
+/// (excused at near-ties), logprobs at every step compared. Returns the
+/// failures, the excused near-ties and the steps whose logprobs compared.
+fn compare_mixed(got: &Trace, want: &Trace) -> (Vec<String>, usize, usize) {
     let reqs = mixed_requests();
     let mut failures = Vec::new();
     let (mut excused, mut compared) = (0, 0);
@@ -661,15 +680,42 @@ fn penalties_and_logprobs_stay_on_graphs_with_one_sync_per_step_and_match_the_cp
             }
         }
     }
-    assert!(compared >= 4, "logprobs compared at {compared} steps only");
-    eprintln!(
-        "mixed batch against the CPU engine: logprobs compared at {compared} steps, {excused} \
-         near-ties excused"
-    );
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    (failures, excused, compared)
+}
+
+/// The comparison fed the CPU engine on both sides (no GPU needed): it
+/// must find nothing, so a failure on the GPU is the device's.
+#[test]
+fn the_mixed_comparison_accepts_the_cpu_engine_itself() {
+    let sched = SchedulerConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks: 256,
+        max_num_batched_tokens: 2048,
+        max_num_seqs: 16,
+        max_model_len: 256,
+        enable_prefix_caching: false,
+    };
+    let path = repo_root().join("tests/golden/tiny-qwen3/config.json");
+    let cfg = load_config_file(&path).unwrap();
+    let src = DummySource::new(&cfg).unwrap();
+    let engine = || {
+        let cpu = CpuBackend::new(CpuOptions {
+            threads: 2,
+            weight_dtype: WeightDtype::BF16,
+        })
+        .unwrap();
+        LlmEngine::new(
+            runner(cpu, &cfg, &src, sched.num_blocks),
+            None,
+            sched.clone(),
+        )
+        .unwrap()
+    };
+    let (want, _) = run_mixed(&mut engine(), true);
+    let (got, _) = run_mixed(&mut engine(), false);
+    let (failures, excused, compared) = compare_mixed(&got, &want);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(excused, 0);
+    // Every step of the 4 requests asking for logprobs.
+    assert_eq!(compared, 4 * NEW_TOKENS);
 }
