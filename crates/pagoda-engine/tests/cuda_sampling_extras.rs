@@ -16,7 +16,11 @@
 //!   decode steps, syncs with the device once per sampling step, and gives
 //!   the CPU engine's greedy tokens (outside near-ties) and logprobs.
 //!
-//! Without a CUDA device or driver every test prints a notice and passes.
+//! Both comparisons also run without a GPU, fed the host's own results (the
+//! host sampler; the CPU engine on both sides): they must find nothing, so a
+//! failure on the GPU is the device's.
+//!
+//! Without a CUDA device or driver the GPU tests print a notice and pass.
 #![cfg(feature = "cuda")]
 
 mod cuda_common;
