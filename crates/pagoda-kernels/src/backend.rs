@@ -262,6 +262,7 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Backend::sample`] with the step's sampling options applied
     /// (penalties before sampling; logprobs of the rows that ask); one wait
     /// for the device, one download of the ids and the small logprob results.
+    /// Penalties rewrite the penalized logits of `logits` in place.
     fn sample_full(&self, logits: &Self::Tensor, step: &Self::Step) -> Result<DeviceSamples> {
         let _ = (logits, step);
         Err(crate::KernelError::Unsupported(

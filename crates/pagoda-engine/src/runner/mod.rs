@@ -158,8 +158,9 @@ impl<B: Backend> ModelRunner<B> {
         for n in self.backend.warmup_row_counts(max_tokens) {
             shapes.push((n, n.min(max_seqs)));
         }
-        for (tokens, seqs) in shapes {
-            let (ctx, opts) = self.dummy_step(tokens, seqs, width, max_model_len);
+        for (i, (tokens, seqs)) in shapes.into_iter().enumerate() {
+            // The two largest steps carry the longest penalty histories.
+            let (ctx, opts) = self.dummy_step(tokens, seqs, width, max_model_len, i < 2);
             self.execute_with(&ctx, &opts)?;
         }
         Ok(())
@@ -167,13 +168,16 @@ impl<B: Backend> ModelRunner<B> {
 
     /// A step of `tokens` prompt tokens spread evenly over `seqs` sequences
     /// (each at most `max_model_len` long, each sampled), block tables
-    /// `width` wide and all pointing at block 0, storing nothing.
+    /// `width` wide and all pointing at block 0, storing nothing; every row
+    /// asks for logprobs and a penalty, over a history of every token it
+    /// could hold when `longest_histories`.
     fn dummy_step(
         &self,
         tokens: usize,
         seqs: usize,
         width: usize,
         max_model_len: usize,
+        longest_histories: bool,
     ) -> (ForwardContext, SamplingOptions) {
         let seqs = seqs.clamp(1, tokens.max(1));
         let per_seq = tokens.max(1).div_ceil(seqs).min(max_model_len.max(1));
@@ -222,16 +226,27 @@ impl<B: Backend> ModelRunner<B> {
                 };
                 rows
             ];
-            // Every row with the largest logprobs request and a penalty, so
-            // the sampling scratch reaches its peak too.
-            opts.rows = vec![
-                RowOptions {
+            // Every row with the largest logprobs request and a penalty over
+            // the longest history a sequence can have (every token distinct),
+            // so the sampling scratch and the options' upload reach their
+            // peak too.
+            let pairs = if longest_histories {
+                max_model_len.min(self.model.config().vocab_size).max(1)
+            } else {
+                1
+            };
+            opts.history = (0..rows * pairs)
+                .flat_map(|i| [(i % pairs) as u32, 1])
+                .collect();
+            opts.rows = (0..rows)
+                .map(|r| RowOptions {
                     presence_penalty: 0.5,
+                    history_start: (r * pairs) as u32,
+                    history_len: pairs as u32,
                     logprobs: Some(MAX_LOGPROBS as u32),
                     ..RowOptions::NONE
-                };
-                rows
-            ];
+                })
+                .collect();
         }
         (ctx, opts)
     }

@@ -15,7 +15,10 @@
 //! penalties or logprobs, never on other values; they run outside captured
 //! graphs (after a replay, on the graph's own logits buffer), so options
 //! never change what a graph holds. Penalties change the logits in place.
-//! Scratch (`kept`, results) comes from the pool: no allocation once warm.
+//! Scratch (`kept`, results) comes from the pool, sized by the row count
+//! alone. The options' own upload grows with the penalized rows' histories:
+//! at most `rows * (7 + 2 * min(vocab, max_model_len))` ints, which the
+//! runner's profiling steps upload too, so the step arena has room for it.
 //!
 //! Costs per step: the host packs O(rows + history pairs) ints (the history
 //! of penalized rows only: their distinct prompt + output tokens, which the
@@ -141,7 +144,10 @@ pub(crate) fn sample_rows(
     }
     let n_lp = info.lp_rows.len();
     let total = rows + n_lp * LP_INTS;
-    let mut out = b.alloc_i32(total)?;
+    // Room for every row's logprobs whenever any row asks, so the buffer's
+    // size depends on the row count alone (two sizes per batch size).
+    let room = if n_lp > 0 { rows * (1 + LP_INTS) } else { rows };
+    let mut out = b.alloc_i32(room.max(total))?;
     // Two u64 per row: the kept prefix's length and mass.
     let mut kept = b.alloc_i32(4 * rows.max(1))?;
     if let Some((o, h)) = &opts {
