@@ -3,7 +3,9 @@
 # (the host has no Rust toolchain). Phases, in order (default: tests bench):
 #   tests  every test binary in .device-bin/ (--test-threads=1), then the
 #          Qwen3 comparison against PyTorch (scripts/gpu/make_qwen3.py builds
-#          the model, the cuda_qwen3_torch test compares);
+#          the model, the cuda_qwen3_torch test compares), then the same on a
+#          Qwen2 with large q/k/v biases (std 0.5), where CUDA must follow
+#          the f32 greedy tokens at least as long as PyTorch's bf16 run;
 #   bench  kernel timings (decode attention bandwidth vs the copy ceiling,
 #          prefill attention, sampling), `pagoda bench single`, `pagoda bench
 #          decode` at batch 1/64/256 with graphs and eagerly, and a short
@@ -84,7 +86,12 @@ if has tests; then
     done
     export PAGODA_QWEN3_DIR=${PAGODA_QWEN3_DIR:-/tmp/qwen3-small}
     step make_qwen3 env PYTHONUNBUFFERED=1 python3 scripts/gpu/make_qwen3.py "$PAGODA_QWEN3_DIR"
-    step cuda_qwen3_torch .device-bin/cuda_qwen3_torch --test-threads=1 --nocapture
+    step cuda_qwen3_torch .device-bin/cuda_qwen3_torch --test-threads=1 --nocapture qwen3_on_cuda
+    # 8 layers of hidden 1024, 4 prompts of 90-120 tokens, 40 greedy steps each (160).
+    export PAGODA_QWEN2_DIR=${PAGODA_QWEN2_DIR:-/tmp/qwen2-bias}
+    step make_qwen2_bias env PYTHONUNBUFFERED=1 python3 scripts/gpu/make_qwen3.py "$PAGODA_QWEN2_DIR" \
+        --arch qwen2 --qkv-bias-std 0.5 --layers 8 --prompt-lens 90,100,110,120 --new-tokens 40
+    step cuda_qwen2_bias .device-bin/cuda_qwen3_torch --test-threads=1 --nocapture qwen2_bias_on_cuda
 fi
 
 if has bench; then
@@ -155,6 +162,7 @@ echo "==== summary ($phases)"
 printf '%s' "$table"
 printf '%s' "$steps"
 [ -f "$LOGS/cuda_qwen3_torch.log" ] && grep -E '^qwen3 ' "$LOGS/cuda_qwen3_torch.log"
+[ -f "$LOGS/cuda_qwen2_bias.log" ] && grep -E '^qwen2-bias ' "$LOGS/cuda_qwen2_bias.log"
 [ -f "$LOGS/kernel_timings.log" ] && grep -E '^bench:' "$LOGS/kernel_timings.log"
 [ -f "$LOGS/bench_varied.log" ] && grep -E '^device memory' "$LOGS/bench_varied.log"
 for f in bench_single bench_decode bench_decode_eager serve_cuda bench_offline64 bench_varied bench_nanovllm bench_hf_workload hf_generate_batch; do
