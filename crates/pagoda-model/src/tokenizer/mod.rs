@@ -22,6 +22,7 @@
 pub mod chat_template;
 pub mod detokenizer;
 pub mod gguf;
+mod gguf_pre;
 pub mod hf;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateOptions, MessageContent};
