@@ -77,6 +77,18 @@ impl Tokenizer {
         Self::assemble(hf::load(dir.as_ref())?)
     }
 
+    /// Loads a Hugging Face `tokenizer.json` given by path (any file name);
+    /// `tokenizer_config.json`, `chat_template.jinja` and the other optional
+    /// files are read from the same directory when present. A directory is
+    /// read as in [`Tokenizer::from_hf_dir`].
+    pub fn from_hf_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Self::from_hf_dir(path);
+        }
+        Self::assemble(hf::load_file(path)?)
+    }
+
     pub(crate) fn assemble(parts: TokenizerParts) -> Result<Self> {
         let TokenizerParts {
             inner,
