@@ -165,19 +165,7 @@ fn open_gguf(path: &Path, own_tokenizer: bool) -> Result<ModelFiles> {
             tokenizer: None,
         });
     }
-    let m = source.tokenizer_metadata()?;
-    let spec = crate::tokenizer::GgufTokenizerSpec {
-        model: m.model,
-        pre: m.pre,
-        tokens: m.tokens,
-        merges: m.merges,
-        token_types: m.token_types,
-        bos_token_id: m.bos_token_id,
-        eos_token_id: m.eos_token_id,
-        add_bos_token: m.add_bos_token,
-        add_eos_token: m.add_eos_token,
-        chat_template: m.chat_template,
-    };
+    let spec = source.tokenizer_metadata()?;
     let tokenizer = Some(Arc::new(Tokenizer::from_gguf(&spec)?));
     Ok(ModelFiles {
         format: ModelFormat::Gguf,

@@ -6,8 +6,8 @@
 //!   (`"Ġ t"`), and the pre-tokenizer regex is chosen by `tokenizer.ggml.pre`
 //!   (see [`GgufPreTokenizer`]: every value llama.cpp knows is mapped or
 //!   refused by name; an unknown one is an error).
-//! - `llama` (SentencePiece) and others: rejected with a clear error for now;
-//!   they need the `tokenizer.ggml.scores` array, which this spec omits.
+//! - `llama`: SentencePiece BPE with byte fallback, see [`super::gguf_spm`].
+//! - others (`t5`, `bert`, ...): rejected with a clear error.
 //!
 //! Token types (`tokenizer.ggml.token_type`): 1 normal, 2 unknown, 3 control,
 //! 4 user-defined, 5 unused, 6 byte. Control and user-defined tokens become
@@ -35,12 +35,10 @@ const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 pub(crate) fn build(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
     match spec.model.as_str() {
         "gpt2" => build_byte_level_bpe(spec),
-        "llama" => Err(tok_err(
-            "GGUF tokenizer model \"llama\" (SentencePiece) is not supported yet; \
-             load the model's Hugging Face tokenizer.json instead",
-        )),
+        "llama" => super::gguf_spm::build(spec),
         other => Err(tok_err(format!(
-            "unsupported GGUF tokenizer model {other:?} (supported: gpt2)"
+            "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama); \
+             give the model's tokenizer.json with --tokenizer"
         ))),
     }
 }
@@ -133,11 +131,14 @@ mod tests {
     #[test]
     fn unsupported_models_say_so() {
         let spec = GgufTokenizerSpec {
-            model: "llama".into(),
+            model: "t5".into(),
             tokens: vec!["a".into()],
             ..Default::default()
         };
         let err = build(&spec).err().unwrap().to_string();
-        assert!(err.contains("not supported"), "{err}");
+        assert!(
+            err.contains("unsupported") && err.contains("\"t5\""),
+            "{err}"
+        );
     }
 }

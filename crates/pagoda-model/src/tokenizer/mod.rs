@@ -8,7 +8,8 @@
 //! text is split, merged and decoded exactly as transformers does.
 //!
 //! - [`gguf`]: GGUF metadata -> byte-level BPE pipeline (pre-tokenizer regex
-//!   chosen by `tokenizer.ggml.pre`).
+//!   chosen by `tokenizer.ggml.pre`, see `gguf_pre`), or SentencePiece BPE
+//!   with byte fallback (`gguf_spm`).
 //! - [`hf`]: Hugging Face directory loading (special tokens, chat template).
 //! - [`chat_template`]: Jinja chat templates rendered with minijinja in the
 //!   dialect transformers uses.
@@ -23,6 +24,7 @@ pub mod chat_template;
 pub mod detokenizer;
 pub mod gguf;
 mod gguf_pre;
+mod gguf_spm;
 pub mod hf;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateOptions, MessageContent};
@@ -68,6 +70,13 @@ impl Tokenizer {
     /// Builds the tokenizer of a GGUF model from its `tokenizer.*` metadata.
     pub fn from_gguf(spec: &GgufTokenizerSpec) -> Result<Self> {
         Self::assemble(gguf::build(spec)?)
+    }
+
+    /// Builds the tokenizer of a GGUF file from its metadata alone, whatever
+    /// its architecture (the model itself is not read).
+    pub fn from_gguf_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let file = pagoda_gguf::GgufFile::open(path)?;
+        Self::from_gguf(&crate::loader::gguf::tokenizer_metadata(&file)?)
     }
 
     /// Loads `tokenizer.json`, `tokenizer_config.json` (and, when present,
