@@ -13,8 +13,9 @@
 //! Spaces: Gemma (and any file with `add_space_prefix` false) replaces every
 //! space with `▁` and adds no prefix; Gemma files store their whitespace-run
 //! tokens as real spaces, which are respelled with `▁` first. Other files
-//! (Llama 2, Mistral, TinyLlama) get a `▁` prepended to the text, and the
-//! decoder strips it again.
+//! (Llama 2, Mistral, TinyLlama) get a `▁` prepended to the text (before
+//! spaces become `▁`, so `"  hi"` is `▁▁▁hi` as sentencepiece and llama.cpp
+//! have it), and the decoder strips one leading space again.
 //!
 //! Control tokens (type 3) are special added tokens; user-defined ones (type 4)
 //! plain added tokens, both matched whole before any splitting. BOS is added
@@ -27,8 +28,9 @@ use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::prepend::Prepend;
 use tokenizers::normalizers::replace::Replace;
-use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::normalizers::Sequence as NormalizerSequence;
 use tokenizers::{AddedToken, DecoderWrapper};
 
 const TOKEN_TYPE_CONTROL: i32 = 3;
@@ -104,17 +106,17 @@ pub(crate) fn build(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
         ByteFallback::new().into(),
         Fuse::new().into(),
     ];
+    let spaces = Replace::new(" ", SPACE_MARK).map_err(|e| tok_err(format!("normalizer: {e}")))?;
     if prefix_space {
-        inner.with_pre_tokenizer(Some(Metaspace::new(
-            '\u{2581}',
-            PrependScheme::First,
-            false,
-        )));
+        // SentencePiece's dummy prefix: one `▁` before the text, whatever it
+        // starts with (as sentencepiece and llama.cpp do).
+        inner.with_normalizer(Some(NormalizerSequence::new(vec![
+            Prepend::new(SPACE_MARK.to_string()).into(),
+            spaces.into(),
+        ])));
         decoders.push(Strip::new(' ', 1, 0).into());
     } else {
-        inner.with_normalizer(Some(
-            Replace::new(" ", SPACE_MARK).map_err(|e| tok_err(format!("normalizer: {e}")))?,
-        ));
+        inner.with_normalizer(Some(spaces));
     }
     inner.with_decoder(Some(DecoderSequence::new(decoders)));
 
