@@ -6,12 +6,12 @@
 //!   `scripts/golden/spm_tokenizer.py`, holds the pieces, scores and token
 //!   types a GGUF would carry and the ids the sentencepiece library gives.
 //! - gemma-3-270m, from its GGUF, against Hugging Face transformers:
-//! `tests/golden/gemma3_tokenizer.json` is written by
-//! `scripts/golden/gemma_tokenizer.py` (a seeded fuzz corpus of 1,151 strings:
-//! unicode, whitespace runs, digits, code; the ids transformers' GGUF loader
-//! gives). The GGUF is not in the repository; the script says how to get it.
-//! It is looked for at `$PAGODA_GEMMA3_GGUF`, else
-//! `models/gemma-3-270m-q4_k_m.gguf`; when absent the test passes with a notice.
+//!   `tests/golden/gemma3_tokenizer.json` is written by
+//!   `scripts/golden/gemma_tokenizer.py` (a seeded fuzz corpus of 1,151 strings:
+//!   unicode, whitespace runs, digits, code; the ids transformers' GGUF loader
+//!   gives). The GGUF is not in the repository; the script says how to get it.
+//!   It is looked for at `$PAGODA_GEMMA3_GGUF`, else
+//!   `models/gemma-3-270m-q4_k_m.gguf`; when absent the test passes with a notice.
 
 use pagoda_model::tokenizer::{GgufTokenizerSpec, Tokenizer};
 use serde_json::Value;
