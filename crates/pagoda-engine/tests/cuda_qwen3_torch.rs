@@ -149,6 +149,7 @@ fn trace<B: pagoda_kernels::Backend>(
         model: Some(dir.to_path_buf()),
         config: None,
         dummy_weights: false,
+        tokenizer: None,
     })
     .unwrap();
     let steps = golden.steps();

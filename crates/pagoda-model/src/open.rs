@@ -6,6 +6,11 @@
 //! - `dummy_weights`: the config (from `--config` or the directory) with
 //!   deterministic random weights; the tokenizer still comes from the model
 //!   path when one is given.
+//!
+//! `tokenizer` (a Hugging Face `tokenizer.json`, or a directory holding one)
+//! replaces the model's own tokenizer, which is then not built at all (so a
+//! GGUF whose tokenizer pagoda cannot build still opens). It must not produce
+//! ids beyond the model's vocabulary.
 
 use crate::loader::dummy::DummySource;
 use crate::loader::gguf::GgufSource;
@@ -27,6 +32,9 @@ pub struct OpenOptions {
     pub config: Option<PathBuf>,
     /// Generate weights instead of reading them.
     pub dummy_weights: bool,
+    /// A Hugging Face tokenizer.json (or a directory with one) that replaces
+    /// the model's own tokenizer.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Where the weights come from.
@@ -49,6 +57,31 @@ pub struct ModelFiles {
 
 /// Opens the model `opts` describes.
 pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
+    let Some(path) = &opts.tokenizer else {
+        return open_files(opts, true);
+    };
+    if !path.exists() {
+        return Err(ModelError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such tokenizer file"),
+        });
+    }
+    let tokenizer = Tokenizer::from_hf_file(path)?;
+    let mut files = open_files(opts, false)?;
+    if tokenizer.vocab_size() > files.config.vocab_size {
+        return Err(ModelError::Tokenizer(format!(
+            "{} has {} tokens but the model's vocabulary has {}",
+            path.display(),
+            tokenizer.vocab_size(),
+            files.config.vocab_size
+        )));
+    }
+    files.tokenizer = Some(Arc::new(tokenizer));
+    Ok(files)
+}
+
+/// Opens config and weights, and the model's own tokenizer when `own_tokenizer`.
+fn open_files(opts: &OpenOptions, own_tokenizer: bool) -> Result<ModelFiles> {
     let model = opts.model.as_deref();
     if let Some(p) = model {
         if !p.exists() {
@@ -73,10 +106,11 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
             };
         let config = hf_config::load_config_file(&config_path)?;
         let tokenizer = match model {
+            _ if !own_tokenizer => None,
             Some(p) if p.is_dir() && p.join("tokenizer.json").exists() => {
                 Some(Arc::new(Tokenizer::from_hf_dir(p)?))
             }
-            Some(p) if p.is_file() => Some(open_gguf(p)?.tokenizer.ok_or_else(|| {
+            Some(p) if p.is_file() => Some(open_gguf(p, true)?.tokenizer.ok_or_else(|| {
                 ModelError::Tokenizer(format!("{} has no tokenizer", p.display()))
             })?),
             _ => None,
@@ -103,7 +137,7 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
             )));
         }
         let (config, weights) = safetensors::open_hf_dir(path)?;
-        let tokenizer = if path.join("tokenizer.json").exists() {
+        let tokenizer = if own_tokenizer && path.join("tokenizer.json").exists() {
             Some(Arc::new(Tokenizer::from_hf_dir(path)?))
         } else {
             None
@@ -116,25 +150,22 @@ pub fn open_model(opts: &OpenOptions) -> Result<ModelFiles> {
             tokenizer,
         })
     } else {
-        open_gguf(path)
+        open_gguf(path, own_tokenizer)
     }
 }
 
-fn open_gguf(path: &Path) -> Result<ModelFiles> {
+fn open_gguf(path: &Path, own_tokenizer: bool) -> Result<ModelFiles> {
     let (config, source) = GgufSource::open(path)?;
-    let m = source.tokenizer_metadata()?;
-    let spec = crate::tokenizer::GgufTokenizerSpec {
-        model: m.model,
-        pre: m.pre,
-        tokens: m.tokens,
-        merges: m.merges,
-        token_types: m.token_types,
-        bos_token_id: m.bos_token_id,
-        eos_token_id: m.eos_token_id,
-        add_bos_token: m.add_bos_token,
-        add_eos_token: m.add_eos_token,
-        chat_template: m.chat_template,
-    };
+    if !own_tokenizer {
+        return Ok(ModelFiles {
+            format: ModelFormat::Gguf,
+            path: Some(path.to_path_buf()),
+            config,
+            weights: Box::new(source),
+            tokenizer: None,
+        });
+    }
+    let spec = source.tokenizer_metadata()?;
     let tokenizer = Some(Arc::new(Tokenizer::from_gguf(&spec)?));
     Ok(ModelFiles {
         format: ModelFormat::Gguf,

@@ -209,3 +209,54 @@ fn tokenizer_and_template_can_be_shared_across_threads() {
     shared::<Tokenizer>();
     shared::<ChatTemplate>();
 }
+
+#[test]
+fn tokenizer_option_replaces_the_model_tokenizer() {
+    use pagoda_model::open::{open_model, OpenOptions};
+    let model = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    // tokenizer.json alone, under another name: no tokenizer_config.json, so
+    // no chat template comes with it (the GGUF's own tokenizer has one).
+    let dir = std::env::temp_dir().join(format!("pagoda-tok-override-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("my-tokenizer.json");
+    std::fs::copy(
+        repo_root().join("tests/golden/smollm2-tokenizer/tokenizer.json"),
+        &file,
+    )
+    .unwrap();
+    let open = |tokenizer: Option<PathBuf>| {
+        open_model(&OpenOptions {
+            model: Some(model.clone()),
+            tokenizer,
+            ..Default::default()
+        })
+    };
+    let own = open(None).unwrap().tokenizer.unwrap();
+    let replaced = open(Some(file.clone())).unwrap().tokenizer.unwrap();
+    assert!(own.chat_template().is_some());
+    assert!(
+        replaced.chat_template().is_none(),
+        "the override was not used"
+    );
+    for case in golden()["encodings"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(
+            replaced.encode(text, false).unwrap(),
+            ids(&case["ids"]),
+            "{text:?}"
+        );
+    }
+    // A directory works too, with its config and template.
+    let from_dir = open(Some(repo_root().join("tests/golden/smollm2-tokenizer")))
+        .unwrap()
+        .tokenizer
+        .unwrap();
+    assert!(from_dir.chat_template().is_some());
+    // A missing file is an error naming it.
+    let err = open(Some(dir.join("absent.json")))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("absent.json"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -508,3 +508,44 @@ fn info_describes_smollm2() {
     assert_eq!(v["tokenizer_vocab_size"], 49152);
     assert_eq!(v["chat_template"], true);
 }
+
+#[test]
+fn tokenizer_option_replaces_the_gguf_tokenizer() {
+    let model = default_model();
+    let json =
+        std::fs::read(workspace_root().join("tests/golden/smollm2-tokenizer/tokenizer.json"))
+            .unwrap();
+    // tokenizer.json alone: no tokenizer_config.json, so no chat template.
+    let dir = Temp::dir("tokenizer-override", &[("tokenizer.json", &json)]);
+    let file = format!("{}/tokenizer.json", dir.path());
+    let out = pagoda(&[
+        "info",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        &file,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tokenizer_vocab_size"], 49152);
+    assert_eq!(
+        v["chat_template"], false,
+        "the GGUF's own tokenizer was kept"
+    );
+    let missing = format!("{}/absent.json", dir.path());
+    fails_with_one_line(
+        &[
+            "info",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokenizer",
+            &missing,
+        ],
+        &["absent.json"],
+    );
+}

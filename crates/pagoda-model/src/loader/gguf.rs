@@ -18,7 +18,7 @@
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::loader::{TensorInfo, WeightSource};
 use crate::{ModelError, Result};
-use pagoda_gguf::{GgufFile, Metadata, TensorValues};
+use pagoda_gguf::{GgufFile, Metadata, MetadataArray, TensorValues};
 use pagoda_kernels::{HostData, HostTensor};
 use std::collections::HashMap;
 use std::path::Path;
@@ -124,6 +124,73 @@ pub struct GgufTokenizerMetadata {
     pub add_eos_token: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
+    /// `tokenizer.ggml.scores`, indexed by token id (empty when absent).
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix`.
+    pub add_space_prefix: Option<bool>,
+    /// `general.architecture` (SentencePiece vocabularies differ by family).
+    pub architecture: Option<String>,
+}
+
+/// The tokenizer metadata of a GGUF file, whatever its architecture (the
+/// tokenizer alone can be built from a file whose model pagoda cannot run);
+/// `tokenizer.ggml.model` and `.tokens` are required.
+pub fn tokenizer_metadata(file: &GgufFile) -> Result<GgufTokenizerMetadata> {
+    let md = file.metadata();
+    let e = |e: pagoda_gguf::GgufError| ModelError::Tokenizer(e.to_string());
+    let opt_str = |k: &str| -> Result<Option<String>> {
+        Ok(md
+            .optional(k, Metadata::get_str)
+            .map_err(e)?
+            .map(str::to_string))
+    };
+    Ok(GgufTokenizerMetadata {
+        model: md.get_str("tokenizer.ggml.model").map_err(e)?.to_string(),
+        pre: opt_str("tokenizer.ggml.pre")?,
+        tokens: md
+            .get_string_array("tokenizer.ggml.tokens")
+            .map_err(e)?
+            .to_vec(),
+        merges: md
+            .optional("tokenizer.ggml.merges", Metadata::get_string_array)
+            .map_err(e)?
+            .map(<[String]>::to_vec)
+            .unwrap_or_default(),
+        token_types: md
+            .optional("tokenizer.ggml.token_type", Metadata::get_i32_array)
+            .map_err(e)?
+            .unwrap_or_default(),
+        bos_token_id: md
+            .optional("tokenizer.ggml.bos_token_id", Metadata::get_u32)
+            .map_err(e)?,
+        eos_token_id: md
+            .optional("tokenizer.ggml.eos_token_id", Metadata::get_u32)
+            .map_err(e)?,
+        add_bos_token: md
+            .optional("tokenizer.ggml.add_bos_token", Metadata::get_bool)
+            .map_err(e)?,
+        add_eos_token: md
+            .optional("tokenizer.ggml.add_eos_token", Metadata::get_bool)
+            .map_err(e)?,
+        chat_template: opt_str("tokenizer.chat_template")?,
+        scores: match md
+            .optional("tokenizer.ggml.scores", Metadata::get_array)
+            .map_err(e)?
+        {
+            None => Vec::new(),
+            Some(MetadataArray::F32(v)) => v.clone(),
+            Some(MetadataArray::I32(v)) => v.iter().map(|&x| x as f32).collect(),
+            Some(_) => {
+                return Err(ModelError::Tokenizer(
+                    "tokenizer.ggml.scores is not an array of f32".into(),
+                ))
+            }
+        },
+        add_space_prefix: md
+            .optional("tokenizer.ggml.add_space_prefix", Metadata::get_bool)
+            .map_err(e)?,
+        architecture: opt_str("general.architecture")?,
+    })
 }
 
 /// A GGUF file as a [`WeightSource`] keyed by Hugging Face names.
@@ -176,44 +243,7 @@ impl GgufSource {
 
     /// The tokenizer metadata; `tokenizer.ggml.model` and `.tokens` are required.
     pub fn tokenizer_metadata(&self) -> Result<GgufTokenizerMetadata> {
-        let md = self.file.metadata();
-        let e = |e: pagoda_gguf::GgufError| ModelError::Tokenizer(e.to_string());
-        let opt_str = |k: &str| -> Result<Option<String>> {
-            Ok(md
-                .optional(k, Metadata::get_str)
-                .map_err(e)?
-                .map(str::to_string))
-        };
-        Ok(GgufTokenizerMetadata {
-            model: md.get_str("tokenizer.ggml.model").map_err(e)?.to_string(),
-            pre: opt_str("tokenizer.ggml.pre")?,
-            tokens: md
-                .get_string_array("tokenizer.ggml.tokens")
-                .map_err(e)?
-                .to_vec(),
-            merges: md
-                .optional("tokenizer.ggml.merges", Metadata::get_string_array)
-                .map_err(e)?
-                .map(<[String]>::to_vec)
-                .unwrap_or_default(),
-            token_types: md
-                .optional("tokenizer.ggml.token_type", Metadata::get_i32_array)
-                .map_err(e)?
-                .unwrap_or_default(),
-            bos_token_id: md
-                .optional("tokenizer.ggml.bos_token_id", Metadata::get_u32)
-                .map_err(e)?,
-            eos_token_id: md
-                .optional("tokenizer.ggml.eos_token_id", Metadata::get_u32)
-                .map_err(e)?,
-            add_bos_token: md
-                .optional("tokenizer.ggml.add_bos_token", Metadata::get_bool)
-                .map_err(e)?,
-            add_eos_token: md
-                .optional("tokenizer.ggml.add_eos_token", Metadata::get_bool)
-                .map_err(e)?,
-            chat_template: opt_str("tokenizer.chat_template")?,
-        })
+        tokenizer_metadata(&self.file)
     }
 
     /// Rows of one head-group for the llama q/k permutation of `name`, if any.

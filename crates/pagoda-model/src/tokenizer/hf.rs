@@ -1,6 +1,6 @@
 //! Hugging Face model directory -> tokenizer parts.
 //!
-//! Reads, in a model directory:
+//! Reads, in a model directory (or next to a `tokenizer.json` given by path):
 //! - `tokenizer.json` (required): the whole `tokenizers` pipeline.
 //! - `tokenizer_config.json` (optional): `bos_token` / `eos_token` (a string
 //!   or an AddedToken object with `content`), `add_bos_token`,
@@ -22,8 +22,14 @@ use serde_json::Value;
 use std::path::Path;
 
 pub(crate) fn load(dir: &Path) -> Result<TokenizerParts> {
-    let tokenizer_path = dir.join("tokenizer.json");
-    let bytes = read(&tokenizer_path)?;
+    load_file(&dir.join("tokenizer.json"))
+}
+
+/// Loads a `tokenizer.json` of any name; the optional files are read from
+/// its directory.
+pub(crate) fn load_file(tokenizer_path: &Path) -> Result<TokenizerParts> {
+    let dir = tokenizer_path.parent().unwrap_or(Path::new("."));
+    let bytes = read(tokenizer_path)?;
     let inner = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| tok_err(format!("cannot parse {}: {e}", tokenizer_path.display())))?;
 

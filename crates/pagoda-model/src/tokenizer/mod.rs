@@ -8,7 +8,8 @@
 //! text is split, merged and decoded exactly as transformers does.
 //!
 //! - [`gguf`]: GGUF metadata -> byte-level BPE pipeline (pre-tokenizer regex
-//!   chosen by `tokenizer.ggml.pre`).
+//!   chosen by `tokenizer.ggml.pre`, see `gguf_pre`), or SentencePiece BPE
+//!   with byte fallback (`gguf_spm`).
 //! - [`hf`]: Hugging Face directory loading (special tokens, chat template).
 //! - [`chat_template`]: Jinja chat templates rendered with minijinja in the
 //!   dialect transformers uses.
@@ -25,6 +26,8 @@ mod bounds;
 pub mod chat_template;
 pub mod detokenizer;
 pub mod gguf;
+mod gguf_pre;
+mod gguf_spm;
 pub mod hf;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateOptions, MessageContent};
@@ -72,11 +75,30 @@ impl Tokenizer {
         Self::assemble(gguf::build(spec)?)
     }
 
+    /// Builds the tokenizer of a GGUF file from its metadata alone, whatever
+    /// its architecture (the model itself is not read).
+    pub fn from_gguf_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let file = pagoda_gguf::GgufFile::open(path)?;
+        Self::from_gguf(&crate::loader::gguf::tokenizer_metadata(&file)?)
+    }
+
     /// Loads `tokenizer.json`, `tokenizer_config.json` (and, when present,
     /// `chat_template.jinja` and `generation_config.json`) from a Hugging Face
     /// model directory.
     pub fn from_hf_dir(dir: impl AsRef<std::path::Path>) -> Result<Self> {
         Self::assemble(hf::load(dir.as_ref())?)
+    }
+
+    /// Loads a Hugging Face `tokenizer.json` given by path (any file name);
+    /// `tokenizer_config.json`, `chat_template.jinja` and the other optional
+    /// files are read from the same directory when present. A directory is
+    /// read as in [`Tokenizer::from_hf_dir`].
+    pub fn from_hf_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Self::from_hf_dir(path);
+        }
+        Self::assemble(hf::load_file(path)?)
     }
 
     pub(crate) fn assemble(parts: TokenizerParts) -> Result<Self> {

@@ -82,6 +82,7 @@ pub async fn start(opts: Options) -> TestServer {
         model: Some(default_model()),
         config: None,
         dummy_weights: false,
+        tokenizer: None,
     })
     .unwrap();
     let tokenizer = files.tokenizer.clone().unwrap();

@@ -29,6 +29,11 @@ pub struct ModelArgs {
     /// A Hugging Face config.json describing the model (with --dummy-weights).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// A Hugging Face tokenizer.json (or a directory with one) to use instead
+    /// of the model's own tokenizer; tokenizer_config.json and
+    /// chat_template.jinja next to it are read too.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
     /// CPU threads for the forward pass (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -117,6 +122,7 @@ pub fn open(args: &ModelArgs, quiet: bool) -> Result<ModelFiles> {
         model: args.model.clone(),
         config: args.config.clone(),
         dummy_weights: args.dummy_weights,
+        tokenizer: args.tokenizer.clone(),
     })?;
     pb.finish_and_clear();
     Ok(files)

@@ -1,0 +1,150 @@
+//! SentencePiece BPE tokenizers built from GGUF metadata, against their
+//! references.
+//!
+//! - A Llama-style model (dummy prefix, byte fallback, a user-defined token):
+//!   `tests/golden/spm_llama_tokenizer.json`, written by
+//!   `scripts/golden/spm_tokenizer.py`, holds the pieces, scores and token
+//!   types a GGUF would carry and the ids the sentencepiece library gives.
+//! - gemma-3-270m, from its GGUF, against Hugging Face transformers:
+//!   `tests/golden/gemma3_tokenizer.json` is written by
+//!   `scripts/golden/gemma_tokenizer.py` (a seeded fuzz corpus of 1,151 strings:
+//!   unicode, whitespace runs, digits, code; the ids transformers' GGUF loader
+//!   gives). The GGUF is not in the repository; the script says how to get it.
+//!   It is looked for at `$PAGODA_GEMMA3_GGUF`, else
+//!   `models/gemma-3-270m-q4_k_m.gguf`; when absent the test passes with a notice.
+
+use pagoda_model::tokenizer::{GgufTokenizerSpec, Tokenizer};
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn gguf_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PAGODA_GEMMA3_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("models/gemma-3-270m-q4_k_m.gguf"));
+    path.is_file().then_some(path)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn gemma3_gguf_tokenizer_matches_transformers_on_the_fuzz_corpus() {
+    let Some(path) = gguf_path() else {
+        eprintln!(
+            "skipped: gemma-3-270m GGUF not found (set PAGODA_GEMMA3_GGUF; \
+             scripts/golden/gemma_tokenizer.py says how to get it)"
+        );
+        return;
+    };
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(repo_root().join("tests/golden/gemma3_tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    // The architecture (gemma3) need not be supported: only metadata is read.
+    let tok = Tokenizer::from_gguf_file(&path).unwrap();
+    let bos = golden["bos_token_id"].as_u64().unwrap() as u32;
+    assert_eq!(tok.bos_token_id(), Some(bos));
+    assert_eq!(
+        tok.eos_token_ids().first().copied(),
+        golden["eos_token_id"].as_u64().map(|x| x as u32)
+    );
+    assert_eq!(
+        tok.vocab_size(),
+        golden["vocab_size"].as_u64().unwrap() as usize
+    );
+    let cases = golden["cases"].as_array().unwrap();
+    assert!(cases.len() >= 1000);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected = ids(&case["ids"]);
+        let got = tok.encode(text, false).unwrap();
+        if got != expected {
+            failures.push(format!("encode {text:?}: got {got:?}, want {expected:?}"));
+            continue;
+        }
+        // BOS is prepended, but never twice (transformers would double a
+        // `<bos>` written in the text; pagoda's encode does not).
+        let mut with_bos = vec![bos];
+        with_bos.extend(
+            expected
+                .iter()
+                .skip(usize::from(expected.first() == Some(&bos))),
+        );
+        assert_eq!(tok.encode(text, true).unwrap(), with_bos, "{text:?}");
+        let decoded = case.get("decoded").and_then(Value::as_str).unwrap_or(text);
+        let got = tok.decode(&expected, false).unwrap();
+        if got != decoded {
+            failures.push(format!("decode {text:?}: got {got:?}, want {decoded:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures[..failures.len().min(20)].join("\n")
+    );
+}
+
+#[test]
+fn llama_style_sentencepiece_matches_the_sentencepiece_library() {
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(repo_root().join("tests/golden/spm_llama_tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    let spec = GgufTokenizerSpec {
+        model: "llama".into(),
+        tokens: serde_json::from_value(golden["tokens"].clone()).unwrap(),
+        scores: serde_json::from_value(golden["scores"].clone()).unwrap(),
+        token_types: serde_json::from_value(golden["token_types"].clone()).unwrap(),
+        bos_token_id: golden["bos_token_id"].as_u64().map(|x| x as u32),
+        eos_token_id: golden["eos_token_id"].as_u64().map(|x| x as u32),
+        architecture: Some("llama".into()),
+        ..Default::default()
+    };
+    let tok = Tokenizer::from_gguf(&spec).unwrap();
+    assert!(
+        tok.add_bos_token(),
+        "SentencePiece files add BOS unless they say not to"
+    );
+    let mut failures = Vec::new();
+    let cases = golden["cases"].as_array().unwrap();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected = ids(&case["ids"]);
+        let got = tok.encode(text, false).unwrap();
+        if got != expected {
+            failures.push(format!("encode {text:?}: got {got:?}, want {expected:?}"));
+            continue;
+        }
+        let decoded = case.get("decoded").and_then(Value::as_str).unwrap_or(text);
+        let got = tok.decode(&expected, false).unwrap();
+        if got != decoded {
+            failures.push(format!("decode {text:?}: got {got:?}, want {decoded:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures[..failures.len().min(20)].join("\n")
+    );
+    // Without scores the merge order is unknown: an error, not a guess.
+    let no_scores = GgufTokenizerSpec {
+        scores: Vec::new(),
+        ..spec
+    };
+    let err = Tokenizer::from_gguf(&no_scores).unwrap_err().to_string();
+    assert!(err.contains("scores"), "{err}");
+}
