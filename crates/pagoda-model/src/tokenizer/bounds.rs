@@ -82,6 +82,7 @@ mod tests {
             model: Some(p),
             config: None,
             dummy_weights: false,
+            tokenizer: None,
         })
         .ok()?;
         files.tokenizer
