@@ -14,6 +14,7 @@
 //! `a_step_too_large_for_the_arena_fails_alone`: an arena frozen after
 //! small steps refuses a larger one with `OutOfMemory`, and the next step
 //! runs as if nothing happened.
+#![cfg(feature = "cuda")]
 
 mod cuda_common;
 

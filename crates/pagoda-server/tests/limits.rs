@@ -300,6 +300,11 @@ async fn a_stream_whose_client_stops_reading_is_aborted_and_returns_its_blocks()
             .await,
         1.0
     );
+    assert_eq!(s.metric("pagoda_num_requests_paused").await, 0.0);
+    assert_eq!(
+        s.metric("pagoda_num_pauses_total").await,
+        sc.counters.num_pauses as f64
+    );
     // What was buffered is still there to read: 64 chunks, no [DONE].
     let body = axum::body::to_bytes(response.into_body(), 1 << 20)
         .await
