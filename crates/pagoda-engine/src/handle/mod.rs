@@ -59,7 +59,8 @@ pub struct HandleOptions {
     /// (or more) requests wait to be scheduled. `None`: no limit.
     pub max_waiting: Option<usize>,
     /// While busy, log a status line (target `pagoda_engine::stats`: running,
-    /// waiting, paused, tokens/s, KV usage, prefix hit rate) this often. `None`: never.
+    /// waiting, paused, tokens/s, KV usage, prefix hit rate) this often.
+    /// `None`: never.
     pub log_interval: Option<std::time::Duration>,
     /// Pause a request while this many (or more; at least 1) of its outputs
     /// wait unread in its stream, and resume it once fewer than half do.
