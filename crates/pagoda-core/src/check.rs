@@ -18,7 +18,8 @@ impl Scheduler {
     /// Checks that every block reference is accounted for (ref count = block
     /// tables, radix tree and pending copy sources; free exactly when 0), that
     /// each running request holds one radix lock on its own prefix and no other
-    /// locks exist, and that queues and states agree.
+    /// locks exist, that waiting and paused requests hold no cache state, and
+    /// that queues, the paused count and states agree.
     pub fn check_invariants(&self) -> Result<(), String> {
         let kv = &self.kv;
         kv.pool.check_invariants()?;
@@ -38,12 +39,12 @@ impl Scheduler {
             if seq.num_computed_tokens > seq.block_table.len() * self.config.block_size {
                 return Err(format!("request {id}: computed tokens beyond its blocks"));
             }
-            if seq.status == SequenceStatus::Waiting
+            if seq.status != SequenceStatus::Running
                 && (!seq.block_table.is_empty()
                     || seq.radix_hold.is_some()
                     || seq.num_computed_tokens > 0)
             {
-                return Err(format!("waiting request {id} holds cache state"));
+                return Err(format!("waiting or paused request {id} holds cache state"));
             }
             if let (Some(hold), Some(radix)) = (seq.radix_hold, &kv.radix) {
                 if hold.node != NodeId::ROOT {
@@ -91,9 +92,15 @@ impl Scheduler {
                 .get(id)
                 .is_some_and(|s| s.status == SequenceStatus::Waiting)
         });
+        let num_paused = self
+            .requests
+            .values()
+            .filter(|s| s.status == SequenceStatus::Paused)
+            .count();
         if !running_ok
             || !waiting_ok
-            || self.running.len() + self.waiting.len() != self.requests.len()
+            || num_paused != self.num_paused
+            || self.running.len() + self.waiting.len() + num_paused != self.requests.len()
         {
             return Err("running/waiting queues disagree with request states".into());
         }

@@ -13,13 +13,22 @@
 //! requests are not admitted in a step where a running one was preempted or
 //! left out for want of blocks.
 //!
+//! A request can be paused for its client ([`Scheduler::pause`], e.g. a
+//! stream nobody reads): a running one is preempted as memory pressure would
+//! (by recompute: its blocks go back, its computed prefix stays in the radix
+//! cache where caching is on), a waiting one leaves the queue; it is then
+//! never scheduled and holds no blocks until [`Scheduler::resume`] puts it
+//! back in the waiting queue in its order of arrival.
+//!
 //! Liveness: a request is admitted only if it fits the whole cache on its own;
-//! the oldest running request can be preempted by no one and, once the others
-//! finish or are preempted, has the whole cache; so every request finishes.
+//! the oldest running request can be preempted by no one (only paused, by its
+//! client's choice) and, once the others finish or are preempted, has the
+//! whole cache; so every request that is not paused finishes.
 //!
 //! Costs: `schedule` is O(running + scheduled tokens + blocks of scheduled
-//! sequences) plus O(prompt) for each admission (prefix match);
-//! `update_from_output` O(batch + newly full blocks); `abort` O(queue length).
+//! sequences) plus O(prompt) for each admission (prefix match); paused
+//! requests cost it nothing. `update_from_output` O(batch + newly full
+//! blocks); `abort`, `pause` and `resume` O(queue length).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -39,6 +48,10 @@ pub struct Scheduler {
     pub(crate) waiting: VecDeque<RequestId>,
     /// In admission order: earlier = higher priority.
     pub(crate) running: Vec<RequestId>,
+    /// Requests with status `Paused` (in no queue).
+    pub(crate) num_paused: usize,
+    /// The next request's `arrival`.
+    next_arrival: u64,
     pub(crate) counters: StatCounters,
 }
 
@@ -55,6 +68,8 @@ impl Scheduler {
             requests: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            num_paused: 0,
+            next_arrival: 0,
             counters: StatCounters::default(),
         })
     }
@@ -81,7 +96,7 @@ impl Scheduler {
                 max_model_len,
             });
         }
-        let seq = Sequence::new(request);
+        let mut seq = Sequence::new(request);
         // The last token is never computed, so at most max_num_tokens - 1 K/V.
         let needed = self
             .config
@@ -93,6 +108,8 @@ impl Scheduler {
                 num_blocks: self.config.num_blocks,
             });
         }
+        seq.arrival = self.next_arrival;
+        self.next_arrival += 1;
         self.requests.insert(id, seq);
         self.waiting.push_back(id);
         Ok(())
@@ -100,6 +117,71 @@ impl Scheduler {
 
     pub fn has_unfinished_requests(&self) -> bool {
         !self.requests.is_empty()
+    }
+
+    /// Whether some unfinished request is not paused (a step has work).
+    pub fn has_schedulable_requests(&self) -> bool {
+        self.requests.len() > self.num_paused
+    }
+
+    pub fn num_paused_requests(&self) -> usize {
+        self.num_paused
+    }
+
+    /// Holds request `id` back until [`Self::resume`]: a running request is
+    /// preempted by recompute (its blocks go back; its computed prefix stays
+    /// in the radix cache where caching is on), a waiting one leaves the
+    /// queue. It keeps its tokens and is never scheduled while paused.
+    /// Pausing a paused request does nothing. Call between steps (after an
+    /// `update_from_output`), as for [`Self::abort`].
+    pub fn pause(&mut self, id: RequestId) -> Result<()> {
+        let seq = self
+            .requests
+            .get_mut(&id)
+            .ok_or(CoreError::UnknownRequest(id))?;
+        match seq.status {
+            SequenceStatus::Paused => return Ok(()),
+            SequenceStatus::Running => {
+                self.kv.release(seq)?;
+                self.running.retain(|&r| r != id);
+            }
+            SequenceStatus::Waiting => self.waiting.retain(|&r| r != id),
+        }
+        seq.status = SequenceStatus::Paused;
+        self.num_paused += 1;
+        self.counters.num_pauses += 1;
+        Ok(())
+    }
+
+    /// Makes paused request `id` schedulable again: it goes back to the
+    /// waiting queue ahead of every request that arrived after it. Resuming
+    /// a request that is not paused does nothing.
+    pub fn resume(&mut self, id: RequestId) -> Result<()> {
+        let seq = self
+            .requests
+            .get_mut(&id)
+            .ok_or(CoreError::UnknownRequest(id))?;
+        if seq.status != SequenceStatus::Paused {
+            return Ok(());
+        }
+        seq.status = SequenceStatus::Waiting;
+        let arrival = seq.arrival;
+        let requests = &self.requests;
+        let at = self
+            .waiting
+            .iter()
+            .position(|w| requests.get(w).is_some_and(|r| r.arrival > arrival))
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(at, id);
+        self.num_paused -= 1;
+        Ok(())
+    }
+
+    /// Whether request `id` is paused.
+    pub fn is_paused(&self, id: RequestId) -> bool {
+        self.requests
+            .get(&id)
+            .is_some_and(|s| s.status == SequenceStatus::Paused)
     }
 
     pub fn num_unfinished_requests(&self) -> usize {
@@ -334,11 +416,12 @@ impl Scheduler {
         match status {
             SequenceStatus::Running => self.running.retain(|&r| r != id),
             SequenceStatus::Waiting => self.waiting.retain(|&r| r != id),
+            SequenceStatus::Paused => self.num_paused -= 1,
         }
         Ok(())
     }
 
-    /// Aborts a request, running or waiting, at any time.
+    /// Aborts a request, running, waiting or paused, at any time.
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
         self.finish(id, FinishReason::Abort)
     }
@@ -375,6 +458,7 @@ impl Scheduler {
         SchedulerStats {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
+            num_paused: self.num_paused,
             num_blocks_total: self.kv.pool.num_blocks(),
             num_blocks_used: self.kv.pool.num_used(),
             num_blocks_free: self.kv.pool.num_free(),

@@ -6,7 +6,7 @@
 //!
 //! Invariants: `num_computed_tokens <= token_ids.len()`; the block table covers
 //! at least `num_computed_tokens` tokens; a waiting sequence holds no blocks and
-//! no radix lock. Stop checks are O(stop ids + eos ids) per token.
+//! no radix lock, and so does a paused one. Stop checks are O(stop ids + eos ids) per token.
 
 use std::fmt;
 
@@ -60,6 +60,9 @@ impl FinishReason {
 pub enum SequenceStatus {
     Waiting,
     Running,
+    /// Held back by its client (see `Scheduler::pause`): never scheduled,
+    /// holds no blocks, in neither queue.
+    Paused,
 }
 
 /// The sequence's prefix held in the radix tree: `node` (locked by this
@@ -87,6 +90,9 @@ pub struct Sequence {
     pub eos_token_ids: Vec<u32>,
     /// Set while running with prefix caching on.
     pub radix_hold: Option<RadixHold>,
+    /// Order of arrival at the scheduler (set by it): a resumed request takes
+    /// its place in the waiting queue by it.
+    pub arrival: u64,
 }
 
 impl Sequence {
@@ -102,6 +108,7 @@ impl Sequence {
             sampling: request.sampling,
             eos_token_ids: request.eos_token_ids,
             radix_hold: None,
+            arrival: 0,
         }
     }
 

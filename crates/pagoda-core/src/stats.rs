@@ -1,8 +1,8 @@
 //! Scheduler statistics, computed on demand.
 //!
-//! Gauges (running, waiting, blocks, cached tokens, fragmentation) are read
+//! Gauges (running, waiting, paused, blocks, cached tokens, fragmentation) are read
 //! from the current state in O(running); counters (prefix-cache hits,
-//! preemptions) accumulate in [`StatCounters`] at O(1) per event.
+//! preemptions, pauses) accumulate in [`StatCounters`] at O(1) per event.
 
 /// Counters since the scheduler was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -13,6 +13,8 @@ pub struct StatCounters {
     /// Of those, tokens found in the cache.
     pub prefix_cache_hit_tokens: u64,
     pub num_preemptions: u64,
+    /// Requests paused by their client (see `Scheduler::pause`).
+    pub num_pauses: u64,
     pub num_finished: u64,
     pub num_aborted: u64,
 }
@@ -21,7 +23,10 @@ pub struct StatCounters {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SchedulerStats {
     pub num_running: usize,
+    /// Requests in the waiting queue (paused ones not included).
     pub num_waiting: usize,
+    /// Requests paused by their client: neither running nor queued.
+    pub num_paused: usize,
     pub num_blocks_total: usize,
     pub num_blocks_used: usize,
     pub num_blocks_free: usize,

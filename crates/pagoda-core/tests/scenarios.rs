@@ -1,6 +1,6 @@
 //! Step-by-step scenarios with every per-step value asserted: vLLM's chunked
 //! prefill walkthrough, SGLang's prefix-sharing example, preemption, admission
-//! refusals and abort.
+//! refusals, abort, and pausing and resuming.
 
 use pagoda_core::{
     BlockCopy, CoreError, FinishReason, Request, RequestId, SamplingParams, Scheduler,
@@ -252,6 +252,86 @@ fn preemption_recomputes_the_newest_and_loses_nothing() {
     // Request 1 comes back as one prefill of its prompt and 3 generated tokens.
     assert_eq!(recompute, Some((0, 9, vec![4, 4, 4, 4, 4, 4, 9, 9, 9])));
     assert_eq!(sched.stats().num_blocks_free, 4);
+}
+
+#[test]
+fn paused_requests_give_their_blocks_back_and_resume_in_arrival_order() {
+    // Blocks of 4, one running sequence at a time.
+    let config = SchedulerConfig {
+        block_size: 4,
+        num_blocks: 16,
+        max_num_seqs: 1,
+        ..SchedulerConfig::default()
+    };
+    let mut sched = Scheduler::new(config).unwrap();
+    sched.add_request(request(0, vec![3; 6], 4)).unwrap();
+    sched.add_request(request(1, vec![4; 6], 4)).unwrap();
+    sched.add_request(request(2, vec![5; 6], 4)).unwrap();
+    let s1 = sched.schedule().unwrap();
+    assert_eq!(shape(&s1), vec![(0, 6, 0, 6, true)]);
+    sched.update_from_output(&s1, &sample_all(&s1, 9)).unwrap();
+    assert_eq!(sched.stats().num_blocks_used, 2);
+
+    // Running: preempted by recompute; its 6 computed tokens stay cached.
+    sched.pause(RequestId(0)).unwrap();
+    sched.pause(RequestId(0)).unwrap(); // a no-op
+    let st = sched.stats();
+    assert_eq!((st.num_running, st.num_waiting, st.num_paused), (0, 2, 1));
+    assert_eq!(st.radix_cached_tokens, 6);
+    assert_eq!(st.counters.num_pauses, 1);
+    assert_eq!(st.counters.num_preemptions, 0, "not memory pressure");
+    assert!(sched.has_schedulable_requests());
+    sched.check_invariants().unwrap();
+    let s2 = sched.schedule().unwrap();
+    assert_eq!(shape(&s2), vec![(1, 6, 0, 6, true)]);
+    sched.update_from_output(&s2, &sample_all(&s2, 9)).unwrap();
+
+    // Waiting or running, a paused request leaves its queue; resumed, each
+    // goes back in order of arrival, whatever the order of the resumes.
+    sched.pause(RequestId(2)).unwrap();
+    sched.pause(RequestId(1)).unwrap();
+    assert!(!sched.has_schedulable_requests());
+    let empty = sched.schedule().unwrap();
+    assert!(empty.is_empty(), "paused requests are never scheduled");
+    sched.update_from_output(&empty, &[]).unwrap();
+    assert_eq!(sched.stats().num_paused, 3);
+    sched.resume(RequestId(2)).unwrap();
+    sched.resume(RequestId(1)).unwrap();
+    sched.resume(RequestId(1)).unwrap(); // a no-op
+    sched.resume(RequestId(0)).unwrap();
+    assert_eq!(sched.stats().num_waiting, 3);
+    sched.check_invariants().unwrap();
+
+    // Admission in arrival order, each from its cached prefix.
+    let mut order = Vec::new();
+    let mut finished = Vec::new();
+    while sched.has_unfinished_requests() {
+        let out = sched.schedule().unwrap();
+        for s in &out.scheduled {
+            if order.last() != Some(&s.request_id.0) {
+                order.push(s.request_id.0);
+                if s.request_id != RequestId(2) {
+                    // 6 cached, the sampled token computed.
+                    assert_eq!((s.context_len(), s.query_len()), (6, 1));
+                }
+            }
+        }
+        for u in sched
+            .update_from_output(&out, &sample_all(&out, 9))
+            .unwrap()
+        {
+            if u.finish_reason.is_some() {
+                finished.push((u.request_id.0, u.num_output_tokens));
+            }
+        }
+        sched.check_invariants().unwrap();
+    }
+    assert_eq!(order, vec![0, 1, 2]);
+    assert_eq!(finished, vec![(0, 4), (1, 4), (2, 4)]);
+    assert_eq!(
+        sched.pause(RequestId(0)),
+        Err(CoreError::UnknownRequest(RequestId(0)))
+    );
 }
 
 #[test]

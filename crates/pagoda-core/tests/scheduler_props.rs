@@ -1,11 +1,12 @@
 //! Property tests of the scheduler with small pools (so preemption and
-//! eviction happen all the time), driven by random adds, steps, aborts and
-//! finishes. A fake model runner keeps a simulated KV cache whose slots record
+//! eviction happen all the time), driven by random adds, steps, aborts,
+//! finishes, pauses and resumes. A fake model runner keeps a simulated KV cache whose slots record
 //! which prefix they were computed for, so every reuse (shared blocks, block
 //! copies, recompute) is checked against the test's own record of each
-//! request's tokens.
+//! request's tokens. Paused requests must never be scheduled, hold no
+//! blocks, and finish like the others once resumed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use pagoda_core::{
     BlockId, CoreError, FinishReason, Request, RequestId, SamplingParams, Scheduler,
@@ -28,6 +29,8 @@ enum Op {
     },
     Abort(usize),
     Finish(usize),
+    Pause(usize),
+    Resume(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -37,6 +40,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (any::<u64>(), 0u64..30).prop_map(|(seed, eos_percent)| Op::Step { seed, eos_percent }),
         1 => any::<usize>().prop_map(Op::Abort),
         1 => any::<usize>().prop_map(Op::Finish),
+        2 => any::<usize>().prop_map(Op::Pause),
+        2 => any::<usize>().prop_map(Op::Resume),
     ]
 }
 
@@ -81,6 +86,8 @@ struct Harness {
     cfg: SchedulerConfig,
     sched: Scheduler,
     live: BTreeMap<RequestId, Live>,
+    /// Live requests paused now.
+    paused: BTreeSet<RequestId>,
     kv: Vec<Option<u64>>,
     next_id: u64,
     rng: u64,
@@ -164,6 +171,10 @@ impl Harness {
         }
         let slot = |table: &[BlockId], p: usize| table[p / bs].index() * bs + p % bs;
         for s in &out.scheduled {
+            assert!(
+                !self.paused.contains(&s.request_id),
+                "a paused request is never scheduled"
+            );
             let live = &self.live[&s.request_id];
             assert!(s.query_len() > 0 && s.block_table.len() * bs >= s.seq_len());
             assert_eq!(
@@ -224,10 +235,43 @@ impl Harness {
         (!self.live.is_empty()).then(|| *self.live.keys().nth(i % self.live.len()).unwrap())
     }
 
+    /// Pauses live request `id` (again, if paused: a no-op).
+    fn pause(&mut self, id: RequestId) {
+        let used = self.sched.stats().num_blocks_used;
+        let held = self.sched.sequence(id).unwrap().block_table.len();
+        self.sched.pause(id).unwrap();
+        self.paused.insert(id);
+        assert!(self.sched.is_paused(id));
+        let seq = self.sched.sequence(id).unwrap();
+        assert!(seq.block_table.is_empty() && seq.num_computed_tokens == 0);
+        assert_eq!(
+            seq.token_ids, self.live[&id].tokens,
+            "a paused request keeps its tokens"
+        );
+        // Its blocks went back, or to the radix cache where caching is on.
+        if !self.cfg.enable_prefix_caching {
+            assert_eq!(self.sched.stats().num_blocks_used, used - held);
+        }
+    }
+
+    fn resume(&mut self, id: RequestId) {
+        self.sched.resume(id).unwrap();
+        self.paused.remove(&id);
+        assert!(!self.sched.is_paused(id));
+    }
+
     fn check(&self) {
         self.sched.check_invariants().unwrap();
         let stats = self.sched.stats();
-        assert_eq!(stats.num_running + stats.num_waiting, self.live.len());
+        assert_eq!(stats.num_paused, self.paused.len());
+        assert_eq!(
+            stats.num_running + stats.num_waiting + stats.num_paused,
+            self.live.len()
+        );
+        assert_eq!(
+            self.sched.has_schedulable_requests(),
+            self.live.len() > self.paused.len()
+        );
         assert!(stats.num_running <= self.cfg.max_num_seqs);
         assert_eq!(
             stats.num_blocks_used + stats.num_blocks_free,
@@ -247,6 +291,7 @@ proptest! {
             kv: vec![None; cfg.num_blocks * cfg.block_size],
             cfg,
             live: BTreeMap::new(),
+            paused: BTreeSet::new(),
             next_id: 0,
             rng: seed | 1,
         };
@@ -261,6 +306,7 @@ proptest! {
                     if let Some(id) = h.nth_live(i) {
                         h.sched.abort(id).unwrap();
                         h.live.remove(&id);
+                        h.paused.remove(&id);
                     }
                     prop_assert_eq!(h.sched.abort(RequestId(u64::MAX)), Err(CoreError::UnknownRequest(RequestId(u64::MAX))));
                 }
@@ -268,19 +314,40 @@ proptest! {
                     if let Some(id) = h.nth_live(i) {
                         h.sched.finish(id, FinishReason::Stop).unwrap();
                         h.live.remove(&id);
+                        h.paused.remove(&id);
+                    }
+                }
+                Op::Pause(i) => {
+                    if let Some(id) = h.nth_live(i) {
+                        h.pause(id);
+                    }
+                    prop_assert_eq!(h.sched.pause(RequestId(u64::MAX)), Err(CoreError::UnknownRequest(RequestId(u64::MAX))));
+                }
+                Op::Resume(i) => {
+                    // A live request, paused or not (resuming a running or
+                    // waiting one does nothing).
+                    if let Some(id) = h.nth_live(i) {
+                        h.resume(id);
                     }
                 }
             }
             h.check();
         }
-        // No new arrivals: everything finishes within a bounded number of
-        // steps, and each step does some work.
+        // No new arrivals: everything not paused finishes within a bounded
+        // number of steps while the paused ones wait; then, resumed one by
+        // one, they finish too. Each step with something to schedule does
+        // some work.
         let bound = 10 * h.live.values().map(|l| l.max_tokens + l.tokens.len()).sum::<usize>() + 10;
         let mut steps = 0;
         let mut work: HashMap<RequestId, usize> = HashMap::new();
         while !h.live.is_empty() {
+            if h.live.len() == h.paused.len() {
+                let id = *h.paused.iter().next().unwrap();
+                h.resume(id);
+                h.check();
+            }
             let out = h.step(0);
-            prop_assert!(!out.is_empty(), "a step with unfinished requests schedules something");
+            prop_assert!(!out.is_empty(), "a step with schedulable requests schedules something");
             for s in &out.scheduled {
                 *work.entry(s.request_id).or_default() += s.query_len();
             }

@@ -159,6 +159,11 @@ impl<B: Backend> LlmEngine<B> {
         self.scheduler.has_unfinished_requests()
     }
 
+    /// Whether a step has work: some unfinished request is not paused.
+    pub fn has_schedulable_requests(&self) -> bool {
+        self.scheduler.has_schedulable_requests()
+    }
+
     /// Queues a request; refuses (with the reason) one that can never run.
     pub fn add_request(&mut self, r: EngineRequest) -> Result<RequestId> {
         let vocab = self.runner.config().vocab_size;
@@ -215,6 +220,28 @@ impl<B: Backend> LlmEngine<B> {
         Ok(())
     }
 
+    /// Stops computing tokens for a request until [`Self::resume`]: it is
+    /// never scheduled meanwhile, and a running one gives its blocks back (its
+    /// computed prefix stays in the prefix cache where caching is on; it is
+    /// recomputed on resuming). Its outputs so far and its sampling state
+    /// stay, so its output is the same as if it had never paused. Unknown or
+    /// finished ids are ignored.
+    pub fn pause(&mut self, id: RequestId) -> Result<()> {
+        if self.states.contains_key(&id) {
+            self.scheduler.pause(id)?;
+        }
+        Ok(())
+    }
+
+    /// Makes a paused request schedulable again, in its order of arrival.
+    /// Unknown, finished or unpaused ids are ignored.
+    pub fn resume(&mut self, id: RequestId) -> Result<()> {
+        if self.states.contains_key(&id) {
+            self.scheduler.resume(id)?;
+        }
+        Ok(())
+    }
+
     /// The requests scheduled in the step being run or last run (empty if
     /// planning itself failed): when a step fails, these are the requests
     /// whose state it may have left half-done; the others are untouched.
@@ -227,7 +254,8 @@ impl<B: Backend> LlmEngine<B> {
         (self.in_step_tokens, self.in_step.len())
     }
 
-    /// Runs one step; returns an output for every request that got a token.
+    /// Runs one step; returns an output for every request that got a token
+    /// (none when every unfinished request is paused).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
         self.in_step.clear();
         let Some((plan, mut ctx)) = self.prepare()? else {
@@ -245,7 +273,7 @@ impl<B: Backend> LlmEngine<B> {
             .extend(plan.scheduled.iter().map(|s| s.request_id));
         self.in_step_tokens = plan.num_prefill_tokens + plan.num_decode_tokens;
         if plan.scheduled.is_empty() {
-            if self.scheduler.has_unfinished_requests() {
+            if self.scheduler.has_schedulable_requests() {
                 return Err(EngineError::Internal(
                     "the scheduler planned an empty step".into(),
                 ));

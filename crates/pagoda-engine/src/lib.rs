@@ -21,6 +21,7 @@ pub use engine::{EngineRequest, LlmEngine, RequestOutput};
 pub use generate::{GenerateOutput, GenerateRequest};
 pub use handle::{
     EngineHandle, EngineStats, HandleOptions, RequestStream, ShutdownMode, StreamItem,
+    DEFAULT_PAUSE_BACKLOG,
 };
 pub use pagoda_core::{FinishReason, RequestId, SchedulerConfig};
 pub use runner::{ModelRunner, StepOutput};

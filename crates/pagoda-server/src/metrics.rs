@@ -3,8 +3,8 @@
 //! The server records what only it sees: HTTP responses by status, and per
 //! request the time to first token, the gaps between tokens and the
 //! end-to-end latency (histograms with fixed buckets). Everything the engine
-//! knows (token counters, finished requests by reason, running/waiting
-//! requests, KV blocks, prefix cache hits, preemptions) is read from
+//! knows (token counters, finished requests by reason, running/waiting/paused
+//! requests, KV blocks, prefix cache hits, preemptions, pauses) is read from
 //! [`EngineStats`] at scrape time, so the two never disagree.
 //!
 //! Costs: recording is an atomic add per counter and one short mutex hold
@@ -209,6 +209,11 @@ fn render_engine(out: &mut String, s: &EngineStats) {
             sc.counters.num_preemptions,
         ),
         (
+            "pagoda_num_pauses_total",
+            "Requests paused because their stream was not read.",
+            sc.counters.num_pauses,
+        ),
+        (
             "pagoda_engine_steps_total",
             "Engine steps run.",
             c.num_steps,
@@ -227,6 +232,11 @@ fn render_engine(out: &mut String, s: &EngineStats) {
             "pagoda_num_requests_waiting",
             "Requests waiting to be scheduled.",
             sc.num_waiting,
+        ),
+        (
+            "pagoda_num_requests_paused",
+            "Requests paused until their client reads their stream.",
+            sc.num_paused,
         ),
         (
             "pagoda_kv_cache_blocks_used",

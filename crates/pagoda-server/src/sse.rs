@@ -13,10 +13,11 @@
 //!
 //! Backpressure: a client that stops reading (but keeps its connection) first
 //! fills the socket buffers, then this channel; the task then waits to send
-//! and reads nothing more from the engine: the stream is *paused* (the engine
-//! keeps computing the request's tokens, at most its `max_tokens`, and they
-//! wait unread in its output queue; the server formats and buffers nothing
-//! more). If the channel has no room for
+//! and reads nothing more from the engine: the stream is *paused* (the server
+//! formats and buffers nothing more; once
+//! [`pagoda_engine::HandleOptions::pause_backlog`] outputs wait unread, the
+//! engine pauses the request too: no tokens computed, its KV blocks given
+//! back, until the stream is read again). If the channel has no room for
 //! [`crate::ServerConfig::stream_stall_timeout`], the task gives up: it
 //! returns, which drops its [`ChoiceStream`]s, aborts their requests and
 //! returns their KV blocks within one engine step. A client that reads

@@ -2,13 +2,14 @@
 //! tokenized off the async workers (so `/health` keeps answering) and a
 //! prompt too long for the model is refused from its length alone; a request
 //! may start only so many sequences; the default `max_tokens` fits a small KV
-//! cache; a stream whose client stops reading is aborted after the stall
-//! timeout and returns its KV blocks.
+//! cache; a stream whose client stops reading is paused (the engine computes
+//! only a bounded number of tokens past what the server buffered), aborted
+//! after the stall timeout, and returns its KV blocks.
 
 mod common;
 
 use common::*;
-use pagoda_engine::RequestOutput;
+use pagoda_engine::{RequestOutput, DEFAULT_PAUSE_BACKLOG};
 use pagoda_server::openai::{SamplingFields, Usage};
 use pagoda_server::request_log::RequestLog;
 use pagoda_server::routes::generation::submit_all;
@@ -278,10 +279,14 @@ async fn a_stream_whose_client_stops_reading_is_aborted_and_returns_its_blocks()
     let stats = s.handle.stats().await.unwrap();
     assert_eq!(stats.counters.num_aborted, 1, "{stats:?}");
     assert!(aborted >= stall);
-    // Paused: the server read little beyond its 64-chunk buffer before the
-    // stall timeout (the engine went on meanwhile, far from 1500 tokens).
+    // Paused: the server read its 64-chunk buffer and the output it holds,
+    // and the engine computed at most the unread outputs that pause a
+    // request beyond that before the stall timeout.
     assert!(stats.counters.generation_tokens >= 64, "{stats:?}");
-    assert!(stats.counters.generation_tokens < 1500, "{stats:?}");
+    assert!(
+        stats.counters.generation_tokens <= 64 + 1 + DEFAULT_PAUSE_BACKLOG as u64,
+        "{stats:?}"
+    );
     assert_eq!(stats.num_in_flight, 0);
     let sc = stats.scheduler;
     assert_eq!(sc.num_running + sc.num_waiting, 0);
@@ -294,6 +299,11 @@ async fn a_stream_whose_client_stops_reading_is_aborted_and_returns_its_blocks()
         s.metric("pagoda_request_success_total{finished_reason=\"abort\"}")
             .await,
         1.0
+    );
+    assert_eq!(s.metric("pagoda_num_requests_paused").await, 0.0);
+    assert_eq!(
+        s.metric("pagoda_num_pauses_total").await,
+        sc.counters.num_pauses as f64
     );
     // What was buffered is still there to read: 64 chunks, no [DONE].
     let body = axum::body::to_bytes(response.into_body(), 1 << 20)

@@ -21,13 +21,24 @@
 //!   `Err` item (a failed step, or [`ShutdownMode::Abort`]), or, after an
 //!   explicit [`EngineHandle::abort`], by closing (`None`);
 //! - the engine never blocks on a client: output channels are unbounded, and a
-//!   request's outputs are bounded by its `max_tokens`.
+//!   request's outputs are bounded by its `max_tokens`;
+//! - a client that stops reading stops costing compute: each stream shares an
+//!   unread-output count with the thread (see [`backlog`]); once
+//!   [`HandleOptions::pause_backlog`] outputs wait unread the thread pauses
+//!   the request (no tokens computed, its KV blocks given back, its prefix
+//!   kept in the prefix cache), and reading it down under half of that
+//!   resumes it (the stream tells the thread). Its outputs are the same as
+//!   if it had never paused. A [`ShutdownMode::Drain`] resumes every paused
+//!   request and pauses no more, so that it ends.
 //!
 //! Costs: a submit or stats call is one channel round trip to the engine
 //! thread, served between steps (so it waits for at most one step).
 
+mod backlog;
 mod stats_log;
 mod worker;
+
+use backlog::Backlog;
 
 use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
 use crate::{EngineError, Result};
@@ -42,14 +53,32 @@ use tokio::sync::{mpsc, oneshot};
 pub type StreamItem = Result<RequestOutput, EngineError>;
 
 /// Settings of the engine thread.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HandleOptions {
     /// Refuse new requests with [`EngineError::Overloaded`] while this many
     /// (or more) requests wait to be scheduled. `None`: no limit.
     pub max_waiting: Option<usize>,
     /// While busy, log a status line (target `pagoda_engine::stats`: running,
-    /// waiting, tokens/s, KV usage, prefix hit rate) this often. `None`: never.
+    /// waiting, paused, tokens/s, KV usage, prefix hit rate) this often.
+    /// `None`: never.
     pub log_interval: Option<std::time::Duration>,
+    /// Pause a request while this many (or more; at least 1) of its outputs
+    /// wait unread in its stream, and resume it once fewer than half do.
+    /// `None`: never pause (outputs wait in memory, at most `max_tokens`).
+    pub pause_backlog: Option<usize>,
+}
+
+/// Unread outputs that pause a request by default.
+pub const DEFAULT_PAUSE_BACKLOG: usize = 32;
+
+impl Default for HandleOptions {
+    fn default() -> Self {
+        HandleOptions {
+            max_waiting: None,
+            log_interval: None,
+            pause_backlog: Some(DEFAULT_PAUSE_BACKLOG),
+        }
+    }
 }
 
 /// What [`EngineHandle::shutdown`] does with requests in flight.
@@ -108,19 +137,27 @@ pub struct EngineStats {
     pub counters: EngineCounters,
     /// Requests whose stream is still open on the engine thread.
     pub num_in_flight: usize,
+    /// Of those, requests paused because their stream is not read
+    /// (also in `scheduler.num_paused`).
+    pub num_paused: usize,
 }
 
 type SubmitReply = oneshot::Receiver<Result<RequestId>>;
 type OutputReceiver = mpsc::UnboundedReceiver<StreamItem>;
+/// A stream's side of a submission: its outputs and their unread count.
+type StreamEnd = (OutputReceiver, Arc<Backlog>);
 
 /// What the handle asks of the engine thread.
 pub(crate) enum Command {
     Submit {
         request: EngineRequest,
         output: mpsc::UnboundedSender<StreamItem>,
+        backlog: Arc<Backlog>,
         reply: oneshot::Sender<Result<RequestId>>,
     },
     Abort(RequestId),
+    /// The stream of a paused request was read down: resume it.
+    Resume(RequestId),
     Stats(oneshot::Sender<EngineStats>),
     Shutdown {
         mode: ShutdownMode,
@@ -132,6 +169,8 @@ pub(crate) enum Command {
 #[derive(Clone)]
 pub struct EngineHandle {
     commands: mpsc::UnboundedSender<Command>,
+    /// [`HandleOptions::pause_backlog`], for each stream's [`Backlog`].
+    pause_backlog: Option<usize>,
     /// Taken by the first [`EngineHandle::shutdown`] to join the thread.
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
@@ -157,6 +196,7 @@ impl EngineHandle {
             .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
         Ok(EngineHandle {
             commands,
+            pause_backlog: options.pause_backlog,
             thread: Arc::new(Mutex::new(Some(thread))),
         })
     }
@@ -244,21 +284,24 @@ impl EngineHandle {
     }
 
     /// Sends a submission; returns where its reply and its outputs arrive.
-    fn send_submit(&self, request: EngineRequest) -> Result<(SubmitReply, OutputReceiver)> {
+    fn send_submit(&self, request: EngineRequest) -> Result<(SubmitReply, StreamEnd)> {
         let (output, outputs) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
+        let backlog = Arc::new(Backlog::new(self.pause_backlog));
         self.send(Command::Submit {
             request,
             output,
+            backlog: backlog.clone(),
             reply,
         })?;
-        Ok((rx, outputs))
+        Ok((rx, (outputs, backlog)))
     }
 
-    fn stream(&self, id: RequestId, outputs: OutputReceiver) -> RequestStream {
+    fn stream(&self, id: RequestId, (outputs, backlog): StreamEnd) -> RequestStream {
         RequestStream {
             request_id: id,
             outputs,
+            backlog,
             commands: self.commands.clone(),
             ended: false,
         }
@@ -270,6 +313,8 @@ impl EngineHandle {
 pub struct RequestStream {
     request_id: RequestId,
     outputs: OutputReceiver,
+    /// Counted down as outputs are handed out; may ask for a resume.
+    backlog: Arc<Backlog>,
     commands: mpsc::UnboundedSender<Command>,
     /// Seen a last output, an error, or the end of the channel.
     ended: bool,
@@ -319,6 +364,11 @@ impl RequestStream {
             None | Some(Err(_)) => true,
             Some(Ok(out)) => out.finish_reason.is_some(),
         };
+        // Only outputs are counted in (errors are not).
+        if matches!(item, Some(Ok(_))) && self.backlog.read() && !self.ended {
+            // The engine may be gone; then there is nothing to resume.
+            let _ = self.commands.send(Command::Resume(self.request_id));
+        }
     }
 }
 

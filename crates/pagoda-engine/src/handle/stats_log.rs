@@ -1,5 +1,5 @@
 //! The engine thread's periodic status line while it is busy, as vLLM prints:
-//! requests running and waiting, prompt and generation throughput over the
+//! requests running, waiting and paused, prompt and generation throughput over the
 //! interval, KV cache usage and the prefix-cache hit rate over the interval.
 //!
 //! The window restarts when the engine goes from idle to busy, so an idle
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 pub(crate) struct StatusLine {
     pub running: usize,
     pub waiting: usize,
+    pub paused: usize,
     pub prompt_tokens_per_s: f64,
     pub generation_tokens_per_s: f64,
     /// Percent of KV blocks in use.
@@ -95,6 +96,7 @@ pub(crate) fn status_line(
     StatusLine {
         running: sched.num_running,
         waiting: sched.num_waiting,
+        paused: sched.num_paused,
         prompt_tokens_per_s: rate(now.prompt_tokens, prev.prompt_tokens),
         generation_tokens_per_s: rate(now.generation_tokens, prev.generation_tokens),
         kv_usage_percent: percent(sched.num_blocks_used as f64, sched.num_blocks_total as f64),
@@ -109,6 +111,7 @@ impl StatusLine {
             target: "pagoda_engine::stats",
             running = self.running,
             waiting = self.waiting,
+            paused = self.paused,
             prompt_tokens_per_s = round(self.prompt_tokens_per_s),
             generation_tokens_per_s = round(self.generation_tokens_per_s),
             kv_usage_percent = round(self.kv_usage_percent),
@@ -137,6 +140,7 @@ mod tests {
         let mut sched = SchedulerStats {
             num_running: 7,
             num_waiting: 2,
+            num_paused: 3,
             num_blocks_total: 200,
             num_blocks_used: 50,
             ..Default::default()
@@ -147,6 +151,7 @@ mod tests {
         let line = status_line(10.0, (&before, 1000, 100), &now, &sched);
         assert_eq!(line.running, 7);
         assert_eq!(line.waiting, 2);
+        assert_eq!(line.paused, 3);
         assert_eq!(line.prompt_tokens_per_s, 200.0);
         assert_eq!(line.generation_tokens_per_s, 100.0);
         assert_eq!(line.kv_usage_percent, 25.0);

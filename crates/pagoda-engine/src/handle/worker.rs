@@ -1,9 +1,13 @@
 //! The engine thread's loop.
 //!
-//! Idle (no unfinished request): block on the command channel, so an idle
-//! engine costs no CPU. Busy: take every pending command without blocking,
-//! abort requests whose output channel is closed, run one
-//! [`LlmEngine::step`], and send each output to its request's channel.
+//! Idle (no unfinished request, or only paused ones): block on the command
+//! channel, so an idle engine costs no CPU (a paused request comes back
+//! through a `Resume` command from its stream). Busy: take every pending
+//! command without blocking, abort requests whose output channel is closed,
+//! run one [`LlmEngine::step`], send each output to its request's channel,
+//! and pause each request that got one and now has
+//! [`HandleOptions::pause_backlog`] outputs unread (O(batch): only requests
+//! that got an output can have crossed the mark).
 //!
 //! A step that returns an error fails every request in flight with an
 //! [`EngineError::StepFailed`] item (the scheduler does not say which requests
@@ -20,6 +24,7 @@
 //! every handle and stream is gone. The engine (and its KV cache) is dropped
 //! before the shutdown callers are told.
 
+use super::backlog::Backlog;
 use super::stats_log::StatsLog;
 use super::{Command, EngineCounters, EngineStats, HandleOptions, ShutdownMode, StreamItem};
 use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
@@ -28,6 +33,7 @@ use pagoda_core::{FinishReason, RequestId};
 use pagoda_kernels::Backend;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
 
@@ -50,6 +56,10 @@ pub(super) fn spawn<B: Backend>(
 /// A request the thread is serving.
 struct Live {
     output: mpsc::UnboundedSender<StreamItem>,
+    /// Its unread outputs, shared with its stream.
+    backlog: Arc<Backlog>,
+    /// Paused in the engine for want of a reader.
+    paused: bool,
     /// Produced a token already (its prompt is counted).
     started: bool,
 }
@@ -60,6 +70,10 @@ struct Worker<B: Backend> {
     commands: mpsc::UnboundedReceiver<Command>,
     max_waiting: Option<usize>,
     live: HashMap<RequestId, Live>,
+    /// Live requests paused now.
+    num_paused: usize,
+    /// False once a drain shutdown was asked: requests then run to their end.
+    pausing: bool,
     counters: EngineCounters,
     /// False once a shutdown was asked.
     accepting: bool,
@@ -85,6 +99,8 @@ impl<B: Backend> Worker<B> {
             commands,
             max_waiting: options.max_waiting,
             live: HashMap::new(),
+            num_paused: 0,
+            pausing: true,
             counters: EngineCounters::default(),
             accepting: true,
             commands_closed: false,
@@ -110,16 +126,21 @@ impl<B: Backend> Worker<B> {
 
     fn serve(&mut self) -> Result<(), Fatal> {
         loop {
-            if !self.engine.has_unfinished_requests() {
-                if !self.accepting || self.commands_closed {
+            if !self.engine.has_schedulable_requests() {
+                let idle = !self.engine.has_unfinished_requests();
+                if idle && (!self.accepting || self.commands_closed) {
                     return Ok(());
                 }
+                // Nothing to compute: wait for a submission, a resume, an
+                // abort or a shutdown. (Closed: every stream is gone.)
                 match self.commands.blocking_recv() {
                     Some(command) => self.handle(command)?,
                     None => return Ok(()),
                 }
-                // Busy again: the status line's window starts now.
-                self.stats_log.restart(&self.counters, &self.engine.stats());
+                if idle {
+                    // Busy again: the status line's window starts now.
+                    self.stats_log.restart(&self.counters, &self.engine.stats());
+                }
             }
             loop {
                 match self.commands.try_recv() {
@@ -140,7 +161,7 @@ impl<B: Backend> Worker<B> {
             for id in closed {
                 self.abort(id)?;
             }
-            if self.engine.has_unfinished_requests() {
+            if self.engine.has_schedulable_requests() {
                 self.step()?;
             }
             if self.stats_log.due() {
@@ -155,8 +176,9 @@ impl<B: Backend> Worker<B> {
             Command::Submit {
                 request,
                 output,
+                backlog,
                 reply,
-            } => match self.admit(request, output) {
+            } => match self.admit(request, output, backlog) {
                 Ok(id) => {
                     if reply.send(Ok(id)).is_err() {
                         // The submitter went away before it heard back.
@@ -169,17 +191,35 @@ impl<B: Backend> Worker<B> {
                 }
             },
             Command::Abort(id) => self.abort(id)?,
+            Command::Resume(id) => self.resume(id)?,
             Command::Stats(reply) => {
                 let _ = reply.send(EngineStats {
                     scheduler: self.engine.stats(),
                     counters: self.counters,
                     num_in_flight: self.live.len(),
+                    num_paused: self.num_paused,
                 });
             }
             Command::Shutdown { mode, done } => {
                 tracing::info!(?mode, in_flight = self.live.len(), "engine shutting down");
                 self.accepting = false;
                 self.shutdown_waiters.push(done);
+                if mode == ShutdownMode::Drain && self.pausing {
+                    // Every request must end, read or not.
+                    self.pausing = false;
+                    let paused: Vec<RequestId> = self
+                        .live
+                        .iter()
+                        .filter(|(_, l)| l.paused)
+                        .map(|(&id, _)| id)
+                        .collect();
+                    for id in paused {
+                        if let Some(live) = self.live.get(&id) {
+                            live.backlog.take_pause();
+                        }
+                        self.resume(id)?;
+                    }
+                }
                 if mode == ShutdownMode::Abort {
                     let ids: Vec<RequestId> = self.live.keys().copied().collect();
                     for id in ids {
@@ -198,6 +238,7 @@ impl<B: Backend> Worker<B> {
         &mut self,
         request: EngineRequest,
         output: mpsc::UnboundedSender<StreamItem>,
+        backlog: Arc<Backlog>,
     ) -> Result<RequestId> {
         if !self.accepting {
             return Err(EngineError::Shutdown);
@@ -216,6 +257,8 @@ impl<B: Backend> Worker<B> {
             id,
             Live {
                 output,
+                backlog,
+                paused: false,
                 started: false,
             },
         );
@@ -225,13 +268,54 @@ impl<B: Backend> Worker<B> {
 
     /// Drops a live request from the engine; unknown ids are ignored.
     fn abort(&mut self, id: RequestId) -> Result<(), Fatal> {
-        if self.live.remove(&id).is_none() {
+        if self.remove(id).is_none() {
             return Ok(());
         }
         self.counters.num_aborted += 1;
         self.engine
             .abort(id)
             .map_err(|e| Fatal(format!("aborting request {id} failed: {e}")))
+    }
+
+    /// Takes a request off the live set (keeping the paused count true).
+    fn remove(&mut self, id: RequestId) -> Option<Live> {
+        let live = self.live.remove(&id)?;
+        if live.paused {
+            self.num_paused -= 1;
+        }
+        Some(live)
+    }
+
+    /// Pauses live request `id` if its stream has too much unread.
+    fn maybe_pause(&mut self, id: RequestId) -> Result<(), Fatal> {
+        let Some(live) = self.live.get_mut(&id) else {
+            return Ok(());
+        };
+        if !self.pausing || live.paused || !live.backlog.try_pause() {
+            return Ok(());
+        }
+        live.paused = true;
+        self.num_paused += 1;
+        tracing::debug!(request = %id, unread = live.backlog.unread(), "stream not read; pausing");
+        self.engine
+            .pause(id)
+            .map_err(|e| Fatal(format!("pausing request {id} failed: {e}")))
+    }
+
+    /// Resumes live request `id` if paused; unknown ids are ignored.
+    fn resume(&mut self, id: RequestId) -> Result<(), Fatal> {
+        let Some(live) = self.live.get_mut(&id) else {
+            return Ok(());
+        };
+        if !live.paused {
+            return Ok(());
+        }
+        live.paused = false;
+        self.num_paused -= 1;
+        tracing::debug!(request = %id, "stream read again; resuming");
+        self.engine
+            .resume(id)
+            .map_err(|e| Fatal(format!("resuming request {id} failed: {e}")))
     }
 
     fn step(&mut self) -> Result<(), Fatal> {
@@ -256,7 +340,7 @@ impl<B: Backend> Worker<B> {
                     "engine step failed; failing its requests"
                 );
                 for id in ids {
-                    if let Some(live) = self.live.remove(&id) {
+                    if let Some(live) = self.remove(id) {
                         let _ = live
                             .output
                             .send(Err(EngineError::StepFailed(message.clone())));
@@ -293,10 +377,11 @@ impl<B: Backend> Worker<B> {
             }
             self.counters.generation_tokens += 1;
             let finish = out.finish_reason;
+            live.backlog.sent();
             let sent = live.output.send(Ok(out)).is_ok();
             match finish {
                 Some(reason) => {
-                    self.live.remove(&id);
+                    self.remove(id);
                     match reason {
                         FinishReason::Stop => self.counters.num_finished_stop += 1,
                         FinishReason::Length => self.counters.num_finished_length += 1,
@@ -304,7 +389,7 @@ impl<B: Backend> Worker<B> {
                     }
                 }
                 None if !sent => self.abort(id)?,
-                None => {}
+                None => self.maybe_pause(id)?,
             }
         }
         Ok(())

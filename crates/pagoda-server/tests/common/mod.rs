@@ -116,6 +116,7 @@ pub async fn start(opts: Options) -> TestServer {
         HandleOptions {
             max_waiting: opts.max_waiting,
             log_interval: opts.log_interval,
+            ..HandleOptions::default()
         },
     )
     .unwrap();

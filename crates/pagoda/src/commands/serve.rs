@@ -230,6 +230,7 @@ impl EngineTask for Spawn {
             HandleOptions {
                 max_waiting: self.max_waiting,
                 log_interval: self.log_interval,
+                ..HandleOptions::default()
             },
         )?;
         Ok((handle, sched))
