@@ -31,8 +31,9 @@ use pagoda_engine::sampler::{apply_penalties, sample_with_logprobs, splitmix64, 
 use pagoda_engine::token_history::TokenHistory;
 use pagoda_engine::{EngineRequest, LlmEngine, RequestId, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use pagoda_kernels::cuda::testing::sampling_step;
 use pagoda_kernels::{
-    Backend, DeviceSamples, ForwardContext, RowLogprobs, RowOptions, SamplingOptions, SamplingRow,
+    Backend, DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, SamplingRow,
 };
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
@@ -51,32 +52,6 @@ fn bf(v: f32) -> f32 {
 /// Uniform in [0, 1).
 fn unit(s: &mut u64) -> f32 {
     (splitmix64(s) >> 40) as f32 / (1u64 << 24) as f32
-}
-
-/// A step of `sampling.len()` one-token sequences, each row sampled.
-fn step_ctx(sampling: Vec<SamplingRow>) -> ForwardContext {
-    let n = sampling.len();
-    let ctx = ForwardContext {
-        input_ids: vec![0; n],
-        positions: vec![0; n],
-        cu_seqlens_q: (0..=n as u32).collect(),
-        cu_seqlens_k: (0..=n as u32).collect(),
-        seq_lens: vec![1; n],
-        context_lens: vec![0; n],
-        slot_mapping: vec![-1; n],
-        block_tables: vec![0; n],
-        max_blocks_per_seq: 1,
-        block_size: 16,
-        max_query_len: 1,
-        max_seq_len: 1,
-        num_prefills: n,
-        num_prefill_tokens: n,
-        num_decode_tokens: 0,
-        logits_indices: (0..n as u32).collect(),
-        sampling,
-    };
-    ctx.validate().expect("consistent test step");
-    ctx
 }
 
 /// One row of the batch.
@@ -188,7 +163,7 @@ fn device_penalties_and_logprobs_match_the_host_sampler() {
         let (cases, logits, sampling, opts) = batch(vocab, &mut s);
         let rows = cases.len();
         let t = g.tensor_from_host(rows, vocab, &logits).unwrap();
-        let step = g.begin_step_with(&step_ctx(sampling), &opts).unwrap();
+        let step = g.begin_step_with(&sampling_step(sampling), &opts).unwrap();
         let syncs = g.host_syncs();
         let got = g.sample_full(&t, &step).unwrap();
         assert_eq!(g.host_syncs() - syncs, 1, "one wait for the device");

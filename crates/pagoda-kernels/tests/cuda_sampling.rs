@@ -28,38 +28,12 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::{bf, Rng};
-use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
+use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, sampling_step};
 use pagoda_kernels::cuda::CudaBackend;
-use pagoda_kernels::{Backend, ForwardContext, KernelError, SamplingRow};
+use pagoda_kernels::{Backend, KernelError, SamplingRow};
 
 /// Relative slack (of the kept mass) within which a boundary counts as "near".
 const NEAR: f64 = 1e-5;
-
-/// A step of `sampling.len()` one-token sequences, each token's logits row sampled.
-fn step_ctx(sampling: Vec<SamplingRow>) -> ForwardContext {
-    let n = sampling.len();
-    let ctx = ForwardContext {
-        input_ids: vec![0; n],
-        positions: vec![0; n],
-        cu_seqlens_q: (0..=n as u32).collect(),
-        cu_seqlens_k: (0..=n as u32).collect(),
-        seq_lens: vec![1; n],
-        context_lens: vec![0; n],
-        slot_mapping: vec![-1; n],
-        block_tables: vec![0; n],
-        max_blocks_per_seq: 1,
-        block_size: 16,
-        max_query_len: 1,
-        max_seq_len: 1,
-        num_prefills: n,
-        num_prefill_tokens: n,
-        num_decode_tokens: 0,
-        logits_indices: (0..n as u32).collect(),
-        sampling,
-    };
-    ctx.validate().expect("consistent test step");
-    ctx
-}
 
 /// Samples `rows` (each `vocab` wide, flattened) on the device.
 fn device_sample(g: &CudaBackend, vocab: usize, logits: &[f32], rows: &[SamplingRow]) -> Vec<u32> {
@@ -67,7 +41,9 @@ fn device_sample(g: &CudaBackend, vocab: usize, logits: &[f32], rows: &[Sampling
     let t = g
         .tensor_from_host(rows.len(), vocab, logits)
         .expect("upload logits");
-    let step = g.begin_step(&step_ctx(rows.to_vec())).expect("begin_step");
+    let step = g
+        .begin_step(&sampling_step(rows.to_vec()))
+        .expect("begin_step");
     let ids = g.sample(&t, &step).expect("device sample");
     assert_eq!(ids.len(), rows.len(), "one id per row");
     ids
@@ -722,13 +698,13 @@ fn graph_replay_samples_with_the_new_parameters() {
     };
     let x = g.tensor_from_host(n, vocab, &flat).expect("upload");
     g.set_poison_outputs(false);
-    let first = step_ctx(params(&mut rng));
+    let first = sampling_step(params(&mut rng));
     let step = g.begin_step(&first).expect("begin_step");
     let mut graph = g
         .capture_graph(step, &mut |s| g.gather_logits_rows(&x, s))
         .expect("capture");
     for round in 0..4 {
-        let ctx = step_ctx(params(&mut rng));
+        let ctx = sampling_step(params(&mut rng));
         let replayed = g.replay_graph(&mut graph, &ctx).expect("replay");
         let direct = device_sample(&g, vocab, &flat, &ctx.sampling);
         assert_eq!(
@@ -744,7 +720,7 @@ fn mismatched_rows_are_a_shape_error() {
     let Some(g) = gpu() else { return };
     let t = g.tensor_from_host(2, 10, &[0.5; 20]).expect("upload");
     let step = g
-        .begin_step(&step_ctx(vec![SamplingRow::GREEDY; 3]))
+        .begin_step(&sampling_step(vec![SamplingRow::GREEDY; 3]))
         .expect("begin_step");
     match g.sample(&t, &step) {
         Err(KernelError::Shape { op, .. }) => assert_eq!(op, "sample"),

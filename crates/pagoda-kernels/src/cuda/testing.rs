@@ -1,7 +1,7 @@
 //! Helpers shared by the CUDA test binaries of this crate and of
 //! pagoda-engine (the backend itself never calls them): opening the device
-//! for a test, and the relative L2 error the op and model comparisons
-//! measure.
+//! for a test, the relative L2 error the op and model comparisons
+//! measure, and the one-token-per-row step the sampling tests run.
 //!
 //! A machine without CUDA skips the CUDA tests with a notice, unless the
 //! environment variable [`REQUIRE_GPU_ENV`] is set (to anything but empty or
@@ -10,7 +10,7 @@
 //! to start the backend always fails the test.
 
 use super::{CudaBackend, CudaOptions};
-use crate::Backend;
+use crate::{Backend, ForwardContext, SamplingRow};
 
 /// The environment variable saying a GPU must be present.
 pub const REQUIRE_GPU_ENV: &str = "PAGODA_REQUIRE_GPU";
@@ -70,6 +70,33 @@ pub fn rel_err_l2(got: &[f32], want: &[f32]) -> f64 {
         den += (w as f64).powi(2);
     }
     (num / den.max(1e-30)).sqrt()
+}
+
+/// A step of `sampling.len()` one-token sequences, each row sampled (block
+/// 0, nothing stored): what the sampling tests feed the sampler.
+pub fn sampling_step(sampling: Vec<SamplingRow>) -> ForwardContext {
+    let n = sampling.len();
+    let ctx = ForwardContext {
+        input_ids: vec![0; n],
+        positions: vec![0; n],
+        cu_seqlens_q: (0..=n as u32).collect(),
+        cu_seqlens_k: (0..=n as u32).collect(),
+        seq_lens: vec![1; n],
+        context_lens: vec![0; n],
+        slot_mapping: vec![-1; n],
+        block_tables: vec![0; n],
+        max_blocks_per_seq: 1,
+        block_size: 16,
+        max_query_len: 1,
+        max_seq_len: 1,
+        num_prefills: n,
+        num_prefill_tokens: n,
+        num_decode_tokens: 0,
+        logits_indices: (0..n as u32).collect(),
+        sampling,
+    };
+    assert_eq!(ctx.validate(), Ok(()), "a consistent test step");
+    ctx
 }
 
 #[cfg(test)]

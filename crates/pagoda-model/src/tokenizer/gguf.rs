@@ -101,6 +101,17 @@ fn build_byte_level_bpe(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
     inner.add_special_tokens(&special);
     inner.add_tokens(&plain);
 
+    parts(inner, spec, pre.add_bos_by_default)
+}
+
+/// The finished tokenizer with the GGUF's special tokens, each checked to
+/// lie in the vocabulary; BOS is added by default where the file says
+/// nothing and `add_bos_by_default` (the vocabulary type's convention).
+pub(super) fn parts(
+    inner: tokenizers::Tokenizer,
+    spec: &GgufTokenizerSpec,
+    add_bos_by_default: bool,
+) -> Result<TokenizerParts> {
     let n = spec.tokens.len();
     let check = |what: &str, id: Option<u32>| -> Result<Option<u32>> {
         match id {
@@ -117,8 +128,7 @@ fn build_byte_level_bpe(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
         vocab_size: n,
         bos_token_id,
         eos_token_ids: eos_token_id.into_iter().collect(),
-        add_bos_token: spec.add_bos_token.unwrap_or(pre.add_bos_by_default)
-            && bos_token_id.is_some(),
+        add_bos_token: spec.add_bos_token.unwrap_or(add_bos_by_default) && bos_token_id.is_some(),
         add_eos_token: spec.add_eos_token.unwrap_or(false) && eos_token_id.is_some(),
         chat_template_source: spec.chat_template.clone(),
     })

@@ -133,25 +133,8 @@ pub(crate) fn build(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
     inner.add_special_tokens(&special);
     inner.add_tokens(&plain);
 
-    let check = |what: &str, id: Option<u32>| -> Result<Option<u32>> {
-        match id {
-            Some(id) if id as usize >= n => Err(tok_err(format!(
-                "GGUF {what} token id {id} is outside the vocabulary ({n})"
-            ))),
-            _ => Ok(id),
-        }
-    };
-    let bos_token_id = check("BOS", spec.bos_token_id)?;
-    let eos_token_id = check("EOS", spec.eos_token_id)?;
-    Ok(TokenizerParts {
-        inner,
-        vocab_size: n,
-        bos_token_id,
-        eos_token_ids: eos_token_id.into_iter().collect(),
-        add_bos_token: spec.add_bos_token.unwrap_or(true) && bos_token_id.is_some(),
-        add_eos_token: spec.add_eos_token.unwrap_or(false) && eos_token_id.is_some(),
-        chat_template_source: spec.chat_template.clone(),
-    })
+    // SentencePiece vocabularies add BOS unless the file says otherwise.
+    super::gguf::parts(inner, spec, true)
 }
 
 /// Every split of a piece into two vocabulary pieces, best first: by the
