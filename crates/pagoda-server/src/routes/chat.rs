@@ -84,7 +84,8 @@ pub fn chat_prompt_ids(
                 return Err(ApiError::invalid_param(
                     &format!("messages[{i}].role"),
                     format!(
-                        "unsupported role '{}' (use system, developer, user or assistant)",
+                        "messages[{i}].role '{}' is not supported (use system, developer, \
+                         user or assistant)",
                         m.role
                     ),
                 ))
