@@ -114,7 +114,7 @@ fn text_format(v: &Value, _: &Value) -> bool {
 }
 /// Without tools (non-empty `tools` are refused), `auto` means no call.
 fn no_tool_choice(v: &Value, _: &Value) -> bool {
-    v.is_null() || *v == Value::from("none") || *v == Value::from("auto")
+    v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
 }
 fn best_of_n(v: &Value, body: &Value) -> bool {
     let n = body.get("n").and_then(Value::as_i64).unwrap_or(1);
@@ -126,7 +126,7 @@ fn text_modality(v: &Value, _: &Value) -> bool {
 fn default_special_tokens(v: &Value, body: &Value) -> bool {
     // Completions add the tokenizer's special tokens; chat leaves them to
     // the template. `messages` tells the two apart.
-    let default = !body.get("messages").is_some_and(|m| !m.is_null());
+    let default = body.get("messages").is_none_or(Value::is_null);
     v.is_null() || *v == Value::Bool(default)
 }
 
