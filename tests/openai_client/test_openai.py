@@ -198,6 +198,37 @@ def test_unknown_model_is_a_400():
     raise AssertionError("an unknown model was accepted")
 
 
+def test_unsupported_options_are_a_400_naming_them():
+    for kw in (
+        {"response_format": {"type": "json_object"}},
+        {"logit_bias": {"42": 100}},
+        {"extra_body": {"min_tokens": 2}},
+    ):
+        name = next(iter(kw.get("extra_body", kw)))
+        try:
+            CLIENT.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, **kw)
+        except openai.BadRequestError as e:
+            assert e.status_code == 400
+            assert e.param == name, (e.param, str(e))
+            continue
+        raise AssertionError(f"{name} was accepted")
+
+
+def test_neutral_options_and_developer_role_are_accepted():
+    r = CLIENT.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "developer", "content": "Be terse."}] + QUESTION,
+        max_tokens=4,
+        temperature=0,
+        response_format={"type": "text"},
+        user="someone",
+        store=False,
+        metadata={"k": "v"},
+        extra_body={"add_generation_prompt": True, "chat_template_kwargs": {}},
+    )
+    assert r.choices[0].message.content
+
+
 def main():
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
     failed = 0

@@ -26,6 +26,12 @@ pub struct ChatCompletionRequest {
     /// With `logprobs`: also the most likely tokens at each position (0..=20).
     #[serde(default)]
     pub top_logprobs: Option<i64>,
+    /// End the prompt with the assistant turn's header (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Extra variables for the chat template (e.g. `enable_thinking`).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

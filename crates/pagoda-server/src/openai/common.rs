@@ -68,9 +68,6 @@ pub struct SamplingFields {
     pub stream: bool,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
-    /// Accepted and ignored (OpenAI's end-user id).
-    #[serde(default)]
-    pub user: Option<String>,
 }
 
 /// `usage.prompt_tokens_details`.

@@ -3,8 +3,9 @@
 //! beyond defaults; turning a request into engine parameters lives in
 //! [`crate::routes::params`].
 //!
-//! Invariant: unknown request fields are ignored (no `deny_unknown_fields`),
-//! so clients sending newer or other servers' options still work.
+//! Unknown fields are not rejected by these types: which fields a generation
+//! request may carry is decided on the raw body by
+//! [`crate::routes::fields`] (honoured, harmlessly ignored, or refused).
 
 pub mod chat;
 pub mod common;

@@ -2,6 +2,12 @@
 //! (with the assistant's generation prompt) -> choices, as one JSON response
 //! or an SSE stream of `chat.completion.chunk`s whose first delta per choice
 //! is `{role: "assistant"}`.
+//!
+//! Roles: `system`, `user`, `assistant`, and `developer` (OpenAI's newer name
+//! for `system`, passed as `system` to a template that never mentions
+//! `developer`, as vLLM does). `add_generation_prompt` (default true) and
+//! `chat_template_kwargs` reach the template; kwargs may not replace the
+//! variables the server sets (`messages`, `add_generation_prompt`, `tools`).
 
 use super::generation::{collect_all, submit_all, usage_of, UsageTally};
 use super::logprobs::chat_logprobs;
@@ -18,9 +24,33 @@ use crate::text::LenCheck;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use pagoda_engine::RequestOutput;
-use pagoda_model::tokenizer::{ChatMessage, MessageContent, Tokenizer};
+use pagoda_model::tokenizer::{ChatMessage, ChatTemplateOptions, MessageContent, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Template variables the server sets itself.
+const RESERVED_KWARGS: &[&str] = &["messages", "add_generation_prompt", "tools"];
+
+/// `options` for a request's `add_generation_prompt` and
+/// `chat_template_kwargs`, refusing kwargs that would replace what the
+/// server sets.
+pub fn template_options(
+    add_generation_prompt: Option<bool>,
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+) -> Result<ChatTemplateOptions, ApiError> {
+    let extra = kwargs.unwrap_or_default();
+    if let Some(k) = RESERVED_KWARGS.iter().find(|k| extra.contains_key(**k)) {
+        return Err(ApiError::invalid_param(
+            "chat_template_kwargs",
+            format!("chat_template_kwargs may not set '{k}' (the server sets it)"),
+        ));
+    }
+    Ok(ChatTemplateOptions {
+        add_generation_prompt: add_generation_prompt.unwrap_or(true),
+        tools: None,
+        extra,
+    })
+}
 
 /// Renders `messages` with the chat template and tokenizes the result,
 /// refusing (per `check`) a rendering too long for the model untokenized.
@@ -28,7 +58,7 @@ use std::time::Instant;
 pub fn chat_prompt_ids(
     tokenizer: &Tokenizer,
     messages: &[ChatMessageIn],
-    add_generation_prompt: bool,
+    options: &ChatTemplateOptions,
     add_special_tokens: bool,
     check: &LenCheck,
 ) -> Result<Vec<u32>, ApiError> {
@@ -43,17 +73,24 @@ pub fn chat_prompt_ids(
             "the model has no chat template; use /v1/completions",
         ));
     };
+    let knows_developer = template.source().contains("developer");
     let mut rendered = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
-        if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
-            return Err(ApiError::invalid_param(
-                &format!("messages[{i}].role"),
-                format!(
-                    "unsupported role '{}' (use system, user or assistant)",
-                    m.role
-                ),
-            ));
-        }
+        let role = match m.role.as_str() {
+            "system" | "user" | "assistant" => m.role.as_str(),
+            "developer" if knows_developer => "developer",
+            "developer" => "system",
+            _ => {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].role"),
+                    format!(
+                        "messages[{i}].role '{}' is not supported (use system, developer, \
+                         user or assistant)",
+                        m.role
+                    ),
+                ))
+            }
+        };
         let text = match &m.content {
             None => String::new(),
             Some(c) => c.to_text().map_err(|e| {
@@ -62,10 +99,10 @@ pub fn chat_prompt_ids(
         };
         rendered.push(ChatMessage {
             content: Some(MessageContent::Text(text)),
-            ..ChatMessage::new(m.role.clone(), "")
+            ..ChatMessage::new(role, "")
         });
     }
-    let text = template.apply(&rendered, add_generation_prompt)?;
+    let text = template.render(&rendered, options)?;
     check.check(text.len(), "messages")?;
     Ok(tokenizer.encode(&text, add_special_tokens)?)
 }
@@ -97,11 +134,12 @@ pub async fn chat_completions(
     };
     let tokenizer = state.tokenizer.clone();
     let messages = req.messages;
+    let options = template_options(req.add_generation_prompt, req.chat_template_kwargs)?;
     // The template writes any BOS it wants.
     let ids = vec![
         state
             .text
-            .run(move |tok, check| chat_prompt_ids(tok, &messages, true, false, check))
+            .run(move |tok, check| chat_prompt_ids(tok, &messages, &options, false, check))
             .await?,
     ];
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;

@@ -11,6 +11,7 @@ use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use pagoda_model::tokenizer::ChatTemplateOptions;
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], to_json(value)).into_response()
@@ -75,7 +76,10 @@ pub async fn tokenize(
                     chat_prompt_ids(
                         tokenizer,
                         m,
-                        req.add_generation_prompt,
+                        &ChatTemplateOptions {
+                            add_generation_prompt: req.add_generation_prompt,
+                            ..Default::default()
+                        },
                         req.add_special_tokens.unwrap_or(false),
                         check,
                     )?,

@@ -7,6 +7,7 @@
 //! [`crate::ServerConfig::max_body_bytes`].
 //!
 //! - [`auth`]: the API key check;
+//! - [`fields`]: which request fields are honoured, ignored or refused;
 //! - [`params`]: request options -> engine sampling parameters;
 //! - [`generation`]: submitting choices and reading them back;
 //! - [`logprobs`]: engine logprobs -> OpenAI's shapes;
@@ -15,6 +16,7 @@
 pub mod auth;
 pub mod chat;
 pub mod completions;
+pub mod fields;
 pub mod generation;
 pub mod logprobs;
 pub mod misc;
@@ -31,28 +33,34 @@ use axum::Router;
 
 /// A generation request with its shared sampling fields.
 pub trait HasSampling {
+    /// The endpoint whose fields [`fields::check_fields`] checks.
+    const ENDPOINT: fields::Endpoint;
     fn sampling_mut(&mut self) -> &mut crate::openai::SamplingFields;
 }
 
 impl HasSampling for crate::openai::CompletionRequest {
+    const ENDPOINT: fields::Endpoint = fields::Endpoint::Completions;
     fn sampling_mut(&mut self) -> &mut crate::openai::SamplingFields {
         &mut self.sampling
     }
 }
 
 impl HasSampling for crate::openai::ChatCompletionRequest {
+    const ENDPOINT: fields::Endpoint = fields::Endpoint::Chat;
     fn sampling_mut(&mut self) -> &mut crate::openai::SamplingFields {
         &mut self.sampling
     }
 }
 
-/// Reads a generation request and its sampling fields from one body.
+/// Reads a generation request and its sampling fields from one body,
+/// refusing fields the endpoint neither honours nor may ignore.
 pub fn parse_request<T: serde::de::DeserializeOwned + HasSampling>(
     body: &serde_json::Value,
 ) -> Result<T, ApiError> {
     if !body.is_object() {
         return Err(ApiError::invalid("the request body must be a JSON object"));
     }
+    fields::check_fields(body, T::ENDPOINT)?;
     let mut request: T = crate::error::from_value(body)?;
     *request.sampling_mut() = crate::error::from_value(body)?;
     Ok(request)
