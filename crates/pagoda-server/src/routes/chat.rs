@@ -9,7 +9,7 @@
 //! `chat_template_kwargs` reach the template; kwargs may not replace the
 //! variables the server sets (`messages`, `add_generation_prompt`, `tools`).
 
-use super::generation::{collect_all, submit_all, usage_of, UsageTally};
+use super::generation::{collect_and_log, submit_all, UsageTally};
 use super::logprobs::chat_logprobs;
 use super::params::{logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
@@ -164,20 +164,7 @@ pub async fn chat_completions(
             log,
         ));
     }
-    let mut log = log;
-    let results = match collect_all(choices).await {
-        Ok(results) => results,
-        Err(e) => {
-            log.finish(e.status.as_u16());
-            return Err(e);
-        }
-    };
-    let usage = usage_of(&results, 1);
-    for r in &results {
-        log.choice(r.first_output, r.finish_reason);
-    }
-    log.set_usage(usage);
-    log.finish(200);
+    let (results, usage) = collect_and_log(choices, log, 1).await?;
     let choices = results
         .into_iter()
         .map(|r| ChatChoice {

@@ -2,7 +2,7 @@
 //! -> one choice per prompt and `n`, as one JSON response or an SSE stream of
 //! `text_completion` chunks.
 
-use super::generation::{collect_all, submit_all, usage_of, UsageTally};
+use super::generation::{collect_and_log, submit_all, UsageTally};
 use super::logprobs::completion_logprobs;
 use super::params::{check_num_seqs, logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
@@ -130,20 +130,7 @@ pub async fn completions(
             log,
         ));
     }
-    let mut log = log;
-    let results = match collect_all(choices).await {
-        Ok(results) => results,
-        Err(e) => {
-            log.finish(e.status.as_u16());
-            return Err(e);
-        }
-    };
-    let usage = usage_of(&results, ids.len());
-    for r in &results {
-        log.choice(r.first_output, r.finish_reason);
-    }
-    log.set_usage(usage);
-    log.finish(200);
+    let (results, usage) = collect_and_log(choices, log, ids.len()).await?;
     let choices = results
         .into_iter()
         .map(|r| {

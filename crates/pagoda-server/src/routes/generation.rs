@@ -176,6 +176,30 @@ pub async fn collect_all(choices: Vec<ChoiceStream>) -> Result<Vec<ChoiceResult>
     futures_util::future::try_join_all(choices.into_iter().map(collect)).await
 }
 
+/// Reads every choice to its end ([`collect_all`]) and logs the request:
+/// its status, each choice's first output and finish reason, and its usage,
+/// which comes back with the results.
+pub async fn collect_and_log(
+    choices: Vec<ChoiceStream>,
+    mut log: crate::request_log::RequestLog,
+    num_prompts: usize,
+) -> Result<(Vec<ChoiceResult>, crate::openai::Usage), ApiError> {
+    let results = match collect_all(choices).await {
+        Ok(results) => results,
+        Err(e) => {
+            log.finish(e.status.as_u16());
+            return Err(e);
+        }
+    };
+    let usage = usage_of(&results, num_prompts);
+    for r in &results {
+        log.choice(r.first_output, r.finish_reason);
+    }
+    log.set_usage(usage);
+    log.finish(200);
+    Ok((results, usage))
+}
+
 /// Usage of a request: each prompt counted once (with the cached tokens of
 /// its first choice), completion tokens of every choice.
 #[derive(Debug, Default, Clone)]
