@@ -9,12 +9,11 @@ mod common;
 use common::faulty::Faults;
 use common::tiny::*;
 use pagoda_core::SamplingParams;
-use pagoda_engine::{EngineError, EngineHandle, ShutdownMode, StreamItem};
+use pagoda_engine::{EngineError, EngineHandle, RequestStream, ShutdownMode, StreamItem};
 use std::sync::atomic::Ordering;
 
-/// Starts three long requests, waits until each has a token, then makes the
-/// next forward pass fail (or panic); returns each stream's last item.
-fn fail_a_step(handle: &EngineHandle, faults: &Faults, panic: bool) -> Vec<Option<StreamItem>> {
+/// Starts three long requests and waits until each has a token.
+fn start_three_long(handle: &EngineHandle) -> Vec<RequestStream> {
     let mut streams: Vec<_> = prompts()[..3]
         .iter()
         .map(|p| {
@@ -26,12 +25,11 @@ fn fail_a_step(handle: &EngineHandle, faults: &Faults, panic: bool) -> Vec<Optio
     for s in &mut streams {
         assert!(s.blocking_next().unwrap().is_ok());
     }
-    let counter = if panic {
-        &faults.panic_steps
-    } else {
-        &faults.fail_steps
-    };
-    counter.store(1, Ordering::SeqCst);
+    streams
+}
+
+/// Each stream's last item, once it ends.
+fn last_items(streams: &mut [RequestStream]) -> Vec<Option<StreamItem>> {
     streams
         .iter_mut()
         .map(|s| {
@@ -42,6 +40,19 @@ fn fail_a_step(handle: &EngineHandle, faults: &Faults, panic: bool) -> Vec<Optio
             last
         })
         .collect()
+}
+
+/// Starts three long requests, waits until each has a token, then makes the
+/// next forward pass fail (or panic); returns each stream's last item.
+fn fail_a_step(handle: &EngineHandle, faults: &Faults, panic: bool) -> Vec<Option<StreamItem>> {
+    let mut streams = start_three_long(handle);
+    let counter = if panic {
+        &faults.panic_steps
+    } else {
+        &faults.fail_steps
+    };
+    counter.store(1, Ordering::SeqCst);
+    last_items(&mut streams)
 }
 
 #[test]
@@ -87,26 +98,12 @@ fn a_failed_step_spares_the_requests_it_did_not_run() {
     let (engine, faults) = faulty_engine_with(128, 3);
     let handle = EngineHandle::spawn(engine).unwrap();
     let prompts = prompts();
-    let mut running: Vec<_> = prompts[..3]
-        .iter()
-        .map(|p| {
-            handle
-                .blocking_submit(request(p.clone(), long(200)))
-                .unwrap()
-        })
-        .collect();
-    for s in &mut running {
-        assert!(s.blocking_next().unwrap().is_ok());
-    }
+    let mut running = start_three_long(&handle);
     let mut waiting = handle
         .blocking_submit(request(prompts[3].clone(), SamplingParams::greedy(5)))
         .unwrap();
     faults.fail_steps.store(1, Ordering::SeqCst);
-    for s in &mut running {
-        let mut last = None;
-        while let Some(item) = s.blocking_next() {
-            last = Some(item);
-        }
+    for last in last_items(&mut running) {
         assert!(
             matches!(last, Some(Err(EngineError::StepFailed(_)))),
             "a request of the failed step ended with {last:?}"

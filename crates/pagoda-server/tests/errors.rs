@@ -217,16 +217,7 @@ async fn a_full_waiting_queue_answers_503_with_retry_after() {
     })
     .await;
     // A runs (the only sequence slot), B waits, C is refused.
-    let mut a = greedy("Count slowly:", 1500);
-    a["ignore_eos"] = json!(true);
-    a["stream"] = json!(true);
-    let mut a_resp = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&a)
-        .send()
-        .await
-        .unwrap();
+    let mut a_resp = s.open_stream("Count slowly:", 1500).await;
     let first = a_resp.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
     let client = s.client.clone();

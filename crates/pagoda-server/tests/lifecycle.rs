@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -14,16 +13,9 @@ async fn disconnect_mid_stream_aborts_and_returns_blocks() {
     let idle = s.handle.stats().await.unwrap().scheduler;
     assert_eq!(idle.num_blocks_used, 0);
 
-    let mut body = greedy("Tell me everything about the history of Rome.", 1500);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
     let mut r = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+        .open_stream("Tell me everything about the history of Rome.", 1500)
+        .await;
     for _ in 0..3 {
         r.chunk().await.unwrap().unwrap();
     }
@@ -65,16 +57,7 @@ async fn disconnect_while_waiting_removes_the_queued_request() {
         ..Options::default()
     })
     .await;
-    let mut a = greedy("Count slowly:", 1500);
-    a["ignore_eos"] = json!(true);
-    a["stream"] = json!(true);
-    let mut a_resp = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&a)
-        .send()
-        .await
-        .unwrap();
+    let mut a_resp = s.open_stream("Count slowly:", 1500).await;
     a_resp.chunk().await.unwrap().unwrap();
 
     // B waits behind A; its client gives up after 300 ms.
@@ -101,16 +84,7 @@ async fn disconnect_while_waiting_removes_the_queued_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_streams_in_flight_then_stops() {
     let mut s = start(Options::default()).await;
-    let mut body = greedy("Describe a sunrise.", 40);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let mut r = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut r = s.open_stream("Describe a sunrise.", 40).await;
     let mut text = String::from_utf8(r.chunk().await.unwrap().unwrap().to_vec()).unwrap();
     s.signal_shutdown();
     while let Some(c) = r.chunk().await.unwrap() {
@@ -139,16 +113,7 @@ async fn shutdown_wait_is_bounded() {
         ..Options::default()
     })
     .await;
-    let mut body = greedy("Count slowly:", 1900);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let mut r = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut r = s.open_stream("Count slowly:", 1900).await;
     r.chunk().await.unwrap().unwrap();
     let t = Instant::now();
     tokio::time::timeout(Duration::from_secs(10), s.stop())

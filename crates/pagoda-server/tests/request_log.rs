@@ -108,16 +108,7 @@ async fn each_finished_request_is_logged_once_and_the_engine_reports_while_busy(
     assert_eq!(line["finish_reason"], "length");
 
     // A streaming client that goes away: logged as 499, abort.
-    let mut body = greedy("Tell me about Rome.", 1500);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let mut r = s
-        .client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut r = s.open_stream("Tell me about Rome.", 1500).await;
     let first = r.chunk().await.unwrap().unwrap();
     let first: Value = serde_json::from_str(
         std::str::from_utf8(&first)

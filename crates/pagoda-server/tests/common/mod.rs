@@ -148,6 +148,20 @@ pub async fn start(opts: Options) -> TestServer {
 }
 
 impl TestServer {
+    /// Starts a streamed greedy completion of `prompt` that ignores EOS
+    /// and may run to `max_tokens`; the response comes back unread.
+    pub async fn open_stream(&self, prompt: &str, max_tokens: usize) -> reqwest::Response {
+        let mut body = greedy(prompt, max_tokens);
+        body["ignore_eos"] = serde_json::json!(true);
+        body["stream"] = serde_json::json!(true);
+        self.client
+            .post(self.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }
