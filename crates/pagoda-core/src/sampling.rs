@@ -31,6 +31,28 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Strings that end the request; they are not included in the text.
     pub stop: Vec<String>,
+    /// A constraint the generated text must satisfy (structured outputs).
+    pub structured: Option<StructuredOutput>,
+}
+
+/// A constraint on the text a request generates, enforced token by token by
+/// masking the tokens that cannot continue a valid output. The payloads are
+/// kept as text; the engine compiles them and reports what is wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StructuredOutput {
+    /// Any JSON object (OpenAI's `response_format: json_object`).
+    JsonObject,
+    /// JSON valid under this JSON Schema (the schema's JSON text).
+    JsonSchema(String),
+    /// Text matching this regular expression in full.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text derived from this grammar, in Lark syntax (llguidance's dialect,
+    /// which also embeds JSON schemas and regexes).
+    Lark(String),
+    /// Text derived from this grammar in llama.cpp's GBNF (EBNF) syntax.
+    Gbnf(String),
 }
 
 impl Default for SamplingParams {
@@ -48,6 +70,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
+            structured: None,
         }
     }
 }
