@@ -9,6 +9,9 @@
 //! for K top logprobs and `--penalty-fraction F` gives a random F repetition
 //! 1.1, frequency 0.2 and presence 0.2 penalties (both drawn from `--seed`
 //! apart from the prompts, so the prompts are those of the plain run).
+//! `--save-workload FILE` writes the requests of the run as JSONL and
+//! `--workload FILE` runs such a file instead of a draw (bench_workload.rs),
+//! so a peer engine can run the identical requests.
 //! Prints one JSON line.
 //!
 //! `pagoda bench single`: single-stream speed like llama.cpp's llama-bench:
@@ -79,6 +82,13 @@ pub struct ThroughputArgs {
     /// frequency 0.2 and presence 0.2 penalties.
     #[arg(long, default_value_t = 0.0, value_name = "F")]
     pub penalty_fraction: f64,
+    /// Run the requests of this JSONL workload file instead of a random draw
+    /// (lines without a temperature take `--temperature`).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["shared_prefix", "num_seqs", "min_input", "max_input", "min_output", "max_output"])]
+    pub workload: Option<std::path::PathBuf>,
+    /// Write the run's requests to this JSONL workload file.
+    #[arg(long, value_name = "FILE")]
+    pub save_workload: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -158,17 +168,6 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>>
     if a.num_seqs == 0 || a.min_input == 0 || a.min_output == 0 {
         bail!("--num-seqs, --min-input and --min-output must be at least 1");
     }
-    for (name, f) in [
-        ("--logprobs-fraction", a.logprobs_fraction),
-        ("--penalty-fraction", a.penalty_fraction),
-    ] {
-        if !(0.0..=1.0).contains(&f) {
-            bail!("{name} must be within [0, 1], got {f}");
-        }
-    }
-    // Options come from their own stream, so the prompts and lengths are
-    // those of the run without them.
-    let mut option_rng = RequestRng::new(a.seed ^ 0x6f70_7469_6f6e_7321);
     if a.min_input > a.max_input || a.min_output > a.max_output {
         bail!("--min-input/--min-output must not exceed --max-input/--max-output");
     }
@@ -184,31 +183,61 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>>
         while ids.len() < len {
             ids.push(uniform(0, max_id) as u32);
         }
-        let mut params = SamplingParams {
+        let params = SamplingParams {
             temperature: a.temperature,
             max_tokens: uniform(a.min_output, a.max_output),
             ignore_eos: true,
             seed: Some(a.seed.wrapping_add(i as u64)),
             ..SamplingParams::default()
         };
-        let logprobs = (option_rng.next_f64() < a.logprobs_fraction).then_some(a.logprobs);
-        if option_rng.next_f64() < a.penalty_fraction {
-            params.repetition_penalty = 1.1;
-            params.frequency_penalty = 0.2;
-            params.presence_penalty = 0.2;
-        }
         requests.push(EngineRequest {
             prompt_token_ids: ids,
             params,
-            logprobs,
+            logprobs: None,
         });
     }
+    add_options(a, &mut requests)?;
     Ok(requests)
+}
+
+/// Gives a random `--logprobs-fraction` of the requests logprobs and a random
+/// `--penalty-fraction` penalties. Options come from their own stream, so the
+/// prompts and lengths are those of the run without them.
+fn add_options(a: &ThroughputArgs, requests: &mut [EngineRequest]) -> Result<()> {
+    for (name, f) in [
+        ("--logprobs-fraction", a.logprobs_fraction),
+        ("--penalty-fraction", a.penalty_fraction),
+    ] {
+        if !(0.0..=1.0).contains(&f) {
+            bail!("{name} must be within [0, 1], got {f}");
+        }
+    }
+    let mut option_rng = RequestRng::new(a.seed ^ 0x6f70_7469_6f6e_7321);
+    for r in requests {
+        r.logprobs = (option_rng.next_f64() < a.logprobs_fraction).then_some(a.logprobs);
+        if option_rng.next_f64() < a.penalty_fraction {
+            r.params.repetition_penalty = 1.1;
+            r.params.frequency_penalty = 0.2;
+            r.params.presence_penalty = 0.2;
+        }
+    }
+    Ok(())
 }
 
 fn throughput(a: ThroughputArgs) -> Result<()> {
     let files = open(&a.model, true)?;
-    let requests = workload(&a, files.config.vocab_size)?;
+    let requests = match &a.workload {
+        Some(path) => {
+            let mut requests =
+                super::bench_workload::load(path, files.config.vocab_size, a.temperature, a.seed)?;
+            add_options(&a, &mut requests)?;
+            requests
+        }
+        None => workload(&a, files.config.vocab_size)?,
+    };
+    if let Some(path) = &a.save_workload {
+        super::bench_workload::save(path, &requests)?;
+    }
     let name = files
         .path
         .as_ref()

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_decode;
 pub mod bench_serve;
+pub mod bench_workload;
 pub mod device;
 pub mod generate;
 pub mod info;
