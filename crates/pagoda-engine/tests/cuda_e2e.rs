@@ -292,14 +292,19 @@ fn decode_graphs_and_device_sampling_give_the_host_sampled_tokens() {
     let path = repo_root().join("tests/golden/tiny-qwen3/config.json");
     let cfg = load_config_file(&path).unwrap();
     let src = DummySource::new(&cfg).unwrap();
-    for graphs in [false, true] {
+    // Eagerly, through one tier of graphs, and through three tiers (32, 64
+    // and 256 tokens wide: prompts start in each and cross into the next).
+    for (graphs, tiers) in [(false, &[][..]), (true, &[256][..]), (true, &[32, 64, 256])] {
         let Some(dev) = gpu() else { return };
         let mut r = runner(dev, &cfg, &src, sched.num_blocks);
         if graphs {
             let n = r
-                .capture_decode_graphs(sched.max_num_seqs, sched.max_model_len)
+                .capture_decode_graphs_in_tiers(sched.max_num_seqs, sched.max_model_len, tiers)
                 .unwrap();
             assert_eq!(r.graph_batch_sizes(), vec![1, 2, 4, 8, 16], "{n} graphs");
+            let widths: Vec<usize> = tiers.iter().map(|t| t.div_ceil(BLOCK_SIZE)).collect();
+            assert_eq!(r.graph_widths(), widths);
+            assert_eq!(n, 5 * tiers.len());
         }
         let mut engine = LlmEngine::new(r, None, sched.clone()).unwrap();
         // All 8 together (graph of 8), then 3 and 5 (padded to 4 and 8), then 1.
@@ -331,11 +336,17 @@ fn decode_graphs_and_device_sampling_give_the_host_sampled_tokens() {
                 }
             }
             eprintln!(
-                "device sampling (graphs {graphs}) subset {subset:?}: {} prompts x {NEW_TOKENS} \
+                "device sampling (graphs {graphs}, tiers {tiers:?}) subset {subset:?}: {} prompts x {NEW_TOKENS} \
                  tokens, {near_ties} excused near-ties",
                 subset.len()
             );
         }
+        let replays = engine.runner().graph_replays();
+        assert_eq!(
+            replays > 0,
+            graphs,
+            "{replays} graph replays (graphs {graphs})"
+        );
     }
 }
 

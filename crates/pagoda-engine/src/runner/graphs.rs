@@ -1,12 +1,15 @@
-//! Decode graphs: the batch-size ladder, and padding a decode step up to a
-//! captured size.
+//! Decode graphs: the batch-size ladder, the table-width tiers, and padding a
+//! decode step up to a captured shape.
 //!
-//! A decode step of `n` sequences replays the graph of the smallest ladder
-//! size `>= n`. Its context is padded to that size with rows that read block
-//! 0 at position 0, store nothing (slot -1) and sample greedily, and its
-//! block tables are widened to the fixed width `ceil(max_model_len /
-//! block_size)`, so every step of one size has the packed layout the graph
-//! was captured with. Padding costs O(size * table width) host work.
+//! A decode step of `n` sequences whose longest block table is `w` blocks
+//! replays the graph of the narrowest tier at least `w` wide and the
+//! smallest ladder size `>= n`. Its context is padded to that size with rows
+//! that read block 0 at position 0, store nothing (slot -1) and sample
+//! greedily, and its block tables are widened to the tier's width, so every
+//! step of one tier and size has the packed layout the graph was captured
+//! with. Padding costs O(size * tier width) host work, and the attention
+//! grid of a tier is sized for its width, which is why short contexts get
+//! narrow tiers of their own.
 
 use pagoda_kernels::{ForwardContext, SamplingRow};
 
@@ -22,6 +25,22 @@ pub fn ladder(max_batch: usize) -> Vec<usize> {
         sizes.push(max_batch);
     }
     sizes
+}
+
+/// Context lengths in tokens of the width tiers for `max_model_len`: 4,096,
+/// then 4x wider each while at most half of `max_model_len`, then
+/// `max_model_len` itself (always the last). At most four tiers, so start-up
+/// captures at most 4x the ladder.
+pub fn tiers(max_model_len: usize) -> Vec<usize> {
+    const NARROWEST: usize = 4096;
+    let mut tiers = Vec::new();
+    let mut t = NARROWEST;
+    while t * 2 <= max_model_len && tiers.len() < 3 {
+        tiers.push(t);
+        t *= 4;
+    }
+    tiers.push(max_model_len);
+    tiers
 }
 
 /// Whether `ctx` is a decode step a graph can run: one query token and one
@@ -93,6 +112,17 @@ pub fn pad_decode(ctx: &ForwardContext, size: usize, width: usize, out: &mut For
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tiers_grow_4x_from_4096_and_end_at_max_model_len() {
+        assert_eq!(tiers(256), vec![256]);
+        assert_eq!(tiers(4096), vec![4096]);
+        assert_eq!(tiers(4097), vec![4097]);
+        assert_eq!(tiers(8192), vec![4096, 8192]);
+        assert_eq!(tiers(40_960), vec![4096, 16_384, 40_960]);
+        assert_eq!(tiers(131_072), vec![4096, 16_384, 65_536, 131_072]);
+        assert_eq!(tiers(1 << 20), vec![4096, 16_384, 65_536, 1 << 20]);
+    }
 
     #[test]
     fn ladder_is_vllms() {

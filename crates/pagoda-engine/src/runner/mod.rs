@@ -48,15 +48,23 @@ impl StepOutput {
     }
 }
 
-/// Captured decode graphs by padded batch size, all with one table width.
+/// Captured decode graphs by block-table width tier and padded batch size.
+/// A step replays the narrowest tier its tables fit, so short contexts do
+/// not pay for the longest one's table width (host padding, upload, and the
+/// attention grid's partitions all scale with it).
 struct DecodeGraphs<G> {
-    by_size: BTreeMap<usize, G>,
-    /// Block-table width every graph was captured with.
-    width: usize,
+    /// Ascending by width; each tier holds one graph per ladder size.
+    tiers: Vec<GraphTier<G>>,
     /// Positions the graphs may see (the rope table's rows).
     max_model_len: usize,
     /// Reused host buffer for the padded context.
     padded: ForwardContext,
+}
+
+struct GraphTier<G> {
+    /// Block-table width every graph of the tier was captured with.
+    width: usize,
+    by_size: BTreeMap<usize, G>,
 }
 
 /// A model ready to run steps on backend `B`.
@@ -251,50 +259,87 @@ impl<B: Backend> ModelRunner<B> {
         (ctx, opts)
     }
 
-    /// Captures a decode graph for every ladder size up to `max_batch`
-    /// (largest first), for sequences of up to `max_model_len` tokens.
-    /// Returns how many were captured; 0 where the backend has no graphs.
+    /// Captures decode graphs for every ladder size up to `max_batch` in
+    /// each table-width tier of [`graphs::tiers`], for sequences of up to
+    /// `max_model_len` tokens. Returns how many were captured; 0 where the
+    /// backend has no graphs.
     pub fn capture_decode_graphs(
         &mut self,
         max_batch: usize,
         max_model_len: usize,
     ) -> Result<usize> {
+        let tiers = graphs::tiers(max_model_len);
+        self.capture_decode_graphs_in_tiers(max_batch, max_model_len, &tiers)
+    }
+
+    /// [`Self::capture_decode_graphs`] with the tiers' context lengths in
+    /// tokens given (the last must be `max_model_len`).
+    pub fn capture_decode_graphs_in_tiers(
+        &mut self,
+        max_batch: usize,
+        max_model_len: usize,
+        tier_tokens: &[usize],
+    ) -> Result<usize> {
         self.graphs = None;
         if !self.backend.supports_graphs() || !self.backend.samples_on_device() || max_batch == 0 {
             return Ok(0);
         }
-        let width = max_model_len.div_ceil(self.kv_shape.block_size).max(1);
-        let mut by_size = BTreeMap::new();
+        if tier_tokens.last() != Some(&max_model_len) || !tier_tokens.is_sorted() {
+            return Err(EngineError::Internal(format!(
+                "graph tiers {tier_tokens:?} must ascend to max_model_len {max_model_len}"
+            )));
+        }
+        let block_size = self.kv_shape.block_size;
         let empty = ForwardContext {
-            block_size: self.kv_shape.block_size,
+            block_size,
             max_blocks_per_seq: 1,
             ..Default::default()
         };
         let mut dummy = ForwardContext::default();
-        for size in graphs::ladder(max_batch).into_iter().rev() {
-            // All rows are padding: they read block 0 and store nothing.
-            graphs::pad_decode(&empty, size, width, &mut dummy);
-            // One eager run first: libraries load their kernels and the
-            // pool gets this size's buffers outside the capture.
-            self.execute(&dummy)?;
-            let step = self.backend.begin_step(&dummy)?;
-            let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
-            let graph = backend.capture_graph(step, &mut |s| {
-                model.forward(backend, s, kv).map_err(|e| match e {
-                    pagoda_model::ModelError::Kernel(k) => k,
-                    other => pagoda_kernels::KernelError::Device(other.to_string()),
-                })
-            })?;
-            by_size.insert(size, graph);
+        let mut tiers: Vec<GraphTier<B::Graph>> = Vec::new();
+        // Widest first: its eager warm-up runs load the libraries' kernels
+        // and touch the largest buffers outside any capture.
+        for (t, &tokens) in tier_tokens.iter().enumerate().rev() {
+            let width = tokens.div_ceil(block_size).max(1);
+            if tiers.iter().any(|tier| tier.width == width) {
+                continue;
+            }
+            let widest = t + 1 == tier_tokens.len();
+            let mut by_size = BTreeMap::new();
+            for size in graphs::ladder(max_batch).into_iter().rev() {
+                // All rows are padding: they read block 0 and store nothing.
+                graphs::pad_decode(&empty, size, width, &mut dummy);
+                if widest {
+                    self.execute(&dummy)?;
+                }
+                let step = self.backend.begin_step(&dummy)?;
+                let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
+                let graph = backend.capture_graph(step, &mut |s| {
+                    model.forward(backend, s, kv).map_err(|e| match e {
+                        pagoda_model::ModelError::Kernel(k) => k,
+                        other => pagoda_kernels::KernelError::Device(other.to_string()),
+                    })
+                })?;
+                by_size.insert(size, graph);
+            }
+            tiers.push(GraphTier { width, by_size });
         }
-        let n = by_size.len();
+        tiers.reverse();
+        let n = tiers.iter().map(|t| t.by_size.len()).sum();
         self.graphs = Some(DecodeGraphs {
-            by_size,
-            width,
+            tiers,
             max_model_len,
             padded: ForwardContext::default(),
         });
         Ok(n)
+    }
+
+    /// Block-table widths of the captured graph tiers, ascending.
+    pub fn graph_widths(&self) -> Vec<usize> {
+        self.graphs
+            .as_ref()
+            .map(|g| g.tiers.iter().map(|t| t.width).collect())
+            .unwrap_or_default()
     }
 
     /// How many steps replayed a decode graph so far.
@@ -306,7 +351,8 @@ impl<B: Backend> ModelRunner<B> {
     pub fn graph_batch_sizes(&self) -> Vec<usize> {
         self.graphs
             .as_ref()
-            .map(|g| g.by_size.keys().copied().collect())
+            .and_then(|g| g.tiers.last())
+            .map(|t| t.by_size.keys().copied().collect())
             .unwrap_or_default()
     }
 
@@ -406,11 +452,18 @@ impl<B: Backend> ModelRunner<B> {
         let Some(g) = self.graphs.as_mut() else {
             return Ok(None);
         };
-        if !graphs::is_graph_decode(ctx) || ctx.max_blocks_per_seq > g.width {
+        if !graphs::is_graph_decode(ctx) {
             return Ok(None);
         }
+        let Some(tier) = g
+            .tiers
+            .iter_mut()
+            .find(|t| t.width >= ctx.max_blocks_per_seq)
+        else {
+            return Ok(None);
+        };
         let n = ctx.num_seqs();
-        let Some((&size, graph)) = g.by_size.range_mut(n..).next() else {
+        let Some((&size, graph)) = tier.by_size.range_mut(n..).next() else {
             return Ok(None);
         };
         // The graph's ops checked ranges at capture only: check the values.
@@ -422,7 +475,7 @@ impl<B: Backend> ModelRunner<B> {
         {
             return Ok(None);
         }
-        graphs::pad_decode(ctx, size, g.width, &mut g.padded);
+        graphs::pad_decode(ctx, size, tier.width, &mut g.padded);
         // Padding rows have no options (the backend pads them).
         let mut samples = self.backend.replay_graph_with(graph, &g.padded, opts)?;
         samples.tokens.truncate(n);

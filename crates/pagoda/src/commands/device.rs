@@ -300,8 +300,13 @@ fn build_engine<B: KvBudget>(
         let n = runner.capture_decode_graphs(cache.max_num_seqs, max_model_len)?;
         if n > 0 {
             tracing::info!(
-                "captured {n} decode graphs (batch sizes up to {}) in {:.2} s",
+                "captured {n} decode graphs (batch sizes up to {}, contexts up to {:?} tokens) in {:.2} s",
                 cache.max_num_seqs,
+                runner
+                    .graph_widths()
+                    .iter()
+                    .map(|w| w * cache.block_size)
+                    .collect::<Vec<_>>(),
                 t.elapsed().as_secs_f64()
             );
         }
