@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the GPU host: pagoda and vLLM on the identical nano-vllm draw
+# (256 prompts of 100-1024 random ids, 100-1024 new tokens, temperature 0.6,
+# ignore_eos), dummy weights, for each shape given (default: qwen3-0.6b
+# llama-3.1-8b, configs in scripts/gpu/). pagoda draws the workload and saves
+# it (`bench --save-workload`); vLLM runs that file. pagoda runs with the
+# tuned flags (--max-model-len 4096 --max-num-batched-tokens 8192) twice and
+# with no tuning flags once.
+# Usage: scripts/gpu/compare-vllm.sh PEER_DIR [SHAPE...]
+#   PEER_DIR holds site.tar.xz (vLLM and its packages, to unpack on
+#   PYTHONPATH) and bench_vllm.py (reads a workload file, prints JSON lines).
+# Logs land in $OUT/compare-vllm.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PEER=${1:?usage: compare-vllm.sh PEER_DIR [SHAPE...]}
+shift
+shapes=${*:-qwen3-0.6b llama-3.1-8b}
+OUT=${OUT:-/tmp/pagoda-gpu-run}
+mkdir -p "$OUT"
+LOG=$OUT/compare-vllm.txt
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pagoda-cache}
+PAGODA=.device-bin/pagoda
+SITE=/tmp/peer-site
+if [ ! -d "$SITE" ]; then
+    mkdir -p "$SITE" && tar -xJf "$PEER/site.tar.xz" -C "$SITE"
+fi
+nvidia-smi -L | tee -a "$LOG"
+for shape in $shapes; do
+    cfg=scripts/gpu/$shape.json
+    dir=/tmp/models/$shape
+    mkdir -p "$dir" && cp "$cfg" "$dir/config.json"
+    work=$OUT/$shape.jsonl
+    base=(bench --device cuda --dummy-weights --config "$cfg")
+    tuned=(--max-model-len 4096 --max-num-batched-tokens 8192)
+    echo "== $shape pagoda tuned (draws $work)" | tee -a "$LOG"
+    $PAGODA "${base[@]}" "${tuned[@]}" --save-workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    echo "== $shape pagoda tuned, same workload" | tee -a "$LOG"
+    $PAGODA "${base[@]}" "${tuned[@]}" --workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    echo "== $shape pagoda defaults, same workload" | tee -a "$LOG"
+    $PAGODA "${base[@]}" --workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    echo "== $shape vllm, same workload" | tee -a "$LOG"
+    PYTHONPATH=$SITE python3 "$PEER/bench_vllm.py" "$dir" --workload "$work" --runs 2 \
+        2>>"$OUT/vllm-stderr.txt" | tee -a "$LOG"
+done
