@@ -138,8 +138,14 @@ fn run_on_cuda<T: EngineTask>(
     bail!("this binary was built without CUDA support; rebuild with --features cuda")
 }
 
-/// A backend that knows how much memory its KV cache may take.
+/// A backend that knows how much memory its KV cache may take, and how many
+/// tokens one step takes when --max-num-batched-tokens is not given.
 trait KvBudget: Backend {
+    /// The step token budget by default: large enough that prompt chunks
+    /// keep the device busy, small enough that decodes sharing the step are
+    /// not held up long.
+    const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize;
+
     /// Bytes for the KV cache, read once the weights are on the device and
     /// the activation peak has been profiled; `util` is
     /// --gpu-memory-utilization.
@@ -164,6 +170,8 @@ fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
 }
 
 impl KvBudget for CpuBackend {
+    const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+
     fn kv_cache_budget(&self, cache: &CacheArgs, _util: f64) -> Result<usize> {
         match (&cache.kv_cache_memory, cache.kv_cache_fraction) {
             (Some(size), _) => parse_size(size),
@@ -182,6 +190,8 @@ impl KvBudget for CpuBackend {
 /// The CUDA backend with its memory-utilization target.
 #[cfg(feature = "cuda")]
 impl KvBudget for pagoda_kernels::cuda::CudaBackend {
+    const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
+
     fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize> {
         if let Some(size) = &cache.kv_cache_memory {
             return parse_size(size);
@@ -223,6 +233,9 @@ fn build_engine<B: KvBudget>(
 ) -> Result<LlmEngine<B>> {
     let cfg = files.config.clone();
     let max_model_len = cache.max_model_len.unwrap_or(cfg.max_position_embeddings);
+    let max_num_batched_tokens = cache
+        .max_num_batched_tokens
+        .unwrap_or(B::DEFAULT_MAX_NUM_BATCHED_TOKENS);
     if max_model_len == 0 || max_model_len > cfg.max_position_embeddings {
         bail!(
             "--max-model-len {max_model_len} must be between 1 and the model's context length {}",
@@ -253,11 +266,8 @@ fn build_engine<B: KvBudget>(
     // allocation ever after), and the KV cache is sized from what is left.
     let mut runner = ModelRunner::new(backend, model, cache.block_size, 1)?;
     let t = std::time::Instant::now();
-    let reserved = runner.reserve_step_memory(
-        cache.max_num_batched_tokens,
-        cache.max_num_seqs,
-        max_model_len,
-    )?;
+    let reserved =
+        runner.reserve_step_memory(max_num_batched_tokens, cache.max_num_seqs, max_model_len)?;
     if let Some(bytes) = reserved {
         tracing::info!(
             "step memory: a fixed arena of {:.1} MiB (profiled in {:.2} s)",
@@ -314,7 +324,7 @@ fn build_engine<B: KvBudget>(
     let config = SchedulerConfig {
         block_size: cache.block_size,
         num_blocks,
-        max_num_batched_tokens: cache.max_num_batched_tokens,
+        max_num_batched_tokens,
         max_num_seqs: cache.max_num_seqs,
         max_model_len,
         enable_prefix_caching: !cache.no_prefix_caching,

@@ -71,9 +71,10 @@ pub struct CacheArgs {
     /// Longest prompt + output per sequence (default: the model's context length).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
-    /// Token budget of one step: decodes count one each, prompt chunks fill the rest.
-    #[arg(long, default_value_t = 2048, value_name = "N")]
-    pub max_num_batched_tokens: usize,
+    /// Token budget of one step: decodes count one each, prompt chunks fill
+    /// the rest (default: 2048 on the CPU, 8192 on CUDA).
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_num_seqs: usize,
