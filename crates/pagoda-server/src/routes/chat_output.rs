@@ -37,7 +37,7 @@ pub fn finish_reason(reason: FinishReason, made_calls: bool) -> &'static str {
     }
 }
 
-/// The message of a whole output, and whether it calls tools.
+/// The message of a whole output.
 pub fn message(format: OutputFormat, text: &str) -> ChatMessageOut {
     let pieces = crate::tools::parse_all(&mut format.parser(), text);
     let mut content = String::new();
@@ -59,7 +59,9 @@ pub fn message(format: OutputFormat, text: &str) -> ChatMessageOut {
     }
     ChatMessageOut {
         role: "assistant",
-        content: (tool_calls.is_empty() || !content.is_empty()).then_some(content),
+        // Null rather than empty when the message calls tools or only thinks.
+        content: (!content.is_empty() || (tool_calls.is_empty() && reasoning.is_empty()))
+            .then_some(content),
         reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
         tool_calls,
     }
