@@ -10,6 +10,10 @@
 //! - Llama 3 JSON: `{"name": .., "parameters": ..}`, several separated by `; `;
 //! - Mistral: the `[TOOL_CALLS]` token (by id, when the vocabulary has it)
 //!   and a JSON list of `{"name": .., "arguments": ..}`.
+//!
+//! The JSON is written as chat templates write calls (`tojson`, Python's
+//! `", "` and `": "` separators, no other whitespace): the form the model
+//! saw in training, and no room for runs of blanks.
 
 use super::ToolFormat;
 use serde_json::{json, Value};
@@ -41,6 +45,18 @@ fn call_schema(functions: &[FunctionDef], args_key: &str) -> Value {
     }
 }
 
+/// llguidance's JSON options (`x-guidance`, at a `%json` schema's top level):
+/// Python's separators and no free whitespace.
+fn json_layout() -> Value {
+    json!({"whitespace_flexible": false, "key_separator": ": ", "item_separator": ", "})
+}
+
+/// `schema` with [`json_layout`] set.
+fn laid_out(mut schema: Value) -> Value {
+    schema["x-guidance"] = json_layout();
+    schema
+}
+
 /// A Lark string literal.
 fn lit(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
@@ -68,12 +84,12 @@ pub fn tool_call_grammar(
             repeat("\n"),
             lit(&format!("{}\n", super::hermes::START)),
             lit(&format!("\n{}", super::hermes::END)),
-            call_schema(functions, "arguments")
+            laid_out(call_schema(functions, "arguments"))
         ),
         ToolFormat::Llama3Json => format!(
             "{}call: %json {}\n",
             repeat("; "),
-            call_schema(functions, "parameters")
+            laid_out(call_schema(functions, "parameters"))
         ),
         ToolFormat::Mistral => {
             let mut list = json!({
@@ -84,6 +100,7 @@ pub fn tool_call_grammar(
             if !parallel {
                 list["maxItems"] = json!(1);
             }
+            let list = laid_out(list);
             let marker = match marker_token {
                 Some(id) => format!("<[{id}]> "),
                 None => String::new(),
@@ -139,6 +156,8 @@ mod tests {
         assert_eq!(schema["properties"]["arguments"], weather().parameters);
         assert_eq!(schema["required"], json!(["name", "arguments"]));
         assert_eq!(schema["additionalProperties"], json!(false));
+        assert_eq!(schema["x-guidance"]["whitespace_flexible"], json!(false));
+        assert_eq!(schema["x-guidance"]["key_separator"], ": ");
 
         let one = tool_call_grammar(ToolFormat::Hermes, &[weather()], false, None);
         assert!(one.starts_with("start: call\n"), "{one}");
