@@ -92,6 +92,9 @@ pub struct ServerConfig {
     pub tool_call_parser: Option<tools::ToolFormat>,
     /// Splits `<think>` sections into `reasoning_content` (None: no split).
     pub reasoning_parser: Option<reasoning::ReasoningFormat>,
+    /// With `tool_choice: "none"`, keep `tools` from the template (by
+    /// default they reach it, as in vLLM).
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 impl ServerConfig {
@@ -115,6 +118,7 @@ impl ServerConfig {
             stream_stall_timeout: Duration::from_secs(30),
             tool_call_parser: None,
             reasoning_parser: None,
+            exclude_tools_when_tool_choice_none: false,
         }
     }
 }

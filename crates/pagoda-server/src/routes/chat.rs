@@ -28,7 +28,7 @@ use crate::request_log::RequestLog;
 use crate::sse::{stream_response, to_json, ChunkFormatter};
 use crate::state::{unix_now, AppState};
 use crate::text::LenCheck;
-use crate::tools::request::{template_messages, RequestTools};
+use crate::tools::request::{template_messages, RequestTools, ToolChoice};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use pagoda_core::sampling::StructuredOutput;
@@ -134,7 +134,9 @@ pub async fn chat_completions(
     let tokenizer = state.tokenizer.clone();
     let messages = req.messages;
     let mut options = template_options(req.add_generation_prompt, req.chat_template_kwargs)?;
-    if !tools.tools.is_empty() {
+    let excluded =
+        tools.choice == ToolChoice::None && state.config.exclude_tools_when_tool_choice_none;
+    if !tools.tools.is_empty() && !excluded {
         options.tools = Some(tools.tools);
     }
     // The template writes any BOS it wants.

@@ -170,9 +170,9 @@ impl RequestTools {
         let Some(format) = format else {
             return Err(bad(
                 "tools",
-                "this server cannot parse tool calls: the model's chat template does not \
-                 show their format; start it with --tool-call-parser (hermes, llama3_json \
-                 or mistral), or send tool_choice \"none\"",
+                "tools need a tool-call parser, and the model's chat template does not \
+                 show the format of its calls: start the server with --tool-call-parser \
+                 (hermes, llama3_json or mistral), or send tool_choice \"none\"",
             ));
         };
         let grammar = match &self.choice {

@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// (deepseek_r1: the output starts inside the thinking).
     #[arg(long, value_name = "FORMAT", value_parser = ["qwen3", "deepseek_r1"])]
     pub reasoning_parser: Option<String>,
+    /// With tool_choice "none", leave the request's tools out of the chat
+    /// template (by default the template sees them, as in vLLM).
+    #[arg(long)]
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -131,6 +135,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .chat_template()
             .and_then(|t| ToolFormat::detect(t.source())),
     };
+    config.exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
     config.reasoning_parser = args
         .reasoning_parser
         .as_deref()
