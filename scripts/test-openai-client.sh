@@ -3,7 +3,7 @@
 # against `pagoda serve` on the default model. The client lives in a venv in
 # the git-ignored target/openai-venv (created once, then reused); the server
 # listens on a free loopback port and is killed on exit, whatever happens.
-# Prints "N passed, M failed" last; exits non-zero on any failure.
+# Prints "N passed, M failed, K skipped" last; exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,10 @@ fi
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 LOG=$(mktemp -t pagoda-openai-client.XXXXXX)
-"$PAGODA" serve --model "$MODEL" --port "$PORT" >"$LOG" 2>&1 &
+# The test template is the model's own for conversations without tools,
+# plus Hermes-style tool calling (so the hermes parser is detected).
+"$PAGODA" serve --model "$MODEL" --port "$PORT" \
+    --chat-template tests/chat_templates/smollm2_hermes_tools.jinja >"$LOG" 2>&1 &
 SERVER=$!
 cleanup() {
     kill "$SERVER" 2>/dev/null || true

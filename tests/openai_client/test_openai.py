@@ -1,9 +1,12 @@
 """The official OpenAI Python client against a running `pagoda serve`.
 
 Run by scripts/test-openai-client.sh, which starts the server on the default
-SmolLM2 model and passes its base URL as PAGODA_BASE_URL (ending in /v1).
-Plain Python: each `test_*` function is run in turn; the last line printed
-is "N passed, M failed" and the exit status is non-zero on any failure.
+SmolLM2 model (with tests/chat_templates/smollm2_hermes_tools.jinja: the
+model's template plus Hermes-style tools) and passes its base URL as
+PAGODA_BASE_URL (ending in /v1). Plain Python: each `test_*` function is run
+in turn; the last line printed is "N passed, M failed, K skipped" and the
+exit status is non-zero on any failure. Tests that need structured outputs
+(grammar-forced tool calls) are skipped unless PAGODA_STRUCTURED_OUTPUTS=1.
 
 References are independent of the server where possible: the transformers
 golden file (tests/golden/smollm2_q4_1.json) for the greedy first token and
@@ -229,18 +232,137 @@ def test_neutral_options_and_developer_role_are_accepted():
     assert r.choices[0].message.content
 
 
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+def weather_call(call_id, city):
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+            }
+        ],
+    }
+
+
+# Earlier turns answered by calls, so that the small model calls greedily.
+FEW_SHOT = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    weather_call("call_1", "Paris"),
+    {"role": "user", "content": "What is the weather in London?"},
+    weather_call("call_2", "London"),
+    {"role": "user", "content": "What is the weather in Rome?"},
+    weather_call("call_3", "Rome"),
+    {"role": "user", "content": "What is the weather in Berlin?"},
+]
+
+
+class Skip(Exception):
+    pass
+
+
+def needs_structured_outputs():
+    if os.environ.get("PAGODA_STRUCTURED_OUTPUTS") != "1":
+        raise Skip("needs structured outputs (set PAGODA_STRUCTURED_OUTPUTS=1)")
+
+
+def test_two_turn_tool_conversation():
+    messages = list(FEW_SHOT)
+    r = CLIENT.chat.completions.create(
+        model=MODEL, messages=messages, tools=WEATHER_TOOLS, max_tokens=40, temperature=0
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert len(calls) == 1 and calls[0].type == "function", choice.message
+    assert calls[0].id.startswith("call_"), calls[0].id
+    assert calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == {"city": "Berlin"}
+    assert choice.message.content is None, choice.message
+
+    # Streamed: the same call, as deltas.
+    stream = CLIENT.chat.completions.create(
+        model=MODEL, messages=messages, tools=WEATHER_TOOLS, max_tokens=40, temperature=0,
+        stream=True,
+    )
+    name, args, finish, content = None, "", None, ""
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                assert tc.index == 0, tc
+                if tc.function.name:
+                    assert tc.id.startswith("call_") and tc.type == "function", tc
+                    name = tc.function.name
+                args += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert (name, finish, content) == ("get_weather", "tool_calls", ""), (name, finish, content)
+    assert args == calls[0].function.arguments, args
+
+    # Second turn: the assistant's call and the tool's result go back.
+    messages.append(choice.message)
+    messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "18 C, cloudy"})
+    r2 = CLIENT.chat.completions.create(
+        model=MODEL, messages=messages, tools=WEATHER_TOOLS, max_tokens=16, temperature=0
+    )
+    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls"), r2
+    assert r2.choices[0].message.content or r2.choices[0].message.tool_calls, r2
+
+
+def test_tool_choice_none_leaves_the_text():
+    r = CLIENT.chat.completions.create(
+        model=MODEL, messages=FEW_SHOT, tools=WEATHER_TOOLS, tool_choice="none",
+        max_tokens=40, temperature=0,
+    )
+    msg = r.choices[0].message
+    assert not msg.tool_calls and "<tool_call>" in msg.content, msg
+    assert r.choices[0].finish_reason == "stop", r
+
+
+def test_tool_choice_required_forces_a_parseable_call():
+    needs_structured_outputs()
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = CLIENT.chat.completions.create(
+            model=MODEL, messages=QUESTION, tools=WEATHER_TOOLS, tool_choice=choice,
+            max_tokens=64, temperature=0,
+        )
+        calls = r.choices[0].message.tool_calls
+        assert calls and calls[0].function.name == "get_weather", r
+        assert "city" in json.loads(calls[0].function.arguments), calls[0]
+
+
 def main():
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    failed = 0
+    failed = skipped = 0
     for name, fn in tests:
         try:
             fn()
             print(f"ok    {name}")
+        except Skip as why:
+            skipped += 1
+            print(f"skip  {name}: {why}")
         except Exception:
             failed += 1
             print(f"FAIL  {name}")
             traceback.print_exc(file=sys.stdout)
-    print(f"{len(tests) - failed} passed, {failed} failed")
+    print(f"{len(tests) - failed - skipped} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 

@@ -7,6 +7,8 @@
 //!
 //! - [`openai`]: request and response types;
 //! - [`routes`]: the handlers and the router;
+//! - [`tools`], [`reasoning`]: tool calls and thinking parsed out of chat
+//!   outputs, and the grammars that force calls;
 //! - [`sse`]: streaming responses;
 //! - [`error`]: [`ServerError`], and [`ApiError`] (OpenAI's error JSON);
 //! - [`metrics`]: Prometheus text for `/metrics`;
@@ -30,11 +32,13 @@ pub mod error;
 pub mod listen;
 pub mod metrics;
 pub mod openai;
+pub mod reasoning;
 pub mod request_log;
 pub mod routes;
 pub mod sse;
 pub mod state;
 pub mod text;
+pub mod tools;
 
 pub use error::{ApiError, ServerError};
 pub use state::AppState;
@@ -83,6 +87,14 @@ pub struct ServerConfig {
     /// How long a stream may stay blocked on a client that does not read
     /// before its requests are aborted (see [`sse`]).
     pub stream_stall_timeout: Duration,
+    /// The format tool calls are parsed in (None: requests with tools and a
+    /// tool_choice other than none are refused); see [`tools::ToolFormat::detect`].
+    pub tool_call_parser: Option<tools::ToolFormat>,
+    /// Splits `<think>` sections into `reasoning_content` (None: no split).
+    pub reasoning_parser: Option<reasoning::ReasoningFormat>,
+    /// With `tool_choice: "none"`, keep `tools` from the template (by
+    /// default they reach it, as in vLLM).
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 impl ServerConfig {
@@ -104,6 +116,9 @@ impl ServerConfig {
             kv_cache_tokens: None,
             max_seqs_per_request: 256,
             stream_stall_timeout: Duration::from_secs(30),
+            tool_call_parser: None,
+            reasoning_parser: None,
+            exclude_tools_when_tool_choice_none: false,
         }
     }
 }

@@ -189,6 +189,6 @@ async fn developer_role_generation_prompt_and_template_kwargs_reach_the_template
         let (status, v) = s.post("/v1/chat/completions", &body).await;
         assert_refused(status, &v, "chat_template_kwargs");
     }
-    let (status, v) = s.post("/v1/chat/completions", &as_role("tool")).await;
+    let (status, v) = s.post("/v1/chat/completions", &as_role("function")).await;
     assert_refused(status, &v, "messages[0].role");
 }

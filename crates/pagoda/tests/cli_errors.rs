@@ -549,3 +549,69 @@ fn tokenizer_option_replaces_the_gguf_tokenizer() {
         &["absent.json"],
     );
 }
+
+#[test]
+fn chat_template_option_replaces_the_template_or_fails_clearly() {
+    let model = default_model();
+    let m = model.to_str().unwrap();
+    let chat = |template: &str| -> Vec<String> {
+        [
+            "generate",
+            "--model",
+            m,
+            "--chat",
+            "--prompt",
+            "Hi",
+            "--chat-template",
+            template,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let run = |args: &[String]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with_one_line(&args, &[])
+    };
+    let missing = Temp::new("absent-template");
+    let e = run(&chat(missing.path()));
+    assert!(e.contains("cannot read the chat template file"), "{e}");
+    let raising = Temp::file("raising.jinja", b"{{ raise_exception('no roles') }}");
+    let e = run(&chat(raising.path()));
+    assert!(
+        e.contains("does not render") && e.contains("no roles"),
+        "{e}"
+    );
+    let broken = Temp::file("broken.jinja", b"{% for m in messages %}");
+    let e = run(&chat(broken.path()));
+    assert!(
+        e.contains("--chat-template") && e.contains("compile"),
+        "{e}"
+    );
+    fails_with(
+        &["serve", "--model", m, "--tool-call-parser", "xml"],
+        &["invalid value", "--tool-call-parser"],
+    );
+
+    // The test template renders a conversation without tools as the
+    // model's own does: the same greedy answer.
+    let template = workspace_root().join("tests/chat_templates/smollm2_hermes_tools.jinja");
+    let greedy = ["--temperature", "0", "--max-tokens", "6", "--json"];
+    let answer = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", m, "--chat", "--prompt", "Hi"];
+        args.extend(greedy);
+        args.extend(extra);
+        let out = pagoda(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["prompt_token_ids"].clone(), v["text"].clone())
+    };
+    assert_eq!(
+        answer(&["--chat-template", template.to_str().unwrap()]),
+        answer(&[])
+    );
+}

@@ -4,12 +4,20 @@ use super::common::{SamplingFields, Usage};
 use pagoda_model::tokenizer::MessageContent;
 use serde::{Deserialize, Serialize};
 
-/// One message as sent: `content` a string or a list of `{type: "text", text}`.
+/// One message as sent: `content` a string or a list of `{type: "text", text}`;
+/// an assistant message may carry `tool_calls`, a `tool` message its
+/// `tool_call_id` (see [`crate::tools::request`]).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -32,6 +40,15 @@ pub struct ChatCompletionRequest {
     /// Extra variables for the chat template (e.g. `enable_thinking`).
     #[serde(default)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Functions the model may call.
+    #[serde(default)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `none`, `auto`, `required` or `{type: function, function: {name}}`.
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether a forced choice may make several calls (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -54,10 +71,33 @@ pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
+/// `function` of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCallOut {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+/// One tool call of a response message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the message only calls tools.
+    pub content: Option<String>,
+    /// The model's thinking (with a reasoning parser).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,13 +118,40 @@ pub struct ChatCompletionResponse {
     pub usage: Usage,
 }
 
-/// `delta` of a stream chunk: the role on a choice's first chunk, then text.
+/// `delta` of a stream chunk: the role on a choice's first chunk, then text,
+/// reasoning or tool calls.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// `function` of a streamed tool call: the name on the call's first delta,
+/// then pieces of the arguments.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FunctionCallDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A streamed tool call: `index` in the message's `tool_calls`; `id` and
+/// `type` on its first delta only.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCallDelta,
 }
 
 #[derive(Debug, Clone, Serialize)]

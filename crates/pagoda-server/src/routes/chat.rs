@@ -3,28 +3,37 @@
 //! or an SSE stream of `chat.completion.chunk`s whose first delta per choice
 //! is `{role: "assistant"}`.
 //!
-//! Roles: `system`, `user`, `assistant`, and `developer` (OpenAI's newer name
-//! for `system`, passed as `system` to a template that never mentions
-//! `developer`, as vLLM does). `add_generation_prompt` (default true) and
-//! `chat_template_kwargs` reach the template; kwargs may not replace the
-//! variables the server sets (`messages`, `add_generation_prompt`, `tools`).
+//! Roles: `system`, `user`, `assistant`, `tool`, and `developer` (OpenAI's
+//! newer name for `system`, passed as `system` to a template that never
+//! mentions `developer`, as vLLM does). `add_generation_prompt` (default
+//! true), `chat_template_kwargs` and `tools` reach the template; kwargs may
+//! not replace the variables the server sets (`messages`,
+//! `add_generation_prompt`, `tools`).
+//!
+//! Tool calls and reasoning: see [`crate::tools`], [`crate::reasoning`] and
+//! [`super::chat_output`]; `tool_choice: required` or a named function sets a
+//! grammar as the request's structured-output constraint (and so cannot be
+//! combined with another one).
 
+use super::chat_output::{finish_reason, message, OutputFormat, StreamState};
 use super::generation::{collect_and_log, submit_all, UsageTally};
 use super::logprobs::chat_logprobs;
 use super::params::{logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
 use crate::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatMessageIn, ChatMessageOut, Usage,
+    ChatCompletionResponse, ChatDelta, ChatMessageIn, Usage,
 };
 use crate::request_log::RequestLog;
 use crate::sse::{stream_response, to_json, ChunkFormatter};
 use crate::state::{unix_now, AppState};
 use crate::text::LenCheck;
+use crate::tools::request::{template_messages, RequestTools, ToolChoice};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use pagoda_core::sampling::StructuredOutput;
 use pagoda_engine::RequestOutput;
-use pagoda_model::tokenizer::{ChatMessage, ChatTemplateOptions, MessageContent, Tokenizer};
+use pagoda_model::tokenizer::{ChatTemplateOptions, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -74,34 +83,7 @@ pub fn chat_prompt_ids(
         ));
     };
     let knows_developer = template.source().contains("developer");
-    let mut rendered = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "user" | "assistant" => m.role.as_str(),
-            "developer" if knows_developer => "developer",
-            "developer" => "system",
-            _ => {
-                return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].role"),
-                    format!(
-                        "messages[{i}].role '{}' is not supported (use system, developer, \
-                         user or assistant)",
-                        m.role
-                    ),
-                ))
-            }
-        };
-        let text = match &m.content {
-            None => String::new(),
-            Some(c) => c.to_text().map_err(|e| {
-                ApiError::invalid_param(&format!("messages[{i}].content"), e.to_string())
-            })?,
-        };
-        rendered.push(ChatMessage {
-            content: Some(MessageContent::Text(text)),
-            ..ChatMessage::new(role, "")
-        });
-    }
+    let rendered = template_messages(messages, knows_developer)?;
     let text = template.render(&rendered, options)?;
     check.check(text.len(), "messages")?;
     Ok(tokenizer.encode(&text, add_special_tokens)?)
@@ -114,9 +96,26 @@ pub async fn chat_completions(
     let received = Instant::now();
     let req: ChatCompletionRequest = super::parse_request(&body)?;
     state.check_model(req.model.as_deref())?;
-    let params = ChoiceParams {
+    let mut params = ChoiceParams {
         prompt_param: "messages",
         ..ChoiceParams::from_fields(&req.sampling)?
+    };
+    let tools = RequestTools::read(req.tools, req.tool_choice, req.parallel_tool_calls)?;
+    let marker = state.tokenizer.token_to_id(crate::tools::mistral::MARKER);
+    let plan = tools.plan(state.config.tool_call_parser, marker)?;
+    if let Some(grammar) = plan.grammar {
+        if params.sampling.structured.is_some() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice \"required\" or a named function cannot be combined with \
+                 another output constraint (response_format, guided decoding)",
+            ));
+        }
+        params.sampling.structured = Some(StructuredOutput::Lark(grammar));
+    }
+    let format = OutputFormat {
+        reasoning: state.config.reasoning_parser,
+        tools: plan.parse,
     };
     let top = req
         .top_logprobs
@@ -134,7 +133,12 @@ pub async fn chat_completions(
     };
     let tokenizer = state.tokenizer.clone();
     let messages = req.messages;
-    let options = template_options(req.add_generation_prompt, req.chat_template_kwargs)?;
+    let mut options = template_options(req.add_generation_prompt, req.chat_template_kwargs)?;
+    let excluded =
+        tools.choice == ToolChoice::None && state.config.exclude_tools_when_tool_choice_none;
+    if !tools.tools.is_empty() && !excluded {
+        options.tools = Some(tools.tools);
+    }
     // The template writes any BOS it wants.
     let ids = vec![
         state
@@ -155,6 +159,7 @@ pub async fn chat_completions(
             tokenizer,
             n,
             tally: UsageTally::new(1, n),
+            states: (0..n).map(|_| StreamState::new(format)).collect(),
         };
         return Ok(stream_response(
             choices,
@@ -167,14 +172,17 @@ pub async fn chat_completions(
     let (results, usage) = collect_and_log(choices, log, 1).await?;
     let choices = results
         .into_iter()
-        .map(|r| ChatChoice {
-            index: r.index,
-            logprobs: logprobs.map(|_| chat_logprobs(&tokenizer, &r.logprobs)),
-            message: ChatMessageOut {
-                role: "assistant",
-                content: r.text,
-            },
-            finish_reason: Some(r.finish_reason.as_str()),
+        .map(|r| {
+            let message = message(format, &r.text);
+            ChatChoice {
+                index: r.index,
+                logprobs: logprobs.map(|_| chat_logprobs(&tokenizer, &r.logprobs)),
+                finish_reason: Some(finish_reason(
+                    r.finish_reason,
+                    !message.tool_calls.is_empty(),
+                )),
+                message,
+            }
         })
         .collect();
     let response = ChatCompletionResponse {
@@ -200,6 +208,8 @@ struct ChatChunks {
     tokenizer: Arc<Tokenizer>,
     n: usize,
     tally: UsageTally,
+    /// Per choice: its output parser.
+    states: Vec<StreamState>,
 }
 
 impl ChatChunks {
@@ -222,6 +232,7 @@ impl ChunkFormatter for ChatChunks {
                 let delta = ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    ..ChatDelta::default()
                 };
                 self.chunk(
                     vec![ChatChunkChoice {
@@ -242,20 +253,32 @@ impl ChunkFormatter for ChatChunks {
             .logprobs
             .as_ref()
             .map(|lp| chat_logprobs(&self.tokenizer, &[(out.token_id, lp.clone())]));
-        if out.text_delta.is_empty() && logprobs.is_none() && out.finish_reason.is_none() {
+        let last = out.finish_reason.is_some();
+        let Some(state) = self.states.get_mut(index) else {
             return Vec::new();
+        };
+        let mut deltas = state.deltas(&out.text_delta, last);
+        let finish = out
+            .finish_reason
+            .map(|r| finish_reason(r, state.made_calls()));
+        if deltas.is_empty() && (logprobs.is_some() || last) {
+            deltas.push(ChatDelta::default());
         }
-        let delta = ChatDelta {
-            role: None,
-            content: (!out.text_delta.is_empty()).then(|| out.text_delta.clone()),
-        };
-        let choice = ChatChunkChoice {
-            index,
-            delta,
-            logprobs,
-            finish_reason: out.finish_reason.map(|r| r.as_str()),
-        };
-        vec![self.chunk(vec![choice], None)]
+        let count = deltas.len();
+        let mut logprobs = logprobs;
+        deltas
+            .into_iter()
+            .enumerate()
+            .map(|(i, delta)| {
+                let choice = ChatChunkChoice {
+                    index,
+                    delta,
+                    logprobs: logprobs.take(),
+                    finish_reason: if i + 1 == count { finish } else { None },
+                };
+                self.chunk(vec![choice], None)
+            })
+            .collect()
     }
 
     fn usage_chunk(&mut self) -> String {

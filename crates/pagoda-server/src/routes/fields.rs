@@ -53,22 +53,17 @@ pub const HONOURED_CHAT: &[&str] = &[
     "top_logprobs",
     "add_generation_prompt",
     "chat_template_kwargs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Accepted and dropped: none of these can change the generated output.
 /// - `user`: an end-user id for the provider's abuse monitoring;
 /// - `store`, `metadata`: whether and with which tags the provider keeps the
 ///   completion for later retrieval (pagoda keeps nothing);
-/// - `service_tier`: the provider's billing and latency tier;
-/// - `parallel_tool_calls`: whether several tool calls may come in one turn,
-///   meaningless without `tools` (which are refused when non-empty).
-pub const IGNORED: &[&str] = &[
-    "user",
-    "store",
-    "metadata",
-    "service_tier",
-    "parallel_tool_calls",
-];
+/// - `service_tier`: the provider's billing and latency tier.
+pub const IGNORED: &[&str] = &["user", "store", "metadata", "service_tier"];
 
 /// A field pagoda does not implement yet and the values that leave the
 /// output unchanged.
@@ -112,7 +107,7 @@ fn text_format(v: &Value, _: &Value) -> bool {
         _ => false,
     }
 }
-/// Without tools (non-empty `tools` are refused), `auto` means no call.
+/// Without functions, `auto` means no call.
 fn no_tool_choice(v: &Value, _: &Value) -> bool {
     v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
 }
@@ -151,13 +146,6 @@ pub const NEUTRAL: &[Neutral] = &[
         None,
         "null or {\"type\": \"text\"}",
         text_format
-    ),
-    neutral!("tools", CHAT, "null or []", null_or_empty),
-    neutral!(
-        "tool_choice",
-        CHAT,
-        "null, \"none\" or \"auto\" without tools",
-        no_tool_choice
     ),
     neutral!("functions", CHAT, "null or []", null_or_empty),
     neutral!(
@@ -326,6 +314,8 @@ mod tests {
         let c = Endpoint::Chat;
         for ok in [
             json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}),
+            json!({"tools": [{"type": "function"}], "tool_choice": "required",
+                   "parallel_tool_calls": false}),
             json!({"logit_bias": {}, "min_tokens": 0, "skip_special_tokens": true}),
             json!({"user": "u", "store": false, "metadata": {"a": "b"}, "service_tier": "auto"}),
             json!({"stream_options": {"include_usage": true}, "messages": [],
@@ -338,7 +328,10 @@ mod tests {
                 json!({"response_format": {"type": "json_object"}}),
                 "response_format",
             ),
-            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"function_call": "auto", "functions": [{}]}),
+                "functions",
+            ),
             (json!({"min_tokens": 3}), "min_tokens"),
             (json!({"skip_special_tokens": false}), "skip_special_tokens"),
             (json!({"suffix": "x"}), "suffix"),

@@ -11,10 +11,12 @@
 //! - [`params`]: request options -> engine sampling parameters;
 //! - [`generation`]: submitting choices and reading them back;
 //! - [`logprobs`]: engine logprobs -> OpenAI's shapes;
+//! - [`chat_output`]: a chat output -> content, reasoning and tool calls;
 //! - [`completions`], [`chat`], [`misc`]: the handlers.
 
 pub mod auth;
 pub mod chat;
+pub mod chat_output;
 pub mod completions;
 pub mod fields;
 pub mod generation;

@@ -47,6 +47,8 @@ pub struct Options {
     pub stream_stall_timeout: Duration,
     /// The engine's status line interval (`None`: no line).
     pub log_interval: Option<Duration>,
+    /// A chat template file (relative to the repository root) replacing the model's.
+    pub chat_template: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -63,6 +65,7 @@ impl Default for Options {
             max_seqs_per_request: 256,
             stream_stall_timeout: Duration::from_secs(30),
             log_interval: None,
+            chat_template: None,
         }
     }
 }
@@ -85,6 +88,18 @@ pub async fn start(opts: Options) -> TestServer {
         tokenizer: None,
     })
     .unwrap();
+    let mut files = files;
+    if let Some(path) = opts.chat_template {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(path);
+        let source = std::fs::read_to_string(&path).unwrap();
+        let tokenizer = files.tokenizer.as_mut().unwrap();
+        Arc::get_mut(tokenizer)
+            .unwrap()
+            .set_chat_template(&source)
+            .unwrap();
+    }
     let tokenizer = files.tokenizer.clone().unwrap();
     let backend = CpuBackend::new(CpuOptions {
         threads: 2,

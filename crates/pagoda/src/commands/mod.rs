@@ -35,6 +35,9 @@ pub struct ModelArgs {
     /// chat_template.jinja next to it are read too.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
+    /// A Jinja chat template file to use instead of the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// CPU threads for the forward pass (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -127,12 +130,62 @@ pub fn open(args: &ModelArgs, quiet: bool) -> Result<ModelFiles> {
         tokenizer: args.tokenizer.clone(),
     })?;
     pb.finish_and_clear();
+    let mut files = files;
+    if let Some(path) = &args.chat_template {
+        let source = read_chat_template(path)?;
+        let Some(tokenizer) = files.tokenizer.as_mut() else {
+            bail!("--chat-template: the model has no tokenizer to use it with");
+        };
+        let Some(tokenizer) = std::sync::Arc::get_mut(tokenizer) else {
+            bail!("--chat-template: the tokenizer is already shared");
+        };
+        tokenizer
+            .set_chat_template(&source)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        if let Some(template) = tokenizer.chat_template() {
+            check_chat_template(template)
+                .with_context(|| format!("--chat-template {}", path.display()))?;
+        }
+    }
     Ok(files)
+}
+
+/// Reads a `--chat-template` file.
+pub fn read_chat_template(path: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the chat template file {}", path.display()))
+}
+
+/// Renders a one-message conversation, so that a template that cannot
+/// render fails at start-up rather than on every request.
+pub fn check_chat_template(template: &pagoda_model::tokenizer::ChatTemplate) -> Result<()> {
+    let probe = [pagoda_model::tokenizer::ChatMessage::new("user", "Hello")];
+    template
+        .apply(&probe, true)
+        .context("the chat template does not render a one-message conversation")?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{check_chat_template, parse_size, read_chat_template};
+    use pagoda_model::tokenizer::ChatTemplate;
+
+    #[test]
+    fn chat_template_files_fail_clearly() {
+        let missing = std::path::Path::new("/nonexistent/template.jinja");
+        let e = read_chat_template(missing).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("cannot read the chat template file"),
+            "{e:#}"
+        );
+        let good = ChatTemplate::new("{{ messages[0].content }}", None, None).unwrap();
+        check_chat_template(&good).unwrap();
+        let raising = ChatTemplate::new("{{ raise_exception('no') }}", None, None).unwrap();
+        let e = check_chat_template(&raising).unwrap_err();
+        assert!(format!("{e:#}").contains("does not render"), "{e:#}");
+        assert!(ChatTemplate::new("{% for %}", None, None).is_err());
+    }
 
     #[test]
     fn sizes_parse_with_binary_and_decimal_units() {

@@ -9,6 +9,8 @@ use clap::Args;
 use pagoda_core::SchedulerConfig;
 use pagoda_engine::{EngineHandle, HandleOptions, LlmEngine, ShutdownMode};
 use pagoda_kernels::Backend;
+use pagoda_server::reasoning::ReasoningFormat;
+use pagoda_server::tools::ToolFormat;
 use pagoda_server::ServerConfig;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,21 @@ pub struct ServeArgs {
     /// tokens/s, KV usage, prefix hit rate) every SECONDS (0: never).
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub log_stats_interval: u64,
+    /// The format of tool calls in the model's output, parsed into
+    /// `tool_calls` (default: told from the chat template: `<tool_call>`
+    /// hermes, `[TOOL_CALLS]` mistral, Llama 3 headers with `<|python_tag|>`
+    /// or `"parameters"` llama3_json; otherwise requests with tools are
+    /// refused unless tool_choice is none).
+    #[arg(long, value_name = "FORMAT", value_parser = ["hermes", "llama3_json", "mistral"])]
+    pub tool_call_parser: Option<String>,
+    /// Move the model's `<think>` sections into `reasoning_content`
+    /// (deepseek_r1: the output starts inside the thinking).
+    #[arg(long, value_name = "FORMAT", value_parser = ["qwen3", "deepseek_r1"])]
+    pub reasoning_parser: Option<String>,
+    /// With tool_choice "none", leave the request's tools out of the chat
+    /// template (by default the template sees them, as in vLLM).
+    #[arg(long)]
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -112,6 +129,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
     )?;
     let mut config = ServerConfig::new(name.clone(), sched.max_model_len);
+    config.tool_call_parser = match args.tool_call_parser.as_deref() {
+        Some(n) => ToolFormat::from_name(n),
+        None => tokenizer
+            .chat_template()
+            .and_then(|t| ToolFormat::detect(t.source())),
+    };
+    config.exclude_tools_when_tool_choice_none = args.exclude_tools_when_tool_choice_none;
+    config.reasoning_parser = args
+        .reasoning_parser
+        .as_deref()
+        .and_then(ReasoningFormat::from_name);
+    let parsers = format!(
+        "tool calls: {}, reasoning: {}",
+        config.tool_call_parser.map_or("none", ToolFormat::name),
+        config
+            .reasoning_parser
+            .map_or("none", ReasoningFormat::name)
+    );
     config.host = args.host.clone();
     config.port = args.port;
     config.public_metrics = args.public_metrics;
@@ -162,6 +197,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             sched.block_size
         );
         eprintln!("  listening: {url}  (OpenAI API under {url}/v1)");
+        eprintln!("  parsers:   {parsers}");
         let limits = server.limits();
         eprintln!(
             "  connections: up to {} (then 503; /health on {} more), open-file limit {}",
