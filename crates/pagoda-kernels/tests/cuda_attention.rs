@@ -80,6 +80,8 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
         num_kv_heads: nkv,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
+        window: None,
+        softcap: None,
     };
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
@@ -208,6 +210,8 @@ fn bad_layouts_are_errors() {
         num_kv_heads: 2,
         head_dim: 64,
         scale: 0.125,
+        window: None,
+        softcap: None,
     };
     assert!(matches!(
         g.attention(&q, &cache, &st, &p),

@@ -155,6 +155,12 @@ pub(crate) fn check(
 ) -> Result<()> {
     let op = "attention";
     let s = cache.shape;
+    if p.window.is_some() || p.softcap.is_some() {
+        return Err(KernelError::Unsupported(format!(
+            "attention with a sliding window ({:?}) or logit soft-capping ({:?}) on CUDA",
+            p.window, p.softcap
+        )));
+    }
     if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             op,
