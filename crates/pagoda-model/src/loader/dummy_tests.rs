@@ -34,6 +34,7 @@ fn config(
         do_layer_norm_before: true,
         torch_dtype: None,
         sliding_window: None,
+        gemma: None,
     }
 }
 
