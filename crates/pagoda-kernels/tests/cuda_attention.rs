@@ -226,4 +226,25 @@ fn bad_layouts_are_errors() {
         .unwrap();
     let p = AttentionParams { num_heads: 4, ..p };
     assert!(g.attention(&q, &cache, &st, &p).is_err());
+    // Sliding windows and soft-capping are refused, never run as full attention.
+    let st = g.begin_step(&step.ctx).unwrap();
+    assert!(g.attention(&q, &cache, &st, &p).is_ok());
+    for v in [
+        AttentionParams {
+            window: Some(2),
+            ..p
+        },
+        AttentionParams {
+            softcap: Some(50.0),
+            ..p
+        },
+    ] {
+        assert!(
+            matches!(
+                g.attention(&q, &cache, &st, &v),
+                Err(KernelError::Unsupported(_))
+            ),
+            "{v:?}"
+        );
+    }
 }
