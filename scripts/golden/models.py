@@ -17,7 +17,7 @@ What is written:
   transformers to float32). Greedy continuations (argmax each step, EOS not treated
   specially) with per-step top-5 ids/logits, and for the first prompt the logits of
   a fixed list of 64 ids at each of the first 10 steps.
-- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt}/config.json: the transformers config
+- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2}/config.json: the transformers config
   (save_pretrained output, plus the legacy "rope_theta"/"rope_scaling"/"torch_dtype"
   keys that real checkpoints carry; transformers reads both forms to the same config),
   and generation_config.json.
@@ -187,7 +187,7 @@ PROMPT_SEED = 9
 MIN_MARGIN = 2e-3
 # Models added later keep the others' files unchanged: their own first seed
 # (trying 0, 1, 2, ...) whose greedy steps all clear MIN_MARGIN.
-PROMPT_SEEDS = {"llama-attnbias": 0}
+PROMPT_SEEDS = {"llama-attnbias": 0, "gemma3": 0, "gemma2": 4}
 
 
 def tiny_configs():
@@ -268,6 +268,49 @@ def tiny_configs():
                 use_sliding_window=False,
             ),
             {"rope_theta": 1000000.0, "rope_scaling": None},
+        ),
+        # Gemma 3: 2 local (window 6) : 1 global layers, head_dim 32 != 64 / 4,
+        # a query scale other than head_dim, linear rope scaling on the global
+        # layers, a second rope base on the local ones.
+        "gemma3": (
+            T.Gemma3ForCausalLM,
+            T.Gemma3TextConfig(
+                **common,
+                intermediate_size=128,
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                rms_norm_eps=1e-6,
+                sliding_window=6,
+                sliding_window_pattern=3,
+                query_pre_attn_scalar=24,
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+                tie_word_embeddings=True,
+            ),
+            {},
+        ),
+        # Gemma 2: alternating local (window 5) / global layers, attention and
+        # final logit soft-capping small enough to bite on these weights.
+        "gemma2": (
+            T.Gemma2ForCausalLM,
+            T.Gemma2Config(
+                **common,
+                intermediate_size=128,
+                num_hidden_layers=3,
+                num_key_value_heads=1,
+                head_dim=32,
+                rms_norm_eps=1e-6,
+                sliding_window=5,
+                query_pre_attn_scalar=32,
+                attn_logit_softcapping=2.0,
+                final_logit_softcapping=3.0,
+                rope_theta=10000.0,
+                tie_word_embeddings=True,
+            ),
+            {"rope_theta": 10000.0},
         ),
         "opt": (
             T.OPTForCausalLM,

@@ -1,5 +1,6 @@
 //! Whole models on the CUDA backend, checked end to end:
-//! - the tiny Llama (also with attention_bias), Qwen2, Qwen3 and OPT models
+//! - the tiny Llama (also with attention_bias), Qwen2, Qwen3, OPT, Gemma 3
+//!   (sliding windows) and Gemma 2 (sliding windows, soft-capping) models
 //!   (tests/golden/tiny-*, dummy weights) against the CPU backend holding the
 //!   same bf16-rounded weights:
 //!   the CPU decodes each golden prompt greedily; the GPU runs all prompts
@@ -53,7 +54,16 @@ fn cpu() -> CpuBackend {
 #[test]
 fn tiny_models_on_cuda_match_the_cpu_backend() {
     let mut failures = Vec::new();
-    for arch in ["llama", "llama-attnbias", "qwen2", "qwen3", "opt"] {
+    let archs = [
+        "llama",
+        "llama-attnbias",
+        "qwen2",
+        "qwen3",
+        "opt",
+        "gemma3",
+        "gemma2",
+    ];
+    for arch in archs {
         let Some(dev) = gpu() else { return };
         let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
         let cfg = load_config_file(&dir.join("config.json")).unwrap();

@@ -149,6 +149,8 @@ const PARAMS: AttentionParams = AttentionParams {
     num_kv_heads: KV_HEADS,
     head_dim: HEAD_DIM,
     scale: 0.125,
+    window: None,
+    softcap: None,
 };
 
 fn kv_shape(tokens: usize) -> KvCacheShape {

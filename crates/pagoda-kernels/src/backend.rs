@@ -62,6 +62,50 @@ pub struct AttentionParams {
     pub head_dim: usize,
     /// Softmax scale, usually `1/sqrt(head_dim)`.
     pub scale: f32,
+    /// Sliding window (transformers' `sliding_window`): the query at position
+    /// `p` sees only the keys at positions `p + 1 - window ..= p` (`window`
+    /// keys, itself included). `None`: every position up to its own. A window
+    /// of 0 is an error.
+    pub window: Option<usize>,
+    /// Logit soft-capping (Gemma 2's `attn_logit_softcapping`): each scaled
+    /// score `s` becomes `cap * tanh(s / cap)` before the softmax. A cap that
+    /// is not positive and finite is an error.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionParams {
+    /// Full causal attention with the usual `1/sqrt(head_dim)` scale.
+    pub fn causal(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+        AttentionParams {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+            window: None,
+            softcap: None,
+        }
+    }
+
+    /// The first key position the query at position `pos` sees.
+    pub fn first_key(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// Checks the window and the cap (see the fields).
+    pub fn check_variants(&self) -> std::result::Result<(), String> {
+        if self.window == Some(0) {
+            return Err("sliding window of 0 keys".into());
+        }
+        if let Some(c) = self.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(format!("soft-capping {c} is not positive and finite"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A device able to run pagoda's models.
@@ -174,6 +218,29 @@ pub trait Backend: Send + Sync + 'static {
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor>;
     /// `silu(gate) * up` for separate `[rows, n]` inputs.
     fn silu_mul2(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `gelu_tanh(gate) * up` for `gate_up: [rows, 2 * n]` (gate in the
+    /// first half): Gemma's gated MLP (transformers' `gelu_pytorch_tanh`).
+    fn gelu_tanh_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = gate_up;
+        Err(crate::KernelError::Unsupported(
+            "gelu_tanh_mul (Gemma's MLP) on this backend".into(),
+        ))
+    }
+    /// `x *= factor` in place (Gemma's embedding scale).
+    fn scale(&self, x: &mut Self::Tensor, factor: f32) -> Result<()> {
+        let _ = (x, factor);
+        Err(crate::KernelError::Unsupported(
+            "scale (Gemma's embedding scale) on this backend".into(),
+        ))
+    }
+    /// `x = cap * tanh(x / cap)` in place (Gemma 2's final logit
+    /// soft-capping).
+    fn softcap(&self, x: &mut Self::Tensor, cap: f32) -> Result<()> {
+        let _ = (x, cap);
+        Err(crate::KernelError::Unsupported(
+            "softcap (logit soft-capping) on this backend".into(),
+        ))
+    }
     /// ReLU in place.
     fn relu(&self, x: &mut Self::Tensor) -> Result<()>;
     /// `x += y`.
@@ -204,7 +271,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Causal attention of each sequence's queries (`q: [rows, num_heads * head_dim]`)
     /// over its cached K/V (context and the step's own tokens, already stored),
     /// read through the block tables. Returns `[rows, num_heads * head_dim]`.
-    /// Query token `j` of sequence `i` sees cache positions `0..=context_len + j`.
+    /// Query token `j` of sequence `i` sees cache positions `0..=context_len + j`
+    /// (only the last `window` of them with a sliding window); scores are
+    /// scaled, then soft-capped where `params.softcap` says so. A backend that
+    /// does not implement a variant refuses it (never full attention instead).
     fn attention(
         &self,
         q: &Self::Tensor,

@@ -1,7 +1,9 @@
 //! Paged KV writes and attention of the CPU backend against an f64 reference
 //! that keeps each sequence's K/V as a plain array of positions: prefill with
 //! and without a cached prefix, mixed varlen batches, decode, GQA ratios 1-4,
-//! head_dim 64 and 128, block boundaries, shuffled block tables, padding.
+//! head_dim 64 and 128, block boundaries, shuffled block tables, padding;
+//! sliding windows (prefill tiles and decode splits past the window) and
+//! logit soft-capping.
 
 mod common;
 
@@ -28,8 +30,19 @@ struct Case {
     pad: usize,
 }
 
-/// Runs one case: stores prefixes, stores the step's K/V, attends, compares.
+/// Runs one case with full attention.
 fn run_case(b: &CpuBackend, rng: &mut Rng, c: &Case) {
+    run_case_with(b, rng, c, None, None)
+}
+
+/// Runs one case: stores prefixes, stores the step's K/V, attends, compares.
+fn run_case_with(
+    b: &CpuBackend,
+    rng: &mut Rng,
+    c: &Case,
+    window: Option<usize>,
+    softcap: Option<f32>,
+) {
     let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
     let width = nkv * hd;
     let blocks_needed: usize = c
@@ -104,6 +117,8 @@ fn run_case(b: &CpuBackend, rng: &mut Rng, c: &Case) {
         num_kv_heads: nkv,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
+        window,
+        softcap,
     };
     let o = b
         .attention(&tensor(b, rows, nh * hd, &q), &cache, &s, &params)
@@ -117,7 +132,7 @@ fn run_case(b: &CpuBackend, rng: &mut Rng, c: &Case) {
     let real_rows = rows - c.pad;
     let want = reference(&q, &c.seqs, &kv, &params);
     let what = format!(
-        "attention heads={nh}/{nkv} hd={hd} bs={} seqs={:?}",
+        "attention heads={nh}/{nkv} hd={hd} bs={} seqs={:?} window={window:?} softcap={softcap:?}",
         c.block_size, c.seqs
     );
     // Outputs are convex combinations of V values in [-1, 1].
@@ -171,14 +186,21 @@ fn reference(q: &[f32], seqs: &[SeqSpec], kv: &[SeqKv], p: &AttentionParams) -> 
                 let qv = &q[(row * nh + h) * hd..][..hd];
                 let off = (h / group) * hd;
                 let n = s.context_len + j + 1;
-                let scores: Vec<f64> = (0..n)
+                // transformers' sliding window: kv_idx > q_idx - window.
+                let first = p.window.map_or(0, |w| n.saturating_sub(w));
+                let scores: Vec<f64> = (first..n)
                     .map(|pos| {
                         let k = &kv.k[pos][off..off + hd];
-                        qv.iter()
+                        let s = qv
+                            .iter()
                             .zip(k)
                             .map(|(&a, &b)| a as f64 * b as f64)
                             .sum::<f64>()
-                            * p.scale as f64
+                            * p.scale as f64;
+                        match p.softcap {
+                            Some(c) => c as f64 * (s / c as f64).tanh(),
+                            None => s,
+                        }
                     })
                     .collect();
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -186,8 +208,8 @@ fn reference(q: &[f32], seqs: &[SeqSpec], kv: &[SeqKv], p: &AttentionParams) -> 
                 let sum: f64 = e.iter().sum();
                 for d in 0..hd {
                     out.push(
-                        (0..n)
-                            .map(|pos| e[pos] * kv.v[pos][off + d] as f64)
+                        (first..n)
+                            .map(|pos| e[pos - first] * kv.v[pos][off + d] as f64)
                             .sum::<f64>()
                             / sum,
                     );
@@ -305,6 +327,42 @@ fn single_thread_and_large_prefill_agree_with_reference() {
 }
 
 #[test]
+fn sliding_window_and_softcap_match_reference() {
+    let b = backend(2, WeightDtype::F32);
+    let mut rng = Rng::new(17);
+    let batches = [
+        vec![seq(0, 37)],
+        vec![seq(13, 20), seq(0, 1), seq(40, 1)],
+        vec![seq(300, 1), seq(2, 70), seq(5, 1)],
+    ];
+    for seqs in batches {
+        for window in [1, 4, 8, 33, 1000] {
+            for softcap in [None, Some(0.5f32)] {
+                let c = Case {
+                    seqs: seqs.clone(),
+                    num_heads: 4,
+                    num_kv_heads: 2,
+                    head_dim: 64,
+                    block_size: 8,
+                    pad: 0,
+                };
+                run_case_with(&b, &mut rng, &c, Some(window), softcap);
+            }
+        }
+        let c = Case {
+            seqs: seqs.clone(),
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 256,
+            block_size: 16,
+            pad: 0,
+        };
+        run_case_with(&b, &mut rng, &c, None, Some(0.3));
+        run_case_with(&b, &mut rng, &c, Some(7), None);
+    }
+}
+
+#[test]
 fn bad_slots_blocks_and_head_layouts_are_errors() {
     let b = backend(1, WeightDtype::F32);
     let mut rng = Rng::new(16);
@@ -324,6 +382,8 @@ fn bad_slots_blocks_and_head_layouts_are_errors() {
         num_kv_heads: 2,
         head_dim: 8,
         scale: 0.3,
+        window: None,
+        softcap: None,
     };
 
     let mut bad = step.ctx.clone();
@@ -345,6 +405,22 @@ fn bad_slots_blocks_and_head_layouts_are_errors() {
     assert!(b
         .attention(&tensor(&b, 3, 24, &rng.vec(72)), &cache, &s, &gqa)
         .is_err());
+    for bad in [
+        AttentionParams {
+            window: Some(0),
+            ..params
+        },
+        AttentionParams {
+            softcap: Some(0.0),
+            ..params
+        },
+        AttentionParams {
+            softcap: Some(f32::NAN),
+            ..params
+        },
+    ] {
+        assert!(b.attention(&q, &cache, &s, &bad).is_err(), "{bad:?}");
+    }
     let wrong_kv = AttentionParams {
         num_kv_heads: 1,
         ..params

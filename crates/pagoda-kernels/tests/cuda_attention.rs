@@ -2,7 +2,7 @@
 //! bf16-rounded K/V/Q: prefill with and without a cached prefix, decode,
 //! mixed varlen steps, GQA ratios 1/2/4/8, head_dim 64 and 128, block sizes
 //! that do and do not divide the lengths, shuffled block tables and slot -1
-//! padding. The output is NaN-poisoned first, so every element must be
+//! padding; sliding windows and logit soft-capping (head_dim 64 and 256). The output is NaN-poisoned first, so every element must be
 //! written. Without a CUDA device every test prints a notice and passes
 //! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
@@ -27,8 +27,19 @@ struct Case {
     pad: usize,
 }
 
-/// Stores prefixes and the step's K/V on both backends, attends, compares.
+/// [`run_case_with`] with full attention.
 fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
+    run_case_with(g, rng, c, None, None)
+}
+
+/// Stores prefixes and the step's K/V on both backends, attends, compares.
+fn run_case_with(
+    g: &CudaBackend,
+    rng: &mut Rng,
+    c: &Case,
+    window: Option<usize>,
+    softcap: Option<f32>,
+) {
     let cpu = backend(2, WeightDtype::F32);
     let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
     let width = nkv * hd;
@@ -80,6 +91,8 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
         num_kv_heads: nkv,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
+        window,
+        softcap,
     };
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
@@ -88,7 +101,7 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
     let got = g.tensor_to_host(&go).unwrap();
     let want = co.data();
     let what = format!(
-        "attention seqs {:?} heads {nh}/{nkv} hd {hd} bs {} pad {}",
+        "attention seqs {:?} heads {nh}/{nkv} hd {hd} bs {} pad {} window {window:?} softcap {softcap:?}",
         c.seqs, c.block_size, c.pad
     );
     if let Some(i) = got.iter().position(|x| !x.is_finite()) {
@@ -208,6 +221,8 @@ fn bad_layouts_are_errors() {
         num_kv_heads: 2,
         head_dim: 64,
         scale: 0.125,
+        window: None,
+        softcap: None,
     };
     assert!(matches!(
         g.attention(&q, &cache, &st, &p),
@@ -222,4 +237,43 @@ fn bad_layouts_are_errors() {
         .unwrap();
     let p = AttentionParams { num_heads: 4, ..p };
     assert!(g.attention(&q, &cache, &st, &p).is_err());
+    let st = g.begin_step(&step.ctx).unwrap();
+    assert!(g.attention(&q, &cache, &st, &p).is_ok());
+    let zero_window = AttentionParams {
+        window: Some(0),
+        ..p
+    };
+    assert!(g.attention(&q, &cache, &st, &zero_window).is_err());
+}
+
+#[test]
+fn sliding_window_and_softcap_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(16);
+    let batches = [
+        vec![s(0, 37)],
+        vec![s(13, 20), s(0, 1), s(40, 1)],
+        vec![s(300, 1), s(2, 70), s(5, 1)],
+    ];
+    for seqs in batches {
+        for (nh, nkv, hd) in [(4, 2, 64), (4, 1, 256)] {
+            for (window, softcap) in [
+                (Some(1), None),
+                (Some(7), None),
+                (Some(33), Some(5.0)),
+                (None, Some(0.5)),
+                (Some(1000), None),
+            ] {
+                let c = Case {
+                    seqs: seqs.clone(),
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: 16,
+                    pad: 0,
+                };
+                run_case_with(&g, &mut rng, &c, window, softcap);
+            }
+        }
+    }
 }

@@ -140,6 +140,8 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) -> Vec<f32> {
         num_kv_heads: nkv,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
+        window: None,
+        softcap: None,
     };
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
@@ -324,6 +326,8 @@ fn decode_steps_take_the_split_k_path() {
             num_kv_heads: nkv,
             head_dim: hd,
             scale: 0.1,
+            window: None,
+            softcap: None,
         };
         let max_parts = (step.ctx.max_blocks_per_seq * bs).div_ceil(PARTITION);
         assert!(max_parts >= 6, "test needs a wide block table");

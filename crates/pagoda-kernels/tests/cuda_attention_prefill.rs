@@ -69,6 +69,8 @@ impl Case {
             num_kv_heads: self.num_kv_heads,
             head_dim: self.head_dim,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
         }
     }
 

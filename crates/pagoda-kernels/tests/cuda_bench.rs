@@ -77,6 +77,8 @@ fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
         num_kv_heads: nkv,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
+        window: None,
+        softcap: None,
     };
     let secs = time(g, 20, || {
         let _ = g.attention(&q, &cache, &s, &p).unwrap();

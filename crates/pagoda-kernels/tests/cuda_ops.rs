@@ -129,11 +129,35 @@ fn elementwise_ops_match_cpu() {
             &g.tensor_to_host(&gx).unwrap(),
             cx.data(),
         );
+
+        // Gemma's gated MLP, embedding scale and logit soft-capping.
+        let (gy, cy) = (
+            g.gelu_tanh_mul(&ggu).unwrap(),
+            c.gelu_tanh_mul(&cgu).unwrap(),
+        );
+        check(
+            &format!("gelu_tanh_mul {what}"),
+            &g.tensor_to_host(&gy).unwrap(),
+            cy.data(),
+        );
+        let (mut gx, mut cx) = pair(&g, &c, r, n, &a);
+        g.scale(&mut gx, 25.25).unwrap();
+        c.scale(&mut cx, 25.25).unwrap();
+        g.softcap(&mut gx, 30.0).unwrap();
+        c.softcap(&mut cx, 30.0).unwrap();
+        check(
+            &format!("scale, softcap {what}"),
+            &g.tensor_to_host(&gx).unwrap(),
+            cx.data(),
+        );
     }
     let (ga, _) = pair(&g, &c, 2, 3, &[1.0; 6]);
     let (mut gb, _) = pair(&g, &c, 3, 2, &[1.0; 6]);
     assert!(g.add(&mut gb, &ga).is_err());
     assert!(g.silu_mul(&ga).is_err());
+    assert!(g.gelu_tanh_mul(&ga).is_err());
+    let (mut gx, _) = pair(&g, &c, 2, 3, &[1.0; 6]);
+    assert!(g.softcap(&mut gx, 0.0).is_err());
 }
 
 #[test]

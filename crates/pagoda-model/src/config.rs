@@ -19,6 +19,13 @@ pub enum Architecture {
     Qwen3,
     /// Learned positions (offset 2), LayerNorm, ReLU, biases everywhere.
     Opt,
+    /// Gemma 2: (1 + w) RMSNorm before and after attention and MLP, scaled
+    /// embeddings, gelu-tanh gated MLP, local (sliding) and global layers,
+    /// attention and final logit soft-capping ([`GemmaConfig`]).
+    Gemma2,
+    /// Gemma 3: Gemma 2's layer plus q/k RMSNorm, a second RoPE base for the
+    /// local layers, usually no soft-capping.
+    Gemma3,
 }
 
 impl Architecture {
@@ -32,6 +39,8 @@ impl Architecture {
             "qwen2" => Some(Architecture::Qwen2),
             "qwen3" => Some(Architecture::Qwen3),
             "opt" => Some(Architecture::Opt),
+            "gemma2" => Some(Architecture::Gemma2),
+            "gemma3" | "gemma3_text" => Some(Architecture::Gemma3),
             _ => None,
         }
     }
@@ -42,8 +51,35 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Opt => "opt",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Gemma3 => "gemma3",
         }
     }
+
+    /// Whether the architecture's model file applies
+    /// [`ModelConfig::sliding_window`] itself (so any context length is exact).
+    pub fn implements_sliding_window(&self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
+}
+
+/// What Gemma 2 and Gemma 3 add to the common fields (Hugging Face's names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GemmaConfig {
+    /// Per layer: `true` for a local layer (attention over the last
+    /// [`ModelConfig::sliding_window`] positions), `false` for a global one
+    /// (`layer_types`, or the `sliding_window_pattern` default).
+    pub sliding_layers: Vec<bool>,
+    /// RoPE base of the local layers (Gemma 3's `rope_local_base_freq`;
+    /// `rope_theta` for Gemma 2). Local layers never scale their frequencies;
+    /// global layers use `rope_theta` and `rope_scaling`.
+    pub rope_local_base_freq: f64,
+    /// Attention scores are scaled by `query_pre_attn_scalar ** -0.5`.
+    pub query_pre_attn_scalar: f64,
+    /// Attention scores `s` become `cap * tanh(s / cap)` (Gemma 2: 50).
+    pub attn_logit_softcapping: Option<f64>,
+    /// Logits `l` become `cap * tanh(l / cap)` (Gemma 2: 30).
+    pub final_logit_softcapping: Option<f64>,
 }
 
 /// Rotary-embedding frequency scaling (Hugging Face `rope_scaling`).
@@ -94,9 +130,13 @@ pub struct ModelConfig {
     /// The sliding-window attention span the checkpoint uses (tokens a query
     /// sees, itself included), `None` where attention is full. pagoda's
     /// attention is full, which equals the window's only for contexts of at
-    /// most this many tokens: see [`ModelConfig::check_context_len`].
+    /// most this many tokens: see [`ModelConfig::check_context_len`]. Gemma 2/3
+    /// apply the window on their local layers.
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Gemma 2/3 only (`None` for the other architectures).
+    #[serde(default)]
+    pub gemma: Option<GemmaConfig>,
 }
 
 impl ModelConfig {
@@ -146,14 +186,55 @@ impl ModelConfig {
         if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even".into());
         }
+        let gemma_arch = matches!(
+            self.architecture,
+            Architecture::Gemma2 | Architecture::Gemma3
+        );
+        match &self.gemma {
+            Some(g) if gemma_arch => {
+                if g.sliding_layers.len() != self.num_hidden_layers {
+                    return Err(format!(
+                        "layer_types has {} entries for {} layers",
+                        g.sliding_layers.len(),
+                        self.num_hidden_layers
+                    ));
+                }
+                if g.sliding_layers.iter().any(|&s| s) && self.sliding_window.is_none() {
+                    return Err("local layers without a sliding_window".into());
+                }
+                if !(g.query_pre_attn_scalar.is_finite() && g.query_pre_attn_scalar > 0.0) {
+                    return Err("query_pre_attn_scalar must be positive".into());
+                }
+                for (name, cap) in [
+                    ("attn_logit_softcapping", g.attn_logit_softcapping),
+                    ("final_logit_softcapping", g.final_logit_softcapping),
+                ] {
+                    if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                        return Err(format!("{name} must be positive"));
+                    }
+                }
+            }
+            None if gemma_arch => {
+                return Err(format!(
+                    "{} needs its Gemma fields (layer types, query scale)",
+                    self.architecture.as_str()
+                ))
+            }
+            Some(_) => return Err("Gemma fields on a non-Gemma architecture".into()),
+            None => {}
+        }
         Ok(())
     }
 
     /// Checks that serving contexts of up to `max_model_len` tokens computes
     /// what the checkpoint means: with a sliding window in use, full attention
     /// is exact only while no context is longer than the window (sliding
-    /// windows are not implemented). The error names the window.
+    /// windows are implemented only by the architectures that say so in
+    /// [`Architecture::implements_sliding_window`]). The error names the window.
     pub fn check_context_len(&self, max_model_len: usize) -> Result<(), String> {
+        if self.architecture.implements_sliding_window() {
+            return Ok(());
+        }
         match self.sliding_window {
             Some(window) if max_model_len > window => Err(format!(
                 "the model uses sliding-window attention (window {window} tokens), which is \

@@ -455,3 +455,87 @@ fn sliding_window_is_read_from_metadata() {
         assert_eq!(cfg.sliding_window, want, "stored {stored}");
     }
 }
+
+#[test]
+fn gemma3_config_norm_names_and_shifted_norm_weights() {
+    let mut w = tiny(&Tiny {
+        arch: "gemma3",
+        heads: 4,
+        kv_heads: Some(2),
+        tied: true,
+    });
+    w.add_metadata("gemma3.attention.key_length", MetadataValue::U32(16))
+        .add_metadata("gemma3.rope.freq_base", MetadataValue::F32(1e6))
+        .add_metadata("gemma3.attention.sliding_window", MetadataValue::U32(512));
+    // llama.cpp stores 1 + w for every Gemma norm.
+    let stored: Vec<f32> = (0..HIDDEN).map(|i| 1.0 + i as f32 / 64.0).collect();
+    for name in ["post_attention_norm", "ffn_norm", "post_ffw_norm"] {
+        w.add_f32(&format!("blk.0.{name}.weight"), &[HIDDEN], &stored)
+            .unwrap();
+    }
+    w.add_f32("blk.0.attn_q_norm.weight", &[16], &[1.5; 16])
+        .unwrap();
+    w.add_f16("output_norm.weight", &[HIDDEN], &stored).unwrap();
+    let (cfg, src) = open(&w).unwrap();
+    assert_eq!(cfg.architecture, Architecture::Gemma3);
+    assert_eq!(cfg.sliding_window, Some(512));
+    let g = cfg.gemma.as_ref().unwrap();
+    assert_eq!(g.sliding_layers, vec![true]);
+    assert_eq!(g.rope_local_base_freq, 1e4);
+    assert_eq!(cfg.rope_theta, 1e6);
+    assert_eq!(g.query_pre_attn_scalar, 16.0);
+    assert_eq!(
+        (g.attn_logit_softcapping, g.final_logit_softcapping),
+        (None, None)
+    );
+    let want: Vec<f32> = stored.iter().map(|x| x - 1.0).collect();
+    for hf in [
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.pre_feedforward_layernorm.weight",
+        "model.layers.0.post_feedforward_layernorm.weight",
+        "model.norm.weight",
+    ] {
+        assert_eq!(src.get(hf).unwrap().to_f32_vec(), want, "{hf}");
+    }
+    // attn_norm (ramp 0..64 as stored) is the input norm, shifted too.
+    let input = src
+        .get("model.layers.0.input_layernorm.weight")
+        .unwrap()
+        .to_f32_vec();
+    assert_eq!(input[3], 2.0);
+    assert_eq!(
+        src.get("model.layers.0.self_attn.q_norm.weight")
+            .unwrap()
+            .to_f32_vec(),
+        vec![0.5; 16]
+    );
+    // Not permuted, and matrices are not shifted.
+    let q = src
+        .get("model.layers.0.self_attn.q_proj.weight")
+        .unwrap()
+        .to_f32_vec();
+    assert_eq!(q[HIDDEN], 1.0);
+    assert!(!src.contains("model.layers.0.post_attention_layernorm.bias"));
+}
+
+#[test]
+fn gemma2_reads_soft_capping_and_alternates_layers() {
+    let mut w = tiny(&Tiny {
+        arch: "gemma2",
+        heads: 4,
+        kv_heads: Some(2),
+        tied: true,
+    });
+    w.add_metadata("gemma2.attention.sliding_window", MetadataValue::U32(8))
+        .add_metadata("gemma2.attn_logit_softcapping", MetadataValue::F32(50.0))
+        .add_metadata("gemma2.final_logit_softcapping", MetadataValue::F32(30.0));
+    let (cfg, _) = open(&w).unwrap();
+    assert_eq!(cfg.architecture, Architecture::Gemma2);
+    let g = cfg.gemma.as_ref().unwrap();
+    assert_eq!(g.sliding_layers, vec![true]);
+    assert_eq!(
+        (g.attn_logit_softcapping, g.final_logit_softcapping),
+        (Some(50.0), Some(30.0))
+    );
+    assert_eq!(g.rope_local_base_freq, cfg.rope_theta);
+}

@@ -141,7 +141,11 @@ fn unknown_ggml_type_id() {
 #[test]
 fn unknown_gguf_architecture() {
     let f = Temp::file("mamba.gguf", &one_tensor_gguf("mamba").to_bytes());
-    fails_with_one_line(&info(f.path()), &["unknown architecture", "mamba"]);
+    // Everything missing in one line: the architecture and the tokenizer.
+    fails_with_one_line(
+        &info(f.path()),
+        &["unknown architecture", "mamba", "tokenizer"],
+    );
 }
 
 /// A one-layer llama (hidden 32, two heads) with the default model's
@@ -208,12 +212,17 @@ fn iq4_nl_llama() -> Vec<u8> {
 #[test]
 fn unsupported_quant_type() {
     let f = Temp::file("iq4_nl.gguf", &iq4_nl_llama());
-    // Listing works: the type's geometry is known.
+    // Listing works: the type's geometry is known; info names what is missing.
     let out = pagoda(&["info", "--model", f.path(), "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["missing_support"],
+        serde_json::json!(["tensor type IQ4_NL (1 tensors)"])
     );
     // Loading the weights names the tensor and the type.
     fails_with_one_line(

@@ -242,6 +242,18 @@ impl Backend for CpuBackend {
         self.run_rows(gate.data.len(), || ops::silu_mul2(gate, up))
     }
 
+    fn gelu_tanh_mul(&self, gate_up: &CpuTensor) -> Result<CpuTensor> {
+        self.run_rows(gate_up.data.len(), || ops::gelu_tanh_mul(gate_up))
+    }
+
+    fn scale(&self, x: &mut CpuTensor, factor: f32) -> Result<()> {
+        self.run_rows(x.data.len(), || ops::scale(x, factor))
+    }
+
+    fn softcap(&self, x: &mut CpuTensor, cap: f32) -> Result<()> {
+        self.run_rows(x.data.len(), || ops::softcap(x, cap))
+    }
+
     fn relu(&self, x: &mut CpuTensor) -> Result<()> {
         self.run_rows(x.data.len(), || ops::relu(x))
     }

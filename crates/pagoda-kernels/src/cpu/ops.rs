@@ -162,6 +162,55 @@ pub fn silu_mul(gate_up: &CpuTensor) -> Result<CpuTensor> {
     Ok(y)
 }
 
+/// transformers' `gelu_pytorch_tanh`:
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const K: f32 = 0.797_884_6; // sqrt(2 / pi)
+    0.5 * x * (1.0 + (K * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+pub fn gelu_tanh_mul(gate_up: &CpuTensor) -> Result<CpuTensor> {
+    if !gate_up.cols.is_multiple_of(2) {
+        return Err(shape_err(
+            "gelu_tanh_mul",
+            format!("odd column count {}", gate_up.cols),
+        ));
+    }
+    let n = gate_up.cols / 2;
+    let mut y = CpuTensor::for_overwrite(gate_up.rows, n);
+    if n == 0 {
+        return Ok(y);
+    }
+    par::chunks(&mut y.data, n, |i, o| {
+        let (g, u) = gate_up.data[i * 2 * n..(i + 1) * 2 * n].split_at(n);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = gelu_tanh(g) * u;
+        }
+    });
+    Ok(y)
+}
+
+pub fn scale(x: &mut CpuTensor, factor: f32) -> Result<()> {
+    par::chunks(&mut x.data, 4096, |_, c| {
+        c.iter_mut().for_each(|v| *v *= factor)
+    });
+    Ok(())
+}
+
+pub fn softcap(x: &mut CpuTensor, cap: f32) -> Result<()> {
+    if !(cap.is_finite() && cap > 0.0) {
+        return Err(shape_err(
+            "softcap",
+            format!("cap {cap} is not positive and finite"),
+        ));
+    }
+    par::chunks(&mut x.data, 4096, |_, c| {
+        c.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh())
+    });
+    Ok(())
+}
+
 pub fn silu_mul2(gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
     if (gate.rows, gate.cols) != (up.rows, up.cols) {
         return Err(shape_err(

@@ -155,6 +155,7 @@ pub(crate) fn check(
 ) -> Result<()> {
     let op = "attention";
     let s = cache.shape;
+    p.check_variants().map_err(|e| shape_err(op, e))?;
     if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             op,
@@ -217,10 +218,16 @@ pub(crate) fn attention(
 ) -> Result<CudaTensor> {
     let op = "attention";
     check(q, cache, step, p)?;
-    if step.ctx.max_query_len == 1 && super::attention_decode::supported(step, p) {
+    // Sliding windows and soft-capping are parameters of the general kernel
+    // below only; the tiled prefill and split-K decode kernels take neither.
+    let plain = p.window.is_none() && p.softcap.is_none();
+    if plain && step.ctx.max_query_len == 1 && super::attention_decode::supported(step, p) {
         return super::attention_decode::decode_attention(b, q, cache, step, p);
     }
-    if step.ctx.max_query_len > 1 && super::attention_prefill::supports_head_dim(p.head_dim) {
+    if plain
+        && step.ctx.max_query_len > 1
+        && super::attention_prefill::supports_head_dim(p.head_dim)
+    {
         return super::attention_prefill::prefill_attention(b, q, cache, step, p);
     }
     let mut y = b.output(q.rows, q.cols)?;
@@ -249,6 +256,9 @@ pub(crate) fn attention(
         i32_of(p.num_kv_heads, op)?,
         i32_of(p.head_dim, op)?,
     );
+    // 0: no window (a window past i32 covers every context anyway) / no cap.
+    let window = p.window.and_then(|w| i32::try_from(w).ok()).unwrap_or(0);
+    let softcap = p.softcap.unwrap_or(0.0);
     let mut l = b
         .dev
         .stream
@@ -266,7 +276,9 @@ pub(crate) fn attention(
         .arg(&nh)
         .arg(&nkv)
         .arg(&hd)
-        .arg(&p.scale);
+        .arg(&p.scale)
+        .arg(&window)
+        .arg(&softcap);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }

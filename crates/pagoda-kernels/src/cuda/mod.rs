@@ -462,6 +462,18 @@ impl Backend for CudaBackend {
         ops::relu(self, x)
     }
 
+    fn gelu_tanh_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor> {
+        ops::gelu_tanh_mul(self, gate_up)
+    }
+
+    fn scale(&self, x: &mut CudaTensor, factor: f32) -> Result<()> {
+        ops::scale(self, x, factor)
+    }
+
+    fn softcap(&self, x: &mut CudaTensor, cap: f32) -> Result<()> {
+        ops::softcap(self, x, cap)
+    }
+
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
         ops::add(self, x, y)
     }

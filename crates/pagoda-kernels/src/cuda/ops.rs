@@ -601,6 +601,62 @@ pub(crate) fn silu_mul2(b: &CudaBackend, gate: &CudaTensor, up: &CudaTensor) -> 
     Ok(y)
 }
 
+pub(crate) fn gelu_tanh_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTensor> {
+    let op = "gelu_tanh_mul";
+    let gd = gate_up.bf16(op)?;
+    if !gate_up.cols.is_multiple_of(2) {
+        return Err(shape_err(op, format!("odd column count {}", gate_up.cols)));
+    }
+    let n = gate_up.cols / 2;
+    let mut y = b.output(gate_up.rows, n)?;
+    if y.numel() == 0 {
+        return Ok(y);
+    }
+    let (nr, nc) = (i32_of(gate_up.rows, op)?, i32_of(n, op)?);
+    let total = y.numel();
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("gelu_tanh_mul_bf16")?);
+    l.arg(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
+    unsafe { l.launch(elems_cfg(total)) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+/// `x = f(x, arg)` in place for the `{name}_bf16` / `{name}_f32` kernel pair
+/// (`scale`, `softcap`), on an activation or the f32 residual.
+fn unary_in_place(b: &CudaBackend, x: &mut CudaTensor, name: &'static str, arg: f32) -> Result<()> {
+    let n = x.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let n64 = n as i64;
+    let kernel = match (&x.data, name) {
+        (Act::Bf16(_), "scale") => "scale_bf16",
+        (Act::F32(_), "scale") => "scale_f32",
+        (Act::Bf16(_), _) => "softcap_bf16",
+        (Act::F32(_), _) => "softcap_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
+    l.arg(&mut x.data).arg(&arg).arg(&n64);
+    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(name, e))?;
+    Ok(())
+}
+
+pub(crate) fn scale(b: &CudaBackend, x: &mut CudaTensor, factor: f32) -> Result<()> {
+    unary_in_place(b, x, "scale", factor)
+}
+
+pub(crate) fn softcap(b: &CudaBackend, x: &mut CudaTensor, cap: f32) -> Result<()> {
+    if !(cap.is_finite() && cap > 0.0) {
+        return Err(shape_err(
+            "softcap",
+            format!("cap {cap} is not positive and finite"),
+        ));
+    }
+    unary_in_place(b, x, "softcap", cap)
+}
+
 pub(crate) fn relu(b: &CudaBackend, x: &mut CudaTensor) -> Result<()> {
     let n = x.numel();
     let xd = x.bf16_mut("relu")?;

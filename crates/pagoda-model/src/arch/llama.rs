@@ -187,6 +187,8 @@ impl<B: Backend> LlamaFamily<B> {
                 num_kv_heads: cfg.num_key_value_heads,
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+                softcap: None,
             },
             eps: cfg.rms_norm_eps as f32,
         })

@@ -5,6 +5,7 @@
 //! rows named by the step's `logits_indices` out. Models hold weights only; the
 //! runner owns the KV cache (one `B::KvCache` per layer) and lends it per call.
 
+mod gemma3;
 mod llama;
 mod opt;
 mod qwen2;
@@ -16,6 +17,7 @@ use crate::loader::WeightSource;
 use crate::{Architecture, ModelConfig, Result};
 use pagoda_kernels::Backend;
 
+pub use gemma3::Gemma;
 pub use llama::LlamaFamily;
 pub use opt::Opt;
 
@@ -37,7 +39,8 @@ pub struct BuildOptions {
 
 /// Builds the model `cfg.architecture` names. `progress(done, total)` is called
 /// as weights are loaded (total = layers + 2). A `max_model_len` past the
-/// config's sliding window is refused ([`ModelConfig::check_context_len`]).
+/// config's sliding window is refused for architectures that do not apply the
+/// window ([`ModelConfig::check_context_len`]).
 pub fn build<B: Backend>(
     backend: &B,
     cfg: &ModelConfig,
@@ -53,5 +56,8 @@ pub fn build<B: Backend>(
         Architecture::Qwen2 => Box::new(qwen2::build(backend, cfg, weights, opts, progress)?),
         Architecture::Qwen3 => Box::new(qwen3::build(backend, cfg, weights, opts, progress)?),
         Architecture::Opt => Box::new(opt::build(backend, cfg, weights, opts, progress)?),
+        Architecture::Gemma2 | Architecture::Gemma3 => {
+            Box::new(gemma3::build(backend, cfg, weights, opts, progress)?)
+        }
     })
 }

@@ -134,6 +134,8 @@ pub fn build<B: Backend>(
             num_kv_heads: cfg.num_attention_heads,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+            softcap: None,
         },
         eps: cfg.rms_norm_eps as f32,
     })

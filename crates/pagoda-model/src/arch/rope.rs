@@ -84,6 +84,7 @@ mod tests {
             do_layer_norm_before: true,
             torch_dtype: None,
             sliding_window: None,
+            gemma: None,
         }
     }
 

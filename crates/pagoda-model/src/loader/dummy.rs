@@ -121,7 +121,39 @@ pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     match cfg.architecture {
         Architecture::Opt => opt_shapes(cfg),
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => llama_shapes(cfg),
+        Architecture::Gemma2 | Architecture::Gemma3 => gemma_shapes(cfg),
     }
+}
+
+/// Gemma 2/3: four norms per layer, q/k norms for Gemma 3, no biases.
+fn gemma_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, v, inter) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let (q_dim, kv_dim, head_dim) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim());
+    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let mut push = |suffix: &str, shape: Vec<usize>| t.push((format!("{p}.{suffix}"), shape));
+        push("input_layernorm.weight", vec![h]);
+        push("self_attn.q_proj.weight", vec![q_dim, h]);
+        push("self_attn.k_proj.weight", vec![kv_dim, h]);
+        push("self_attn.v_proj.weight", vec![kv_dim, h]);
+        push("self_attn.o_proj.weight", vec![h, q_dim]);
+        if cfg.architecture == Architecture::Gemma3 {
+            push("self_attn.q_norm.weight", vec![head_dim]);
+            push("self_attn.k_norm.weight", vec![head_dim]);
+        }
+        push("post_attention_layernorm.weight", vec![h]);
+        push("pre_feedforward_layernorm.weight", vec![h]);
+        push("mlp.gate_proj.weight", vec![inter, h]);
+        push("mlp.up_proj.weight", vec![inter, h]);
+        push("mlp.down_proj.weight", vec![h, inter]);
+        push("post_feedforward_layernorm.weight", vec![h]);
+    }
+    t.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        t.push(("lm_head.weight".to_string(), vec![v, h]));
+    }
+    t
 }
 
 fn llama_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {

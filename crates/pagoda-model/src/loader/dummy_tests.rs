@@ -34,6 +34,7 @@ fn config(
         do_layer_norm_before: true,
         torch_dtype: None,
         sliding_window: None,
+        gemma: None,
     }
 }
 
@@ -358,7 +359,16 @@ fn tiny_golden_models_have_exactly_the_dummy_tensors() {
 #[test]
 fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden");
-    for arch in ["llama", "llama-attnbias", "qwen2", "qwen3", "opt"] {
+    let archs = [
+        "llama",
+        "llama-attnbias",
+        "qwen2",
+        "qwen3",
+        "opt",
+        "gemma3",
+        "gemma2",
+    ];
+    for arch in archs {
         let cfg =
             super::super::hf_config::load_hf_config(&root.join(format!("tiny-{arch}"))).unwrap();
         let mut ours = tensor_shapes(&cfg);
@@ -376,4 +386,16 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
         })
     );
     assert_eq!(llama.rope_theta, 500000.0);
+    // transformers 5's per-layer-type rope_parameters and layer_types.
+    let gemma3 = super::super::hf_config::load_hf_config(&root.join("tiny-gemma3")).unwrap();
+    assert_eq!(gemma3.rope_theta, 1e6);
+    assert_eq!(
+        gemma3.rope_scaling,
+        Some(crate::RopeScaling::Linear { factor: 2.0 })
+    );
+    assert_eq!(gemma3.sliding_window, Some(6));
+    let g = gemma3.gemma.unwrap();
+    assert_eq!(g.sliding_layers, vec![true, true, false, true]);
+    assert_eq!(g.rope_local_base_freq, 1e4);
+    assert_eq!(g.query_pre_attn_scalar, 24.0);
 }

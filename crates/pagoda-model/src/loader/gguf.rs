@@ -9,7 +9,12 @@
 //! - llama.cpp's converter reorders the rows of llama-architecture q_proj and
 //!   k_proj so that each head's rotary pairs are adjacent (interleaved RoPE);
 //!   [`unpermute_qk_rows`] restores Hugging Face's rotate-half order, so model
-//!   files see one layout. Qwen2/Qwen3 files are stored unpermuted.
+//!   files see one layout. Qwen2/Qwen3 and Gemma files are stored unpermuted;
+//! - llama.cpp's converter stores Gemma 2/3's RMSNorm weights as `1 + w`
+//!   (every `*norm.weight`); the source subtracts 1 (in f32, as transformers
+//!   does when it loads such a file), so Gemma model files see Hugging Face's
+//!   `w` from either source. Gemma's four per-layer norms have their own GGUF
+//!   names ([`gemma_gguf_to_hf_name`]).
 //!
 //! Costs: opening maps the file and parses its header; each `get` dequantizes
 //! one tensor (quantized types to f32, F16/BF16 kept as stored) and, for
@@ -59,6 +64,27 @@ pub fn hf_to_gguf_name(name: &str) -> Option<String> {
     }
     let &(_, g) = LAYER_NAMES.iter().find(|(h, _)| *h == stem)?;
     Some(format!("blk.{layer}.{g}.{kind}"))
+}
+
+/// Gemma's per-layer norms: (Hugging Face suffix, GGUF suffix).
+const GEMMA_LAYER_NAMES: &[(&str, &str)] = &[
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("pre_feedforward_layernorm", "ffn_norm"),
+    ("post_feedforward_layernorm", "post_ffw_norm"),
+];
+
+/// [`gguf_to_hf_name`] for Gemma 2/3 files, whose `ffn_norm` is the norm
+/// before the MLP and which have norms after attention and MLP.
+pub fn gemma_gguf_to_hf_name(name: &str) -> Option<String> {
+    let gemma = || {
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        layer.parse::<usize>().ok()?;
+        let stem = rest.strip_suffix(".weight")?;
+        let &(h, _) = GEMMA_LAYER_NAMES.iter().find(|(_, g)| *g == stem)?;
+        Some(format!("model.layers.{layer}.{h}.weight"))
+    };
+    gemma().or_else(|| gguf_to_hf_name(name))
 }
 
 /// The Hugging Face name of the GGUF tensor `name`, if it has one.
@@ -212,10 +238,15 @@ impl GgufSource {
     /// Wraps an opened file and reads its config.
     pub fn from_file(file: GgufFile) -> Result<(ModelConfig, Self)> {
         let config = config_from_gguf(&file)?;
+        let to_hf = if config.gemma.is_some() {
+            gemma_gguf_to_hf_name
+        } else {
+            gguf_to_hf_name
+        };
         let names = file
             .tensors()
             .iter()
-            .filter_map(|t| gguf_to_hf_name(&t.name).map(|h| (h, t.name.clone())))
+            .filter_map(|t| to_hf(&t.name).map(|h| (h, t.name.clone())))
             .collect();
         let source = GgufSource {
             file,
@@ -289,6 +320,19 @@ impl WeightSource for GgufSource {
             TensorValues::F16(v) => HostData::F16(v),
             TensorValues::BF16(v) => HostData::BF16(v),
         };
+        let gemma = matches!(
+            self.architecture,
+            Architecture::Gemma2 | Architecture::Gemma3
+        );
+        if gemma && name.ends_with("norm.weight") {
+            let mut w = HostTensor {
+                shape: shape.clone(),
+                data,
+            }
+            .into_f32_vec();
+            w.iter_mut().for_each(|x| *x -= 1.0);
+            data = HostData::F32(w);
+        }
         if let Some(n_head) = self.permutation_heads(name) {
             let cols = if shape.len() >= 2 {
                 shape[1..].iter().product()
@@ -329,6 +373,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
+        "gemma2" => Architecture::Gemma2,
+        "gemma3" => Architecture::Gemma3,
         other => return Err(ModelError::UnknownArchitecture(other.to_string())),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -387,7 +433,17 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         torch_dtype: dominant_weight_type(file),
         // A window of 0 is none.
         sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
+        gemma: None,
     };
+    if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) {
+        config.gemma = Some(gemma_config(file, arch_name, &config)?);
+        if config.sliding_window.is_none() {
+            config
+                .gemma
+                .iter_mut()
+                .for_each(|g| g.sliding_layers.fill(false));
+        }
+    }
     if let Some(rot) = opt_usize("rope.dimension_count")? {
         if rot != config.head_dim() {
             return Err(ModelError::Config(format!(
@@ -400,6 +456,59 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     config.rope_scaling = rope_scaling(file, arch_name, &config)?;
     config.validate().map_err(ModelError::Config)?;
     Ok(config)
+}
+
+/// Gemma's fields as llama.cpp derives them: every 6th layer global for
+/// Gemma 3 (every 2nd for Gemma 2, whose layer 0 is local), a local RoPE base
+/// of 10000 (`rope.freq_base_swa` where present), the query scale of
+/// `head_dim` except for the 27B models (`hidden / heads`), and the
+/// `{arch}.*_logit_softcapping` keys.
+fn gemma_config(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<crate::GemmaConfig> {
+    let md = file.metadata();
+    let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
+    let key = |k: &str| format!("{arch}.{k}");
+    let gemma3 = config.architecture == Architecture::Gemma3;
+    let n = config.num_hidden_layers;
+    let pattern = md
+        .optional(
+            &key("attention.sliding_window_pattern"),
+            Metadata::get_usize,
+        )
+        .map_err(cfg)?
+        .unwrap_or(if gemma3 { 6 } else { 2 });
+    if pattern == 0 {
+        return Err(ModelError::Config(format!(
+            "{}: must be positive",
+            key("attention.sliding_window_pattern")
+        )));
+    }
+    let sliding_layers = (0..n).map(|i| (i + 1) % pattern != 0).collect();
+    let rope_local_base_freq = if gemma3 {
+        md.optional(&key("rope.freq_base_swa"), Metadata::get_f64)
+            .map_err(cfg)?
+            .unwrap_or(10_000.0)
+    } else {
+        config.rope_theta
+    };
+    let is_27b = (gemma3 && n == 62) || (!gemma3 && n == 46);
+    let query_pre_attn_scalar = if is_27b {
+        (config.hidden_size / config.num_attention_heads) as f64
+    } else {
+        config.head_dim() as f64
+    };
+    let cap = |k: &str| -> Result<Option<f64>> {
+        Ok(md
+            .optional(&key(k), Metadata::get_f64)
+            .map_err(cfg)?
+            .filter(|&c| c > 0.0))
+    };
+    Ok(crate::GemmaConfig {
+        sliding_layers,
+        rope_local_base_freq,
+        query_pre_attn_scalar,
+        attn_logit_softcapping: cap("attn_logit_softcapping")?,
+        final_logit_softcapping: cap("final_logit_softcapping")?,
+    })
 }
 
 /// The most common storage type among matrices ("Q4_1"), for `torch_dtype`.

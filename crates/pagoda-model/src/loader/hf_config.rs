@@ -3,7 +3,8 @@
 //! Owns the mapping from a checkpoint directory's JSON to pagoda's
 //! architecture-neutral config, with the defaults of transformers' config
 //! classes (`LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
-//! `OPTConfig`) wherever a field may be absent. Those defaults are per class
+//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`) wherever a field may be
+//! absent. Those defaults are per class
 //! and not always intuitive: an absent `num_key_value_heads` is
 //! `num_attention_heads` for Llama and OPT but 8 for Mistral and 32 for
 //! Qwen2/Qwen3; Qwen3's absent `head_dim` is 128; only OPT ties its word
@@ -15,8 +16,16 @@
 //! - the five shape fields (`hidden_size`, `intermediate_size` / OPT's
 //!   `ffn_dim`, `num_hidden_layers`, `num_attention_heads`, `vocab_size`) are
 //!   required: a class default of 4096 hidden units is never what a real
-//!   checkpoint meant. A missing or mistyped field is a [`ModelError::Config`]
-//!   naming the field and the file;
+//!   checkpoint meant (except Gemma 3, whose published configs leave
+//!   `num_attention_heads` and `vocab_size` at the class defaults). A missing
+//!   or mistyped field is a [`ModelError::Config`] naming the field and the
+//!   file;
+//! - Gemma 3's multimodal config (`model_type` `gemma3`) is read from its
+//!   `text_config`; Gemma's local/global layers come from `layer_types` or
+//!   the class's `sliding_window_pattern` (every 6th layer global for Gemma 3,
+//!   every 2nd for Gemma 2), its two RoPE bases from `rope_theta` /
+//!   `rope_local_base_freq` or transformers 5's per-layer-type
+//!   `rope_parameters`;
 //! - RoPE parameters are read from `rope_scaling` or transformers 5's
 //!   `rope_parameters` (keys `rope_type` or `type`); `rope_theta` from the
 //!   top level or from inside `rope_parameters`. Only `default`, `linear` and
@@ -43,6 +52,8 @@ enum HfClass {
     Qwen2,
     Qwen3,
     Opt,
+    Gemma2,
+    Gemma3,
 }
 
 impl HfClass {
@@ -55,6 +66,8 @@ impl HfClass {
             "qwen2" => Some(HfClass::Qwen2),
             "qwen3" => Some(HfClass::Qwen3),
             "opt" => Some(HfClass::Opt),
+            "gemma2" => Some(HfClass::Gemma2),
+            "gemma3" | "gemma3_text" | "gemma3forconditionalgeneration" => Some(HfClass::Gemma3),
             _ => None,
         }
     }
@@ -65,7 +78,13 @@ impl HfClass {
             HfClass::Qwen2 => Architecture::Qwen2,
             HfClass::Qwen3 => Architecture::Qwen3,
             HfClass::Opt => Architecture::Opt,
+            HfClass::Gemma2 => Architecture::Gemma2,
+            HfClass::Gemma3 => Architecture::Gemma3,
         }
+    }
+
+    fn is_gemma(self) -> bool {
+        matches!(self, HfClass::Gemma2 | HfClass::Gemma3)
     }
 
     /// transformers' class defaults for the optional fields.
@@ -100,6 +119,18 @@ impl HfClass {
                 head_dim: None,
                 bos_token_id: Some(2),
                 eos_token_id: Some(2),
+            },
+            HfClass::Gemma2 | HfClass::Gemma3 => Defaults {
+                max_position_embeddings: if self == HfClass::Gemma2 {
+                    8192
+                } else {
+                    131_072
+                },
+                tie_word_embeddings: true,
+                num_key_value_heads: Some(4),
+                head_dim: Some(256),
+                bos_token_id: Some(2),
+                eos_token_id: Some(1),
             },
         }
     }
@@ -291,9 +322,18 @@ fn parse_with_names(
     generation: Option<(&str, String)>,
 ) -> Result<ModelConfig> {
     let value = parse_json(config_json, config_file)?;
-    let f = Fields::new(&value, config_file)?;
-    let class = detect_class(&f)?;
+    let top = Fields::new(&value, config_file)?;
+    let class = detect_class(&top)?;
+    // Gemma 3's multimodal checkpoints keep the language model's fields in
+    // `text_config`.
+    let f = match top.object("text_config")? {
+        Some(text) if class == HfClass::Gemma3 => text,
+        _ => top,
+    };
     let mut cfg = build(&f, class)?;
+    if f.get("eos_token_id").is_none() && top.get("eos_token_id").is_some() {
+        cfg.eos_token_ids = top.token_ids("eos_token_id")?.unwrap_or_default();
+    }
 
     if let Some((text, file)) = generation {
         let gen_value = parse_json(text, &file)?;
@@ -344,8 +384,17 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         "intermediate_size"
     })?;
     let num_hidden_layers = f.usize_req("num_hidden_layers")?;
-    let num_attention_heads = f.usize_req("num_attention_heads")?;
-    let vocab_size = f.usize_req("vocab_size")?;
+    let num_attention_heads = match f.usize_opt("num_attention_heads")? {
+        Some(n) => n,
+        None if class == HfClass::Gemma3 => 8,
+        None => f.usize_req("num_attention_heads")?,
+    };
+    // Gemma 3's published configs rely on this and the heads' class default.
+    let vocab_size = match f.usize_opt("vocab_size")? {
+        Some(v) => v,
+        None if class == HfClass::Gemma3 => 262_208,
+        None => f.usize_req("vocab_size")?,
+    };
     let max_position_embeddings = f
         .usize_opt("max_position_embeddings")?
         .unwrap_or(d.max_position_embeddings);
@@ -361,8 +410,13 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
             f.usize_opt("head_dim")?.or(d.head_dim),
         )
     };
+    let mut gemma = None;
     let (rope_theta, rope_scaling) = if is_opt {
         (ROPE_THETA, None)
+    } else if class.is_gemma() {
+        let (theta, scaling, local) = gemma_rope(f, class, max_position_embeddings)?;
+        gemma = Some(gemma_fields(f, class, num_hidden_layers, local)?);
+        (theta, scaling)
     } else {
         rope(f, max_position_embeddings)?
     };
@@ -370,7 +424,7 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         // Qwen2's q/k/v biases are unconditional (no config field).
         HfClass::Qwen2 => true,
         HfClass::Llama | HfClass::Qwen3 => f.bool_or("attention_bias", false)?,
-        HfClass::Mistral | HfClass::Opt => false,
+        HfClass::Mistral | HfClass::Opt | HfClass::Gemma2 | HfClass::Gemma3 => false,
     };
     let eos_token_ids = match f.token_ids("eos_token_id")? {
         Some(ids) => ids,
@@ -417,7 +471,8 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
             true
         },
         torch_dtype: torch_dtype.map(str::to_string),
-        sliding_window: sliding_window(f, class)?,
+        sliding_window: sliding_window(f, class, gemma.as_ref())?,
+        gemma,
     })
 }
 
@@ -442,6 +497,24 @@ fn check_supported(f: &Fields, class: HfClass) -> Result<()> {
         }
         return Ok(());
     }
+    if class.is_gemma() {
+        let act = match f.str_opt("hidden_activation")? {
+            Some(a) => a,
+            None => f.str_opt("hidden_act")?.unwrap_or("gelu_pytorch_tanh"),
+        };
+        if act != "gelu_pytorch_tanh" {
+            return unsupported(format!(
+                "hidden_activation {act:?} (Gemma needs \"gelu_pytorch_tanh\")"
+            ));
+        }
+        if f.bool_or("attention_bias", false)? {
+            return unsupported("Gemma with attention_bias = true".into());
+        }
+        if f.bool_or("use_bidirectional_attention", false)? {
+            return unsupported("use_bidirectional_attention = true".into());
+        }
+        return Ok(());
+    }
     let act = f.str_opt("hidden_act")?.unwrap_or("silu");
     if act != "silu" {
         return unsupported(format!("hidden_act {act:?} (only \"silu\")"));
@@ -458,7 +531,16 @@ fn check_supported(f: &Fields, class: HfClass) -> Result<()> {
 /// `max_window_layers` on (none where that is past the last layer). A
 /// `layer_types` list, where present, says which layers slide. A window of 0
 /// is none.
-fn sliding_window(f: &Fields, class: HfClass) -> Result<Option<usize>> {
+fn sliding_window(
+    f: &Fields,
+    class: HfClass,
+    gemma: Option<&crate::GemmaConfig>,
+) -> Result<Option<usize>> {
+    if let Some(g) = gemma {
+        // transformers' class default is 4096; recorded only where a layer slides.
+        let window = f.usize_opt("sliding_window")?.unwrap_or(4096);
+        return Ok(g.sliding_layers.iter().any(|&s| s).then_some(window));
+    }
     let window = match class {
         HfClass::Mistral => f.usize_opt("sliding_window")?,
         HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
@@ -486,6 +568,158 @@ fn sliding_window(f: &Fields, class: HfClass) -> Result<Option<usize>> {
         }
     }
     Ok(Some(window))
+}
+
+/// Gemma's `(global rope_theta, global rope_scaling, local base)`: from
+/// transformers 5's `rope_parameters` keyed by layer type, or from
+/// `rope_theta` / `rope_scaling` / `rope_local_base_freq` (Gemma 3's defaults
+/// 1e6 and 1e4; Gemma 2 has one base, default 1e4, for every layer).
+fn gemma_rope(
+    f: &Fields,
+    class: HfClass,
+    max_position_embeddings: usize,
+) -> Result<(f64, Option<RopeScaling>, f64)> {
+    let by_type = f
+        .object("rope_parameters")?
+        .filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+    if let Some(p) = by_type {
+        let global = match p.object("full_attention")? {
+            Some(g) => g,
+            None => {
+                return Err(ModelError::Config(format!(
+                    "{}: rope_parameters has no \"full_attention\" entry",
+                    f.file
+                )))
+            }
+        };
+        let (theta, scaling) = rope_entry(&global, 1e6, max_position_embeddings)?;
+        let local = match p.object("sliding_attention")? {
+            None => theta,
+            Some(l) => match rope_entry(&l, 1e4, max_position_embeddings)? {
+                (t, None) => t,
+                (_, Some(_)) => {
+                    return Err(ModelError::Config(format!(
+                        "{}: scaled RoPE on sliding layers is not supported",
+                        f.file
+                    )))
+                }
+            },
+        };
+        return Ok((theta, scaling, local));
+    }
+    let default_theta = if class == HfClass::Gemma3 {
+        1e6
+    } else {
+        ROPE_THETA
+    };
+    let (theta, scaling) = match f.object("rope_scaling")? {
+        Some(s) => {
+            let (_, scaling) = rope_entry(&s, default_theta, max_position_embeddings)?;
+            (f.f64_opt("rope_theta")?.unwrap_or(default_theta), scaling)
+        }
+        None => match f.object("rope_parameters")? {
+            Some(p) => rope_entry(&p, default_theta, max_position_embeddings)?,
+            None => (f.f64_opt("rope_theta")?.unwrap_or(default_theta), None),
+        },
+    };
+    let local = if class == HfClass::Gemma3 {
+        f.f64_opt("rope_local_base_freq")?.unwrap_or(1e4)
+    } else {
+        theta
+    };
+    Ok((theta, scaling, local))
+}
+
+/// One RoPE parameter object (`rope_type`/`type`, `rope_theta`, `factor`).
+fn rope_entry(
+    s: &Fields,
+    default_theta: f64,
+    max_position_embeddings: usize,
+) -> Result<(f64, Option<RopeScaling>)> {
+    let theta = s.f64_opt("rope_theta")?.unwrap_or(default_theta);
+    let kind = match s.str_opt("rope_type")? {
+        Some(k) => k,
+        None => s.str_opt("type")?.unwrap_or("default"),
+    };
+    let scaling = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: s.f64_req("factor")?,
+        }),
+        "llama3" => Some(RopeScaling::Llama3 {
+            factor: s.f64_req("factor")?,
+            low_freq_factor: s.f64_req("low_freq_factor")?,
+            high_freq_factor: s.f64_req("high_freq_factor")?,
+            original_max_position_embeddings: s
+                .usize_opt("original_max_position_embeddings")?
+                .unwrap_or(max_position_embeddings),
+        }),
+        other => {
+            return Err(ModelError::Config(format!(
+                "{}: unsupported rope scaling type {other:?} (supported: default, linear, llama3)",
+                s.file
+            )))
+        }
+    };
+    Ok((theta, scaling))
+}
+
+/// Gemma's per-layer types, query scale and soft-capping.
+fn gemma_fields(
+    f: &Fields,
+    class: HfClass,
+    num_layers: usize,
+    rope_local_base_freq: f64,
+) -> Result<crate::GemmaConfig> {
+    let sliding_layers = match f.get("layer_types") {
+        Some(types) => {
+            let list = types
+                .as_array()
+                .ok_or_else(|| f.bad("layer_types", "an array", types))?;
+            list.iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(f.bad(
+                        "layer_types",
+                        "a list of \"sliding_attention\" / \"full_attention\"",
+                        t,
+                    )),
+                })
+                .collect::<Result<Vec<bool>>>()?
+        }
+        None => {
+            let default = if class == HfClass::Gemma3 { 6 } else { 2 };
+            let pattern = match f.usize_opt("sliding_window_pattern")? {
+                Some(p) => p,
+                None => f.usize_opt("_sliding_window_pattern")?.unwrap_or(default),
+            };
+            if pattern == 0 {
+                return Err(f.bad("sliding_window_pattern", "positive", &Value::from(0)));
+            }
+            (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
+    };
+    let (attn_cap, final_cap) = if class == HfClass::Gemma2 {
+        (Some(50.0), Some(30.0))
+    } else {
+        (None, None)
+    };
+    let cap = |key: &str, default: Option<f64>| -> Result<Option<f64>> {
+        // An explicit null turns capping off.
+        match f.obj.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(_) => f.f64_opt(key),
+        }
+    };
+    Ok(crate::GemmaConfig {
+        sliding_layers,
+        rope_local_base_freq,
+        query_pre_attn_scalar: f.f64_opt("query_pre_attn_scalar")?.unwrap_or(256.0),
+        attn_logit_softcapping: cap("attn_logit_softcapping", attn_cap)?,
+        final_logit_softcapping: cap("final_logit_softcapping", final_cap)?,
+    })
 }
 
 /// `(rope_theta, rope_scaling)` from `rope_scaling` / `rope_parameters`.

@@ -404,3 +404,92 @@ fn a_context_past_the_window_is_refused() {
     let full = with_fields("mistral", "");
     assert_eq!(full.check_context_len(1 << 20), Ok(()));
 }
+
+/// gemma-3-270m's published config.json (the fields that matter).
+const GEMMA3_270M: &str = r#"{
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+    "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+    "vocab_size": 262144, "max_position_embeddings": 32768,
+    "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": null,
+    "sliding_window": 512, "_sliding_window_pattern": 6,
+    "attn_logit_softcapping": null, "final_logit_softcapping": null,
+    "use_bidirectional_attention": false, "torch_dtype": "bfloat16",
+    "eos_token_id": [1, 106], "bos_token_id": 2
+}"#;
+
+#[test]
+fn gemma3_text_config_with_legacy_rope_keys() {
+    let c = parse(GEMMA3_270M).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!((c.num_key_value_heads, c.head_dim()), (1, 256));
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(c.rope_scaling, None);
+    assert_eq!(c.sliding_window, Some(512));
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.eos_token_ids, vec![1, 106]);
+    let g = c.gemma.as_ref().unwrap();
+    let global: Vec<usize> = (0..18).filter(|&i| !g.sliding_layers[i]).collect();
+    assert_eq!(global, vec![5, 11, 17]);
+    assert_eq!(g.rope_local_base_freq, 1e4);
+    assert_eq!(g.query_pre_attn_scalar, 256.0);
+    assert_eq!(
+        (g.attn_logit_softcapping, g.final_logit_softcapping),
+        (None, None)
+    );
+    // Gemma applies the window itself: long contexts are fine.
+    assert!(c.check_context_len(32768).is_ok());
+}
+
+#[test]
+fn gemma3_multimodal_config_reads_text_config_with_class_defaults() {
+    let json = r#"{
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "eos_token_id": [1, 106],
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+            "intermediate_size": 10240, "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
+    }"#;
+    let c = parse(json).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads), (8, 4));
+    assert_eq!((c.head_dim(), c.vocab_size), (256, 262_208));
+    assert_eq!(c.rope_theta, 1e6);
+    assert_eq!(c.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
+    assert_eq!(c.sliding_window, Some(1024));
+    assert_eq!(c.eos_token_ids, vec![1, 106]);
+    assert_eq!(c.gemma.as_ref().unwrap().rope_local_base_freq, 1e4);
+}
+
+#[test]
+fn gemma2_defaults_soft_capping_and_alternating_layers() {
+    let c = with_fields("gemma2", r#", "sliding_window": 4096"#);
+    assert_eq!(c.architecture, Architecture::Gemma2);
+    let g = c.gemma.as_ref().unwrap();
+    assert_eq!(g.sliding_layers, vec![true, false]);
+    assert_eq!(
+        (g.attn_logit_softcapping, g.final_logit_softcapping),
+        (Some(50.0), Some(30.0))
+    );
+    assert_eq!(g.rope_local_base_freq, c.rope_theta);
+    let off = with_fields("gemma2", r#", "attn_logit_softcapping": null"#);
+    assert_eq!(off.gemma.unwrap().attn_logit_softcapping, None);
+}
+
+#[test]
+fn gemma_unsupported_options_are_errors() {
+    for extra in [
+        r#", "hidden_activation": "silu""#,
+        r#", "use_bidirectional_attention": true"#,
+        r#", "attention_bias": true"#,
+        r#", "layer_types": ["sliding_attention", "chunked_attention"]"#,
+        r#", "layer_types": ["sliding_attention"]"#,
+    ] {
+        let json = format!(
+            r#"{{"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10{extra}}}"#
+        );
+        assert!(parse(&json).is_err(), "{extra}");
+    }
+}

@@ -2,13 +2,14 @@
 //!
 //! One item is one token's `group` query heads over the key range `k0..k1`:
 //! scores `[group, k1 - k0]` (one read of each K row for all heads of the
-//! group), a max-subtracted softmax, and a weighted sum of V rows. With
+//! group; clipped to the window, soft-capped where asked), a max-subtracted
+//! softmax, and a weighted sum of V rows. With
 //! AVX2+FMA and `head_dim % 32 == 0` an intrinsic kernel keeps up to three
 //! heads' 32-wide output slices in registers while it walks the keys;
 //! otherwise a portable loop does the same arithmetic. Scratch is
 //! O(group * (k1 - k0)).
 
-use super::{for_each_key, Item, Part, Scratch};
+use super::{for_each_key, softcap, Item, Part, Scratch};
 use crate::cpu::math::{dot, exp_sub_sum};
 use crate::cpu::storage::{CpuKvCache, CpuStep, CpuTensor};
 use crate::AttentionParams;
@@ -27,7 +28,7 @@ pub(super) fn part(
     let ctx = &step.ctx;
     let table = ctx.block_table(it.seq);
     let limit = ctx.context_lens[it.seq] as usize + it.t0 + 1;
-    let (k0, k1) = (it.k0, it.k1.min(limit));
+    let (k0, k1) = (it.k0.max(p.first_key(limit - 1)), it.k1.min(limit));
     let n = k1.saturating_sub(k0);
     let tok = ctx.cu_seqlens_q[it.seq] as usize + it.t0;
     let qa = tok * q.cols + it.kvh * group * hd;
@@ -65,6 +66,7 @@ pub(super) fn part(
         // 2. Softmax weights per head, relative to the head's max.
         for g in 0..group {
             let row = &mut s.s[g * n..(g + 1) * n];
+            softcap(p, row);
             max[g] = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             sum[g] = exp_sub_sum(row, max[g]);
         }

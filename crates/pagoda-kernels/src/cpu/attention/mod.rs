@@ -8,9 +8,13 @@
 //! Attention handles any mix of prefill (with or without a cached prefix) and
 //! decode sequences in one step (varlen). Query token `j` of a sequence with
 //! `context_len` cached tokens sees positions `0..=context_len + j`; query head
-//! `h` reads kv head `h / (num_heads / num_kv_heads)` (GQA). Scores, the
-//! softmax (max-subtracted) and the weighted V sum are in f32. Every block id
-//! and slot is checked against the cache before any work.
+//! `h` reads kv head `h / (num_heads / num_kv_heads)` (GQA). With a sliding
+//! window ([`AttentionParams::window`]) it sees only the last `window` of
+//! those positions, and items never visit keys older than their tile's
+//! window; with soft-capping ([`AttentionParams::softcap`]) each scaled score
+//! is capped before the softmax. Scores, the softmax (max-subtracted) and the
+//! weighted V sum are in f32. Every block id and slot is checked against the
+//! cache before any work.
 //!
 //! Work is split into items of (sequence, kv head, tile of query tokens, key
 //! range); the query heads sharing a kv head are handled together, so each K/V
@@ -87,6 +91,7 @@ pub(crate) fn check(
     p: &AttentionParams,
 ) -> Result<()> {
     let s = cache.shape;
+    p.check_variants().map_err(|e| shape_err("attention", e))?;
     if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             "attention",
@@ -142,7 +147,8 @@ pub(crate) fn check(
 }
 
 /// One work item: query tokens `t0..t0 + nt` of sequence `seq`, all query
-/// heads of kv head `kvh`, over keys `k0..k1` (clipped to each row's causal limit).
+/// heads of kv head `kvh`, over keys `k0..k1` (clipped to each row's causal
+/// limit and window).
 #[derive(Debug, Clone, Copy)]
 struct Item {
     seq: usize,
@@ -173,7 +179,8 @@ struct Scratch {
 }
 
 /// The step's items, parts of one tile adjacent.
-fn plan(step: &CpuStep, nkv: usize, threads: usize) -> Vec<Item> {
+fn plan(step: &CpuStep, p: &AttentionParams, threads: usize) -> Vec<Item> {
+    let nkv = p.num_kv_heads;
     let ctx = &step.ctx;
     let singles: usize = (0..ctx.num_seqs())
         .filter(|&i| ctx.query_len(i) == 1)
@@ -189,13 +196,16 @@ fn plan(step: &CpuStep, nkv: usize, threads: usize) -> Vec<Item> {
             for t0 in (0..ql).step_by(Q_TILE) {
                 let nt = Q_TILE.min(ql - t0);
                 let n_keys = context_len + t0 + nt;
+                // The tile's first query sees the oldest key of the tile.
+                let first = p.first_key(context_len + t0);
+                let span = n_keys - first;
                 let splits = if ql == 1 {
-                    want.min(n_keys.div_ceil(MIN_SPLIT_KEYS)).max(1)
+                    want.min(span.div_ceil(MIN_SPLIT_KEYS)).max(1)
                 } else {
                     1
                 };
-                let per = n_keys.div_ceil(splits);
-                for k0 in (0..n_keys).step_by(per) {
+                let per = span.div_ceil(splits);
+                for k0 in (first..n_keys).step_by(per) {
                     let k1 = (k0 + per).min(n_keys);
                     items.push(Item {
                         seq,
@@ -226,7 +236,7 @@ pub fn attention(
     if hd == 0 || nh == 0 || q.rows == 0 {
         return Ok(out);
     }
-    let items = plan(step, nkv, rayon::current_num_threads());
+    let items = plan(step, p, rayon::current_num_threads());
     let parts: Vec<Part> = items
         .par_iter()
         .map_init(Scratch::default, |s, it| {
@@ -256,6 +266,17 @@ pub fn attention(
         i = j;
     }
     Ok(out)
+}
+
+/// `x = cap * tanh(x / cap)` for each score, where the params ask for it.
+#[inline]
+pub(super) fn softcap(p: &AttentionParams, scores: &mut [f32]) {
+    if let Some(cap) = p.softcap {
+        let inv = 1.0 / cap;
+        for x in scores.iter_mut() {
+            *x = cap * (*x * inv).tanh();
+        }
+    }
 }
 
 /// `out = (sum_i w_i o_i) / (sum_i w_i sum_i)` with `w_i = e^(max_i - max)`

@@ -4,10 +4,11 @@
 //! are visited in chunks of `K_CHUNK` gathered into contiguous K and V
 //! buffers through the block table; `S = scale * Q K^T` and `O += P V` go
 //! through the `gemm` crate, with an online softmax (running max and sum per
-//! row) in between. Rows past their causal limit get zero weight. Scratch is
+//! row) in between. Rows past their causal limit, or before their window,
+//! get zero weight; soft-capping applies to the scaled scores. Scratch is
 //! O(rows * K_CHUNK + K_CHUNK * head_dim).
 
-use super::{for_each_key, Item, Part, Scratch};
+use super::{for_each_key, softcap, Item, Part, Scratch};
 use crate::cpu::math::exp_sub_sum;
 use crate::cpu::storage::{CpuKvCache, CpuStep, CpuTensor};
 use crate::AttentionParams;
@@ -35,6 +36,8 @@ pub(super) fn part(
     let m = it.nt * group;
     // Row r = (token t, head g) of the tile sees keys < context_len + t0 + t + 1.
     let limit = |r: usize| context_len + it.t0 + r / group + 1;
+    // ... and keys from its window's first on.
+    let first = |r: usize| p.first_key(context_len + it.t0 + r / group);
     let n_keys = limit(m - 1);
 
     s.q.clear();
@@ -86,18 +89,20 @@ pub(super) fn part(
         // 3. Online softmax: mask, new running max, rescale O and the sum, P = exp(S - max).
         for r in 0..m {
             let valid = limit(r).saturating_sub(c0).min(kc);
+            let start = first(r).saturating_sub(c0).min(kc);
             let row = &mut s.s[r * kc..(r + 1) * kc];
-            if valid == 0 {
+            if start >= valid {
                 row.fill(0.0);
                 continue;
             }
-            let chunk_max = row[..valid]
-                .iter()
-                .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let live = &mut row[start..valid];
+            softcap(p, live);
+            let chunk_max = live.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let new_max = max[r].max(chunk_max);
             let correction = (max[r] - new_max).exp();
             max[r] = new_max;
-            let row_sum = exp_sub_sum(&mut row[..valid], new_max);
+            let row_sum = exp_sub_sum(live, new_max);
+            row[..start].fill(0.0);
             row[valid..].fill(0.0);
             sum[r] = sum[r] * correction + row_sum;
             if correction != 1.0 {

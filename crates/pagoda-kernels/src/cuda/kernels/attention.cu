@@ -9,6 +9,9 @@
 // keeps an online softmax (running max, sum, weighted V) in f32. The warps'
 // partial results are merged through shared memory at the end. Correctness
 // first: each query token re-reads its keys (prefill tiles come later).
+// With window > 0 only the last `window` of those positions are seen; with
+// softcap > 0 each scaled score s becomes softcap * tanh(s / softcap). This
+// kernel is the one that takes those variants.
 
 #define ATT_WARPS 4
 #define ATT_MAX_PER_LANE 8  // head_dim <= 256
@@ -19,7 +22,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
                      const int* __restrict__ token_seq, const int* __restrict__ cu_seqlens_q,
                      const int* __restrict__ context_lens, const int* __restrict__ block_tables,
                      int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,
-                     int head_dim, float scale) {
+                     int head_dim, float scale, int window, float softcap) {
     __shared__ float s_max[ATT_WARPS];
     __shared__ float s_sum[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_PER_LANE * 32];
@@ -31,6 +34,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
     int seq = token_seq[tok];
     int j = tok - cu_seqlens_q[seq];
     int n_keys = context_lens[seq] + j + 1;
+    int first = window > 0 && n_keys > window ? n_keys - window : 0;
     int kv_head = head / (num_heads / num_kv_heads);
     const int* table = block_tables + (long long)seq * max_blocks_per_seq;
 
@@ -45,7 +49,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
     }
     float m = NEG_INF;
     float l = 0.0f;
-    for (int key = warp; key < n_keys; key += ATT_WARPS) {
+    for (int key = first + warp; key < n_keys; key += ATT_WARPS) {
         int blk = table[key / block_size];
         int off = key % block_size;
         long long base = (((long long)blk * block_size + off) * num_kv_heads + kv_head) * head_dim;
@@ -58,6 +62,9 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
             }
         }
         s = warp_sum(s);
+        if (softcap > 0.0f) {
+            s = softcap * tanhf(s / softcap);
+        }
         float m_new = fmaxf(m, s);
         float corr = expf(m - m_new);
         float p = expf(s - m_new);
@@ -87,7 +94,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
     if (warp != 0) {
         return;
     }
-    // n_keys >= 1, so at least warp 0 saw a key and the merged max is finite.
+    // At least one key (the token's own) is seen, by warp 0: the merged max is finite.
     float gm = NEG_INF;
     for (int w = 0; w < ATT_WARPS; w++) {
         gm = fmaxf(gm, s_max[w]);

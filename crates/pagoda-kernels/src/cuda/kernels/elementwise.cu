@@ -121,6 +121,39 @@ extern "C" __global__ void silu_mul2_bf16(bf16* y, const bf16* g, const bf16* u,
     GRID_STRIDE(i, n) { y[i] = f2bf(silu(bf2f(g[i])) * bf2f(u[i])); }
 }
 
+// y[r, c] = gelu_tanh(gu[r, c]) * gu[r, n + c] (transformers' gelu_pytorch_tanh)
+extern "C" __global__ void gelu_tanh_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    long long total = (long long)n_rows * n;
+    GRID_STRIDE(i, total) {
+        long long r = i / n;
+        int c = (int)(i - r * n);
+        const bf16* row = gu + r * 2 * n;
+        float g = bf2f(row[c]);
+        float a = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+        y[i] = f2bf(a * bf2f(row[n + c]));
+    }
+}
+
+// x *= factor (bf16 activations or the f32 residual).
+template <typename X>
+__device__ void scale_impl(X* x, float factor, long long n) {
+    GRID_STRIDE(i, n) { st(x, i, ld(x, i) * factor); }
+}
+
+extern "C" __global__ void scale_bf16(bf16* x, float factor, long long n) { scale_impl(x, factor, n); }
+
+extern "C" __global__ void scale_f32(float* x, float factor, long long n) { scale_impl(x, factor, n); }
+
+// x = cap * tanh(x / cap)
+template <typename X>
+__device__ void softcap_impl(X* x, float cap, long long n) {
+    GRID_STRIDE(i, n) { st(x, i, cap * tanhf(ld(x, i) / cap)); }
+}
+
+extern "C" __global__ void softcap_bf16(bf16* x, float cap, long long n) { softcap_impl(x, cap, n); }
+
+extern "C" __global__ void softcap_f32(float* x, float cap, long long n) { softcap_impl(x, cap, n); }
+
 extern "C" __global__ void relu_bf16(bf16* x, long long n) {
     GRID_STRIDE(i, n) { x[i] = f2bf(fmaxf(bf2f(x[i]), 0.0f)); }
 }
