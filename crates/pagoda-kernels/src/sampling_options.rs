@@ -1,5 +1,6 @@
 //! Per-row options of device sampling beyond [`crate::SamplingRow`]:
-//! repetition / frequency / presence penalties and logprobs, and what a
+//! repetition / frequency / presence penalties and logprobs, allowed-token
+//! masks of constrained rows ([`TokenMasks`], applied first), and what a
 //! device sampling step returns ([`DeviceSamples`]).
 //!
 //! Semantics are the engine's host sampler's (pagoda-engine's `sampler`):
@@ -122,6 +123,55 @@ impl SamplingOptions {
         }
         if i32::try_from(self.history.len()).is_err() {
             return Err("the history does not fit in 32 bits".into());
+        }
+        Ok(())
+    }
+}
+
+/// Allowed-token bitmasks of a step's constrained sampling rows
+/// (structured outputs): a disallowed token's logit becomes -inf before
+/// penalties and sampling, as if the token were not in the vocabulary.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenMasks {
+    /// u32 words per mask: `ceil(vocab / 32)`.
+    pub words: usize,
+    /// The sampling row of each mask, ascending.
+    pub rows: Vec<u32>,
+    /// `rows.len() * words` words; bit `t % 32` of word `t / 32` of a mask
+    /// is set when token `t` is allowed.
+    pub bits: Vec<u32>,
+}
+
+impl TokenMasks {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Checks the masks against a step of `rows` sampling rows of `vocab`
+    /// logits.
+    pub fn validate(&self, rows: usize, vocab: usize) -> Result<(), String> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        if self.words != vocab.div_ceil(32) {
+            return Err(format!(
+                "{} mask words for a vocabulary of {vocab}",
+                self.words
+            ));
+        }
+        if self.bits.len() != self.rows.len() * self.words {
+            return Err(format!(
+                "{} mask words for {} masks of {}",
+                self.bits.len(),
+                self.rows.len(),
+                self.words
+            ));
+        }
+        if self.rows.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("mask rows must ascend".into());
+        }
+        if self.rows.last().is_some_and(|&r| r as usize >= rows) {
+            return Err(format!("a mask for a row past the step's {rows}"));
         }
         Ok(())
     }
