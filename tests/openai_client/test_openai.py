@@ -19,6 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 
+import jsonschema
 import openai
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +201,6 @@ def test_unknown_model_is_a_400():
 
 def test_unsupported_options_are_a_400_naming_them():
     for kw in (
-        {"response_format": {"type": "json_object"}},
         {"logit_bias": {"42": 100}},
         {"extra_body": {"min_tokens": 2}},
     ):
@@ -227,6 +227,99 @@ def test_neutral_options_and_developer_role_are_accepted():
         extra_body={"add_generation_prompt": True, "chat_template_kwargs": {}},
     )
     assert r.choices[0].message.content
+
+
+SCHEMAS = json.loads((ROOT / "tests/structured_schemas.json").read_text())
+
+
+def constrained_chat(prompt, stream, **kw):
+    """Greedy chat under a constraint; returns (text, finish_reason)."""
+    args = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt + " Answer in JSON."}],
+        max_tokens=200,
+        temperature=0,
+        **kw,
+    )
+    if not stream:
+        r = CLIENT.chat.completions.create(**args)
+        return r.choices[0].message.content, r.choices[0].finish_reason
+    text, finish = "", None
+    for c in CLIENT.chat.completions.create(stream=True, **args):
+        if c.choices:
+            text += c.choices[0].delta.content or ""
+            finish = c.choices[0].finish_reason or finish
+    return text, finish
+
+
+def test_json_schema_corpus_outputs_validate_streamed_and_not():
+    # Every schema of the corpus, streamed and not, 8 requests at a time
+    # (the server batches them): the output must be complete (finish
+    # "stop", not truncated), parse, and validate against its schema.
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert len(SCHEMAS) >= 50
+
+    def one(job):
+        case, stream = job
+        rf = {
+            "type": "json_schema",
+            "json_schema": {"name": case["name"], "schema": case["schema"], "strict": True},
+        }
+        text, finish = constrained_chat(case["prompt"], stream, response_format=rf)
+        try:
+            assert finish == "stop", f"finish {finish}"
+            jsonschema.validate(json.loads(text), case["schema"])
+        except Exception as e:
+            return f"{case['name']} (stream={stream}): {e}: {text!r}"
+        return None
+
+    jobs = [(c, s) for c in SCHEMAS for s in (False, True)]
+    with ThreadPoolExecutor(8) as pool:
+        errors = [e for e in pool.map(one, jobs) if e]
+    assert not errors, "\n".join(errors)
+
+
+def test_json_mode_gives_a_json_object_streamed_and_not():
+    for stream in (False, True):
+        text, finish = constrained_chat(
+            "Give me a JSON object with your name.",
+            stream,
+            response_format={"type": "json_object"},
+        )
+        assert finish == "stop", (finish, text)
+        assert isinstance(json.loads(text), dict), text
+
+
+def test_vllm_guided_fields_and_bad_schema():
+    r = CLIENT.completions.create(
+        model=MODEL,
+        prompt="The sky is",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"guided_choice": ["blue", "green"]},
+    )
+    assert r.choices[0].text in ("blue", "green"), r.choices[0].text
+    r = CLIENT.completions.create(
+        model=MODEL,
+        prompt="Year:",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"structured_outputs": {"regex": "[12][0-9]{3}"}},
+    )
+    t = r.choices[0].text
+    assert len(t) == 4 and t.isdigit(), t
+    try:
+        CLIENT.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=4,
+            extra_body={"guided_json": "{not json"},
+        )
+    except openai.BadRequestError as e:
+        assert e.param == "guided_json", (e.param, str(e))
+        return
+    raise AssertionError("a bad schema was accepted")
 
 
 def main():
