@@ -8,7 +8,10 @@
 //! `--logprobs-fraction F --logprobs K` makes a random F of the requests ask
 //! for K top logprobs and `--penalty-fraction F` gives a random F repetition
 //! 1.1, frequency 0.2 and presence 0.2 penalties (both drawn from `--seed`
-//! apart from the prompts, so the prompts are those of the plain run).
+//! apart from the prompts, so the prompts are those of the plain run);
+//! `--json-schema FILE` generates every request under that JSON schema
+//! (a request ends when its document is complete) and reports the median
+//! and p99 per-step token mask time (`mask_ms_median`, `mask_ms_p99`).
 //! Prints one JSON line.
 //!
 //! `pagoda bench single`: single-stream speed like llama.cpp's llama-bench:
@@ -79,6 +82,10 @@ pub struct ThroughputArgs {
     /// frequency 0.2 and presence 0.2 penalties.
     #[arg(long, default_value_t = 0.0, value_name = "F")]
     pub penalty_fraction: f64,
+    /// Generate every request under this JSON schema (structured outputs);
+    /// reports the per-step token mask time.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +155,11 @@ struct ThroughputResult {
     logprobs_requests: usize,
     penalty_fraction: f64,
     penalty_requests: usize,
+    /// `--json-schema`'s file, if given.
+    json_schema: Option<String>,
+    /// Per-step token mask time (median, p99) in milliseconds, with a schema.
+    mask_ms_median: Option<f64>,
+    mask_ms_p99: Option<f64>,
 }
 
 /// The workload: prompts and max_tokens per request, reproducible from the
@@ -177,6 +189,13 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>>
     let prefix: Vec<u32> = (0..a.shared_prefix)
         .map(|_| uniform(0, max_id) as u32)
         .collect();
+    let schema = match &a.json_schema {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("--json-schema {}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
     let mut requests = Vec::with_capacity(a.num_seqs);
     for i in 0..a.num_seqs {
         let len = uniform(a.min_input, a.max_input).max(a.shared_prefix + 1);
@@ -189,6 +208,9 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>>
             max_tokens: uniform(a.min_output, a.max_output),
             ignore_eos: true,
             seed: Some(a.seed.wrapping_add(i as u64)),
+            structured: schema
+                .clone()
+                .map(pagoda_core::StructuredOutput::JsonSchema),
             ..SamplingParams::default()
         };
         let logprobs = (option_rng.next_f64() < a.logprobs_fraction).then_some(a.logprobs);
@@ -266,6 +288,7 @@ impl EngineTask for Throughput<'_> {
         }
         let seconds = started.elapsed().as_secs_f64();
         pb.finish_and_clear();
+        let mask = engine.mask_stats().and_then(|m| m.median_p99());
         let result = ThroughputResult {
             model: name,
             backend: engine.runner().backend_name(),
@@ -284,6 +307,9 @@ impl EngineTask for Throughput<'_> {
             logprobs_requests,
             penalty_fraction: a.penalty_fraction,
             penalty_requests,
+            json_schema: a.json_schema.as_ref().map(|p| p.display().to_string()),
+            mask_ms_median: mask.map(|m| m.0 * 1e3),
+            mask_ms_p99: mask.map(|m| m.1 * 1e3),
         };
         Ok(result)
     }
