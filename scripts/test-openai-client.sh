@@ -18,7 +18,7 @@ scripts/fetch-default-model.sh >/dev/null
 cargo build --release --quiet -p pagoda
 if ! "$VENV/bin/python" -c "import openai, jsonschema, sys, importlib.metadata as m; sys.exit(openai.__version__ != '$OPENAI_VERSION' or m.version('jsonschema') != '$JSONSCHEMA_VERSION')" 2>/dev/null; then
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
 fi
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
