@@ -225,6 +225,23 @@ mod tests {
     }
 
     #[test]
+    fn token_masks_validate_their_shape() {
+        let mut m = TokenMasks::default();
+        assert_eq!(m.validate(0, 100), Ok(()));
+        m.words = 4;
+        m.rows = vec![0, 2];
+        m.bits = vec![0; 8];
+        assert_eq!(m.validate(3, 100), Ok(()));
+        assert!(m.validate(2, 100).is_err(), "row past the step");
+        assert!(m.validate(3, 200).is_err(), "words for another vocabulary");
+        m.rows = vec![2, 0];
+        assert!(m.validate(3, 100).is_err(), "rows must ascend");
+        m.rows = vec![0, 2];
+        m.bits.pop();
+        assert!(m.validate(3, 100).is_err(), "short bits");
+    }
+
+    #[test]
     fn repetition_penalty_of_one_or_less_than_zero_is_off() {
         let mut r = RowOptions::NONE;
         assert!(!r.has_penalties());

@@ -113,6 +113,34 @@ mod tests {
     }
 
     #[test]
+    fn token_bytes_spell_what_decode_gives_on_the_default_model() {
+        let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let Ok(tok) = Tokenizer::from_gguf_file(&p) else {
+            eprintln!("default model missing: skipped");
+            return;
+        };
+        let bytes = tok.token_bytes().unwrap();
+        assert_eq!(bytes.len(), tok.vocab_size());
+        for text in [
+            "Hello, world! {\"a\": [1, 2.5e-3]}\n\tdone",
+            "の日本語テキスト🙂 café",
+            "  leading spaces and\r\nCRLF",
+        ] {
+            let ids = tok.encode(text, false).unwrap();
+            let joined: Vec<u8> = ids
+                .iter()
+                .flat_map(|&i| bytes[i as usize].clone())
+                .collect();
+            assert_eq!(joined, text.as_bytes(), "{text:?}");
+        }
+        // Special tokens carry the marker.
+        let im_end = tok.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(bytes[im_end as usize][0], SPECIAL_TOKEN_MARKER);
+        assert_eq!(&bytes[im_end as usize][1..], b"<|im_end|>");
+    }
+
+    #[test]
     fn byte_fallback_pieces() {
         assert_eq!(byte_fallback_bytes("<0x0A>"), b"\n");
         assert_eq!(byte_fallback_bytes("▁the"), b" the");
