@@ -11,6 +11,9 @@
 
 mod common;
 
+/// The shared helpers ask which CPU kernels a binary tests; none here.
+const PORTABLE: bool = false;
+
 use common::{rvec, Rng};
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, sampling_step};
 use pagoda_kernels::{Backend, SamplingRow, TokenMasks};
