@@ -6,8 +6,9 @@
 //! the order given), so no request loses its matcher state whatever the
 //! forward pass does; a mask that could not be computed allows only EOS
 //! and is reported. Costs: one packed mask of `ceil(vocab / 32)` words per
-//! constrained row; the mask buffer is handed back and reused, so a steady
-//! batch allocates nothing per step.
+//! constrained row, in host memory (the host sampler hands the buffer back
+//! for the next step; the CUDA backend copies it into one device buffer it
+//! keeps, so the device never allocates per step).
 
 use super::Guide;
 use rayon::prelude::*;
