@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OPENAI_VERSION=3.51.0
+JSONSCHEMA_VERSION=4.26.0
 VENV=target/openai-venv
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 PAGODA=target/release/pagoda
@@ -15,9 +16,9 @@ PAGODA=target/release/pagoda
 scripts/fetch-default-model.sh >/dev/null
 # A no-op when the cargo tests just built it; keeps a stale binary out.
 cargo build --release --quiet -p pagoda
-if ! "$VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import openai, jsonschema, sys, importlib.metadata as m; sys.exit(openai.__version__ != '$OPENAI_VERSION' or m.version('jsonschema') != '$JSONSCHEMA_VERSION')" 2>/dev/null; then
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION"
 fi
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

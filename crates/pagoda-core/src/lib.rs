@@ -26,7 +26,7 @@ pub use config::SchedulerConfig;
 pub use error::CoreError;
 pub use output::{BlockCopy, RequestUpdate, ScheduledSequence, SchedulerOutput};
 pub use radix_cache::{NodeId, PrefixMatch, RadixCache};
-pub use sampling::{SamplingParams, SamplingParamsError};
+pub use sampling::{SamplingParams, SamplingParamsError, StructuredOutput};
 pub use scheduler::Scheduler;
 pub use sequence::{FinishReason, Request, RequestId, Sequence};
 pub use stats::{SchedulerStats, StatCounters};

@@ -16,6 +16,8 @@ use crate::context::{build_forward_context, ScheduledSeq};
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
 use crate::stop::{find_stop, held_back_len};
+use crate::structured::step::{PendingMasks, StructuredEngine};
+use crate::structured::{apply_mask, Guide, MaskStats};
 use crate::token_history::TokenHistory;
 use crate::{EngineError, Result};
 use pagoda_core::{
@@ -23,8 +25,8 @@ use pagoda_core::{
     SchedulerStats,
 };
 use pagoda_kernels::{
-    Backend, BlockCopyOp, DeviceSamples, ForwardContext, RowOptions, SamplingOptions, SamplingRow,
-    MAX_LOGPROBS,
+    Backend, BlockCopyOp, DeviceSamples, ForwardContext, KernelError, RowOptions, SamplingOptions,
+    SamplingRow, TokenMasks, MAX_LOGPROBS,
 };
 use pagoda_model::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use std::collections::HashMap;
@@ -68,6 +70,8 @@ struct RequestState {
     /// penalties (made at the first device-sampled step of a request with
     /// penalties).
     history: Option<TokenHistory>,
+    /// The structured-output matcher, advanced with each output token.
+    guide: Option<Guide>,
     num_prompt_tokens: usize,
     /// All text decoded so far (cut at a stop string when one is found).
     text: String,
@@ -92,6 +96,9 @@ pub struct LlmEngine<B: Backend> {
     in_step_tokens: usize,
     /// Reused per step: the sampling rows' penalties and logprobs requests.
     sampling_options: SamplingOptions,
+    /// Grammar compiler and mask workers, made at the first constrained
+    /// request.
+    structured: Option<StructuredEngine>,
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -131,6 +138,7 @@ impl<B: Backend> LlmEngine<B> {
             in_step: Vec::new(),
             in_step_tokens: 0,
             sampling_options: SamplingOptions::default(),
+            structured: None,
         })
     }
 
@@ -179,6 +187,28 @@ impl<B: Backend> LlmEngine<B> {
                 )));
             }
         }
+        let guide = match &r.params.structured {
+            Some(c) => {
+                if self.structured.is_none() {
+                    let s = StructuredEngine::new(
+                        self.tokenizer.as_ref(),
+                        self.runner.config().vocab_size,
+                        &self.eos_token_ids,
+                    )
+                    .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+                    self.structured = Some(s);
+                }
+                let s = self
+                    .structured
+                    .as_ref()
+                    .ok_or_else(|| EngineError::Internal("no structured-output compiler".into()))?;
+                Some(
+                    s.compile(c)
+                        .map_err(|e| EngineError::InvalidRequest(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         let id = RequestId(self.next_id);
         let seed = r.params.seed.unwrap_or_else(|| self.seed_source.next_u64());
         let detok = match &self.tokenizer {
@@ -195,6 +225,7 @@ impl<B: Backend> LlmEngine<B> {
             stop: r.params.stop.clone(),
             logprobs: r.logprobs,
             history: None,
+            guide,
             num_prompt_tokens: r.prompt_token_ids.len(),
             text: String::new(),
             emitted: 0,
@@ -261,8 +292,50 @@ impl<B: Backend> LlmEngine<B> {
         let Some((plan, mut ctx)) = self.prepare()? else {
             return Ok(Vec::new());
         };
-        let (sampled, logprobs) = self.sample(&plan, &mut ctx)?;
+        let masks = self.start_masks(&plan);
+        let (sampled, logprobs) = self.sample(&plan, &mut ctx, masks)?;
         self.emit(&plan, &sampled, logprobs)
+    }
+
+    /// Per-step token mask times of constrained requests (`None` before
+    /// the first one).
+    pub fn mask_stats(&self) -> Option<&MaskStats> {
+        self.structured.as_ref().map(|s| s.workers().stats())
+    }
+
+    /// Takes the guides of the step's constrained rows and starts their
+    /// masks on the mask workers (they run during the forward pass).
+    fn start_masks(&mut self, plan: &SchedulerOutput) -> Option<PendingMasks> {
+        let s = self.structured.as_mut()?;
+        let mut rows = Vec::new();
+        let sampled = plan.scheduled.iter().filter(|s| s.needs_logits);
+        for (row, sch) in sampled.enumerate() {
+            let guide = self
+                .states
+                .get_mut(&sch.request_id)
+                .and_then(|st| st.guide.take());
+            if let Some(g) = guide {
+                rows.push(((sch.request_id, row as u32), g));
+            }
+        }
+        s.start(rows)
+    }
+
+    /// Joins a step's masks and gives the guides back to their requests.
+    fn finish_masks(
+        structured: &mut Option<StructuredEngine>,
+        states: &mut HashMap<RequestId, RequestState>,
+        pending: Option<PendingMasks>,
+    ) -> Result<TokenMasks> {
+        let (Some(s), Some(p)) = (structured.as_mut(), pending) else {
+            return Ok(TokenMasks::default());
+        };
+        s.finish(p, |id, g| {
+            if let Some(st) = states.get_mut(&id) {
+                st.guide = Some(g);
+            }
+        })
+        .map_err(EngineError::Internal)
     }
 
     /// Stage 1: plan the step, copy shared blocks, build the forward
@@ -316,11 +389,16 @@ impl<B: Backend> LlmEngine<B> {
     /// Stage 2: the forward pass and a token for every sequence that
     /// finished its prompt or decoded: on the device where the backend
     /// samples there (penalties and logprobs included), else on the host.
-    fn sample(&mut self, plan: &SchedulerOutput, ctx: &mut ForwardContext) -> Result<Sampled> {
+    fn sample(
+        &mut self,
+        plan: &SchedulerOutput,
+        ctx: &mut ForwardContext,
+        masks: Option<PendingMasks>,
+    ) -> Result<Sampled> {
         if self.runner.samples_on_device() {
-            self.sample_on_device(plan, ctx)
+            self.sample_on_device(plan, ctx, masks)
         } else {
-            self.sample_on_host(plan, ctx)
+            self.sample_on_host(plan, ctx, masks)
         }
     }
 
@@ -328,6 +406,7 @@ impl<B: Backend> LlmEngine<B> {
         &mut self,
         plan: &SchedulerOutput,
         ctx: &mut ForwardContext,
+        masks: Option<PendingMasks>,
     ) -> Result<Sampled> {
         let opts = &mut self.sampling_options;
         opts.clear();
@@ -374,7 +453,18 @@ impl<B: Backend> LlmEngine<B> {
         if !any_options {
             opts.clear();
         }
-        let samples = match self.runner.execute_with(ctx, &self.sampling_options)? {
+        // The masks are joined once the forward pass is queued (or here,
+        // if the step never got that far), giving every guide back.
+        let mut pending = masks;
+        let (structured, states) = (&mut self.structured, &mut self.states);
+        let out = self
+            .runner
+            .execute_masked(ctx, &self.sampling_options, &mut || {
+                Self::finish_masks(structured, states, pending.take())
+                    .map_err(|e| KernelError::Device(e.to_string()))
+            });
+        Self::finish_masks(&mut self.structured, &mut self.states, pending)?;
+        let samples = match out? {
             StepOutput::Samples(s) => s,
             StepOutput::Tokens(tokens) => DeviceSamples {
                 tokens,
@@ -417,16 +507,38 @@ impl<B: Backend> LlmEngine<B> {
         Ok((sampled, logprobs))
     }
 
-    fn sample_on_host(&mut self, plan: &SchedulerOutput, ctx: &ForwardContext) -> Result<Sampled> {
+    fn sample_on_host(
+        &mut self,
+        plan: &SchedulerOutput,
+        ctx: &ForwardContext,
+        masks: Option<PendingMasks>,
+    ) -> Result<Sampled> {
         let mut sampled = Vec::with_capacity(ctx.logits_indices.len());
         let mut logprobs = HashMap::new();
-        let mut logits = self.runner.execute(ctx)?.into_logits()?;
+        // The masks were computed during the forward pass; join them
+        // whatever it returned, so that every guide goes back.
+        let logits = self.runner.execute(ctx);
+        let masks = Self::finish_masks(&mut self.structured, &mut self.states, masks)?;
+        let mut logits = logits?.into_logits()?;
         let vocab = self.runner.config().vocab_size;
+        masks
+            .validate(ctx.logits_indices.len(), vocab)
+            .map_err(EngineError::Internal)?;
+        let mut next_mask = masks
+            .rows
+            .iter()
+            .zip(masks.bits.chunks_exact(masks.words.max(1)));
+        let mut pending_mask = next_mask.next();
         let mut rows = logits.chunks_exact_mut(vocab);
-        for s in plan.scheduled.iter().filter(|s| s.needs_logits) {
+        for (i, s) in plan.scheduled.iter().filter(|s| s.needs_logits).enumerate() {
             let row = rows
                 .next()
                 .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))?;
+            if let Some((_, bits)) = pending_mask.filter(|(&r, _)| r as usize == i) {
+                // Before penalties and temperature, as vLLM does.
+                apply_mask(row, bits);
+                pending_mask = next_mask.next();
+            }
             let (Some(seq), Some(state)) = (
                 self.scheduler.sequence(s.request_id),
                 self.states.get_mut(&s.request_id),
@@ -446,6 +558,9 @@ impl<B: Backend> LlmEngine<B> {
             if let Some(lp) = out.logprobs {
                 logprobs.insert(s.request_id, lp);
             }
+        }
+        if let Some(st) = self.structured.as_mut() {
+            st.recycle(masks);
         }
         Ok((sampled, logprobs))
     }
@@ -482,6 +597,21 @@ impl<B: Backend> LlmEngine<B> {
             };
             let mut finish = u.finish_reason;
             let is_stop_token = finish == Some(FinishReason::Stop);
+            if let (Some(g), None) = (state.guide.as_mut(), finish) {
+                // A complete grammar allows only EOS: end the request now.
+                let done = match g.advance(u.token_id) {
+                    Ok(()) => g.is_finished(),
+                    Err(e) => {
+                        tracing::warn!(request = u.request_id.0, error = %e,
+                            "structured output: the sampled token breaks the grammar");
+                        true
+                    }
+                };
+                if done {
+                    self.scheduler.finish(u.request_id, FinishReason::Stop)?;
+                    finish = Some(FinishReason::Stop);
+                }
+            }
             if let (Some(d), false) = (state.detok.as_mut(), is_stop_token) {
                 let delta = d.step(u.token_id)?;
                 state.text.push_str(&delta);

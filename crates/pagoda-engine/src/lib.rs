@@ -4,6 +4,8 @@
 //! - [`runner`]: backend + model + paged KV cache; one step in, logits out.
 //! - [`sampler`]: penalties, temperature, top-k/top-p/min-p, per-request seeds.
 //! - [`stop`]: stop strings matched across token boundaries.
+//! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark)
+//!   compiled by llguidance; per-step token masks.
 //! - [`engine`]: scheduler + runner + per-request output state, one step at a time.
 //! - [`generate`]: the offline batch call behind `pagoda generate`.
 //! - [`handle`]: the engine on its own thread, driven through an async handle.
@@ -15,6 +17,7 @@ pub mod handle;
 pub mod runner;
 pub mod sampler;
 pub mod stop;
+pub mod structured;
 pub mod token_history;
 
 pub use engine::{EngineRequest, LlmEngine, RequestOutput};

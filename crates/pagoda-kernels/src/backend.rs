@@ -19,7 +19,7 @@
 //!   and return an activation of the backend's compute precision, which is
 //!   what every other op takes.
 
-use crate::{DeviceSamples, ForwardContext, HostTensor, Result, SamplingOptions};
+use crate::{DeviceSamples, ForwardContext, HostTensor, Result, SamplingOptions, TokenMasks};
 
 /// How rotary embedding pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,6 +339,19 @@ pub trait Backend: Send + Sync + 'static {
             "sampling on this backend's device".into(),
         ))
     }
+    /// Sets the logits of every token a constrained row's mask disallows
+    /// to -inf, in place, queued before the step's sampling (no wait for
+    /// the device). Backends without device sampling accept only empty
+    /// masks (the host sampler applies them).
+    fn apply_token_masks(&self, logits: &Self::Tensor, masks: &TokenMasks) -> Result<()> {
+        let _ = logits;
+        if masks.is_empty() {
+            return Ok(());
+        }
+        Err(crate::KernelError::Unsupported(
+            "token masks on this backend's device".into(),
+        ))
+    }
     /// Whether [`Backend::capture_graph`] works.
     fn supports_graphs(&self) -> bool {
         false
@@ -365,6 +378,24 @@ pub trait Backend: Send + Sync + 'static {
         Ok(self
             .replay_graph_with(graph, ctx, &SamplingOptions::default())?
             .tokens)
+    }
+    /// [`Backend::replay_graph_with`] whose sampling waits for the step's
+    /// token masks: `masks` is called once the graph is queued (so the host
+    /// computes masks while the device runs the forward pass) and fills
+    /// the masks, applied before the sampling.
+    fn replay_graph_masked(
+        &self,
+        graph: &mut Self::Graph,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+        masks: &mut dyn FnMut() -> Result<TokenMasks>,
+    ) -> Result<DeviceSamples> {
+        if !masks()?.is_empty() {
+            return Err(crate::KernelError::Unsupported(
+                "token masks on this backend's device".into(),
+            ));
+        }
+        self.replay_graph_with(graph, ctx, opts)
     }
     /// [`Backend::replay_graph`] with sampling options (see
     /// [`Backend::sample_full`]); still one wait for the device.

@@ -26,4 +26,6 @@ pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, 
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{HostData, HostTensor};
-pub use sampling_options::{DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, MAX_LOGPROBS};
+pub use sampling_options::{
+    DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, TokenMasks, MAX_LOGPROBS,
+};

@@ -1,5 +1,6 @@
 //! Per-row options of device sampling beyond [`crate::SamplingRow`]:
-//! repetition / frequency / presence penalties and logprobs, and what a
+//! repetition / frequency / presence penalties and logprobs, allowed-token
+//! masks of constrained rows ([`TokenMasks`], applied first), and what a
 //! device sampling step returns ([`DeviceSamples`]).
 //!
 //! Semantics are the engine's host sampler's (pagoda-engine's `sampler`):
@@ -127,6 +128,55 @@ impl SamplingOptions {
     }
 }
 
+/// Allowed-token bitmasks of a step's constrained sampling rows
+/// (structured outputs): a disallowed token's logit becomes -inf before
+/// penalties and sampling, as if the token were not in the vocabulary.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenMasks {
+    /// u32 words per mask: `ceil(vocab / 32)`.
+    pub words: usize,
+    /// The sampling row of each mask, ascending.
+    pub rows: Vec<u32>,
+    /// `rows.len() * words` words; bit `t % 32` of word `t / 32` of a mask
+    /// is set when token `t` is allowed.
+    pub bits: Vec<u32>,
+}
+
+impl TokenMasks {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Checks the masks against a step of `rows` sampling rows of `vocab`
+    /// logits.
+    pub fn validate(&self, rows: usize, vocab: usize) -> Result<(), String> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        if self.words != vocab.div_ceil(32) {
+            return Err(format!(
+                "{} mask words for a vocabulary of {vocab}",
+                self.words
+            ));
+        }
+        if self.bits.len() != self.rows.len() * self.words {
+            return Err(format!(
+                "{} mask words for {} masks of {}",
+                self.bits.len(),
+                self.rows.len(),
+                self.words
+            ));
+        }
+        if self.rows.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("mask rows must ascend".into());
+        }
+        if self.rows.last().is_some_and(|&r| r as usize >= rows) {
+            return Err(format!("a mask for a row past the step's {rows}"));
+        }
+        Ok(())
+    }
+}
+
 /// Logprobs of one sampled token (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowLogprobs {
@@ -172,6 +222,23 @@ mod tests {
         assert!(!o.any_penalties());
         o.rows[1].presence_penalty = 0.5;
         assert!(o.any_penalties());
+    }
+
+    #[test]
+    fn token_masks_validate_their_shape() {
+        let mut m = TokenMasks::default();
+        assert_eq!(m.validate(0, 100), Ok(()));
+        m.words = 4;
+        m.rows = vec![0, 2];
+        m.bits = vec![0; 8];
+        assert_eq!(m.validate(3, 100), Ok(()));
+        assert!(m.validate(2, 100).is_err(), "row past the step");
+        assert!(m.validate(3, 200).is_err(), "words for another vocabulary");
+        m.rows = vec![2, 0];
+        assert!(m.validate(3, 100).is_err(), "rows must ascend");
+        m.rows = vec![0, 2];
+        m.bits.pop();
+        assert!(m.validate(3, 100).is_err(), "short bits");
     }
 
     #[test]

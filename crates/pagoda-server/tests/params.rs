@@ -33,11 +33,6 @@ async fn options_that_would_change_the_output_are_refused_by_name() {
     let base = chat(json!([{"role": "user", "content": "Hi"}]));
     let compl = greedy("Hello", 4);
     let chat_cases = [
-        ("response_format", json!({"type": "json_object"})),
-        (
-            "response_format",
-            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-        ),
         (
             "tools",
             json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]),
@@ -52,7 +47,7 @@ async fn options_that_would_change_the_output_are_refused_by_name() {
         ("bad_words", json!(["no"])),
         ("prompt_logprobs", json!(1)),
         ("return_tokens_as_token_ids", json!(true)),
-        ("guided_json", json!({"type": "object"})),
+        ("guided_decoding_backend", json!("xgrammar")),
         ("no_such_option", json!(1)),
     ];
     for (param, value) in chat_cases {

@@ -19,7 +19,7 @@ pub mod graphs;
 use crate::{EngineError, Result};
 use pagoda_kernels::{
     Backend, BlockCopyOp, DeviceSamples, ForwardContext, KvCacheShape, RowOptions, SamplingOptions,
-    SamplingRow, MAX_LOGPROBS,
+    SamplingRow, TokenMasks, MAX_LOGPROBS,
 };
 use pagoda_model::arch::CausalLm;
 use pagoda_model::ModelConfig;
@@ -409,6 +409,19 @@ impl<B: Backend> ModelRunner<B> {
         ctx: &ForwardContext,
         opts: &SamplingOptions,
     ) -> Result<StepOutput> {
+        self.execute_masked(ctx, opts, &mut || Ok(TokenMasks::default()))
+    }
+
+    /// [`Self::execute_with`] whose device sampling applies token masks
+    /// (structured outputs): `masks` is called once, after the forward pass
+    /// is queued and before the sampling, so that the host computes them
+    /// while the device runs; a step without sampling rows never calls it.
+    pub fn execute_masked(
+        &mut self,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+        masks: &mut dyn FnMut() -> pagoda_kernels::Result<TokenMasks>,
+    ) -> Result<StepOutput> {
         if ctx.block_size != self.kv_shape.block_size {
             return Err(EngineError::Internal(
                 "step block size differs from the cache's".into(),
@@ -429,7 +442,7 @@ impl<B: Backend> ModelRunner<B> {
             });
         }
         if sample {
-            if let Some(samples) = self.replay_decode_graph(ctx, opts)? {
+            if let Some(samples) = self.replay_decode_graph(ctx, opts, masks)? {
                 return Ok(StepOutput::Samples(samples));
             }
         }
@@ -437,6 +450,10 @@ impl<B: Backend> ModelRunner<B> {
         let (backend, model, kv) = (&self.backend, &self.model, &mut self.kv);
         let logits = backend.scope(|| model.forward(backend, &step, kv))?;
         Ok(if sample {
+            let m = masks()?;
+            m.validate(ctx.sampling.len(), model.config().vocab_size)
+                .map_err(EngineError::Internal)?;
+            backend.apply_token_masks(&logits, &m)?;
             StepOutput::Samples(backend.sample_full(&logits, &step)?)
         } else {
             StepOutput::Logits(backend.tensor_to_host(&logits)?)
@@ -448,6 +465,7 @@ impl<B: Backend> ModelRunner<B> {
         &mut self,
         ctx: &ForwardContext,
         opts: &SamplingOptions,
+        masks: &mut dyn FnMut() -> pagoda_kernels::Result<TokenMasks>,
     ) -> Result<Option<DeviceSamples>> {
         let Some(g) = self.graphs.as_mut() else {
             return Ok(None);
@@ -477,7 +495,9 @@ impl<B: Backend> ModelRunner<B> {
         }
         graphs::pad_decode(ctx, size, tier.width, &mut g.padded);
         // Padding rows have no options (the backend pads them).
-        let mut samples = self.backend.replay_graph_with(graph, &g.padded, opts)?;
+        let mut samples = self
+            .backend
+            .replay_graph_masked(graph, &g.padded, opts, masks)?;
         samples.tokens.truncate(n);
         samples.logprobs.truncate(n);
         self.graph_replays += 1;

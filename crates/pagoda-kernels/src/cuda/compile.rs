@@ -29,6 +29,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         "sampling_extras.cu",
         include_str!("kernels/sampling_extras.cu"),
     ),
+    ("token_masks.cu", include_str!("kernels/token_masks.cu")),
     (
         "attention_decode.cu",
         include_str!("kernels/attention_decode.cu"),
@@ -41,6 +42,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
 
 /// Every `extern "C"` entry point the backend loads from the module.
 pub(crate) const KERNELS: &[&str] = &[
+    "mask_logits_bf16",
     "fill_u16",
     "fill_u32",
     "rms_norm_bf16",

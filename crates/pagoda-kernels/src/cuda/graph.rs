@@ -137,6 +137,7 @@ pub(crate) fn replay(
     g: &mut CudaGraphRunner,
     ctx: &ForwardContext,
     opts: &SamplingOptions,
+    masks: &mut dyn FnMut() -> Result<crate::TokenMasks>,
 ) -> Result<DeviceSamples> {
     let shape_err = |detail: String| KernelError::Shape {
         op: "replay_graph",
@@ -180,6 +181,8 @@ pub(crate) fn replay(
         cols: g.cols,
         data: Act::Bf16(b.pool.claim(g.logits_ptr, g.rows * g.cols)?),
     };
+    // The host computed the token masks while the graph ran.
+    super::token_masks::apply(b, &logits, &masks()?)?;
     let mut opts_buf = None;
     if info.present {
         g.opts_packed.clear();

@@ -32,6 +32,7 @@ mod sampling;
 mod sampling_extras;
 mod storage;
 pub mod testing;
+mod token_masks;
 
 pub use graph::CudaGraphRunner;
 pub use pool::DeviceBuf;
@@ -39,7 +40,7 @@ pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf}
 
 use crate::{
     AttentionParams, Backend, BlockCopyOp, DeviceSamples, ForwardContext, HostTensor, KernelError,
-    KvCacheShape, Result, RopeStyle, SamplingOptions,
+    KvCacheShape, Result, RopeStyle, SamplingOptions, TokenMasks,
 };
 use half::bf16;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +64,8 @@ pub struct CudaBackend {
     poison: AtomicBool,
     /// Host waits for the device so far (see [`CudaBackend::host_syncs`]).
     syncs: AtomicU64,
+    /// Token masks of structured outputs (see [`token_masks`]).
+    masks: std::sync::Mutex<token_masks::MaskBuffer>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -106,6 +109,7 @@ impl CudaBackend {
             dev,
             poison: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
+            masks: Default::default(),
         })
     }
 
@@ -557,6 +561,10 @@ impl Backend for CudaBackend {
         sampling_extras::sample_rows(self, logits, step, opts, &step.opts)
     }
 
+    fn apply_token_masks(&self, logits: &CudaTensor, masks: &TokenMasks) -> Result<()> {
+        token_masks::apply(self, logits, masks)
+    }
+
     fn supports_graphs(&self) -> bool {
         true
     }
@@ -575,6 +583,16 @@ impl Backend for CudaBackend {
         ctx: &ForwardContext,
         opts: &SamplingOptions,
     ) -> Result<DeviceSamples> {
-        graph::replay(self, graph, ctx, opts)
+        graph::replay(self, graph, ctx, opts, &mut || Ok(TokenMasks::default()))
+    }
+
+    fn replay_graph_masked(
+        &self,
+        graph: &mut CudaGraphRunner,
+        ctx: &ForwardContext,
+        opts: &SamplingOptions,
+        masks: &mut dyn FnMut() -> Result<TokenMasks>,
+    ) -> Result<DeviceSamples> {
+        graph::replay(self, graph, ctx, opts, masks)
     }
 }

@@ -14,6 +14,8 @@
 //! - [`chat_template`]: Jinja chat templates rendered with minijinja in the
 //!   dialect transformers uses.
 //! - [`detokenizer`]: streaming text deltas that never split a character.
+//! - `token_bytes`: [`Tokenizer::token_bytes`], the bytes of every token id,
+//!   for matching the vocabulary against a grammar (structured outputs).
 //! - `bounds`: [`Tokenizer::max_bytes_per_token`], to refuse a text too long
 //!   for a context before tokenizing it.
 //!
@@ -29,10 +31,12 @@ pub mod gguf;
 mod gguf_pre;
 mod gguf_spm;
 pub mod hf;
+mod token_bytes;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateOptions, MessageContent};
 pub use detokenizer::IncrementalDetokenizer;
 pub use gguf::GgufTokenizerSpec;
+pub use token_bytes::SPECIAL_TOKEN_MARKER;
 
 use crate::{ModelError, Result};
 

@@ -68,6 +68,9 @@ pub struct SamplingFields {
     pub stream: bool,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    /// `response_format`, `structured_outputs`, `guided_*`.
+    #[serde(flatten)]
+    pub structured: super::StructuredFields,
 }
 
 /// `usage.prompt_tokens_details`.

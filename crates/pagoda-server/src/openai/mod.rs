@@ -11,8 +11,10 @@ pub mod chat;
 pub mod common;
 pub mod completions;
 pub mod misc;
+pub mod structured;
 
 pub use chat::*;
 pub use common::*;
 pub use completions::*;
 pub use misc::*;
+pub use structured::StructuredFields;

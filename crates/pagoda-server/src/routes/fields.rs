@@ -44,6 +44,12 @@ pub const HONOURED_COMMON: &[&str] = &[
     "stream",
     "stream_options",
     "logprobs",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ];
 /// Honoured by `/v1/completions` only.
 pub const HONOURED_COMPLETIONS: &[&str] = &["prompt", "echo"];
@@ -100,13 +106,6 @@ fn null_or_zero(v: &Value, _: &Value) -> bool {
 fn null_or_one(v: &Value, _: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
 }
-fn text_format(v: &Value, _: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Object(o) => o.len() == 1 && o.get("type") == Some(&Value::from("text")),
-        _ => false,
-    }
-}
 /// Without functions, `auto` means no call.
 fn no_tool_choice(v: &Value, _: &Value) -> bool {
     v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
@@ -141,12 +140,6 @@ const COMPL: Option<Endpoint> = Some(Endpoint::Completions);
 
 /// Not implemented yet; refused unless neutral.
 pub const NEUTRAL: &[Neutral] = &[
-    neutral!(
-        "response_format",
-        None,
-        "null or {\"type\": \"text\"}",
-        text_format
-    ),
     neutral!("functions", CHAT, "null or []", null_or_empty),
     neutral!(
         "function_call",
@@ -198,13 +191,8 @@ pub const NEUTRAL: &[Neutral] = &[
     neutral!("use_beam_search", None, "null or false", null_or_false),
     neutral!("length_penalty", None, "null or 1", null_or_one),
     neutral!("truncate_prompt_tokens", None, "null", null),
-    neutral!("guided_json", None, "null", null),
-    neutral!("guided_regex", None, "null", null),
-    neutral!("guided_choice", None, "null", null),
-    neutral!("guided_grammar", None, "null", null),
     neutral!("guided_decoding_backend", None, "null", null),
     neutral!("guided_whitespace_pattern", None, "null", null),
-    neutral!("structured_outputs", None, "null", null),
     neutral!("reasoning_effort", CHAT, "null", null),
     neutral!("modalities", CHAT, "null or [\"text\"]", text_modality),
     neutral!("audio", CHAT, "null", null),
@@ -325,8 +313,8 @@ mod tests {
         }
         for (bad, name) in [
             (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
+                json!({"guided_decoding_backend": "xgrammar"}),
+                "guided_decoding_backend",
             ),
             (
                 json!({"function_call": "auto", "functions": [{}]}),

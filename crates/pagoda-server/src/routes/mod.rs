@@ -9,6 +9,7 @@
 //! - [`auth`]: the API key check;
 //! - [`fields`]: which request fields are honoured, ignored or refused;
 //! - [`params`]: request options -> engine sampling parameters;
+//! - [`structured`]: structured-output fields -> one checked constraint;
 //! - [`generation`]: submitting choices and reading them back;
 //! - [`logprobs`]: engine logprobs -> OpenAI's shapes;
 //! - [`chat_output`]: a chat output -> content, reasoning and tool calls;
@@ -23,6 +24,7 @@ pub mod generation;
 pub mod logprobs;
 pub mod misc;
 pub mod params;
+pub mod structured;
 
 use crate::error::ApiError;
 use crate::state::AppState;

@@ -144,7 +144,7 @@ impl ChoiceParams {
             ignore_eos: f.ignore_eos,
             stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
             stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
-            structured: None,
+            structured: super::structured::constraint(&f.structured)?,
         };
         sampling
             .validate()

@@ -8,7 +8,10 @@
 //! `--logprobs-fraction F --logprobs K` makes a random F of the requests ask
 //! for K top logprobs and `--penalty-fraction F` gives a random F repetition
 //! 1.1, frequency 0.2 and presence 0.2 penalties (both drawn from `--seed`
-//! apart from the prompts, so the prompts are those of the plain run).
+//! apart from the prompts, so the prompts are those of the plain run);
+//! `--json-schema FILE` generates every request under that JSON schema
+//! (a request ends when its document is complete) and reports the median
+//! and p99 per-step token mask time (`mask_ms_median`, `mask_ms_p99`).
 //! `--save-workload FILE` writes the requests of the run as JSONL and
 //! `--workload FILE` runs such a file instead of a draw (bench_workload.rs),
 //! so a peer engine can run the identical requests.
@@ -89,6 +92,10 @@ pub struct ThroughputArgs {
     /// Write the run's requests to this JSONL workload file.
     #[arg(long, value_name = "FILE")]
     pub save_workload: Option<std::path::PathBuf>,
+    /// Generate every request under this JSON schema (structured outputs);
+    /// reports the per-step token mask time.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -158,6 +165,11 @@ struct ThroughputResult {
     logprobs_requests: usize,
     penalty_fraction: f64,
     penalty_requests: usize,
+    /// `--json-schema`'s file, if given.
+    json_schema: Option<String>,
+    /// Per-step token mask time (median, p99) in milliseconds, with a schema.
+    mask_ms_median: Option<f64>,
+    mask_ms_p99: Option<f64>,
 }
 
 /// The workload: prompts and max_tokens per request, reproducible from the
@@ -176,6 +188,13 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>>
     let prefix: Vec<u32> = (0..a.shared_prefix)
         .map(|_| uniform(0, max_id) as u32)
         .collect();
+    let schema = match &a.json_schema {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| anyhow::anyhow!("--json-schema {}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
     let mut requests = Vec::with_capacity(a.num_seqs);
     for i in 0..a.num_seqs {
         let len = uniform(a.min_input, a.max_input).max(a.shared_prefix + 1);
@@ -188,6 +207,9 @@ fn workload(a: &ThroughputArgs, vocab_size: usize) -> Result<Vec<EngineRequest>>
             max_tokens: uniform(a.min_output, a.max_output),
             ignore_eos: true,
             seed: Some(a.seed.wrapping_add(i as u64)),
+            structured: schema
+                .clone()
+                .map(pagoda_core::StructuredOutput::JsonSchema),
             ..SamplingParams::default()
         };
         requests.push(EngineRequest {
@@ -295,6 +317,7 @@ impl EngineTask for Throughput<'_> {
         }
         let seconds = started.elapsed().as_secs_f64();
         pb.finish_and_clear();
+        let mask = engine.mask_stats().and_then(|m| m.median_p99());
         let result = ThroughputResult {
             model: name,
             backend: engine.runner().backend_name(),
@@ -313,6 +336,9 @@ impl EngineTask for Throughput<'_> {
             logprobs_requests,
             penalty_fraction: a.penalty_fraction,
             penalty_requests,
+            json_schema: a.json_schema.as_ref().map(|p| p.display().to_string()),
+            mask_ms_median: mask.map(|m| m.0 * 1e3),
+            mask_ms_p99: mask.map(|m| m.1 * 1e3),
         };
         Ok(result)
     }
