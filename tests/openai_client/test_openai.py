@@ -4,9 +4,8 @@ Run by scripts/test-openai-client.sh, which starts the server on the default
 SmolLM2 model (with tests/chat_templates/smollm2_hermes_tools.jinja: the
 model's template plus Hermes-style tools) and passes its base URL as
 PAGODA_BASE_URL (ending in /v1). Plain Python: each `test_*` function is run
-in turn; the last line printed is "N passed, M failed, K skipped" and the
-exit status is non-zero on any failure. Tests that need structured outputs
-(grammar-forced tool calls) are skipped unless PAGODA_STRUCTURED_OUTPUTS=1.
+in turn; the last line printed is "N passed, M failed" and the exit status
+is non-zero on any failure.
 
 References are independent of the server where possible: the transformers
 golden file (tests/golden/smollm2_q4_1.json) for the greedy first token and
