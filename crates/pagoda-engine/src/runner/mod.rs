@@ -166,10 +166,21 @@ impl<B: Backend> ModelRunner<B> {
         for n in self.backend.warmup_row_counts(max_tokens) {
             shapes.push((n, n.min(max_seqs)));
         }
+        let vocab = self.model.config().vocab_size;
         for (i, (tokens, seqs)) in shapes.into_iter().enumerate() {
-            // The two largest steps carry the longest penalty histories.
+            // The two largest steps carry the longest penalty histories and
+            // an allow-all token mask on every row, so the backend's mask
+            // buffer reaches its largest size here, not while serving.
             let (ctx, opts) = self.dummy_step(tokens, seqs, width, max_model_len, i < 2);
-            self.execute_with(&ctx, &opts)?;
+            let rows = if i < 2 { ctx.sampling.len() } else { 0 };
+            let words = vocab.div_ceil(32);
+            self.execute_masked(&ctx, &opts, &mut || {
+                Ok(TokenMasks {
+                    words,
+                    rows: (0..rows as u32).collect(),
+                    bits: vec![u32::MAX; rows * words],
+                })
+            })?;
         }
         Ok(())
     }

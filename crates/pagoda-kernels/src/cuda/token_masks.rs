@@ -1,7 +1,9 @@
 //! Token masks of structured outputs on the device: the step's masks
 //! ([`TokenMasks`]) are uploaded into one buffer the backend keeps (grown
-//! geometrically, so a steady batch never allocates; it lives outside the
-//! step arena, whose size it would otherwise change), and
+//! geometrically; it lives outside the step arena, whose size it would
+//! otherwise change). The engine's start-up profiling applies masks to
+//! every row of its largest steps, so the buffer has its final size before
+//! the KV cache is sized and serving never allocates it. Then
 //! `mask_logits_bf16` (`kernels/token_masks.cu`) sets the disallowed
 //! logits to -inf in the same stream, before penalties and sampling: no
 //! wait for the device.
