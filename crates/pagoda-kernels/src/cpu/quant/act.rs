@@ -1,8 +1,8 @@
 //! Activations quantized to 8 bits for the integer block dot products.
 //!
 //! - [`BlockQ8`] (32 values, for Q4_0..Q8_0): like ggml's Q8_0/Q8_1, a scale
-//!   `d = max|x| / 127`, `q = round(x / d)` in `-127..=127`, and the sum of
-//!   the `q` (the 4/5-bit types fold their offset or minimum into it).
+//!   `d = max|x| / 127`, `q = round(x / d)` in `-127..=127`, and `s = d *
+//!   sum(q)` (the 4/5-bit types fold their offset or minimum into it).
 //! - [`BlockQ8K`] (256 values, for the k-quants): like ggml's Q8_K, one
 //!   scale per 256 values and the sums of each 16 `q` (`bsums`), which the
 //!   k-quants' minimums and offsets need.
@@ -17,8 +17,8 @@
 pub struct BlockQ8 {
     /// Scale: `x ~ d * q`.
     pub d: f32,
-    /// Sum of `q`.
-    pub sum: i32,
+    /// `d * sum(q)`.
+    pub s: f32,
     pub q: [i8; 32],
 }
 
@@ -37,7 +37,7 @@ impl Default for BlockQ8 {
     fn default() -> Self {
         BlockQ8 {
             d: 0.0,
-            sum: 0,
+            s: 0.0,
             q: [0; 32],
         }
     }
@@ -69,7 +69,7 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     debug_assert_eq!(x.len(), 32 * out.len());
     for (b, x) in out.iter_mut().zip(x.chunks_exact(32)) {
         b.d = quantize(x, &mut b.q);
-        b.sum = b.q.iter().map(|&v| v as i32).sum();
+        b.s = b.d * b.q.iter().map(|&v| v as i32).sum::<i32>() as f32;
     }
 }
 

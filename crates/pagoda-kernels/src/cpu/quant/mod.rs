@@ -111,10 +111,11 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
     );
 }
 
-type DotQ8 = unsafe fn(&[u8], &[BlockQ8]) -> f32;
-type DotQ8K = unsafe fn(&[u8], &[BlockQ8K]) -> f32;
+/// `out[r] = dot(w, a[r])` for the `rows` quantized x rows in `a`.
+type DotQ8 = unsafe fn(&[u8], &[BlockQ8], usize, &mut [f32]);
+type DotQ8K = unsafe fn(&[u8], &[BlockQ8K], usize, &mut [f32]);
 
-/// One weight row dotted with one quantized x row.
+/// One weight row dotted with every quantized x row.
 #[derive(Clone, Copy)]
 enum Dot {
     Q8(DotQ8),
@@ -153,16 +154,16 @@ fn dot_fn(ty: GgmlType, isa: Isa) -> Option<Dot> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => simd!(vnni),
         _ => match ty {
-            T::Q4_0 => Dot::Q8(scalar::q4_0),
-            T::Q4_1 => Dot::Q8(scalar::q4_1),
-            T::Q5_0 => Dot::Q8(scalar::q5_0),
-            T::Q5_1 => Dot::Q8(scalar::q5_1),
-            T::Q8_0 => Dot::Q8(scalar::q8_0),
-            T::Q2_K => Dot::Q8K(scalar::q2_k),
-            T::Q3_K => Dot::Q8K(scalar::q3_k),
-            T::Q4_K => Dot::Q8K(scalar::q4_k),
-            T::Q5_K => Dot::Q8K(scalar::q5_k),
-            T::Q6_K => Dot::Q8K(scalar::q6_k),
+            T::Q4_0 => Dot::Q8(scalar::rows::q4_0),
+            T::Q4_1 => Dot::Q8(scalar::rows::q4_1),
+            T::Q5_0 => Dot::Q8(scalar::rows::q5_0),
+            T::Q5_1 => Dot::Q8(scalar::rows::q5_1),
+            T::Q8_0 => Dot::Q8(scalar::rows::q8_0),
+            T::Q2_K => Dot::Q8K(scalar::rows::q2_k),
+            T::Q3_K => Dot::Q8K(scalar::rows::q3_k),
+            T::Q4_K => Dot::Q8K(scalar::rows::q4_k),
+            T::Q5_K => Dot::Q8K(scalar::rows::q5_k),
+            T::Q6_K => Dot::Q8K(scalar::rows::q6_k),
             _ => return None,
         },
     })
@@ -212,10 +213,9 @@ fn run<A: Sync>(
     rows: usize,
     out_t: &mut [f32],
     threads: usize,
-    f: unsafe fn(&[u8], &[A]) -> f32,
+    f: unsafe fn(&[u8], &[A], usize, &mut [f32]),
 ) {
     let n = out_t.len() / rows;
-    let nb = a.len() / rows;
     // About 32 KiB of weights per task, at least 8 tasks per thread when n allows.
     let by_bytes = (32 * 1024 / rb.max(1)).max(4);
     let by_tasks = n.div_ceil(threads.max(1) * 8).max(4);
@@ -227,11 +227,9 @@ fn run<A: Sync>(
             let j0 = c * chunk;
             for (jj, o) in out.chunks_exact_mut(rows).enumerate() {
                 let wrow = &w[(j0 + jj) * rb..(j0 + jj + 1) * rb];
-                for (r, o) in o.iter_mut().enumerate() {
-                    // SAFETY: `f` came from `dot_fn`, which hands out only
-                    // paths this machine runs; `wrow` holds `nb` whole blocks.
-                    *o = unsafe { f(wrow, &a[r * nb..(r + 1) * nb]) };
-                }
+                // SAFETY: `f` came from `dot_fn`, which hands out only paths
+                // this machine runs; `wrow` holds `a.len() / rows` whole blocks.
+                unsafe { f(wrow, a, rows, o) };
             }
         });
 }

@@ -35,8 +35,8 @@ fn qh_at(b: &[u8], i: usize) -> u32 {
 pub fn q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, a) in w.chunks_exact(18).zip(a) {
-        let s = dot_nibbles(&b[2..18], 0, a) - 8 * a.sum;
-        acc += f16_at(b, 0) * a.d * s as f32;
+        let d = f16_at(b, 0);
+        acc += d * a.d * dot_nibbles(&b[2..18], 0, a) as f32 - 8.0 * d * a.s;
     }
     acc
 }
@@ -46,7 +46,7 @@ pub fn q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, a) in w.chunks_exact(20).zip(a) {
         let s = dot_nibbles(&b[4..20], 0, a);
-        acc += f16_at(b, 0) * a.d * s as f32 + f16_at(b, 2) * a.d * a.sum as f32;
+        acc += f16_at(b, 0) * a.d * s as f32 + f16_at(b, 2) * a.s;
     }
     acc
 }
@@ -55,8 +55,8 @@ pub fn q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
 pub fn q5_0(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, a) in w.chunks_exact(22).zip(a) {
-        let s = dot_nibbles(&b[6..22], qh_at(b, 2), a) - 16 * a.sum;
-        acc += f16_at(b, 0) * a.d * s as f32;
+        let d = f16_at(b, 0);
+        acc += d * a.d * dot_nibbles(&b[6..22], qh_at(b, 2), a) as f32 - 16.0 * d * a.s;
     }
     acc
 }
@@ -66,7 +66,7 @@ pub fn q5_1(w: &[u8], a: &[BlockQ8]) -> f32 {
     let mut acc = 0f32;
     for (b, a) in w.chunks_exact(24).zip(a) {
         let s = dot_nibbles(&b[8..24], qh_at(b, 4), a);
-        acc += f16_at(b, 0) * a.d * s as f32 + f16_at(b, 2) * a.d * a.sum as f32;
+        acc += f16_at(b, 0) * a.d * s as f32 + f16_at(b, 2) * a.s;
     }
     acc
 }
@@ -222,4 +222,24 @@ pub fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
         acc += f16_at(b, 108) * a.d * (sumi - 4 * corr) as f32;
     }
     acc
+}
+
+/// The dot products above over `rows` x rows (`a` holds them one after
+/// another), the signature the dispatch in [`super`] takes.
+pub mod rows {
+    use super::super::act::{BlockQ8, BlockQ8K};
+
+    macro_rules! rows {
+        ($($name:ident: $act:ty),*) => {$(
+            pub fn $name(w: &[u8], a: &[$act], rows: usize, out: &mut [f32]) {
+                let nb = a.len() / rows;
+                for (r, o) in out[..rows].iter_mut().enumerate() {
+                    *o = super::$name(w, &a[r * nb..(r + 1) * nb]);
+                }
+            }
+        )*};
+    }
+
+    rows!(q4_0: BlockQ8, q4_1: BlockQ8, q5_0: BlockQ8, q5_1: BlockQ8, q8_0: BlockQ8);
+    rows!(q2_k: BlockQ8K, q3_k: BlockQ8K, q4_k: BlockQ8K, q5_k: BlockQ8K, q6_k: BlockQ8K);
 }

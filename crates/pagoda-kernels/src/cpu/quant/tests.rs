@@ -82,7 +82,7 @@ fn check(exact_activations: bool) {
         let w = random_blocks(ty, n, k, &mut rng);
         let wf = dequant(ty, &w, n * k);
         let qb = if ty.block_size() == 256 { 256 } else { 32 };
-        for rows in [1, 3] {
+        for rows in [1, 3, 6] {
             let x: Vec<f32> = if exact_activations {
                 // Multiples of a per-block scale with one |q| = 127 per block.
                 (0..rows * k)

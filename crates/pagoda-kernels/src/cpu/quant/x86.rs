@@ -4,7 +4,8 @@
 //! Rust version needs no AVX-512 intrinsics).
 //!
 //! Both sets come from one macro: every format unpacks a block to 32 unsigned
-//! quants per register (nibbles, plus fifth or high bits), multiplies them
+//! quants per register (nibbles, plus fifth or high bits; the 32-block types
+//! once for up to 4 x rows, the k-quants once per x row), multiplies them
 //! with 32 signed 8-bit activations into 8 i32 lanes (`udot`), scales per
 //! block in f32 (32-blocks) or per sub-block in i32 (k-quants, `sdot`), and
 //! adds the offset or minimum terms from the activation sums in scalar code.
@@ -12,7 +13,7 @@
 //!
 //! Safety: every function needs AVX2, FMA and F16C (and the VNNI set AVX-512
 //! VNNI + VL), detected by the caller ([`super::Isa::available`]), and a
-//! weight row of `a.len()` whole blocks.
+//! weight row of `a.len() / rows` whole blocks.
 
 use super::act::{BlockQ8, BlockQ8K};
 use super::scalar::{bsum32, q3_k_scales, scale_min_k4};
@@ -146,61 +147,89 @@ macro_rules! kernels {
             use super::$ops::{scales, sdot, udot};
             use super::*;
 
-            /// A 32-block format: `$unpack(block) -> (u8 quants, d, m)`;
-            /// the sum is `d da (u . a) + (m da - off d da) sum(a)`.
+            /// A 32-block format over `R` x rows at once (each block is
+            /// unpacked once): `$unpack(block) -> (u8 quants, d, m)`; the
+            /// sum is `d da (u . a) + (m - off d) s`, `s = da sum(a)`.
             macro_rules! legacy {
-                ($fname:ident, $bytes:expr, $off:expr, |$b:ident| $unpack:expr) => {
+                ($fname:ident, $bytes:expr, $off:expr, $signed:expr, |$b:ident| $unpack:expr) => {
                     #[target_feature(enable = "avx2,fma,f16c")]
-                    pub unsafe fn $fname(w: &[u8], a: &[BlockQ8]) -> f32 {
-                        assert!(w.len() >= a.len() * $bytes);
-                        let mut acc = _mm256_setzero_ps();
-                        let mut corr = 0f32;
-                        for (i, a) in a.iter().enumerate() {
+                    unsafe fn $fname<const R: usize>(w: &[u8], a: &[BlockQ8], out: &mut [f32]) {
+                        let nb = a.len() / R;
+                        assert!(w.len() >= nb * $bytes && out.len() >= R);
+                        let mut acc = [_mm256_setzero_ps(); R];
+                        let mut corr = [0f32; R];
+                        for i in 0..nb {
                             let $b = w.as_ptr().add(i * $bytes);
                             let (u, d, m): (__m256i, f32, f32) = $unpack;
-                            let s = load(a.q.as_ptr() as *const u8);
-                            let dd = d * a.d;
-                            let p = _mm256_cvtepi32_ps(udot(u, s));
-                            acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), p, acc);
-                            corr += (m * a.d - $off * dd) * a.sum as f32;
+                            let ua = if $signed { _mm256_abs_epi8(u) } else { u };
+                            let (dv, mo) = (_mm256_set1_ps(d), m - $off * d);
+                            for r in 0..R {
+                                let a = &a[r * nb + i];
+                                let s = load(a.q.as_ptr() as *const u8);
+                                let s = if $signed { _mm256_sign_epi8(s, u) } else { s };
+                                let dd = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                                let p = _mm256_cvtepi32_ps(udot(ua, s));
+                                acc[r] = _mm256_fmadd_ps(dd, p, acc[r]);
+                                corr[r] += mo * a.s;
+                            }
                         }
-                        hsum(acc) + corr
+                        for r in 0..R {
+                            out[r] = hsum(acc[r]) + corr[r];
+                        }
                     }
                 };
             }
 
-            legacy!(q4_0, 18, 8.0, |b| (nibbles(b.add(2)), fp16(b), 0.0));
-            legacy!(q4_1, 20, 0.0, |b| (
+            legacy!(q4_0_r, 18, 8.0, false, |b| (
+                nibbles(b.add(2)),
+                fp16(b),
+                0.0
+            ));
+            legacy!(q4_1_r, 20, 0.0, false, |b| (
                 nibbles(b.add(4)),
                 fp16(b),
                 fp16(b.add(2))
             ));
-            legacy!(q5_0, 22, 16.0, |b| {
+            legacy!(q5_0_r, 22, 16.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(2) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh));
                 (u, fp16(b), 0.0)
             });
-            legacy!(q5_1, 24, 0.0, |b| {
+            legacy!(q5_1_r, 24, 0.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(4) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(qh));
                 (u, fp16(b), fp16(b.add(2)))
             });
+            // Q8_0: signed weights, so `|w| . (a with w's sign)`.
+            legacy!(q8_0_r, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
 
-            /// Q8_0: signed weights, so `|w| . (a with w's sign)`.
-            #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
-                assert!(w.len() >= a.len() * 34);
-                let mut acc = _mm256_setzero_ps();
-                for (i, a) in a.iter().enumerate() {
-                    let b = w.as_ptr().add(i * 34);
-                    let q = load(b.add(2));
-                    let s = load(a.q.as_ptr() as *const u8);
-                    let p = udot(_mm256_abs_epi8(q), _mm256_sign_epi8(s, q));
-                    let dd = _mm256_set1_ps(fp16(b) * a.d);
-                    acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc);
-                }
-                hsum(acc)
+            /// Rows in groups of up to 4, each group one pass over the blocks.
+            macro_rules! grouped {
+                ($fname:ident, $inner:ident) => {
+                    #[target_feature(enable = "avx2,fma,f16c")]
+                    pub unsafe fn $fname(w: &[u8], a: &[BlockQ8], rows: usize, out: &mut [f32]) {
+                        let nb = a.len() / rows;
+                        let mut r0 = 0;
+                        while r0 < rows {
+                            let g = (rows - r0).min(4);
+                            let (a, o) = (&a[r0 * nb..(r0 + g) * nb], &mut out[r0..r0 + g]);
+                            match g {
+                                1 => $inner::<1>(w, a, o),
+                                2 => $inner::<2>(w, a, o),
+                                3 => $inner::<3>(w, a, o),
+                                _ => $inner::<4>(w, a, o),
+                            }
+                            r0 += g;
+                        }
+                    }
+                };
             }
+
+            grouped!(q4_0, q4_0_r);
+            grouped!(q4_1, q4_1_r);
+            grouped!(q5_0, q5_0_r);
+            grouped!(q5_1, q5_1_r);
+            grouped!(q8_0, q8_0_r);
 
             /// Q4_K (`five` = false) and Q5_K.
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -242,17 +271,17 @@ macro_rules! kernels {
             }
 
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            unsafe fn q4_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 q45_k::<false>(w, a)
             }
 
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            unsafe fn q5_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 q45_k::<true>(w, a)
             }
 
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            unsafe fn q6_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 assert!(w.len() >= a.len() * 210);
                 let mut acc = _mm256_setzero_ps();
                 for (i, a) in a.iter().enumerate() {
@@ -289,7 +318,7 @@ macro_rules! kernels {
             }
 
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            unsafe fn q2_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 assert!(w.len() >= a.len() * 84);
                 let mut acc = _mm256_setzero_ps();
                 let mut corr = 0f32;
@@ -319,7 +348,7 @@ macro_rules! kernels {
             }
 
             #[target_feature(enable = "avx2,fma,f16c")]
-            pub unsafe fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+            unsafe fn q3_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
                 assert!(w.len() >= a.len() * 110);
                 let mut acc = _mm256_setzero_ps();
                 for (i, a) in a.iter().enumerate() {
@@ -348,6 +377,25 @@ macro_rules! kernels {
                 }
                 hsum(acc)
             }
+
+            /// The k-quants, one x row at a time (the weight row stays in L1).
+            macro_rules! per_row {
+                ($fname:ident, $one:ident) => {
+                    #[target_feature(enable = "avx2,fma,f16c")]
+                    pub unsafe fn $fname(w: &[u8], a: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+                        let nb = a.len() / rows;
+                        for (r, o) in out[..rows].iter_mut().enumerate() {
+                            *o = $one(w, &a[r * nb..(r + 1) * nb]);
+                        }
+                    }
+                };
+            }
+
+            per_row!(q2_k, q2_k_1);
+            per_row!(q3_k, q3_k_1);
+            per_row!(q4_k, q4_k_1);
+            per_row!(q5_k, q5_k_1);
+            per_row!(q6_k, q6_k_1);
         }
     };
 }
