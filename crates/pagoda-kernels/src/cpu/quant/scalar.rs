@@ -6,6 +6,10 @@
 //! without AVX2. Layouts follow ggml's `ggml-common.h` (see
 //! `pagoda_gguf::dequant`, whose dequantizers they must agree with).
 
+// The loops index several arrays with ggml's offset arithmetic, kept
+// recognizable next to the layouts rather than rewritten as iterators.
+#![allow(clippy::needless_range_loop)]
+
 use super::act::{BlockQ8, BlockQ8K};
 
 /// The little-endian f16 at byte `i` of `b`, as f32.
