@@ -3,7 +3,8 @@
 //!
 //! Prints, as the median of several runs:
 //! - `linear` for rows 1, 4, 8, 16 (GB/s of weights streamed) and 512
-//!   (GFLOP/s) with f32 and f16 weights;
+//!   (GFLOP/s) with f32 and f16 weights, and Q4_1 / Q8_0 / Q4_K / Q6_K
+//!   blocks kept quantized (random blocks);
 //! - attention for a 512-token prefill and a decode token at context 512;
 //! - a synthetic SmolLM2-shaped forward pass (random weights, the op sequence
 //!   of a Llama model): prefill 512 tokens and decode tokens/s.
@@ -14,7 +15,8 @@
 
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, CpuTensor, CpuWeight, WeightDtype};
 use pagoda_kernels::{
-    AttentionParams, Backend, ForwardContext, HostTensor, KvCacheShape, RopeStyle,
+    AttentionParams, Backend, ForwardContext, GgmlType, HostData, HostTensor, KvCacheShape,
+    QuantData, RopeStyle,
 };
 use std::time::Instant;
 
@@ -66,6 +68,30 @@ fn matrix(b: &CpuBackend, rng: &mut Rng, n: usize, k: usize) -> CpuWeight {
         .unwrap()
 }
 
+/// Random blocks of `ty` with small f16 scales at `halves` (byte offsets).
+fn quant_matrix(b: &CpuBackend, rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> CpuWeight {
+    let halves: &[usize] = match ty {
+        GgmlType::Q4_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    };
+    let mut bytes: Vec<u8> = rng
+        .vec(n * k / ty.block_size() * ty.type_size(), 128.0)
+        .into_iter()
+        .map(|v| (v + 128.0) as u8)
+        .collect();
+    for block in bytes.chunks_exact_mut(ty.type_size()) {
+        for &o in halves {
+            block[o..o + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+        }
+    }
+    let host = HostTensor {
+        shape: vec![n, k],
+        data: HostData::Quant(QuantData { ty, bytes }),
+    };
+    b.load_weight(host).unwrap()
+}
+
 fn bench_linear(threads: usize, quick: bool) {
     let mut rng = Rng(1);
     println!("linear (threads {threads})");
@@ -73,14 +99,31 @@ fn bench_linear(threads: usize, quick: bool) {
         "  {:>6} {:>5} {:>12} {:>10} {:>14} {:>14}",
         "dtype", "rows", "[n, k]", "median ms", "median rate", "best rate"
     );
-    for dtype in [WeightDtype::F32, WeightDtype::F16] {
+    let kinds = [
+        (WeightDtype::F32, None),
+        (WeightDtype::F16, None),
+        (WeightDtype::F16, Some(GgmlType::Q4_1)),
+        (WeightDtype::F16, Some(GgmlType::Q8_0)),
+        (WeightDtype::F16, Some(GgmlType::Q4_K)),
+        (WeightDtype::F16, Some(GgmlType::Q6_K)),
+    ];
+    for (dtype, quant) in kinds {
         let b = CpuBackend::new(CpuOptions {
             threads,
             weight_dtype: dtype,
         })
-        .unwrap();
-        for (n, k) in [(576, 576), (1536, 576), (576, 1536), (49152, 576)] {
-            let w = matrix(&b, &mut rng, n, k);
+        .unwrap()
+        .with_quantized_weights(quant.is_some());
+        let label = quant.map_or(format!("{dtype:?}"), |t| t.name().to_string());
+        let shapes: &[(usize, usize)] = match quant {
+            Some(GgmlType::Q4_K | GgmlType::Q6_K) => &[(1536, 768), (49152, 768)],
+            _ => &[(576, 576), (1536, 576), (576, 1536), (49152, 576)],
+        };
+        for &(n, k) in shapes {
+            let w = match quant {
+                None => matrix(&b, &mut rng, n, k),
+                Some(t) => quant_matrix(&b, &mut rng, t, n, k),
+            };
             for rows in [1usize, 4, 8, 16, 512] {
                 let x = b
                     .tensor_from_host(rows, k, &rng.vec(rows * k, 1.0))
@@ -103,7 +146,7 @@ fn bench_linear(threads: usize, quick: bool) {
                 };
                 println!(
                     "  {:>6} {:>5} {:>12} {:>10.3} {:>14} {:>14}",
-                    format!("{dtype:?}"),
+                    label,
                     rows,
                     format!("[{n}, {k}]"),
                     t * 1e3,

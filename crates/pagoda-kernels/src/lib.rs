@@ -25,7 +25,7 @@ pub mod sampling_options;
 pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, RopeStyle};
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
-pub use host::{HostData, HostTensor};
+pub use host::{GgmlType, HostData, HostTensor, QuantData};
 pub use sampling_options::{
     DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, TokenMasks, MAX_LOGPROBS,
 };

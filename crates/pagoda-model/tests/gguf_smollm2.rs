@@ -145,3 +145,31 @@ fn smollm2_tokenizer_metadata_and_listing() {
         assert!(gguf_to_hf_name(&t.name).is_some(), "{}", t.name);
     }
 }
+
+/// `get_stored` hands out the file's blocks (q/k rows reordered as whole
+/// block rows) that dequantize to exactly what `get` returns, and dense
+/// tensors as `get` does.
+#[test]
+fn smollm2_stored_blocks_dequantize_to_get() {
+    use pagoda_kernels::{GgmlType, HostData};
+    let (_, src) = smollm2();
+    for (name, ty) in [
+        ("model.layers.0.self_attn.q_proj.weight", GgmlType::Q4_1),
+        ("model.layers.3.self_attn.k_proj.weight", GgmlType::Q4_1),
+        ("model.layers.29.mlp.down_proj.weight", GgmlType::Q4_1),
+        ("model.embed_tokens.weight", GgmlType::Q8_0),
+    ] {
+        let stored = src.get_stored(name).unwrap();
+        let dense = src.get(name).unwrap();
+        assert_eq!(stored.shape, dense.shape, "{name}");
+        let HostData::Quant(q) = &stored.data else {
+            panic!("{name}: expected blocks, got {}", stored.data.dtype_name())
+        };
+        assert_eq!(q.ty, ty, "{name}");
+        assert_eq!(stored.to_f32_vec(), dense.to_f32_vec(), "{name}");
+    }
+    let norm = src
+        .get_stored("model.layers.0.input_layernorm.weight")
+        .unwrap();
+    assert_eq!(norm.data.dtype_name(), "f32");
+}

@@ -456,10 +456,15 @@ fn generate_matches_transformers_greedy_tokens() {
         .collect();
     assert_eq!(expected.len(), 20);
     let model = default_model();
+    // Dequantized weights: with the blocks kept (the default), 8-bit
+    // activations flip the near-tie at step 5 (14.62 vs 14.40); that path is
+    // checked up to near-ties in pagoda-engine's golden_smollm2.
     let out = pagoda(&[
         "generate",
         "--model",
         model.to_str().unwrap(),
+        "--weight-dtype",
+        "f16",
         "--prompt",
         "The capital of France is",
         "--max-tokens",

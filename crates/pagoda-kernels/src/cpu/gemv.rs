@@ -199,6 +199,8 @@ mod avx2 {
             WeightData::F32(v) => dispatch!(kern_f32, x, rows, k, v, j0, nj, out),
             WeightData::F16(v) => dispatch!(kern_f16, x, rows, k, v, j0, nj, out),
             WeightData::BF16(v) => dispatch!(kern_bf16, x, rows, k, v, j0, nj, out),
+            // Quantized weights go to `quant` (see `matmul`); this stays correct.
+            WeightData::Quant(_) => super::portable_chunk(x, rows, k, w, j0, nj, out),
         }
     }
 }

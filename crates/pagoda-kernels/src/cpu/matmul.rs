@@ -2,9 +2,11 @@
 //!
 //! Two paths, chosen by the number of rows:
 //! - `rows <= GEMV_MAX_ROWS` (decode): [`super::gemv`], one pass over the
-//!   weights per group of up to 4 rows, memory-bandwidth bound.
+//!   weights per group of up to 4 rows, memory-bandwidth bound; for
+//!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
+//!   integer block dot products, one pass over the blocks.
 //! - more rows (prefill): the `gemm` crate's f32 kernels (multi-threaded).
-//!   Weights stored as f16/bf16 are widened to f32 in chunks of output
+//!   Weights stored as f16/bf16 or quantized blocks are widened to f32 in chunks of output
 //!   features first (once per call, shared by every row), so a narrow weight
 //!   costs `n * k` conversions against `2 * rows * n * k` flops. The f32
 //!   chunk lives in a per-thread scratch buffer of at most `SCRATCH_BYTES`
@@ -12,6 +14,7 @@
 //!   per 4 KiB, which on a VM took as long as the GEMM itself).
 
 use super::gemv;
+use super::quant;
 use super::storage::{CpuTensor, CpuWeight, WeightData};
 use crate::{KernelError, Result};
 use gemm::Parallelism;
@@ -20,6 +23,11 @@ use rayon::prelude::*;
 /// Most rows computed by GEMV passes (in groups of `gemv::MAX_ROWS`); measured
 /// faster than widening the weights and running a GEMM up to here.
 const GEMV_MAX_ROWS: usize = 16;
+
+/// Most rows computed by the quantized block kernels; more rows dequantize
+/// tiles to f32 for the GEMM, which is faster per row once the weights are
+/// reused enough.
+const QUANT_MAX_ROWS: usize = 16;
 
 /// Size of the per-thread buffer narrow weights are widened into.
 const SCRATCH_BYTES: usize = 8 << 20;
@@ -70,6 +78,29 @@ pub fn linear(
         }
         return Ok(y);
     }
+    if let WeightData::Quant(q) = &w.data {
+        if rows <= QUANT_MAX_ROWS {
+            let isa = quant::Isa::detect();
+            let done = if rows == 1 {
+                quant::matmul_t(&x.data, 1, k, q.ty, &q.bytes, &mut y.data, threads, isa)
+            } else {
+                let mut t = vec![0f32; n * rows];
+                let done = quant::matmul_t(&x.data, rows, k, q.ty, &q.bytes, &mut t, threads, isa);
+                for (j, col) in t.chunks_exact(rows).enumerate() {
+                    for (r, v) in col.iter().enumerate() {
+                        y.data[r * n + j] = *v;
+                    }
+                }
+                done
+            };
+            if done {
+                add_bias(&mut y.data, n, bias);
+                return Ok(y);
+            }
+        }
+        gemm_chunked(&x.data, rows, k, w, bias, &mut y.data, threads);
+        return Ok(y);
+    }
     if rows <= GEMV_MAX_ROWS {
         if rows == 1 {
             gemv::gemv_t(&x.data, 1, w, &mut y.data, threads);
@@ -87,17 +118,22 @@ pub fn linear(
                 }
             }
         }
-        if let Some(b) = bias {
-            for row in y.data.chunks_exact_mut(n) {
-                for (o, b) in row.iter_mut().zip(b) {
-                    *o += b;
-                }
-            }
-        }
+        add_bias(&mut y.data, n, bias);
         return Ok(y);
     }
     gemm_chunked(&x.data, rows, k, w, bias, &mut y.data, threads);
     Ok(y)
+}
+
+/// Adds `bias` (n values) to every row of `y`.
+fn add_bias(y: &mut [f32], n: usize, bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(n) {
+            for (o, b) in row.iter_mut().zip(b) {
+                *o += b;
+            }
+        }
+    }
 }
 
 /// `y = x @ w^T + bias` through the `gemm` crate. A narrow weight is widened

@@ -1,15 +1,18 @@
-//! The CPU backend: f32 activations, weights in f32/f16/bf16, its own rayon pool.
+//! The CPU backend: f32 activations, weights in f32/f16/bf16 or GGUF blocks, its own rayon pool.
 //!
 //! Every op runs inside the backend's thread pool (`CpuOptions::threads`
 //! threads), parallel over rows, output features, or (token, head) pairs.
 //! Activations are plain row-major f32 ([`CpuTensor`]); weight matrices are
 //! stored in [`WeightDtype`] and widened to f32 in registers (decode GEMV) or
-//! per tile (prefill GEMM); accumulation is always f32. The KV cache is f32.
+//! per tile (prefill GEMM); accumulation is always f32. With
+//! [`CpuBackend::with_quantized_weights`], quantized GGUF matrices keep their
+//! blocks and decode through integer block dot products ([`quant`]). The KV
+//! cache is f32.
 //!
 //! This backend is also the reference other backends are tested against, so
 //! every op is checked against a naive f64 implementation in `tests/`.
 //!
-//! Files: [`storage`] (types), [`matmul`] + [`gemv`] (linear), [`attention`]
+//! Files: [`storage`] (types), [`matmul`] + [`gemv`] + [`quant`] (linear), [`attention`]
 //! (store_kv, paged attention), [`norm`], [`ops`] (embedding, rope,
 //! activations), `math`, `convert` and `simd` (vectorized helpers).
 
@@ -21,6 +24,7 @@ mod matmul;
 mod norm;
 mod ops;
 mod par;
+pub mod quant;
 pub(crate) mod simd;
 mod storage;
 
@@ -55,6 +59,7 @@ pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
     weight_dtype: WeightDtype,
+    keep_quantized: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -62,6 +67,7 @@ impl std::fmt::Debug for CpuBackend {
         f.debug_struct("CpuBackend")
             .field("threads", &self.threads)
             .field("weight_dtype", &self.weight_dtype)
+            .field("keep_quantized", &self.keep_quantized)
             .finish()
     }
 }
@@ -83,7 +89,21 @@ impl CpuBackend {
             pool,
             threads,
             weight_dtype: opts.weight_dtype,
+            keep_quantized: false,
         })
+    }
+
+    /// Whether quantized GGUF matrices of a type with kernels
+    /// ([`quant::supported`]) keep their blocks (`true`) or are dequantized
+    /// to the weight dtype at load (`false`, the default of [`CpuBackend::new`]).
+    pub fn with_quantized_weights(mut self, keep: bool) -> Self {
+        self.keep_quantized = keep;
+        self
+    }
+
+    /// Whether quantized matrices keep their blocks.
+    pub fn keeps_quantized(&self) -> bool {
+        self.keep_quantized
     }
 
     /// Threads in the pool.
@@ -127,12 +147,23 @@ impl Backend for CpuBackend {
             WeightDtype::F16 => "f16",
             WeightDtype::BF16 => "bf16",
         };
-        let simd = if simd::has_avx2_f16c() { ", avx2" } else { "" };
-        format!("cpu ({} threads, {dtype} weights{simd})", self.threads)
+        let quant = if self.keep_quantized {
+            " (quantized kept)"
+        } else {
+            ""
+        };
+        let simd = match simd::level_name() {
+            "" => String::new(),
+            level => format!(", {level}"),
+        };
+        format!(
+            "cpu ({} threads, {dtype} weights{quant}{simd})",
+            self.threads
+        )
     }
 
     fn load_weight(&self, w: HostTensor) -> Result<CpuWeight> {
-        CpuWeight::from_host(w, self.weight_dtype)
+        CpuWeight::from_host(w, self.weight_dtype, self.keep_quantized)
     }
 
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -140,7 +171,7 @@ impl Backend for CpuBackend {
     }
 
     fn load_table(&self, t: HostTensor) -> Result<CpuWeight> {
-        CpuWeight::from_host(t, WeightDtype::F32)
+        CpuWeight::from_host(t, WeightDtype::F32, false)
     }
 
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<CpuKvCache> {

@@ -31,3 +31,22 @@ pub fn has_avx2_f16c() -> bool {
 pub fn has_avx2_f16c() -> bool {
     false
 }
+
+/// The widest vector level the CPU kernels use here, for logs: `avx512-vnni`
+/// (integer block dot products with `vpdpbusd`), `avx512` (AVX-512F, which
+/// the kernels use at their AVX2 width), `avx2`, or empty (portable code).
+pub fn level_name() -> &'static str {
+    if !has_avx2_f16c() {
+        return "";
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+            return "avx512-vnni";
+        }
+        if is_x86_feature_detected!("avx512f") {
+            return "avx512";
+        }
+    }
+    "avx2"
+}

@@ -1,16 +1,19 @@
 //! Memory of the CPU backend: activations, weights, KV cache and step metadata.
 //!
 //! - [`CpuTensor`]: a row-major `[rows, cols]` f32 buffer (`data.len() == rows * cols`).
-//! - [`CpuWeight`]: a `[rows, cols]` weight in f32, f16 or bf16. Matrices and
-//!   tables (2-D and up) are stored in the backend's [`WeightDtype`]; vectors
-//!   (norm weights, biases) always in f32. Narrow storage halves the bytes a
-//!   decode step streams, which is what bounds its speed.
+//! - [`CpuWeight`]: a `[rows, cols]` weight in f32, f16 or bf16, or GGUF
+//!   quantized blocks. Matrices and tables (2-D and up) are stored in the
+//!   backend's [`WeightDtype`], or, when the backend keeps quantized weights
+//!   and has kernels for the type ([`super::quant::supported`]), as the
+//!   file's blocks (each row `cols / block_size` whole blocks); vectors (norm
+//!   weights, biases) always in f32. Narrow storage cuts the bytes a decode
+//!   step streams, which is what bounds its speed.
 //! - [`CpuKvCache`]: f32 K and V, each `[num_blocks, block_size, num_kv_heads,
 //!   head_dim]`, zero-filled at allocation.
 //! - [`CpuStep`]: a validated copy of the [`ForwardContext`]; building it is
 //!   O(tokens + seqs + block table entries).
 
-use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
+use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, QuantData, Result};
 use half::{bf16, f16};
 
 /// Storage dtype of weight matrices.
@@ -71,6 +74,8 @@ pub enum WeightData {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// GGUF blocks of a type [`super::quant`] has kernels for.
+    Quant(QuantData),
 }
 
 /// A weight: `[rows, cols]` (a vector is one row).
@@ -82,8 +87,14 @@ pub struct CpuWeight {
 }
 
 impl CpuWeight {
-    /// Converts a host tensor: 2-D and up to `dtype`, vectors to f32.
-    pub(crate) fn from_host(w: HostTensor, dtype: WeightDtype) -> Result<Self> {
+    /// Converts a host tensor: 2-D and up to `dtype`, vectors to f32;
+    /// with `keep_quantized`, a matrix of quantized blocks that
+    /// [`super::quant`] has kernels for stays as it is.
+    pub(crate) fn from_host(
+        w: HostTensor,
+        dtype: WeightDtype,
+        keep_quantized: bool,
+    ) -> Result<Self> {
         let (rows, cols) = w.dims2();
         if w.data.len() != rows * cols {
             return Err(KernelError::Shape {
@@ -96,6 +107,26 @@ impl CpuWeight {
         } else {
             dtype
         };
+        if let HostData::Quant(q) = &w.data {
+            let bs = q.ty.block_size();
+            let whole = bs > 0 && cols.is_multiple_of(bs);
+            if keep_quantized && w.shape.len() >= 2 && whole && super::quant::supported(q.ty) {
+                let HostData::Quant(q) = w.data else {
+                    unreachable!("matched above")
+                };
+                return Ok(CpuWeight {
+                    rows,
+                    cols,
+                    data: WeightData::Quant(q),
+                });
+            }
+            if !q.ty.can_dequantize() {
+                return Err(KernelError::Shape {
+                    op: "load_weight",
+                    detail: format!("cannot dequantize {} blocks", q.ty.name()),
+                });
+            }
+        }
         let data = match (dtype, w.data) {
             (WeightDtype::F32, HostData::F32(v)) => WeightData::F32(v),
             (WeightDtype::F16, HostData::F16(v)) => WeightData::F16(v),
@@ -119,12 +150,21 @@ impl CpuWeight {
         self.cols
     }
 
-    /// Storage dtype.
+    /// Storage dtype; a quantized weight answers f32 (what its blocks
+    /// dequantize to), and [`CpuWeight::quant_type`] says which blocks.
     pub fn dtype(&self) -> WeightDtype {
         match self.data {
-            WeightData::F32(_) => WeightDtype::F32,
+            WeightData::F32(_) | WeightData::Quant(_) => WeightDtype::F32,
             WeightData::F16(_) => WeightDtype::F16,
             WeightData::BF16(_) => WeightDtype::BF16,
+        }
+    }
+
+    /// The block type of a quantized weight.
+    pub fn quant_type(&self) -> Option<crate::GgmlType> {
+        match &self.data {
+            WeightData::Quant(q) => Some(q.ty),
+            _ => None,
         }
     }
 
@@ -134,6 +174,7 @@ impl CpuWeight {
             WeightData::F32(v) => v.len() * 4,
             WeightData::F16(v) => v.len() * 2,
             WeightData::BF16(v) => v.len() * 2,
+            WeightData::Quant(q) => q.bytes.len(),
         }
     }
 
@@ -149,6 +190,10 @@ impl CpuWeight {
             WeightData::F32(v) => out.copy_from_slice(&v[range]),
             WeightData::F16(v) => super::convert::f16_to_f32(&v[range], out),
             WeightData::BF16(v) => super::convert::bf16_to_f32(&v[range], out),
+            WeightData::Quant(q) => {
+                let rb = super::quant::row_bytes(q.ty, self.cols);
+                super::quant::dequantize(q.ty, &q.bytes[r0 * rb..r1 * rb], out);
+            }
         }
     }
 
@@ -173,6 +218,11 @@ fn host_to_f32(d: HostData) -> Vec<f32> {
         HostData::F32(v) => v,
         HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
         HostData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        d @ HostData::Quant(_) => HostTensor {
+            shape: vec![d.len()],
+            data: d,
+        }
+        .into_f32_vec(),
     }
 }
 

@@ -156,6 +156,14 @@ pub(crate) fn host_to_bf16(d: HostData) -> Vec<bf16> {
         HostData::BF16(v) => v,
         HostData::F32(v) => v.into_iter().map(bf16::from_f32).collect(),
         HostData::F16(v) => v.into_iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
+        d @ HostData::Quant(_) => HostTensor {
+            shape: vec![d.len()],
+            data: d,
+        }
+        .to_f32_vec()
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect(),
     }
 }
 

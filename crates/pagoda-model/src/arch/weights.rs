@@ -28,9 +28,10 @@ pub fn load_opt<B: Backend>(
     }
 }
 
-/// Reads `name` from the source and checks its shape.
+/// Reads `name` from the source (quantized tensors as their blocks: the
+/// backend keeps or dequantizes them) and checks its shape.
 pub fn read(src: &dyn WeightSource, name: &str, shape: &[usize]) -> Result<HostTensor> {
-    let t = src.get(name)?;
+    let t = src.get_stored(name)?;
     if t.shape != shape {
         return Err(ModelError::TensorShape {
             name: name.to_string(),
@@ -59,6 +60,10 @@ pub fn concat_rows(a: HostTensor, b: HostTensor) -> HostTensor {
         (HostData::BF16(mut x), HostData::BF16(y)) => {
             x.extend_from_slice(&y);
             HostData::BF16(x)
+        }
+        (HostData::Quant(mut x), HostData::Quant(y)) if x.ty == y.ty => {
+            x.bytes.extend_from_slice(&y.bytes);
+            HostData::Quant(x)
         }
         (x, y) => {
             let mut v = HostTensor {

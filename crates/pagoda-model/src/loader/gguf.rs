@@ -18,13 +18,15 @@
 //!
 //! Costs: opening maps the file and parses its header; each `get` dequantizes
 //! one tensor (quantized types to f32, F16/BF16 kept as stored) and, for
-//! llama q/k, copies it once more to reorder rows.
+//! llama q/k, copies it once more to reorder rows. `get_stored` copies a
+//! quantized tensor's blocks as they are (rows of whole blocks, reordered the
+//! same way for llama q/k).
 
 use crate::config::{Architecture, ModelConfig, RopeScaling};
 use crate::loader::{TensorInfo, WeightSource};
 use crate::{ModelError, Result};
 use pagoda_gguf::{GgufFile, Metadata, MetadataArray, TensorValues};
-use pagoda_kernels::{HostData, HostTensor};
+use pagoda_kernels::{HostData, HostTensor, QuantData};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -305,6 +307,42 @@ impl WeightSource for GgufSource {
             .collect()
     }
 
+    fn get_stored(&self, name: &str) -> Result<HostTensor> {
+        let gguf_name = self
+            .names
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let info = self
+            .file
+            .tensor(gguf_name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let ty = info.ggml_type;
+        let dense = matches!(
+            ty,
+            pagoda_gguf::GgmlType::F32 | pagoda_gguf::GgmlType::F16 | pagoda_gguf::GgmlType::BF16
+        );
+        if dense || !ty.can_dequantize() {
+            return self.get(name);
+        }
+        let shape = info.shape();
+        let mut bytes = self.file.tensor_bytes(info).to_vec();
+        if let Some(n_head) = self.permutation_heads(name) {
+            // Rows are whole blocks (the innermost dimension is a multiple
+            // of the block size), so rows reorder as byte strings.
+            let cols = shape.last().copied().unwrap_or(1);
+            let row_bytes = cols / ty.block_size() * ty.type_size();
+            bytes = unpermute_qk_rows(&bytes, row_bytes, n_head).ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{name}: shape {shape:?} does not split into {n_head} heads of even size"
+                ))
+            })?;
+        }
+        Ok(HostTensor {
+            shape,
+            data: HostData::Quant(QuantData { ty, bytes }),
+        })
+    }
+
     fn get(&self, name: &str) -> Result<HostTensor> {
         let gguf_name = self
             .names
@@ -353,6 +391,12 @@ impl WeightSource for GgufSource {
                 }
                 HostData::BF16(v) => {
                     HostData::BF16(unpermute_qk_rows(&v, cols, n_head).ok_or_else(bad)?)
+                }
+                // `tensor_values` dequantizes; blocks come only from `get_stored`.
+                HostData::Quant(_) => {
+                    return Err(ModelError::Config(format!(
+                        "{name}: unexpected quantized values"
+                    )))
                 }
             };
         }

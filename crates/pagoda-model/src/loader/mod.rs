@@ -34,6 +34,12 @@ pub trait WeightSource: Send + Sync {
     }
     /// The tensor called `name` (Hugging Face naming), dequantized to f32/f16/bf16.
     fn get(&self, name: &str) -> Result<HostTensor>;
+    /// Like [`WeightSource::get`], but a quantized tensor comes as its blocks
+    /// ([`pagoda_kernels::HostData::Quant`]), for backends that compute on
+    /// them; sources without quantized tensors answer as `get`.
+    fn get_stored(&self, name: &str) -> Result<HostTensor> {
+        self.get(name)
+    }
     /// Whether the source has a tensor called `name`.
     fn contains(&self, name: &str) -> bool;
 }

@@ -20,7 +20,9 @@
 //! `pagoda bench single`: single-stream speed like llama.cpp's llama-bench:
 //! prompt processing of `--prompt-tokens` random tokens in one step (pp), then
 //! `--gen-tokens` greedy decode steps (tg), each repeated `--repeats` times;
-//! prints the median tokens/s of each as one JSON line.
+//! prints the median tokens/s of each as one JSON line, with the process's
+//! resident memory at the end (`rss_mib`, Linux only: weights + KV cache +
+//! activations).
 
 use super::device::Device;
 use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
@@ -135,6 +137,15 @@ struct SingleResult {
     repeats: usize,
     pp_tok_per_s: f64,
     tg_tok_per_s: f64,
+    rss_mib: Option<f64>,
+}
+
+/// Resident memory of this process in MiB (`VmRSS` of /proc/self/status).
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -449,6 +460,7 @@ impl EngineTask for Single<'_> {
             repeats: a.repeats,
             pp_tok_per_s: median(pp),
             tg_tok_per_s: median(tg),
+            rss_mib: rss_mib(),
         };
         Ok(result)
     }

@@ -119,7 +119,7 @@ fn run_on_cuda<T: EngineTask>(
     if cache.kv_cache_fraction.is_some() {
         bail!("--kv-cache-fraction sizes the cache from host memory; on CUDA use --gpu-memory-utilization or --kv-cache-memory");
     }
-    if model.weight_dtype != WeightDtypeArg::F16 {
+    if model.weight_dtype != WeightDtypeArg::Auto {
         tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
     }
     let backend = CudaBackend::new(CudaOptions { device: ordinal })?;
@@ -159,14 +159,15 @@ fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
             .unwrap_or(1)
     });
     let weight_dtype = match model.weight_dtype {
+        WeightDtypeArg::Auto | WeightDtypeArg::F16 => WeightDtype::F16,
         WeightDtypeArg::F32 => WeightDtype::F32,
-        WeightDtypeArg::F16 => WeightDtype::F16,
         WeightDtypeArg::Bf16 => WeightDtype::BF16,
     };
     Ok(CpuBackend::new(CpuOptions {
         threads,
         weight_dtype,
-    })?)
+    })?
+    .with_quantized_weights(model.weight_dtype == WeightDtypeArg::Auto))
 }
 
 impl KvBudget for CpuBackend {

@@ -41,9 +41,11 @@ pub struct ModelArgs {
     /// CPU threads for the forward pass (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// How the CPU backend stores weight matrices: f32 is exact for dequantized
-    /// GGUF weights, f16/bf16 halve memory traffic and decode faster.
-    #[arg(long, value_enum, default_value_t = WeightDtypeArg::F16)]
+    /// How the CPU backend stores weight matrices: auto keeps quantized GGUF
+    /// matrices in their blocks (integer kernels, least memory traffic) and
+    /// stores the rest in f16; f32/f16/bf16 dequantize everything at load
+    /// (f32 is exact for dequantized GGUF weights).
+    #[arg(long, value_enum, default_value_t = WeightDtypeArg::Auto)]
     pub weight_dtype: WeightDtypeArg,
     #[command(flatten)]
     pub device: device::DeviceArgs,
@@ -52,6 +54,8 @@ pub struct ModelArgs {
 /// Weight storage dtype on the CPU.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightDtypeArg {
+    /// Quantized GGUF blocks as stored, f16 for the other matrices.
+    Auto,
     F32,
     F16,
     Bf16,

@@ -1,0 +1,235 @@
+//! Quantized weights on the CPU: GGUF blocks kept as loaded, multiplied by
+//! activations quantized to 8 bits, with integer SIMD.
+//!
+//! - Storage: a [`crate::QuantData`] per matrix, each row `cols /
+//!   block_size` whole blocks in the file's layout (see
+//!   [`super::storage::CpuWeight`]); [`supported`] lists the types with
+//!   kernels, others are dequantized at load.
+//! - Few rows (decode, [`matmul_t`]): each x row is quantized once per call
+//!   ([`act`]: 32-blocks for Q4_0..Q8_0, 256-blocks with 16-sums for the
+//!   k-quants), then every weight row is dotted with every x row, block by
+//!   block, in parallel over chunks of output features. The weight row stays
+//!   in L1 across the x rows, so the weights stream once per call.
+//! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
+//!   ([`dequantize`]) and runs the f32 GEMM, as for f16 weights.
+//! - Dispatch ([`Isa`]): AVX-512 VNNI, AVX2 or portable scalar, detected at
+//!   run time ([`Isa::detect`]); each path is a table of per-type row dot
+//!   products ([`scalar`], [`x86`]). Tests force each path ([`matmul_t`]
+//!   takes the `Isa`).
+
+pub mod act;
+pub mod scalar;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use crate::GgmlType;
+use act::{BlockQ8, BlockQ8K};
+use rayon::prelude::*;
+
+/// A path of block dot products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust, any machine.
+    Scalar,
+    /// AVX2 + FMA + F16C (`vpmaddubsw`).
+    Avx2,
+    /// AVX2 + FMA + F16C + AVX-512 VNNI and VL (`vpdpbusd` on 256 bits).
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Whether this machine runs the path (the portable one always).
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => has_avx2(),
+            Isa::Avx512Vnni => has_avx2() && has_vnni(),
+        }
+    }
+
+    /// Every path this machine runs, fastest last.
+    pub fn available() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| i.is_available())
+            .collect()
+    }
+
+    /// The fastest path here (the portable one when SIMD is turned off with
+    /// [`super::set_simd_enabled`]).
+    pub fn detect() -> Isa {
+        if !super::simd::has_avx2_f16c() {
+            Isa::Scalar
+        } else if has_vnni() {
+            Isa::Avx512Vnni
+        } else {
+            Isa::Avx2
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx2() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_vnni() -> bool {
+    false
+}
+
+/// Whether the CPU backend has kernels for `ty` blocks.
+pub fn supported(ty: GgmlType) -> bool {
+    dot_fn(ty, Isa::Scalar).is_some()
+}
+
+/// Bytes of one row of `cols` elements of `ty` (`cols` a multiple of the block size).
+pub fn row_bytes(ty: GgmlType, cols: usize) -> usize {
+    cols / ty.block_size() * ty.type_size()
+}
+
+/// Dequantizes whole blocks of `ty` into `out`.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let r = pagoda_gguf::dequant::dequantize_into(ty, bytes, out);
+    debug_assert!(
+        r.is_ok(),
+        "{ty:?} is stored only when it can be dequantized"
+    );
+}
+
+/// `out[r] = dot(w, a[r])` for the `rows` quantized x rows in `a`.
+type DotQ8 = unsafe fn(&[u8], &[BlockQ8], usize, &mut [f32]);
+type DotQ8K = unsafe fn(&[u8], &[BlockQ8K], usize, &mut [f32]);
+
+/// One weight row dotted with every quantized x row.
+#[derive(Clone, Copy)]
+enum Dot {
+    Q8(DotQ8),
+    Q8K(DotQ8K),
+}
+
+/// The row dot product for `ty` on `isa`; `None` when the type has no
+/// kernel or the path is not available here (so a `Dot` is always safe to
+/// call on whole blocks).
+fn dot_fn(ty: GgmlType, isa: Isa) -> Option<Dot> {
+    if !isa.is_available() {
+        return None;
+    }
+    use GgmlType as T;
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! simd {
+        ($m:ident) => {
+            match ty {
+                T::Q4_0 => Dot::Q8(x86::$m::q4_0),
+                T::Q4_1 => Dot::Q8(x86::$m::q4_1),
+                T::Q5_0 => Dot::Q8(x86::$m::q5_0),
+                T::Q5_1 => Dot::Q8(x86::$m::q5_1),
+                T::Q8_0 => Dot::Q8(x86::$m::q8_0),
+                T::Q2_K => Dot::Q8K(x86::$m::q2_k),
+                T::Q3_K => Dot::Q8K(x86::$m::q3_k),
+                T::Q4_K => Dot::Q8K(x86::$m::q4_k),
+                T::Q5_K => Dot::Q8K(x86::$m::q5_k),
+                T::Q6_K => Dot::Q8K(x86::$m::q6_k),
+                _ => return None,
+            }
+        };
+    }
+    Some(match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => simd!(avx2),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => simd!(vnni),
+        _ => match ty {
+            T::Q4_0 => Dot::Q8(scalar::rows::q4_0),
+            T::Q4_1 => Dot::Q8(scalar::rows::q4_1),
+            T::Q5_0 => Dot::Q8(scalar::rows::q5_0),
+            T::Q5_1 => Dot::Q8(scalar::rows::q5_1),
+            T::Q8_0 => Dot::Q8(scalar::rows::q8_0),
+            T::Q2_K => Dot::Q8K(scalar::rows::q2_k),
+            T::Q3_K => Dot::Q8K(scalar::rows::q3_k),
+            T::Q4_K => Dot::Q8K(scalar::rows::q4_k),
+            T::Q5_K => Dot::Q8K(scalar::rows::q5_k),
+            T::Q6_K => Dot::Q8K(scalar::rows::q6_k),
+            _ => return None,
+        },
+    })
+}
+
+/// `out_t[j * rows + r] = dot(x[r], w[j])` for the `n` rows of `w` (blocks
+/// of `ty`, `k` columns); `x` is `[rows, k]`, `out_t` `[n, rows]`.
+/// Returns false (computing nothing) when `ty` has no kernel on `isa`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_t(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    ty: GgmlType,
+    w: &[u8],
+    out_t: &mut [f32],
+    threads: usize,
+    isa: Isa,
+) -> bool {
+    let Some(dot) = dot_fn(ty, isa) else {
+        return false;
+    };
+    let rb = row_bytes(ty, k);
+    assert!(k.is_multiple_of(ty.block_size()) && x.len() == rows * k);
+    assert!(rows > 0 && out_t.len().is_multiple_of(rows) && w.len() >= out_t.len() / rows * rb);
+    match dot {
+        Dot::Q8(f) => {
+            let mut a = vec![BlockQ8::default(); x.len() / 32];
+            act::quantize_q8(x, &mut a);
+            run(w, rb, &a, rows, out_t, threads, f);
+        }
+        Dot::Q8K(f) => {
+            let mut a = vec![BlockQ8K::default(); x.len() / 256];
+            act::quantize_q8k(x, &mut a);
+            run(w, rb, &a, rows, out_t, threads, f);
+        }
+    }
+    true
+}
+
+/// Runs `f` over every (weight row, x row) pair, in parallel over chunks of
+/// weight rows; `a` holds `rows` rows of quantized activations.
+fn run<A: Sync>(
+    w: &[u8],
+    rb: usize,
+    a: &[A],
+    rows: usize,
+    out_t: &mut [f32],
+    threads: usize,
+    f: unsafe fn(&[u8], &[A], usize, &mut [f32]),
+) {
+    let n = out_t.len() / rows;
+    // About 32 KiB of weights per task, at least 8 tasks per thread when n allows.
+    let by_bytes = (32 * 1024 / rb.max(1)).max(4);
+    let by_tasks = n.div_ceil(threads.max(1) * 8).max(4);
+    let chunk = by_bytes.min(by_tasks);
+    out_t
+        .par_chunks_mut(chunk * rows)
+        .enumerate()
+        .for_each(|(c, out)| {
+            let j0 = c * chunk;
+            for (jj, o) in out.chunks_exact_mut(rows).enumerate() {
+                let wrow = &w[(j0 + jj) * rb..(j0 + jj + 1) * rb];
+                // SAFETY: `f` came from `dot_fn`, which hands out only paths
+                // this machine runs; `wrow` holds `a.len() / rows` whole blocks.
+                unsafe { f(wrow, a, rows, o) };
+            }
+        });
+}

@@ -1,0 +1,249 @@
+//! Portable block dot products: one weight row of GGUF blocks against one
+//! row of 8-bit activations, integer sums per block, f32 across blocks.
+//!
+//! These are the reference for the SIMD kernels (same integer sums, so they
+//! differ only in the order of the f32 additions) and the path on machines
+//! without AVX2. Layouts follow ggml's `ggml-common.h` (see
+//! `pagoda_gguf::dequant`, whose dequantizers they must agree with).
+
+// The loops index several arrays with ggml's offset arithmetic, kept
+// recognizable next to the layouts rather than rewritten as iterators.
+#![allow(clippy::needless_range_loop)]
+
+use super::act::{BlockQ8, BlockQ8K};
+
+/// The little-endian f16 at byte `i` of `b`, as f32.
+#[inline]
+pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// Q4_0/Q4_1 and Q5_0/Q5_1 quants `0..16` / `0..32` of one 32-block
+/// (`qh`: the fifth bits, 0 for 4-bit types), dotted with `a.q`.
+#[inline]
+fn dot_nibbles(qs: &[u8], qh: u32, a: &BlockQ8) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        let lo = (qs[j] & 0x0F) as i32 | ((((qh >> j) & 1) as i32) << 4);
+        let hi = (qs[j] >> 4) as i32 | ((((qh >> (j + 16)) & 1) as i32) << 4);
+        s += lo * a.q[j] as i32 + hi * a.q[j + 16] as i32;
+    }
+    s
+}
+
+fn qh_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// Q4_0 (18 bytes: d, 16 nibble bytes): `x = d (q - 8)`.
+pub fn q4_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(18).zip(a) {
+        let d = f16_at(b, 0);
+        acc += d * a.d * dot_nibbles(&b[2..18], 0, a) as f32 - 8.0 * d * a.s;
+    }
+    acc
+}
+
+/// Q4_1 (20 bytes: d, m, 16 nibble bytes): `x = d q + m`.
+pub fn q4_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(20).zip(a) {
+        let s = dot_nibbles(&b[4..20], 0, a);
+        acc += f16_at(b, 0) * a.d * s as f32 + f16_at(b, 2) * a.s;
+    }
+    acc
+}
+
+/// Q5_0 (22 bytes: d, qh, 16 nibble bytes): `x = d (q - 16)`.
+pub fn q5_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(22).zip(a) {
+        let d = f16_at(b, 0);
+        acc += d * a.d * dot_nibbles(&b[6..22], qh_at(b, 2), a) as f32 - 16.0 * d * a.s;
+    }
+    acc
+}
+
+/// Q5_1 (24 bytes: d, m, qh, 16 nibble bytes): `x = d q + m`.
+pub fn q5_1(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(24).zip(a) {
+        let s = dot_nibbles(&b[8..24], qh_at(b, 4), a);
+        acc += f16_at(b, 0) * a.d * s as f32 + f16_at(b, 2) * a.s;
+    }
+    acc
+}
+
+/// Q8_0 (34 bytes: d, 32 signed bytes): `x = d q`.
+pub fn q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(34).zip(a) {
+        let s: i32 = (0..32).map(|j| b[2 + j] as i8 as i32 * a.q[j] as i32).sum();
+        acc += f16_at(b, 0) * a.d * s as f32;
+    }
+    acc
+}
+
+/// Q4_K/Q5_K 6-bit (scale, min) of sub-block `j` from the 12 packed bytes.
+#[inline]
+pub(super) fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
+    if j < 4 {
+        ((q[j] & 63) as i32, (q[j + 4] & 63) as i32)
+    } else {
+        let sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        let m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        (sc as i32, m as i32)
+    }
+}
+
+/// Sum of the 32 activations of sub-block `j` of a 256-block.
+#[inline]
+pub(super) fn bsum32(a: &BlockQ8K, j: usize) -> i32 {
+    a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32
+}
+
+/// Q4_K and Q5_K (`qh` = Some): `x = d sc q - dmin m` per 32-element sub-block.
+fn q45_k(w: &[u8], a: &[BlockQ8K], bytes: usize, five: bool) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(bytes).zip(a) {
+        let scales = &b[4..16];
+        let (qh, qs) = if five {
+            (&b[16..48], &b[48..176])
+        } else {
+            (&b[0..0], &b[16..144])
+        };
+        let (mut sumi, mut summ) = (0i32, 0i32);
+        for i in 0..4 {
+            for half in 0..2 {
+                let j = 2 * i + half;
+                let (sc, m) = scale_min_k4(j, scales);
+                let mut s = 0i32;
+                for l in 0..32 {
+                    let mut q = (qs[32 * i + l] >> (4 * half)) & 0x0F;
+                    if five {
+                        q |= ((qh[l] >> j) & 1) << 4;
+                    }
+                    s += q as i32 * a.q[32 * j + l] as i32;
+                }
+                sumi += sc * s;
+                summ += m * bsum32(a, j);
+            }
+        }
+        acc += a.d * (f16_at(b, 0) * sumi as f32 - f16_at(b, 2) * summ as f32);
+    }
+    acc
+}
+
+/// Q4_K (144 bytes: d, dmin, 12 scale bytes, 128 nibble bytes).
+pub fn q4_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    q45_k(w, a, 144, false)
+}
+
+/// Q5_K (176 bytes: d, dmin, 12 scale bytes, 32 high-bit bytes, 128 nibble bytes).
+pub fn q5_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    q45_k(w, a, 176, true)
+}
+
+/// Q6_K (210 bytes: 128 low-nibble bytes, 64 high-bit bytes, 16 i8 scales,
+/// d): `x = d sc (q - 32)`, 16 elements per scale.
+pub fn q6_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(210).zip(a) {
+        let sc = &b[192..208];
+        let mut sumi = 0i32;
+        for half in 0..2 {
+            let ql = &b[64 * half..64 * half + 64];
+            let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+            for l in 0..32 {
+                let q = [
+                    (ql[l] & 0x0F) | ((qh[l] & 3) << 4),
+                    (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4),
+                    (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                    (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                ];
+                for (r, &q) in q.iter().enumerate() {
+                    let pos = 128 * half + 32 * r + l;
+                    sumi += (sc[pos / 16] as i8 as i32) * (q as i32) * a.q[pos] as i32;
+                }
+            }
+        }
+        let corr: i32 = (0..16)
+            .map(|g| sc[g] as i8 as i32 * a.bsums[g] as i32)
+            .sum();
+        acc += f16_at(b, 208) * a.d * (sumi - 32 * corr) as f32;
+    }
+    acc
+}
+
+/// Q2_K (84 bytes: 16 scale bytes (low nibble scale, high nibble min), 64
+/// bytes of 2-bit quants, d, dmin): `x = d sc q - dmin m`, 16 per scale.
+pub fn q2_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(84).zip(a) {
+        let (scales, qs) = (&b[0..16], &b[16..80]);
+        let mut sumi = 0i32;
+        for pos in 0..256 {
+            let (half, j, l) = (pos / 128, (pos % 128) / 32, pos % 32);
+            let q = (qs[32 * half + l] >> (2 * j)) & 3;
+            sumi += (scales[pos / 16] & 0x0F) as i32 * q as i32 * a.q[pos] as i32;
+        }
+        let summ: i32 = (0..16)
+            .map(|g| (scales[g] >> 4) as i32 * a.bsums[g] as i32)
+            .sum();
+        acc += a.d * (f16_at(b, 80) * sumi as f32 - f16_at(b, 82) * summ as f32);
+    }
+    acc
+}
+
+/// Q3_K's 16 signed 6-bit scales from their 12 packed bytes.
+#[inline]
+pub(super) fn q3_k_scales(sc: &[u8]) -> [i32; 16] {
+    let mut out = [0i32; 16];
+    for (s, o) in out.iter_mut().enumerate() {
+        let low = if s < 8 { sc[s] & 0x0F } else { sc[s - 8] >> 4 };
+        let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+        *o = (low | (high << 4)) as i32 - 32;
+    }
+    out
+}
+
+/// Q3_K (110 bytes: 32 high-bit mask bytes, 64 bytes of 2-bit quants, 12
+/// scale bytes, d): `x = d sc (q - 4)` with `q = low | hbit << 2`, 16 per scale.
+pub fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(110).zip(a) {
+        let (hmask, qs) = (&b[0..32], &b[32..96]);
+        let sc = q3_k_scales(&b[96..108]);
+        let mut sumi = 0i32;
+        for pos in 0..256 {
+            let (half, j, l) = (pos / 128, (pos % 128) / 32, pos % 32);
+            let low = (qs[32 * half + l] >> (2 * j)) & 3;
+            let hbit = (hmask[l] >> (4 * half + j)) & 1;
+            sumi += sc[pos / 16] * (low | (hbit << 2)) as i32 * a.q[pos] as i32;
+        }
+        let corr: i32 = (0..16).map(|g| sc[g] * a.bsums[g] as i32).sum();
+        acc += f16_at(b, 108) * a.d * (sumi - 4 * corr) as f32;
+    }
+    acc
+}
+
+/// The dot products above over `rows` x rows (`a` holds them one after
+/// another), the signature the dispatch in [`super`] takes.
+pub mod rows {
+    use super::super::act::{BlockQ8, BlockQ8K};
+
+    macro_rules! rows {
+        ($($name:ident: $act:ty),*) => {$(
+            pub fn $name(w: &[u8], a: &[$act], rows: usize, out: &mut [f32]) {
+                let nb = a.len() / rows;
+                for (r, o) in out[..rows].iter_mut().enumerate() {
+                    *o = super::$name(w, &a[r * nb..(r + 1) * nb]);
+                }
+            }
+        )*};
+    }
+
+    rows!(q4_0: BlockQ8, q4_1: BlockQ8, q5_0: BlockQ8, q5_1: BlockQ8, q8_0: BlockQ8);
+    rows!(q2_k: BlockQ8K, q3_k: BlockQ8K, q4_k: BlockQ8K, q5_k: BlockQ8K, q6_k: BlockQ8K);
+}

@@ -1,0 +1,248 @@
+//! The block kernels against dequantize-then-f32 products, on every path
+//! this machine runs (each forced explicitly), on random blocks.
+//!
+//! Tolerances: activations are rounded to multiples of `d = max|x| / 127`
+//! per block (32 or 256 values), an error of at most `d / 2` per element, so
+//! `|y - y_ref| <= sum_i |w_i| d(i) / 2` plus f32 rounding. With activations
+//! that are already such multiples the quantization is exact and the check
+//! is to f32 rounding only.
+
+use super::*;
+use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use crate::{Backend, HostData, HostTensor, QuantData};
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Byte offsets of the f16 scales (and minimums) in a block of `ty`.
+fn half_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => unreachable!("not a tested type"),
+    }
+}
+
+/// `rows` rows of `k` columns of random blocks with finite, modest scales.
+fn random_blocks(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..rows * row_bytes(ty, k))
+        .map(|_| rng.next() as u8)
+        .collect();
+    for block in b.chunks_exact_mut(ty.type_size()) {
+        for &o in half_fields(ty) {
+            let v = half::f16::from_f32(rng.f() * 0.05).to_bits().to_le_bytes();
+            block[o..o + 2].copy_from_slice(&v);
+        }
+    }
+    b
+}
+
+fn dequant(ty: GgmlType, b: &[u8], elements: usize) -> Vec<f32> {
+    let mut out = vec![0f32; elements];
+    pagoda_gguf::dequant::dequantize_into(ty, b, &mut out).unwrap();
+    out
+}
+
+/// For every type and path: `matmul_t` against the f64 product of the
+/// dequantized weights, within the bound of the activation rounding.
+fn check(exact_activations: bool) {
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    let (n, k) = (37, 512);
+    for ty in TYPES {
+        let w = random_blocks(ty, n, k, &mut rng);
+        let wf = dequant(ty, &w, n * k);
+        let qb = if ty.block_size() == 256 { 256 } else { 32 };
+        for rows in [1, 3, 6] {
+            let x: Vec<f32> = if exact_activations {
+                // Multiples of a per-block scale with one |q| = 127 per block.
+                (0..rows * k)
+                    .map(|i| {
+                        let q = if i % qb == 5 {
+                            127.0
+                        } else {
+                            (rng.f() * 127.0).round()
+                        };
+                        q * 0.01 * (1 + (i / qb) % 3) as f32
+                    })
+                    .collect()
+            } else {
+                (0..rows * k)
+                    .map(|i| rng.f() * (1 + i % 7) as f32)
+                    .collect()
+            };
+            let mut want = Vec::new();
+            let mut bound = Vec::new();
+            for j in 0..n {
+                for r in 0..rows {
+                    let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
+                    let y: f64 = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let mag: f64 = xr.iter().zip(wr).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                    let mut e = 1e-5 * mag + 1e-6;
+                    if !exact_activations {
+                        for (xb, wb) in xr.chunks(qb).zip(wr.chunks(qb)) {
+                            let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                            let wsum: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                            e += wsum * d / 2.0;
+                        }
+                    }
+                    want.push(y);
+                    bound.push(e);
+                }
+            }
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; n * rows];
+                assert!(matmul_t(&x, rows, k, ty, &w, &mut got, 2, isa));
+                for (i, (&g, (&y, &e))) in got.iter().zip(want.iter().zip(&bound)).enumerate() {
+                    assert!(
+                        (g as f64 - y).abs() <= e,
+                        "{ty:?} {isa:?} rows {rows} out {i}: {g} vs {y} (bound {e})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_path_matches_dequantized_weights_with_exact_activations() {
+    check(true);
+}
+
+#[test]
+fn every_path_stays_within_the_activation_rounding_bound() {
+    check(false);
+}
+
+#[test]
+fn simd_paths_agree_with_the_portable_one() {
+    let mut rng = Rng(12345);
+    let (n, k) = (19, 768);
+    for ty in TYPES {
+        let w = random_blocks(ty, n, k, &mut rng);
+        let x: Vec<f32> = (0..2 * k).map(|_| rng.f()).collect();
+        let mut base = vec![0f32; n * 2];
+        assert!(matmul_t(&x, 2, k, ty, &w, &mut base, 1, Isa::Scalar));
+        for isa in Isa::available() {
+            let mut got = vec![0f32; n * 2];
+            assert!(matmul_t(&x, 2, k, ty, &w, &mut got, 1, isa));
+            for (g, b) in got.iter().zip(&base) {
+                // Same integer sums; only the order of f32 additions differs.
+                assert!(
+                    (g - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{ty:?} {isa:?}: {g} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn detected_path_is_available_and_unknown_types_have_no_kernel() {
+    assert!(Isa::detect().is_available());
+    assert!(Isa::available().contains(&Isa::Scalar));
+    assert!(!supported(GgmlType::IQ4_XS));
+    let mut out = [0f32; 1];
+    assert!(!matmul_t(
+        &[0.0; 256],
+        1,
+        256,
+        GgmlType::IQ4_XS,
+        &[0; 136],
+        &mut out,
+        1,
+        Isa::Scalar
+    ));
+}
+
+/// The backend's `linear` on kept blocks (decode rows through the block
+/// kernels, prefill rows through dequantized tiles) against the same blocks
+/// dequantized at load.
+#[test]
+fn backend_linear_on_kept_blocks_matches_the_dequantizing_backend() {
+    let mut rng = Rng(777);
+    let opts = CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F32,
+    };
+    let quant = CpuBackend::new(opts).unwrap().with_quantized_weights(true);
+    let dense = CpuBackend::new(opts).unwrap();
+    let (n, k) = (48, 256);
+    for ty in [GgmlType::Q4_1, GgmlType::Q6_K] {
+        let bytes = random_blocks(ty, n, k, &mut rng);
+        let host = HostTensor {
+            shape: vec![n, k],
+            data: HostData::Quant(QuantData { ty, bytes }),
+        };
+        let wq = quant.load_weight(host.clone()).unwrap();
+        let wd = dense.load_weight(host).unwrap();
+        assert_eq!(wq.quant_type(), Some(ty));
+        assert_eq!(wd.quant_type(), None);
+        assert_eq!(wq.bytes(), row_bytes(ty, k) * n);
+        let bias = HostTensor::f32(vec![n], (0..n).map(|_| rng.f()).collect());
+        let (bq, bd) = (
+            quant.load_weight(bias.clone()).unwrap(),
+            dense.load_weight(bias).unwrap(),
+        );
+        for rows in [1, 5, 40] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+            let xq = quant.tensor_from_host(rows, k, &x).unwrap();
+            let yq = quant.linear(&xq, &wq, Some(&bq)).unwrap();
+            let yd = dense.linear(&xq, &wd, Some(&bd)).unwrap();
+            let wf = wd.to_f32_vec();
+            for (i, (a, b)) in yq.data().iter().zip(yd.data()).enumerate() {
+                let (r, j) = (i / n, i % n);
+                let wsum: f32 = wf[j * k..(j + 1) * k].iter().map(|v| v.abs()).sum();
+                // |x| < 1: activation rounding errs by at most 1/254 per element.
+                let tol = if rows > 16 { 1e-4 } else { wsum / 254.0 + 1e-4 };
+                assert!(
+                    (a - b).abs() <= tol,
+                    "{ty:?} rows {rows} [{r}, {j}]: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn blocks_without_a_dequantizer_are_an_error() {
+    let b = CpuBackend::new(CpuOptions::default()).unwrap();
+    let host = HostTensor {
+        shape: vec![1, 256],
+        data: HostData::Quant(QuantData {
+            ty: GgmlType::IQ4_XS,
+            bytes: vec![0; 136],
+        }),
+    };
+    assert!(b.load_weight(host.clone()).is_err());
+    assert!(b.with_quantized_weights(true).load_weight(host).is_err());
+}

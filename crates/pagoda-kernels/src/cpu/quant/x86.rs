@@ -1,0 +1,404 @@
+//! x86-64 block dot products, one set per instruction set: [`avx2`]
+//! (`vpmaddubsw` + `vpmaddwd`) and [`vnni`] (AVX-512 VNNI `vpdpbusd` on
+//! 256-bit registers, through inline assembly so that the crate's minimum
+//! Rust version needs no AVX-512 intrinsics).
+//!
+//! Both sets come from one macro: every format unpacks a block to 32 unsigned
+//! quants per register (nibbles, plus fifth or high bits; the 32-block types
+//! once for up to 4 x rows, the k-quants once per x row), multiplies them
+//! with 32 signed 8-bit activations into 8 i32 lanes (`udot`), scales per
+//! block in f32 (32-blocks) or per sub-block in i32 (k-quants, `sdot`), and
+//! adds the offset or minimum terms from the activation sums in scalar code.
+//! The integer sums equal the portable kernels' ([`super::scalar`]) exactly.
+//!
+//! Safety: every function needs AVX2, FMA and F16C (and the VNNI set AVX-512
+//! VNNI + VL), detected by the caller ([`super::Isa::available`]), and a
+//! weight row of `a.len() / rows` whole blocks.
+
+use super::act::{BlockQ8, BlockQ8K};
+use super::scalar::{bsum32, q3_k_scales, scale_min_k4};
+use std::arch::x86_64::*;
+
+/// The f16 at `p`, as f32.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn fp16(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// Sum of the 8 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// 32 bytes at `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// The 32 nibbles of 16 bytes at `p`: low nibbles in bytes 0..16, high in 16..32.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let x = _mm_loadu_si128(p as *const __m128i);
+    let hi = _mm_srli_epi16(x, 4);
+    _mm256_and_si256(_mm256_set_m128i(hi, x), _mm256_set1_epi8(0x0F))
+}
+
+/// 16 in byte `i` where bit `i` of `qh` is set, else 0.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn fifth_bits(qh: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
+    let mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, mask), _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// `(v >> n) & mask` per byte (`n < 8`).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn bits(v: __m256i, n: i32, mask: i8) -> __m256i {
+    _mm256_and_si256(
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)),
+        _mm256_set1_epi8(mask),
+    )
+}
+
+/// The AVX2 integer dot steps.
+mod avx2_ops {
+    use std::arch::x86_64::*;
+
+    /// `u (unsigned) . s (signed)` per 4 bytes into 8 i32 lanes (no
+    /// saturation for `u <= 128`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn udot(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+
+    /// Scales for [`sdot`]: `lo` for bytes 0..16, `hi` for 16..32.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn scales(lo: i32, hi: i32) -> __m256i {
+        _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+    }
+
+    /// [`udot`] with each half's lanes multiplied by its scale.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn sdot(u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc)
+    }
+}
+
+/// The AVX-512 VNNI integer dot steps.
+mod vnni_ops {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// `u (unsigned) . s (signed)` per 4 bytes into 8 i32 lanes (`vpdpbusd`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn udot(u: __m256i, s: __m256i) -> __m256i {
+        let mut acc = _mm256_setzero_si256();
+        asm!(
+            "vpdpbusd {a}, {u}, {s}",
+            a = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack)
+        );
+        acc
+    }
+
+    /// Scales for [`sdot`]: `lo` for bytes 0..16, `hi` for 16..32.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn scales(lo: i32, hi: i32) -> __m256i {
+        _mm256_set_m128i(_mm_set1_epi32(hi), _mm_set1_epi32(lo))
+    }
+
+    /// [`udot`] with each half's lanes multiplied by its scale.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn sdot(u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
+        _mm256_mullo_epi32(udot(u, s), sc)
+    }
+}
+
+macro_rules! kernels {
+    ($name:ident, $ops:ident) => {
+        pub mod $name {
+            use super::$ops::{scales, sdot, udot};
+            use super::*;
+
+            /// A 32-block format over `R` x rows at once (each block is
+            /// unpacked once): `$unpack(block) -> (u8 quants, d, m)`; the
+            /// sum is `d da (u . a) + (m - off d) s`, `s = da sum(a)`.
+            macro_rules! legacy {
+                ($fname:ident, $bytes:expr, $off:expr, $signed:expr, |$b:ident| $unpack:expr) => {
+                    #[target_feature(enable = "avx2,fma,f16c")]
+                    unsafe fn $fname<const R: usize>(w: &[u8], a: &[BlockQ8], out: &mut [f32]) {
+                        let nb = a.len() / R;
+                        assert!(w.len() >= nb * $bytes && out.len() >= R);
+                        let mut acc = [_mm256_setzero_ps(); R];
+                        let mut corr = [0f32; R];
+                        for i in 0..nb {
+                            let $b = w.as_ptr().add(i * $bytes);
+                            let (u, d, m): (__m256i, f32, f32) = $unpack;
+                            let ua = if $signed { _mm256_abs_epi8(u) } else { u };
+                            let (dv, mo) = (_mm256_set1_ps(d), m - $off * d);
+                            for r in 0..R {
+                                let a = &a[r * nb + i];
+                                let s = load(a.q.as_ptr() as *const u8);
+                                let s = if $signed { _mm256_sign_epi8(s, u) } else { s };
+                                let dd = _mm256_mul_ps(dv, _mm256_set1_ps(a.d));
+                                let p = _mm256_cvtepi32_ps(udot(ua, s));
+                                acc[r] = _mm256_fmadd_ps(dd, p, acc[r]);
+                                corr[r] += mo * a.s;
+                            }
+                        }
+                        for r in 0..R {
+                            out[r] = hsum(acc[r]) + corr[r];
+                        }
+                    }
+                };
+            }
+
+            legacy!(q4_0_r, 18, 8.0, false, |b| (
+                nibbles(b.add(2)),
+                fp16(b),
+                0.0
+            ));
+            legacy!(q4_1_r, 20, 0.0, false, |b| (
+                nibbles(b.add(4)),
+                fp16(b),
+                fp16(b.add(2))
+            ));
+            legacy!(q5_0_r, 22, 16.0, false, |b| {
+                let qh = u32::from_le_bytes(*(b.add(2) as *const [u8; 4]));
+                let u = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh));
+                (u, fp16(b), 0.0)
+            });
+            legacy!(q5_1_r, 24, 0.0, false, |b| {
+                let qh = u32::from_le_bytes(*(b.add(4) as *const [u8; 4]));
+                let u = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(qh));
+                (u, fp16(b), fp16(b.add(2)))
+            });
+            // Q8_0: signed weights, so `|w| . (a with w's sign)`.
+            legacy!(q8_0_r, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
+
+            /// Rows in groups of up to 4, each group one pass over the blocks.
+            macro_rules! grouped {
+                ($fname:ident, $inner:ident) => {
+                    #[target_feature(enable = "avx2,fma,f16c")]
+                    pub unsafe fn $fname(w: &[u8], a: &[BlockQ8], rows: usize, out: &mut [f32]) {
+                        let nb = a.len() / rows;
+                        let mut r0 = 0;
+                        while r0 < rows {
+                            let g = (rows - r0).min(4);
+                            let (a, o) = (&a[r0 * nb..(r0 + g) * nb], &mut out[r0..r0 + g]);
+                            match g {
+                                1 => $inner::<1>(w, a, o),
+                                2 => $inner::<2>(w, a, o),
+                                3 => $inner::<3>(w, a, o),
+                                _ => $inner::<4>(w, a, o),
+                            }
+                            r0 += g;
+                        }
+                    }
+                };
+            }
+
+            grouped!(q4_0, q4_0_r);
+            grouped!(q4_1, q4_1_r);
+            grouped!(q5_0, q5_0_r);
+            grouped!(q5_1, q5_1_r);
+            grouped!(q8_0, q8_0_r);
+
+            /// Q4_K (`five` = false) and Q5_K.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn q45_k<const FIVE: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                let bytes = if FIVE { 176 } else { 144 };
+                assert!(w.len() >= a.len() * bytes);
+                let mut acc = _mm256_setzero_ps();
+                let mut corr = 0f32;
+                for (i, a) in a.iter().enumerate() {
+                    let b = w.as_ptr().add(i * bytes);
+                    let sc = std::slice::from_raw_parts(b.add(4), 12);
+                    let qs = if FIVE { b.add(48) } else { b.add(16) };
+                    let qh = load(b.add(16));
+                    let aq = a.q.as_ptr() as *const u8;
+                    let mut sumi = _mm256_setzero_si256();
+                    let mut summ = 0i32;
+                    for j in 0..4 {
+                        let q = load(qs.add(32 * j));
+                        let mut lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+                        let mut hi = bits(q, 4, 0x0F);
+                        if FIVE {
+                            let h1 = bits(qh, 2 * j as i32, 1);
+                            let h2 = bits(qh, 2 * j as i32 + 1, 1);
+                            lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
+                            hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
+                        }
+                        let (sc1, m1) = scale_min_k4(2 * j, sc);
+                        let (sc2, m2) = scale_min_k4(2 * j + 1, sc);
+                        let p1 = sdot(lo, load(aq.add(64 * j)), scales(sc1, sc1));
+                        let p2 = sdot(hi, load(aq.add(64 * j + 32)), scales(sc2, sc2));
+                        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+                        summ += m1 * bsum32(a, 2 * j) + m2 * bsum32(a, 2 * j + 1);
+                    }
+                    let d = _mm256_set1_ps(fp16(b) * a.d);
+                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+                    corr -= fp16(b.add(2)) * a.d * summ as f32;
+                }
+                hsum(acc) + corr
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn q4_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                q45_k::<false>(w, a)
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn q5_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                q45_k::<true>(w, a)
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn q6_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                assert!(w.len() >= a.len() * 210);
+                let mut acc = _mm256_setzero_ps();
+                for (i, a) in a.iter().enumerate() {
+                    let b = w.as_ptr().add(i * 210);
+                    let sc = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+                    let aq = a.q.as_ptr() as *const u8;
+                    let mut sumi = _mm256_setzero_si256();
+                    for h in 0..2 {
+                        let ql0 = load(b.add(64 * h));
+                        let ql1 = load(b.add(64 * h + 32));
+                        let qh = load(b.add(128 + 32 * h));
+                        let m4 = _mm256_set1_epi8(0x0F);
+                        let q = [
+                            (_mm256_and_si256(ql0, m4), bits(qh, 0, 3)),
+                            (_mm256_and_si256(ql1, m4), bits(qh, 2, 3)),
+                            (bits(ql0, 4, 0x0F), bits(qh, 4, 3)),
+                            (bits(ql1, 4, 0x0F), bits(qh, 6, 3)),
+                        ];
+                        for (r, (lo, hi)) in q.into_iter().enumerate() {
+                            let u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                            let g = 8 * h + 2 * r;
+                            let s = scales(sc[g] as i32, sc[g + 1] as i32);
+                            let p = sdot(u, load(aq.add(128 * h + 32 * r)), s);
+                            sumi = _mm256_add_epi32(sumi, p);
+                        }
+                    }
+                    let corr: i32 = (0..16).map(|g| sc[g] as i32 * a.bsums[g] as i32).sum();
+                    let sumi =
+                        _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
+                    let d = _mm256_set1_ps(fp16(b.add(208)) * a.d);
+                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+                }
+                hsum(acc)
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn q2_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                assert!(w.len() >= a.len() * 84);
+                let mut acc = _mm256_setzero_ps();
+                let mut corr = 0f32;
+                for (i, a) in a.iter().enumerate() {
+                    let b = w.as_ptr().add(i * 84);
+                    let sc = std::slice::from_raw_parts(b, 16);
+                    let aq = a.q.as_ptr() as *const u8;
+                    let mut sumi = _mm256_setzero_si256();
+                    for h in 0..2 {
+                        let q = load(b.add(16 + 32 * h));
+                        for j in 0..4 {
+                            let u = bits(q, 2 * j as i32, 3);
+                            let g = 8 * h + 2 * j;
+                            let s = scales((sc[g] & 0x0F) as i32, (sc[g + 1] & 0x0F) as i32);
+                            let p = sdot(u, load(aq.add(128 * h + 32 * j)), s);
+                            sumi = _mm256_add_epi32(sumi, p);
+                        }
+                    }
+                    let summ: i32 = (0..16)
+                        .map(|g| (sc[g] >> 4) as i32 * a.bsums[g] as i32)
+                        .sum();
+                    let d = _mm256_set1_ps(fp16(b.add(80)) * a.d);
+                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+                    corr -= fp16(b.add(82)) * a.d * summ as f32;
+                }
+                hsum(acc) + corr
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn q3_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                assert!(w.len() >= a.len() * 110);
+                let mut acc = _mm256_setzero_ps();
+                for (i, a) in a.iter().enumerate() {
+                    let b = w.as_ptr().add(i * 110);
+                    let sc = q3_k_scales(std::slice::from_raw_parts(b.add(96), 12));
+                    let hm = load(b);
+                    let aq = a.q.as_ptr() as *const u8;
+                    let mut sumi = _mm256_setzero_si256();
+                    for h in 0..2 {
+                        let q = load(b.add(32 + 32 * h));
+                        for j in 0..4 {
+                            let low = bits(q, 2 * j as i32, 3);
+                            let hb = bits(hm, (4 * h + j) as i32, 1);
+                            let u = _mm256_or_si256(low, _mm256_slli_epi16(hb, 2));
+                            let g = 8 * h + 2 * j;
+                            let p =
+                                sdot(u, load(aq.add(128 * h + 32 * j)), scales(sc[g], sc[g + 1]));
+                            sumi = _mm256_add_epi32(sumi, p);
+                        }
+                    }
+                    let corr: i32 = (0..16).map(|g| sc[g] * a.bsums[g] as i32).sum();
+                    let sumi =
+                        _mm256_sub_epi32(sumi, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
+                    let d = _mm256_set1_ps(fp16(b.add(108)) * a.d);
+                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+                }
+                hsum(acc)
+            }
+
+            /// The k-quants, one x row at a time (the weight row stays in L1).
+            macro_rules! per_row {
+                ($fname:ident, $one:ident) => {
+                    #[target_feature(enable = "avx2,fma,f16c")]
+                    pub unsafe fn $fname(w: &[u8], a: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+                        let nb = a.len() / rows;
+                        for (r, o) in out[..rows].iter_mut().enumerate() {
+                            *o = $one(w, &a[r * nb..(r + 1) * nb]);
+                        }
+                    }
+                };
+            }
+
+            per_row!(q2_k, q2_k_1);
+            per_row!(q3_k, q3_k_1);
+            per_row!(q4_k, q4_k_1);
+            per_row!(q5_k, q5_k_1);
+            per_row!(q6_k, q6_k_1);
+        }
+    };
+}
+
+kernels!(avx2, avx2_ops);
+kernels!(vnni, vnni_ops);
