@@ -20,10 +20,12 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod host;
+pub mod logit_adjust;
 pub mod sampling_options;
 
 pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, RopeStyle};
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{HostData, HostTensor};
+pub use logit_adjust::{LogitAdjustments, RowAdjust, MAX_LOGIT_ENTRIES};
 pub use sampling_options::{DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, MAX_LOGPROBS};
