@@ -103,8 +103,8 @@ impl LogitRules {
         let most_entries = bias.len() + bad_words.len() + early_bans.len();
         if most_entries > MAX_LOGIT_ENTRIES {
             return Err(format!(
-                "logit_bias, bad_words and min_tokens together touch up to {most_entries} \
-                 tokens per step; at most {MAX_LOGIT_ENTRIES}"
+                "logit_bias: with bad_words and min_tokens, up to {most_entries} tokens \
+                 would be biased or banned per step; at most {MAX_LOGIT_ENTRIES}"
             ));
         }
         if allowed

@@ -32,6 +32,10 @@ pub struct ChatCompletionRequest {
     /// Extra variables for the chat template (e.g. `enable_thinking`).
     #[serde(default)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Continue the last message instead of starting a new turn (vLLM's and
+    /// transformers' option; excludes `add_generation_prompt: true`).
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

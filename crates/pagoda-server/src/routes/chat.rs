@@ -8,6 +8,9 @@
 //! `developer`, as vLLM does). `add_generation_prompt` (default true) and
 //! `chat_template_kwargs` reach the template; kwargs may not replace the
 //! variables the server sets (`messages`, `add_generation_prompt`, `tools`).
+//! `continue_final_message` renders without the generation prompt and cuts
+//! the rendering right after the last message's text (transformers' rule),
+//! so the model continues that message.
 
 use super::generation::{collect_and_log, submit_all, UsageTally};
 use super::logprobs::chat_logprobs;
@@ -60,6 +63,7 @@ pub fn chat_prompt_ids(
     messages: &[ChatMessageIn],
     options: &ChatTemplateOptions,
     add_special_tokens: bool,
+    continue_final: bool,
     check: &LenCheck,
 ) -> Result<Vec<u32>, ApiError> {
     if messages.is_empty() {
@@ -102,9 +106,38 @@ pub fn chat_prompt_ids(
             ..ChatMessage::new(role, "")
         });
     }
-    let text = template.render(&rendered, options)?;
+    let mut text = template.render(&rendered, options)?;
+    if continue_final {
+        let last = rendered.last().and_then(|m| match &m.content {
+            Some(MessageContent::Text(t)) => Some(t.as_str()),
+            _ => None,
+        });
+        text = cut_after_final_message(&text, last.unwrap_or(""))?;
+    }
     check.check(text.len(), "messages")?;
     Ok(tokenizer.encode(&text, add_special_tokens)?)
+}
+
+/// transformers' `continue_final_message`: the rendering up to the end of
+/// the last occurrence of the final message's text (with its trailing
+/// whitespace where the template kept it), dropping the template's
+/// end-of-turn for it.
+pub fn cut_after_final_message(rendered: &str, last: &str) -> Result<String, ApiError> {
+    let stripped = last.trim();
+    let Some(at) = rendered.rfind(stripped) else {
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "the final message does not appear in the chat template's rendering, \
+             so it cannot be continued",
+        ));
+    };
+    let lstripped = last.trim_start();
+    let end = if rendered.get(at..at + lstripped.len()) == Some(last) {
+        at + lstripped.len()
+    } else {
+        at + stripped.len()
+    };
+    Ok(rendered[..end].to_string())
 }
 
 pub async fn chat_completions(
@@ -134,12 +167,25 @@ pub async fn chat_completions(
     };
     let tokenizer = state.tokenizer.clone();
     let messages = req.messages;
-    let options = template_options(req.add_generation_prompt, req.chat_template_kwargs)?;
+    let continue_final = req.continue_final_message.unwrap_or(false);
+    let add_generation_prompt = match (continue_final, req.add_generation_prompt) {
+        (true, Some(true)) => {
+            return Err(ApiError::invalid_param(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true",
+            ))
+        }
+        (true, _) => Some(false),
+        (false, a) => a,
+    };
+    let options = template_options(add_generation_prompt, req.chat_template_kwargs)?;
     // The template writes any BOS it wants.
     let ids = vec![
         state
             .text
-            .run(move |tok, check| chat_prompt_ids(tok, &messages, &options, false, check))
+            .run(move |tok, check| {
+                chat_prompt_ids(tok, &messages, &options, false, continue_final, check)
+            })
             .await?,
     ];
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
@@ -155,6 +201,7 @@ pub async fn chat_completions(
             tokenizer,
             n,
             tally: UsageTally::new(1, n),
+            tokens_as_ids: params.tokens_as_ids,
         };
         return Ok(stream_response(
             choices,
@@ -169,7 +216,8 @@ pub async fn chat_completions(
         .into_iter()
         .map(|r| ChatChoice {
             index: r.index,
-            logprobs: logprobs.map(|_| chat_logprobs(&tokenizer, &r.logprobs)),
+            logprobs: logprobs
+                .map(|_| chat_logprobs(&tokenizer, &r.logprobs, params.tokens_as_ids)),
             message: ChatMessageOut {
                 role: "assistant",
                 content: r.text,
@@ -200,6 +248,7 @@ struct ChatChunks {
     tokenizer: Arc<Tokenizer>,
     n: usize,
     tally: UsageTally,
+    tokens_as_ids: bool,
 }
 
 impl ChatChunks {
@@ -238,10 +287,10 @@ impl ChunkFormatter for ChatChunks {
 
     fn output(&mut self, index: usize, out: &RequestOutput) -> Vec<String> {
         self.tally.observe(index, 0, out);
-        let logprobs = out
-            .logprobs
-            .as_ref()
-            .map(|lp| chat_logprobs(&self.tokenizer, &[(out.token_id, lp.clone())]));
+        let logprobs = out.logprobs.as_ref().map(|lp| {
+            let tokens = [(out.token_id, lp.clone())];
+            chat_logprobs(&self.tokenizer, &tokens, self.tokens_as_ids)
+        });
         if out.text_delta.is_empty() && logprobs.is_none() && out.finish_reason.is_none() {
             return Vec::new();
         }
