@@ -327,7 +327,7 @@ fn rules_stay_on_graphs_with_one_sync_per_step() {
         ..greedy.clone()
     };
     let allowed = vec![5u32, 17, 80, 301];
-    let requests = vec![
+    let requests = [
         greedy.clone(),
         SamplingParams {
             logit_bias: vec![(42, 100.0)],

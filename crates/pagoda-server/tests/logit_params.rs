@@ -242,6 +242,20 @@ async fn chat_continues_the_final_message_and_names_tokens_by_id() {
         closed["usage"]["prompt_tokens"],
         v["usage"]["prompt_tokens"]
     );
+    // echo: the reply starts with the continued message, streamed or not.
+    let echoed = with(body.clone(), json!({"echo": true}));
+    let (status, e) = s.post("/v1/chat/completions", &echoed).await;
+    assert_eq!(status, 200, "{e}");
+    let reply = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let want_echo = format!("The capital of France is{reply}");
+    assert_eq!(e["choices"][0]["message"]["content"], want_echo.as_str());
+    let payloads = s
+        .stream(
+            "/v1/chat/completions",
+            &with(echoed, json!({"stream": true})),
+        )
+        .await;
+    assert_eq!(streamed_text(&payloads).0, want_echo);
     // Both at once is refused by name.
     let both = with(
         chat(messages, 6),

@@ -43,7 +43,7 @@ async fn options_that_would_change_the_output_are_refused_by_name() {
             json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ),
         ("tool_choice", json!("required")),
-        ("echo", json!(true)),
+        ("chat_template", json!("{{ messages }}")),
         ("use_beam_search", json!(true)),
         ("prompt_logprobs", json!(1)),
         ("priority", json!(2)),

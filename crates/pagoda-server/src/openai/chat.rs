@@ -36,6 +36,10 @@ pub struct ChatCompletionRequest {
     /// transformers' option; excludes `add_generation_prompt: true`).
     #[serde(default)]
     pub continue_final_message: Option<bool>,
+    /// vLLM: the reply starts with the last message's text when that
+    /// message is the assistant's.
+    #[serde(default)]
+    pub echo: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

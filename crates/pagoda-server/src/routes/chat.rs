@@ -10,7 +10,9 @@
 //! variables the server sets (`messages`, `add_generation_prompt`, `tools`).
 //! `continue_final_message` renders without the generation prompt and cuts
 //! the rendering right after the last message's text (transformers' rule),
-//! so the model continues that message.
+//! so the model continues that message. `echo` (vLLM's) puts the last
+//! message's text in front of the reply when that message is the
+//! assistant's (in the first chunk of a stream).
 
 use super::generation::{collect_and_log, submit_all, UsageTally};
 use super::logprobs::chat_logprobs;
@@ -166,6 +168,15 @@ pub async fn chat_completions(
         }
     };
     let tokenizer = state.tokenizer.clone();
+    let echo = match req.messages.last() {
+        Some(m) if req.echo && m.role == "assistant" => match &m.content {
+            Some(c) => c.to_text().map_err(|e| {
+                ApiError::invalid_param("messages", format!("the last message: {e}"))
+            })?,
+            None => String::new(),
+        },
+        _ => String::new(),
+    };
     let messages = req.messages;
     let continue_final = req.continue_final_message.unwrap_or(false);
     let add_generation_prompt = match (continue_final, req.add_generation_prompt) {
@@ -202,6 +213,7 @@ pub async fn chat_completions(
             n,
             tally: UsageTally::new(1, n),
             tokens_as_ids: params.tokens_as_ids,
+            echo,
         };
         return Ok(stream_response(
             choices,
@@ -220,7 +232,7 @@ pub async fn chat_completions(
                 .map(|_| chat_logprobs(&tokenizer, &r.logprobs, params.tokens_as_ids)),
             message: ChatMessageOut {
                 role: "assistant",
-                content: r.text,
+                content: format!("{echo}{}", r.text),
             },
             finish_reason: Some(r.finish_reason.as_str()),
         })
@@ -249,6 +261,8 @@ struct ChatChunks {
     n: usize,
     tally: UsageTally,
     tokens_as_ids: bool,
+    /// Text in front of every choice (`echo`).
+    echo: String,
 }
 
 impl ChatChunks {
@@ -270,7 +284,7 @@ impl ChunkFormatter for ChatChunks {
             .map(|index| {
                 let delta = ChatDelta {
                     role: Some("assistant"),
-                    content: Some(String::new()),
+                    content: Some(self.echo.clone()),
                 };
                 self.chunk(
                     vec![ChatChunkChoice {

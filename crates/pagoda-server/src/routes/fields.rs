@@ -52,9 +52,10 @@ pub const HONOURED_COMMON: &[&str] = &[
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "return_tokens_as_token_ids",
+    "echo",
 ];
 /// Honoured by `/v1/completions` only.
-pub const HONOURED_COMPLETIONS: &[&str] = &["prompt", "echo"];
+pub const HONOURED_COMPLETIONS: &[&str] = &["prompt"];
 /// Honoured by `/v1/chat/completions` only.
 pub const HONOURED_CHAT: &[&str] = &[
     "messages",
@@ -189,7 +190,6 @@ pub const NEUTRAL: &[Neutral] = &[
         "null or the default (true for completions, false for chat)",
         default_special_tokens
     ),
-    neutral!("echo", CHAT, "null or false", null_or_false),
     neutral!("chat_template", CHAT, "null", null),
     neutral!("documents", CHAT, "null", null),
     neutral!("best_of", COMPL, "null or equal to n", best_of_n),
@@ -334,7 +334,7 @@ mod tests {
             .chain(IGNORED)
             .copied()
             .collect();
-        all.extend(NEUTRAL.iter().filter(|n| n.name != "echo").map(|n| n.name));
+        all.extend(NEUTRAL.iter().map(|n| n.name));
         let mut sorted = all.clone();
         sorted.sort();
         sorted.dedup();
