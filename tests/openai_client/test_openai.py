@@ -203,8 +203,8 @@ def test_unknown_model_is_a_400():
 
 def test_unsupported_options_are_a_400_naming_them():
     for kw in (
-        {"logit_bias": {"42": 100}},
-        {"extra_body": {"min_tokens": 2}},
+        {"extra_body": {"prompt_logprobs": 1}},
+        {"extra_body": {"use_beam_search": True}},
     ):
         name = next(iter(kw.get("extra_body", kw)))
         try:
@@ -214,6 +214,34 @@ def test_unsupported_options_are_a_400_naming_them():
             assert e.param == name, (e.param, str(e))
             continue
         raise AssertionError(f"{name} was accepted")
+
+
+def test_logit_bias_of_100_makes_the_model_emit_only_that_token():
+    # A token of the golden prompt, named by id in the logprobs.
+    token = GOLDEN["main"]["prompt_ids"][2]
+    for temperature in (0, 1):
+        r = CLIENT.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=6,
+            temperature=temperature,
+            seed=1,
+            logit_bias={str(token): 100},
+            logprobs=True,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+        got = [c.token for c in r.choices[0].logprobs.content]
+        assert got == [f"token_id:{token}"] * 6, got
+        r = CLIENT.completions.create(
+            model=MODEL,
+            prompt="The capital of France is",
+            max_tokens=6,
+            temperature=temperature,
+            logit_bias={str(token): 100},
+            logprobs=1,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+        assert r.choices[0].logprobs.tokens == [f"token_id:{token}"] * 6, r
 
 
 def test_neutral_options_and_developer_role_are_accepted():

@@ -33,7 +33,40 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// A constraint the generated text must satisfy (structured outputs).
     pub structured: Option<StructuredOutput>,
+    /// `(token, bias)` added to the raw logits before anything else; a bias
+    /// in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Only these tokens may be sampled (`None`: any; never empty).
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Words that never appear in the output: each is tokenized with and
+    /// without a leading space, and the last token of either is banned
+    /// whenever the output ends with the ones before it.
+    #[serde(default)]
+    pub bad_words: Vec<String>,
+    /// End-of-sequence and stop ids are banned, and stop strings do not end
+    /// the request, until this many tokens were generated.
+    #[serde(default)]
+    pub min_tokens: usize,
+    /// Keep the matched stop string at the end of the text.
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    /// Leave special tokens (BOS, EOS, chat markers) out of the text.
+    #[serde(default = "yes")]
+    pub skip_special_tokens: bool,
+    /// Put spaces between special tokens and their neighbours in the text
+    /// (vLLM's option; see the engine's detokenization for where it acts).
+    #[serde(default = "yes")]
+    pub spaces_between_special_tokens: bool,
 }
+
+fn yes() -> bool {
+    true
+}
+
+/// Largest `|bias|` of `logit_bias` (OpenAI's range).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
 /// A constraint on the text a request generates, enforced token by token by
 /// masking the tokens that cannot continue a valid output. The payloads are
@@ -71,6 +104,13 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             structured: None,
+            logit_bias: Vec::new(),
+            allowed_token_ids: None,
+            bad_words: Vec::new(),
+            min_tokens: 0,
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
         }
     }
 }
@@ -132,6 +172,43 @@ impl SamplingParams {
         if self.stop.iter().any(|s| s.is_empty()) {
             return err("stop", "stop strings must not be empty".into());
         }
+        self.validate_token_rules()
+    }
+
+    /// Checks `logit_bias`, `allowed_token_ids`, `bad_words` and
+    /// `min_tokens` (token ids against the vocabulary are the engine's check).
+    fn validate_token_rules(&self) -> Result<(), SamplingParamsError> {
+        let err = |param, message: String| Err(SamplingParamsError { param, message });
+        for &(t, b) in &self.logit_bias {
+            if !(b.is_finite() && (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&b)) {
+                return err(
+                    "logit_bias",
+                    format!("the bias of token {t} must be in [-100, 100], got {b}"),
+                );
+            }
+        }
+        if self
+            .allowed_token_ids
+            .as_ref()
+            .is_some_and(|a| a.is_empty())
+        {
+            return err(
+                "allowed_token_ids",
+                "must list at least one token (or be left out)".into(),
+            );
+        }
+        if self.bad_words.iter().any(|w| w.is_empty()) {
+            return err("bad_words", "bad words must not be empty".into());
+        }
+        if self.min_tokens > self.max_tokens {
+            return err(
+                "min_tokens",
+                format!(
+                    "must be at most max_tokens ({}), got {}",
+                    self.max_tokens, self.min_tokens
+                ),
+            );
+        }
         Ok(())
     }
 }
@@ -158,5 +235,56 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(bad.validate().unwrap_err().param, "max_tokens");
+    }
+
+    #[test]
+    fn token_rules_are_checked() {
+        let ok = SamplingParams {
+            logit_bias: vec![(3, 100.0), (4, -100.0)],
+            allowed_token_ids: Some(vec![1]),
+            bad_words: vec!["x".into()],
+            min_tokens: 16,
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+        for (bad, name) in [
+            (
+                SamplingParams {
+                    logit_bias: vec![(3, 100.5)],
+                    ..Default::default()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(3, f32::NAN)],
+                    ..Default::default()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    allowed_token_ids: Some(vec![]),
+                    ..Default::default()
+                },
+                "allowed_token_ids",
+            ),
+            (
+                SamplingParams {
+                    bad_words: vec![String::new()],
+                    ..Default::default()
+                },
+                "bad_words",
+            ),
+            (
+                SamplingParams {
+                    min_tokens: 17,
+                    ..Default::default()
+                },
+                "min_tokens",
+            ),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().param, name);
+        }
     }
 }

@@ -140,7 +140,10 @@ impl Sequence {
     pub fn stop_reason(&self, max_model_len: usize) -> Option<FinishReason> {
         let last = *self.output_token_ids().last()?;
         let is_eos = !self.sampling.ignore_eos && self.eos_token_ids.contains(&last);
-        if is_eos || self.sampling.stop_token_ids.contains(&last) {
+        // Before `min_tokens`, stop ids do not end the request (vLLM's rule;
+        // the sampler bans them then, so this holds even if all were banned).
+        let early = self.num_output_tokens() < self.sampling.min_tokens;
+        if !early && (is_eos || self.sampling.stop_token_ids.contains(&last)) {
             return Some(FinishReason::Stop);
         }
         if self.num_output_tokens() >= self.sampling.max_tokens
@@ -197,6 +200,16 @@ mod tests {
             Some(FinishReason::Length),
             "max_model_len"
         );
+    }
+
+    #[test]
+    fn stop_ids_wait_for_min_tokens() {
+        let mut s = seq(&[5, 6], 5, false);
+        s.sampling.min_tokens = 2;
+        s.token_ids.push(2);
+        assert_eq!(s.stop_reason(100), None, "EOS before min_tokens");
+        s.token_ids.push(7);
+        assert_eq!(s.stop_reason(100), Some(FinishReason::Stop));
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //! that needs a token.
 
 use crate::context::{build_forward_context, ScheduledSeq};
+use crate::logit_rules::LogitRules;
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
-use crate::stop::{find_stop, held_back_len};
+use crate::stop::{find_stop, StopOptions};
 use crate::structured::step::{PendingMasks, StructuredEngine};
 use crate::structured::{apply_mask, Guide, MaskStats};
 use crate::token_history::TokenHistory;
@@ -77,6 +78,10 @@ struct RequestState {
     text: String,
     /// Bytes of `text` already handed out.
     emitted: usize,
+    /// Logit bias, allowed tokens, bad words and min_tokens bans, if any.
+    rules: Option<LogitRules>,
+    /// `min_tokens` and `include_stop_str_in_output`.
+    stop_opts: StopOptions,
 }
 
 /// A model with its scheduler and KV cache.
@@ -99,6 +104,8 @@ pub struct LlmEngine<B: Backend> {
     /// Grammar compiler and mask workers, made at the first constrained
     /// request.
     structured: Option<StructuredEngine>,
+    /// Reused per row: the logit rules' entries of a step.
+    rule_entries: Vec<(u32, f32)>,
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -139,6 +146,7 @@ impl<B: Backend> LlmEngine<B> {
             in_step_tokens: 0,
             sampling_options: SamplingOptions::default(),
             structured: None,
+            rule_entries: Vec::new(),
         })
     }
 
@@ -187,6 +195,13 @@ impl<B: Backend> LlmEngine<B> {
                 )));
             }
         }
+        let rules = LogitRules::new(
+            &r.params,
+            &self.eos_token_ids,
+            self.tokenizer.as_deref(),
+            vocab,
+        )
+        .map_err(EngineError::InvalidRequest)?;
         let guide = match &r.params.structured {
             Some(c) => {
                 if self.structured.is_none() {
@@ -214,7 +229,7 @@ impl<B: Backend> LlmEngine<B> {
         let detok = match &self.tokenizer {
             Some(t) => Some(IncrementalDetokenizer::with_prompt(
                 t.clone(),
-                true,
+                r.params.skip_special_tokens,
                 &r.prompt_token_ids,
             )?),
             None => None,
@@ -229,6 +244,11 @@ impl<B: Backend> LlmEngine<B> {
             num_prompt_tokens: r.prompt_token_ids.len(),
             text: String::new(),
             emitted: 0,
+            rules,
+            stop_opts: StopOptions {
+                min_tokens: r.params.min_tokens,
+                include_stop_str: r.params.include_stop_str_in_output,
+            },
         };
         self.scheduler
             .add_request(Request {
@@ -411,6 +431,7 @@ impl<B: Backend> LlmEngine<B> {
         let opts = &mut self.sampling_options;
         opts.clear();
         let mut any_options = false;
+        let mut any_rules = false;
         for s in plan.scheduled.iter().filter(|s| s.needs_logits) {
             let (Some(seq), Some(state)) = (
                 self.scheduler.sequence(s.request_id),
@@ -418,6 +439,7 @@ impl<B: Backend> LlmEngine<B> {
             ) else {
                 ctx.sampling.push(SamplingRow::GREEDY);
                 opts.rows.push(RowOptions::NONE);
+                opts.adjust.push_row(&[], None);
                 continue;
             };
             let p = &seq.sampling;
@@ -449,9 +471,21 @@ impl<B: Backend> LlmEngine<B> {
             }
             any_options |= row != RowOptions::NONE;
             opts.rows.push(row);
+            match &state.rules {
+                Some(rules) => {
+                    rules.entries(seq.output_token_ids(), &mut self.rule_entries);
+                    opts.adjust.push_row(&self.rule_entries, rules.allowed());
+                    any_rules = true;
+                }
+                None => opts.adjust.push_row(&[], None),
+            }
+        }
+        if !any_rules {
+            opts.adjust.clear();
         }
         if !any_options {
-            opts.clear();
+            opts.rows.clear();
+            opts.history.clear();
         }
         // The masks are joined once the forward pass is queued (or here,
         // if the step never got that far), giving every guide back.
@@ -546,6 +580,14 @@ impl<B: Backend> LlmEngine<B> {
                 continue;
             };
             let prompt = &seq.token_ids[..seq.num_prompt_tokens];
+            if let Some(rules) = &state.rules {
+                sampler::apply_logit_rules(
+                    row,
+                    rules,
+                    seq.output_token_ids(),
+                    &mut self.rule_entries,
+                );
+            }
             let out = sampler::sample_with_logprobs(
                 row,
                 &seq.sampling,
@@ -596,6 +638,7 @@ impl<B: Backend> LlmEngine<B> {
                 continue;
             };
             let mut finish = u.finish_reason;
+            // A stop token's text is kept only with include_stop_str_in_output.
             let is_stop_token = finish == Some(FinishReason::Stop);
             if let (Some(g), None) = (state.guide.as_mut(), finish) {
                 // A complete grammar allows only EOS: end the request now.
@@ -612,14 +655,22 @@ impl<B: Backend> LlmEngine<B> {
                     finish = Some(FinishReason::Stop);
                 }
             }
-            if let (Some(d), false) = (state.detok.as_mut(), is_stop_token) {
+            let opts = state.stop_opts;
+            if let (Some(d), false) = (
+                state.detok.as_mut(),
+                is_stop_token && !opts.include_stop_str,
+            ) {
                 let delta = d.step(u.token_id)?;
                 state.text.push_str(&delta);
                 if finish.is_some() {
                     state.text.push_str(&d.finish()?);
                 }
-                if let Some(m) = find_stop(&state.text, delta.len(), &state.stop) {
-                    state.text.truncate(m.at);
+                let checked = opts.checks_stop_strings(u.num_output_tokens);
+                let found = checked
+                    .then(|| find_stop(&state.text, delta.len(), &state.stop))
+                    .flatten();
+                if let (Some(m), false) = (found, is_stop_token) {
+                    state.text.truncate(opts.cut_at(m));
                     if finish.is_none() {
                         self.scheduler.finish(u.request_id, FinishReason::Stop)?;
                     }
@@ -628,7 +679,7 @@ impl<B: Backend> LlmEngine<B> {
             }
             let visible = match finish {
                 Some(_) => state.text.len(),
-                None => state.text.len() - held_back_len(&state.text, &state.stop),
+                None => state.text.len() - opts.held_back(&state.text, &state.stop),
             };
             let text_delta = state.text[state.emitted.min(visible)..visible].to_string();
             state.emitted = state.emitted.max(visible);

@@ -3,6 +3,7 @@
 //! - [`context`]: a step's [`pagoda_kernels::ForwardContext`] from the scheduled sequences.
 //! - [`runner`]: backend + model + paged KV cache; one step in, logits out.
 //! - [`sampler`]: penalties, temperature, top-k/top-p/min-p, per-request seeds.
+//! - [`logit_rules`]: logit bias, allowed tokens, bad words, min_tokens bans.
 //! - [`stop`]: stop strings matched across token boundaries.
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark)
 //!   compiled by llguidance; per-step token masks.
@@ -14,6 +15,7 @@ pub mod context;
 pub mod engine;
 pub mod generate;
 pub mod handle;
+pub mod logit_rules;
 pub mod runner;
 pub mod sampler;
 pub mod stop;

@@ -2,6 +2,9 @@
 //! next token (and, on request, its logprob and the top-N alternatives).
 //!
 //! Order of the transforms (vLLM's / OpenAI's semantics):
+//! 0. a request's logit rules ([`apply_logit_rules`]: logit bias, allowed
+//!    tokens, bad words, min_tokens bans; see [`crate::logit_rules`]) on
+//!    the raw logits;
 //! 1. penalties on the raw logits: repetition (tokens of prompt + output;
 //!    positive logits divided by the penalty, negative ones multiplied), then
 //!    frequency (times the count in the output) and presence (once if in the
@@ -36,6 +39,7 @@
 
 mod ops;
 
+use crate::logit_rules::LogitRules;
 pub use ops::argmax;
 use ops::{nucleus, partition_top, sum_f64, to_weights, top_by_weight, top_of_pairs, SMALL_K};
 use pagoda_core::SamplingParams;
@@ -232,6 +236,18 @@ pub fn sample_with_logprobs(
     let token = support.draw(logits, u);
     let logprobs = num_logprobs.map(|n| support.logprobs(logits, token, n));
     SampleOutput { token, logprobs }
+}
+
+/// A request's logit rules for an output of `output_token_ids` so far, in
+/// place (`entries` is scratch): the first transform, before penalties.
+pub fn apply_logit_rules(
+    logits: &mut [f32],
+    rules: &LogitRules,
+    output_token_ids: &[u32],
+    entries: &mut Vec<(u32, f32)>,
+) {
+    rules.entries(output_token_ids, entries);
+    pagoda_kernels::logit_adjust::apply_row(logits, entries, rules.allowed());
 }
 
 /// Repetition, frequency and presence penalties, in place.

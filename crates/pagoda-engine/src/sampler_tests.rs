@@ -561,3 +561,43 @@ fn unseeded_requests_take_their_seed_from_the_engine_stream() {
         "a seeded request draws nothing from the engine"
     );
 }
+
+#[test]
+fn logit_rules_come_first_and_bind_every_draw() {
+    use crate::logit_rules::LogitRules;
+    // Bias before repetition penalty: (1 + 1) / 2 = 1, not 1 / 2 + 1.
+    let p = SamplingParams {
+        logit_bias: vec![(0, 1.0)],
+        repetition_penalty: 2.0,
+        ..params(0.0)
+    };
+    let rules = LogitRules::new(&p, &[3], None, 4).unwrap().unwrap();
+    let mut row = vec![1.0f32, 0.0, 0.0, 0.0];
+    let mut scratch = Vec::new();
+    apply_logit_rules(&mut row, &rules, &[], &mut scratch);
+    apply_penalties(&mut row, &p, &[0], &[]);
+    assert_eq!(row[0], 1.0);
+    // Allowed tokens and min_tokens bans: no draw ever leaves the set.
+    let p = SamplingParams {
+        allowed_token_ids: Some(vec![1, 3, 5]),
+        min_tokens: 2,
+        ..params(1.0)
+    };
+    let rules = LogitRules::new(&p, &[3], None, 8).unwrap().unwrap();
+    let logits = [5.0f32, 0.0, 4.0, 9.0, 4.0, -1.0, 6.0, 2.0];
+    let mut rng = RequestRng::new(9);
+    for step in 0..200 {
+        let output = vec![1u32; step % 3];
+        let mut row = logits.to_vec();
+        apply_logit_rules(&mut row, &rules, &output, &mut scratch);
+        let out = sample_with_logprobs(&mut row, &p, &[], &output, &mut rng, Some(2));
+        let allowed: &[u32] = if output.len() < 2 {
+            &[1, 5]
+        } else {
+            &[1, 3, 5]
+        };
+        assert!(allowed.contains(&out.token), "step {step}: {}", out.token);
+        let lp = out.logprobs.unwrap();
+        assert!(lp.top.iter().all(|(t, _)| allowed.contains(t)), "{lp:?}");
+    }
+}

@@ -20,12 +20,14 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod host;
+pub mod logit_adjust;
 pub mod sampling_options;
 
 pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, RopeStyle};
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{GgmlType, HostData, HostTensor, QuantData};
+pub use logit_adjust::{LogitAdjustments, RowAdjust, MAX_LOGIT_ENTRIES};
 pub use sampling_options::{
     DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, TokenMasks, MAX_LOGPROBS,
 };

@@ -1,7 +1,8 @@
 //! Per-row options of device sampling beyond [`crate::SamplingRow`]:
-//! repetition / frequency / presence penalties and logprobs, allowed-token
-//! masks of constrained rows ([`TokenMasks`], applied first), and what a
-//! device sampling step returns ([`DeviceSamples`]).
+//! repetition / frequency / presence penalties and logprobs, the logit
+//! adjustments of [`crate::logit_adjust`] (applied before the penalties),
+//! allowed-token masks of constrained rows ([`TokenMasks`], applied first),
+//! and what a device sampling step returns ([`DeviceSamples`]).
 //!
 //! Semantics are the engine's host sampler's (pagoda-engine's `sampler`):
 //! - penalties act on the raw logits row before anything else: repetition
@@ -67,17 +68,21 @@ pub struct SamplingOptions {
     /// Distinct `(token, output count)` pairs, flattened, rows' ranges
     /// given by their `history_start` / `history_len`.
     pub history: Vec<u32>,
+    /// Logit bias, bans and allowed lists (their own rows; may be given
+    /// with `rows` empty).
+    pub adjust: crate::LogitAdjustments,
 }
 
 impl SamplingOptions {
     /// No row asks for anything.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.rows.is_empty() && self.adjust.is_empty()
     }
 
     pub fn clear(&mut self) {
         self.rows.clear();
         self.history.clear();
+        self.adjust.clear();
     }
 
     /// Whether any row has penalties.
@@ -92,6 +97,9 @@ impl SamplingOptions {
 
     /// Checks the options against a step of `rows` sampling rows.
     pub fn validate(&self, rows: usize) -> Result<(), String> {
+        // Token ranges against the vocabulary: the kernels skip what is
+        // outside it; the engine refuses such requests before.
+        self.adjust.validate(rows, usize::MAX)?;
         if self.rows.is_empty() {
             return Ok(());
         }

@@ -150,7 +150,9 @@ type StreamEnd = (OutputReceiver, Arc<Backlog>);
 /// What the handle asks of the engine thread.
 pub(crate) enum Command {
     Submit {
-        request: EngineRequest,
+        /// Boxed: the request (its sampling parameters) dwarfs the other
+        /// commands.
+        request: Box<EngineRequest>,
         output: mpsc::UnboundedSender<StreamItem>,
         backlog: Arc<Backlog>,
         reply: oneshot::Sender<Result<RequestId>>,
@@ -289,7 +291,7 @@ impl EngineHandle {
         let (reply, rx) = oneshot::channel();
         let backlog = Arc::new(Backlog::new(self.pause_backlog));
         self.send(Command::Submit {
-            request,
+            request: Box::new(request),
             output,
             backlog: backlog.clone(),
             reply,

@@ -178,7 +178,7 @@ impl<B: Backend> Worker<B> {
                 output,
                 backlog,
                 reply,
-            } => match self.admit(request, output, backlog) {
+            } => match self.admit(*request, output, backlog) {
                 Ok(id) => {
                     if reply.send(Ok(id)).is_err() {
                         // The submitter went away before it heard back.

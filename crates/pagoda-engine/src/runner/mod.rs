@@ -19,7 +19,7 @@ pub mod graphs;
 use crate::{EngineError, Result};
 use pagoda_kernels::{
     Backend, BlockCopyOp, DeviceSamples, ForwardContext, KvCacheShape, RowOptions, SamplingOptions,
-    SamplingRow, TokenMasks, MAX_LOGPROBS,
+    SamplingRow, TokenMasks, MAX_LOGIT_ENTRIES, MAX_LOGPROBS,
 };
 use pagoda_model::arch::CausalLm;
 use pagoda_model::ModelConfig;
@@ -189,7 +189,8 @@ impl<B: Backend> ModelRunner<B> {
     /// (each at most `max_model_len` long, each sampled), block tables
     /// `width` wide and all pointing at block 0, storing nothing; every row
     /// asks for logprobs and a penalty, over a history of every token it
-    /// could hold when `longest_histories`.
+    /// could hold, and for the most logit adjustments a row may have, when
+    /// `longest_histories`.
     fn dummy_step(
         &self,
         tokens: usize,
@@ -266,6 +267,18 @@ impl<B: Backend> ModelRunner<B> {
                     ..RowOptions::NONE
                 })
                 .collect();
+            // The most logit adjustments a row can have, likewise.
+            let vocab = self.model.config().vocab_size;
+            let n = if longest_histories {
+                MAX_LOGIT_ENTRIES.min(vocab)
+            } else {
+                1
+            };
+            let entries: Vec<(u32, f32)> = (0..n as u32).map(|t| (t, 0.0)).collect();
+            let allowed: Vec<u32> = (0..n as u32).collect();
+            for _ in 0..rows {
+                opts.adjust.push_row(&entries, Some(&allowed));
+            }
         }
         (ctx, opts)
     }

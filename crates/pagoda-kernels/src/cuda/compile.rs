@@ -30,6 +30,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         include_str!("kernels/sampling_extras.cu"),
     ),
     ("token_masks.cu", include_str!("kernels/token_masks.cu")),
+    ("logit_adjust.cu", include_str!("kernels/logit_adjust.cu")),
     (
         "attention_decode.cu",
         include_str!("kernels/attention_decode.cu"),
@@ -84,6 +85,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "sample_bf16",
     "penalize_bf16",
     "logprobs_bf16",
+    "allow_only_bf16",
+    "logit_entries_bf16",
     "paged_decode_attention_bf16_hd64_g1",
     "paged_decode_attention_bf16_hd64_g2",
     "paged_decode_attention_bf16_hd64_g4",

@@ -9,7 +9,8 @@
 //! for the sampling after each launch. [`replay`] packs a new context of
 //! the same shape into that input buffer (one host-to-device copy), launches
 //! the graph, uploads the sampling options when the step has any (a second
-//! copy, queued after the graph), then samples the logits eagerly (penalties, the draw,
+//! copy, queued after the graph), then samples the logits eagerly (logit
+//! adjustments, penalties, the draw,
 //! logprobs; see [`super::sampling_extras`]) and copies the results back (the
 //! step's one synchronization). Sampling outside the graph means per-row
 //! options never change what was captured.
@@ -32,6 +33,7 @@
 //! Range checks on the replayed values (token ids, positions, block ids) are
 //! the caller's: the ops check them at capture only.
 
+use super::logit_adjust::{launch_adjust, pack_adjust, AdjustSpans};
 use super::sampling_extras::{pack_options, sample_rows, OptionsInfo};
 use super::storage::{pack, Act, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
@@ -184,14 +186,19 @@ pub(crate) fn replay(
     // The host computed the token masks while the graph ran.
     super::token_masks::apply(b, &logits, &masks()?)?;
     let mut opts_buf = None;
+    let mut adjust = AdjustSpans::default();
     if info.present {
         g.opts_packed.clear();
         let spans = pack_options(opts, ctx.sampling.len(), &mut g.opts_packed);
+        adjust = pack_adjust(&opts.adjust, ctx.sampling.len(), &mut g.opts_packed);
         let mut d = b.alloc_i32(g.opts_packed.len())?;
         stream
             .memcpy_htod(&g.opts_packed, &mut *d)
             .map_err(|e| device_err("replay options upload", e))?;
         opts_buf = Some((d, spans));
+    }
+    if let Some((d, _)) = &opts_buf {
+        launch_adjust(b, &logits, &adjust, |s| d.slice(s.start..s.start + s.len))?;
     }
     let views = opts_buf.as_ref().map(|(d, (o, h))| {
         (

@@ -26,6 +26,7 @@ mod blaslt;
 mod compile;
 mod device;
 mod graph;
+mod logit_adjust;
 mod ops;
 mod pool;
 mod sampling;
@@ -552,6 +553,7 @@ impl Backend for CudaBackend {
     }
 
     fn sample_full(&self, logits: &CudaTensor, step: &CudaStep) -> Result<DeviceSamples> {
+        logit_adjust::launch_adjust(self, logits, &step.layout.adjust, |s| step.view(s))?;
         let opts = step.opts.present.then(|| {
             (
                 step.view(step.layout.options),

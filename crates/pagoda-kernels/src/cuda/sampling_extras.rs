@@ -283,6 +283,7 @@ mod tests {
         let mut o = SamplingOptions {
             rows: vec![RowOptions::NONE; 3],
             history: vec![4, 0, 9, 2],
+            ..Default::default()
         };
         o.rows[0].logprobs = Some(5);
         o.rows[1].repetition_penalty = 1.5;

@@ -230,6 +230,9 @@ pub struct Layout {
     /// of a captured graph's input (replays upload them apart).
     pub(crate) options: Span,
     pub(crate) history: Span,
+    /// Packed logit adjustments (see [`super::logit_adjust`]); inactive
+    /// when the step has none. Not part of a captured graph's input either.
+    pub(crate) adjust: super::logit_adjust::AdjustSpans,
     /// Largest token id / position / block id the step reads (block ids:
     /// only the entries each sequence's length reaches).
     pub(crate) max_input_id: Option<u32>,
@@ -332,6 +335,7 @@ pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout
         sampling,
         options: empty,
         history: empty,
+        adjust: Default::default(),
         max_input_id: ctx.input_ids.iter().copied().max(),
         max_position: ctx.positions.iter().copied().max(),
         max_block,
@@ -380,6 +384,7 @@ impl CudaStep {
             let (o, h) = super::sampling_extras::pack_options(opts, rows, &mut packed);
             layout.options = o;
             layout.history = h;
+            layout.adjust = super::logit_adjust::pack_adjust(&opts.adjust, rows, &mut packed);
         }
         let mut buf = b.alloc_i32(packed.len())?;
         b.dev

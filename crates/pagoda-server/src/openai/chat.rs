@@ -49,6 +49,14 @@ pub struct ChatCompletionRequest {
     /// Whether a forced choice may make several calls (default true).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    /// Continue the last message instead of starting a new turn (vLLM's and
+    /// transformers' option; excludes `add_generation_prompt: true`).
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// vLLM: the reply starts with the last message's text when that
+    /// message is the assistant's.
+    #[serde(default)]
+    pub echo: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -71,6 +71,31 @@ pub struct SamplingFields {
     /// `response_format`, `structured_outputs`, `guided_*`.
     #[serde(flatten)]
     pub structured: super::StructuredFields,
+    /// Token id (as a string) -> bias in [-100, 100] added to its logit.
+    #[serde(default)]
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// vLLM: only these tokens may be generated.
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<i64>>,
+    /// vLLM: words never generated.
+    #[serde(default)]
+    pub bad_words: Option<Vec<String>>,
+    /// vLLM: EOS, stop ids and stop strings do not end the request before
+    /// this many tokens.
+    #[serde(default)]
+    pub min_tokens: Option<i64>,
+    /// vLLM: keep the matched stop string (or stop token's text) in the text.
+    #[serde(default)]
+    pub include_stop_str_in_output: Option<bool>,
+    /// vLLM: leave special tokens out of the text (default true).
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM: spaces around special tokens in the text (default true).
+    #[serde(default)]
+    pub spaces_between_special_tokens: Option<bool>,
+    /// vLLM: logprob tokens as `token_id:N` instead of their text.
+    #[serde(default)]
+    pub return_tokens_as_token_ids: Option<bool>,
 }
 
 /// `usage.prompt_tokens_details`.

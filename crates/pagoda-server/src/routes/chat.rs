@@ -14,6 +14,12 @@
 //! [`super::chat_output`]; `tool_choice: required` or a named function sets a
 //! grammar as the request's structured-output constraint (and so cannot be
 //! combined with another one).
+//!
+//! `continue_final_message` renders without the generation prompt and cuts
+//! the rendering right after the last message's text (transformers' rule),
+//! so the model continues that message. `echo` (vLLM's) puts the last
+//! message's text in front of the reply when that message is the
+//! assistant's (in the first chunk of a stream).
 
 use super::chat_output::{finish_reason, message, OutputFormat, StreamState};
 use super::generation::{collect_and_log, submit_all, UsageTally};
@@ -33,7 +39,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use pagoda_core::sampling::StructuredOutput;
 use pagoda_engine::RequestOutput;
-use pagoda_model::tokenizer::{ChatTemplateOptions, Tokenizer};
+use pagoda_model::tokenizer::{ChatTemplateOptions, MessageContent, Tokenizer};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,6 +75,7 @@ pub fn chat_prompt_ids(
     messages: &[ChatMessageIn],
     options: &ChatTemplateOptions,
     add_special_tokens: bool,
+    continue_final: bool,
     check: &LenCheck,
 ) -> Result<Vec<u32>, ApiError> {
     if messages.is_empty() {
@@ -84,9 +91,38 @@ pub fn chat_prompt_ids(
     };
     let knows_developer = template.source().contains("developer");
     let rendered = template_messages(messages, knows_developer)?;
-    let text = template.render(&rendered, options)?;
+    let mut text = template.render(&rendered, options)?;
+    if continue_final {
+        let last = rendered.last().and_then(|m| match &m.content {
+            Some(MessageContent::Text(t)) => Some(t.as_str()),
+            _ => None,
+        });
+        text = cut_after_final_message(&text, last.unwrap_or(""))?;
+    }
     check.check(text.len(), "messages")?;
     Ok(tokenizer.encode(&text, add_special_tokens)?)
+}
+
+/// transformers' `continue_final_message`: the rendering up to the end of
+/// the last occurrence of the final message's text (with its trailing
+/// whitespace where the template kept it), dropping the template's
+/// end-of-turn for it.
+pub fn cut_after_final_message(rendered: &str, last: &str) -> Result<String, ApiError> {
+    let stripped = last.trim();
+    let Some(at) = rendered.rfind(stripped) else {
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "the final message does not appear in the chat template's rendering, \
+             so it cannot be continued",
+        ));
+    };
+    let lstripped = last.trim_start();
+    let end = if rendered.get(at..at + lstripped.len()) == Some(last) {
+        at + lstripped.len()
+    } else {
+        at + stripped.len()
+    };
+    Ok(rendered[..end].to_string())
 }
 
 pub async fn chat_completions(
@@ -132,8 +168,28 @@ pub async fn chat_completions(
         }
     };
     let tokenizer = state.tokenizer.clone();
+    let echo = match req.messages.last() {
+        Some(m) if req.echo && m.role == "assistant" => match &m.content {
+            Some(c) => c.to_text().map_err(|e| {
+                ApiError::invalid_param("messages", format!("the last message: {e}"))
+            })?,
+            None => String::new(),
+        },
+        _ => String::new(),
+    };
     let messages = req.messages;
-    let mut options = template_options(req.add_generation_prompt, req.chat_template_kwargs)?;
+    let continue_final = req.continue_final_message.unwrap_or(false);
+    let add_generation_prompt = match (continue_final, req.add_generation_prompt) {
+        (true, Some(true)) => {
+            return Err(ApiError::invalid_param(
+                "continue_final_message",
+                "continue_final_message and add_generation_prompt cannot both be true",
+            ))
+        }
+        (true, _) => Some(false),
+        (false, a) => a,
+    };
+    let mut options = template_options(add_generation_prompt, req.chat_template_kwargs)?;
     let excluded =
         tools.choice == ToolChoice::None && state.config.exclude_tools_when_tool_choice_none;
     if !tools.tools.is_empty() && !excluded {
@@ -143,7 +199,9 @@ pub async fn chat_completions(
     let ids = vec![
         state
             .text
-            .run(move |tok, check| chat_prompt_ids(tok, &messages, &options, false, check))
+            .run(move |tok, check| {
+                chat_prompt_ids(tok, &messages, &options, false, continue_final, check)
+            })
             .await?,
     ];
     let choices = submit_all(&state, &ids, &params, logprobs, received).await?;
@@ -160,6 +218,8 @@ pub async fn chat_completions(
             n,
             tally: UsageTally::new(1, n),
             states: (0..n).map(|_| StreamState::new(format)).collect(),
+            tokens_as_ids: params.tokens_as_ids,
+            echo,
         };
         return Ok(stream_response(
             choices,
@@ -173,10 +233,14 @@ pub async fn chat_completions(
     let choices = results
         .into_iter()
         .map(|r| {
-            let message = message(format, &r.text);
+            let mut message = message(format, &r.text);
+            if !echo.is_empty() {
+                message.content = Some(format!("{echo}{}", message.content.unwrap_or_default()));
+            }
             ChatChoice {
                 index: r.index,
-                logprobs: logprobs.map(|_| chat_logprobs(&tokenizer, &r.logprobs)),
+                logprobs: logprobs
+                    .map(|_| chat_logprobs(&tokenizer, &r.logprobs, params.tokens_as_ids)),
                 finish_reason: Some(finish_reason(
                     r.finish_reason,
                     !message.tool_calls.is_empty(),
@@ -210,6 +274,9 @@ struct ChatChunks {
     tally: UsageTally,
     /// Per choice: its output parser.
     states: Vec<StreamState>,
+    tokens_as_ids: bool,
+    /// Text in front of every choice (`echo`).
+    echo: String,
 }
 
 impl ChatChunks {
@@ -231,7 +298,7 @@ impl ChunkFormatter for ChatChunks {
             .map(|index| {
                 let delta = ChatDelta {
                     role: Some("assistant"),
-                    content: Some(String::new()),
+                    content: Some(self.echo.clone()),
                     ..ChatDelta::default()
                 };
                 self.chunk(
@@ -249,10 +316,10 @@ impl ChunkFormatter for ChatChunks {
 
     fn output(&mut self, index: usize, out: &RequestOutput) -> Vec<String> {
         self.tally.observe(index, 0, out);
-        let logprobs = out
-            .logprobs
-            .as_ref()
-            .map(|lp| chat_logprobs(&self.tokenizer, &[(out.token_id, lp.clone())]));
+        let logprobs = out.logprobs.as_ref().map(|lp| {
+            let tokens = [(out.token_id, lp.clone())];
+            chat_logprobs(&self.tokenizer, &tokens, self.tokens_as_ids)
+        });
         let last = out.finish_reason.is_some();
         let Some(state) = self.states.get_mut(index) else {
             return Vec::new();

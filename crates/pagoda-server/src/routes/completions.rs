@@ -121,6 +121,7 @@ pub async fn completions(
             started: vec![false; n],
             offsets: vec![0; n],
             tally: UsageTally::new(ids.len(), n),
+            tokens_as_ids: params.tokens_as_ids,
         };
         return Ok(stream_response(
             choices,
@@ -135,8 +136,9 @@ pub async fn completions(
         .into_iter()
         .map(|r| {
             let prefix = &echo[r.prompt_index];
-            let logprobs =
-                logprobs.map(|_| completion_logprobs(&tokenizer, &r.logprobs, prefix.len()));
+            let as_ids = params.tokens_as_ids;
+            let logprobs = logprobs
+                .map(|_| completion_logprobs(&tokenizer, &r.logprobs, prefix.len(), as_ids));
             CompletionChoice {
                 index: r.index,
                 text: format!("{prefix}{}", r.text),
@@ -174,6 +176,7 @@ struct CompletionChunks {
     /// Per choice: bytes of text sent (for `text_offset`).
     offsets: Vec<usize>,
     tally: UsageTally,
+    tokens_as_ids: bool,
 }
 
 impl CompletionChunks {
@@ -216,7 +219,8 @@ impl ChunkFormatter for CompletionChunks {
         text.push_str(&out.text_delta);
         *offset += text.len();
         let logprobs = out.logprobs.as_ref().map(|lp| {
-            completion_logprobs(&self.tokenizer, &[(out.token_id, lp.clone())], token_offset)
+            let tokens = [(out.token_id, lp.clone())];
+            completion_logprobs(&self.tokenizer, &tokens, token_offset, self.tokens_as_ids)
         });
         if text.is_empty() && logprobs.is_none() && out.finish_reason.is_none() {
             return Vec::new();

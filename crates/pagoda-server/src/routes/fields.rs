@@ -50,9 +50,18 @@ pub const HONOURED_COMMON: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "return_tokens_as_token_ids",
+    "echo",
 ];
 /// Honoured by `/v1/completions` only.
-pub const HONOURED_COMPLETIONS: &[&str] = &["prompt", "echo"];
+pub const HONOURED_COMPLETIONS: &[&str] = &["prompt"];
 /// Honoured by `/v1/chat/completions` only.
 pub const HONOURED_CHAT: &[&str] = &[
     "messages",
@@ -62,14 +71,31 @@ pub const HONOURED_CHAT: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "continue_final_message",
 ];
 
 /// Accepted and dropped: none of these can change the generated output.
 /// - `user`: an end-user id for the provider's abuse monitoring;
 /// - `store`, `metadata`: whether and with which tags the provider keeps the
 ///   completion for later retrieval (pagoda keeps nothing);
-/// - `service_tier`: the provider's billing and latency tier.
-pub const IGNORED: &[&str] = &["user", "store", "metadata", "service_tier"];
+/// - `service_tier`: the provider's billing and latency tier;
+/// - `safety_identifier`: `user`'s newer name;
+/// - `prompt_cache_key`: a routing hint for the provider's prompt cache
+///   (pagoda's prefix cache needs none);
+/// - `request_id` (vLLM): an id for the provider's logs; the response keeps
+///   pagoda's own id.
+///
+/// Each is logged once (the first time a request brings it) so an operator
+/// can see what clients send.
+pub const IGNORED: &[&str] = &[
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "request_id",
+];
 
 /// A field pagoda does not implement yet and the values that leave the
 /// output unchanged.
@@ -87,9 +113,6 @@ fn null(v: &Value, _: &Value) -> bool {
 }
 fn null_or_false(v: &Value, _: &Value) -> bool {
     v.is_null() || *v == Value::Bool(false)
-}
-fn null_or_true(v: &Value, _: &Value) -> bool {
-    v.is_null() || *v == Value::Bool(true)
 }
 fn null_or_empty(v: &Value, _: &Value) -> bool {
     match v {
@@ -147,47 +170,19 @@ pub const NEUTRAL: &[Neutral] = &[
         "null, \"none\" or \"auto\" without functions",
         no_tool_choice
     ),
-    neutral!("logit_bias", None, "null or {}", null_or_empty),
-    neutral!("min_tokens", None, "null or 0", null_or_zero),
-    neutral!(
-        "include_stop_str_in_output",
-        None,
-        "null or false",
-        null_or_false
-    ),
-    neutral!("skip_special_tokens", None, "null or true", null_or_true),
-    neutral!(
-        "spaces_between_special_tokens",
-        None,
-        "null or true",
-        null_or_true
-    ),
     neutral!(
         "add_special_tokens",
         None,
         "null or the default (true for completions, false for chat)",
         default_special_tokens
     ),
-    neutral!(
-        "continue_final_message",
-        CHAT,
-        "null or false",
-        null_or_false
-    ),
-    neutral!("echo", CHAT, "null or false", null_or_false),
     neutral!("chat_template", CHAT, "null", null),
     neutral!("documents", CHAT, "null", null),
-    neutral!("allowed_token_ids", None, "null", null),
-    neutral!("bad_words", None, "null or []", null_or_empty),
     neutral!("best_of", COMPL, "null or equal to n", best_of_n),
     neutral!("suffix", COMPL, "null or \"\"", null_or_empty),
+    // Needs the logits of every prompt position; the engine computes the
+    // last position's only.
     neutral!("prompt_logprobs", None, "null", null),
-    neutral!(
-        "return_tokens_as_token_ids",
-        None,
-        "null or false",
-        null_or_false
-    ),
     neutral!("use_beam_search", None, "null or false", null_or_false),
     neutral!("length_penalty", None, "null or 1", null_or_one),
     neutral!("truncate_prompt_tokens", None, "null", null),
@@ -198,7 +193,31 @@ pub const NEUTRAL: &[Neutral] = &[
     neutral!("audio", CHAT, "null", null),
     neutral!("prediction", CHAT, "null", null),
     neutral!("web_search_options", CHAT, "null", null),
+    neutral!("verbosity", CHAT, "null", null),
+    neutral!("priority", None, "null or 0", null_or_zero),
+    neutral!("cache_salt", None, "null", null),
+    neutral!("prompt_embeds", COMPL, "null", null),
+    neutral!("logits_processors", None, "null or []", null_or_empty),
+    neutral!("mm_processor_kwargs", CHAT, "null or {}", null_or_empty),
+    neutral!("kv_transfer_params", None, "null", null),
+    neutral!("vllm_xargs", None, "null or {}", null_or_empty),
 ];
+
+/// Logs, once per process, that a request brought an ignored field.
+fn warn_once(name: &'static str) {
+    static WARNED: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let Ok(mut warned) = WARNED.lock() else {
+        return;
+    };
+    if !warned.contains(&name) {
+        warned.push(name);
+        tracing::warn!(
+            field = name,
+            "a request set '{name}', which cannot change the output and is ignored \
+             (logged once)"
+        );
+    }
+}
 
 fn applies(only: Option<Endpoint>, endpoint: Endpoint) -> bool {
     only.is_none_or(|e| e == endpoint)
@@ -217,7 +236,13 @@ pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
     };
     for (key, value) in obj {
         let k = key.as_str();
-        if HONOURED_COMMON.contains(&k) || own.contains(&k) || IGNORED.contains(&k) {
+        if HONOURED_COMMON.contains(&k) || own.contains(&k) {
+            continue;
+        }
+        if let Some(name) = IGNORED.iter().find(|n| **n == k) {
+            if !value.is_null() {
+                warn_once(name);
+            }
             continue;
         }
         if let Some(n) = NEUTRAL
@@ -290,7 +315,7 @@ mod tests {
             .chain(IGNORED)
             .copied()
             .collect();
-        all.extend(NEUTRAL.iter().filter(|n| n.name != "echo").map(|n| n.name));
+        all.extend(NEUTRAL.iter().map(|n| n.name));
         let mut sorted = all.clone();
         sorted.sort();
         sorted.dedup();
@@ -304,7 +329,8 @@ mod tests {
             json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}),
             json!({"tools": [{"type": "function"}], "tool_choice": "required",
                    "parallel_tool_calls": false}),
-            json!({"logit_bias": {}, "min_tokens": 0, "skip_special_tokens": true}),
+            json!({"logit_bias": {"5": 1}, "min_tokens": 3, "skip_special_tokens": false}),
+            json!({"priority": 0, "request_id": "r", "safety_identifier": "s"}),
             json!({"user": "u", "store": false, "metadata": {"a": "b"}, "service_tier": "auto"}),
             json!({"stream_options": {"include_usage": true}, "messages": [],
                    "add_special_tokens": false}),
@@ -320,8 +346,8 @@ mod tests {
                 json!({"function_call": "auto", "functions": [{}]}),
                 "functions",
             ),
-            (json!({"min_tokens": 3}), "min_tokens"),
-            (json!({"skip_special_tokens": false}), "skip_special_tokens"),
+            (json!({"priority": 3}), "priority"),
+            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
             (json!({"suffix": "x"}), "suffix"),
             (json!({"frobnicate": 1}), "frobnicate"),
             (

@@ -108,8 +108,15 @@ pub async fn submit_all(
             .await
             .map_err(|e| match e {
                 // What the engine refuses is the prompt (the parameters were
-                // checked above): e.g. a token id outside the vocabulary.
-                EngineError::InvalidRequest(m) => ApiError::invalid_param(params.prompt_param, m),
+                // checked above): e.g. a token id outside the vocabulary;
+                // or a token rule, whose message starts with its name.
+                EngineError::InvalidRequest(m) => {
+                    let param = ["logit_bias", "allowed_token_ids", "bad_words"]
+                        .into_iter()
+                        .find(|p| m.starts_with(&format!("{p}:")))
+                        .unwrap_or(params.prompt_param);
+                    ApiError::invalid_param(param, m)
+                }
                 e => ApiError::from(e),
             })?;
         choices.push(ChoiceStream {

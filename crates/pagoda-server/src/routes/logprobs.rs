@@ -2,9 +2,11 @@
 //! (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) and the chat
 //! API's `content` list (`token`, `logprob`, `bytes`, `top_logprobs`).
 //!
-//! A token's text is its decoded piece; its bytes are the piece's UTF-8, or,
-//! for a token holding part of a character (decoded as U+FFFD), the raw bytes
-//! from the vocabulary entry (byte-level `Ġ`-style or `<0xNN>` form).
+//! A token's text is its decoded piece, or `token_id:N` where the request
+//! asks (`return_tokens_as_token_ids`, vLLM's form; offsets and bytes still
+//! follow the decoded text); its bytes are the piece's UTF-8, or, for a token
+//! holding part of a character (decoded as U+FFFD), the raw bytes from the
+//! vocabulary entry (byte-level `Ġ`-style or `<0xNN>` form).
 
 use crate::openai::{ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob};
 use pagoda_engine::sampler::TokenLogprobs;
@@ -14,6 +16,15 @@ use std::collections::BTreeMap;
 /// The text of one token on its own.
 pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     tokenizer.token_to_piece(id).unwrap_or_default()
+}
+
+/// The name of a token in logprobs: its text, or `token_id:N` (`as_id`).
+pub fn token_name(tokenizer: &Tokenizer, id: u32, as_id: bool) -> String {
+    if as_id {
+        format!("token_id:{id}")
+    } else {
+        token_text(tokenizer, id)
+    }
 }
 
 /// The bytes one token stands for.
@@ -60,17 +71,18 @@ pub fn completion_logprobs(
     tokenizer: &Tokenizer,
     tokens: &[(u32, TokenLogprobs)],
     mut offset: usize,
+    as_ids: bool,
 ) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
     for (id, lp) in tokens {
         let text = token_text(tokenizer, *id);
         out.text_offset.push(offset);
         offset += text.len();
-        out.tokens.push(text);
+        out.tokens.push(token_name(tokenizer, *id, as_ids));
         out.token_logprobs.push(lp.logprob);
         let mut top = BTreeMap::new();
         for &(t, l) in &lp.top {
-            top.entry(token_text(tokenizer, t)).or_insert(l);
+            top.entry(token_name(tokenizer, t, as_ids)).or_insert(l);
         }
         out.top_logprobs.push(top);
     }
@@ -78,18 +90,22 @@ pub fn completion_logprobs(
 }
 
 /// The chat logprobs of `tokens`.
-pub fn chat_logprobs(tokenizer: &Tokenizer, tokens: &[(u32, TokenLogprobs)]) -> ChatLogprobs {
+pub fn chat_logprobs(
+    tokenizer: &Tokenizer,
+    tokens: &[(u32, TokenLogprobs)],
+    as_ids: bool,
+) -> ChatLogprobs {
     let content = tokens
         .iter()
         .map(|(id, lp)| ChatTokenLogprob {
-            token: token_text(tokenizer, *id),
+            token: token_name(tokenizer, *id, as_ids),
             logprob: lp.logprob,
             bytes: token_bytes(tokenizer, *id),
             top_logprobs: lp
                 .top
                 .iter()
                 .map(|&(t, l)| TopLogprob {
-                    token: token_text(tokenizer, t),
+                    token: token_name(tokenizer, t, as_ids),
                     logprob: l,
                     bytes: token_bytes(tokenizer, t),
                 })

@@ -81,6 +81,7 @@ pub async fn tokenize(
                             ..Default::default()
                         },
                         req.add_special_tokens.unwrap_or(false),
+                        false,
                         check,
                     )?,
                     "messages",

@@ -41,6 +41,8 @@ pub struct ChoiceParams {
     /// The parameter that holds the prompt (`prompt`, or chat's `messages`),
     /// named by refusals about the prompt's length.
     pub prompt_param: &'static str,
+    /// Logprob tokens written as `token_id:N` (`return_tokens_as_token_ids`).
+    pub tokens_as_ids: bool,
 }
 
 /// What the server can give one sequence.
@@ -145,10 +147,16 @@ impl ChoiceParams {
             stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
             stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
             structured: super::structured::constraint(&f.structured)?,
+            ..token_rules(f)?
         };
-        sampling
-            .validate()
-            .map_err(|e| ApiError::invalid_param(e.param, e.to_string()))?;
+        // `max_tokens` is known only with the prompt: min_tokens is checked
+        // against it there.
+        SamplingParams {
+            max_tokens: usize::MAX,
+            ..sampling.clone()
+        }
+        .validate()
+        .map_err(|e| ApiError::invalid_param(e.param, e.to_string()))?;
         Ok(ChoiceParams {
             sampling,
             max_tokens,
@@ -157,6 +165,7 @@ impl ChoiceParams {
             stream: f.stream,
             include_usage: f.stream_options.as_ref().is_some_and(|o| o.include_usage),
             prompt_param: "prompt",
+            tokens_as_ids: f.return_tokens_as_token_ids.unwrap_or(false),
         })
     }
 
@@ -227,12 +236,71 @@ impl ChoiceParams {
             }
             Some(m) => m,
         };
+        if self.sampling.min_tokens > max_tokens {
+            return Err(ApiError::invalid_param(
+                "min_tokens",
+                format!(
+                    "min_tokens ({}) must be at most {max_name} ({max_tokens})",
+                    self.sampling.min_tokens
+                ),
+            ));
+        }
         Ok(SamplingParams {
             max_tokens,
             seed: self.sampling.seed.map(|s| s.wrapping_add(i as u64)),
             ..self.sampling.clone()
         })
     }
+}
+
+/// `logit_bias`, `allowed_token_ids`, `bad_words`, `min_tokens` and the
+/// text options of a request (ranges are checked by
+/// [`SamplingParams::validate`], ids against the vocabulary by the engine).
+fn token_rules(f: &SamplingFields) -> Result<SamplingParams, ApiError> {
+    let mut logit_bias = Vec::new();
+    for (k, v) in f.logit_bias.iter().flatten() {
+        let token = k.trim().parse::<u32>().map_err(|_| {
+            ApiError::invalid_param(
+                "logit_bias",
+                format!("logit_bias keys must be token ids, got {k:?}"),
+            )
+        })?;
+        let bias = v.as_f64().ok_or_else(|| {
+            ApiError::invalid_param(
+                "logit_bias",
+                format!("the bias of token {token} must be a number, got {v}"),
+            )
+        })?;
+        logit_bias.push((token, bias as f32));
+    }
+    let id = |name: &str, v: i64| {
+        u32::try_from(v)
+            .map_err(|_| ApiError::invalid_param(name, format!("{name}: {v} is not a token id")))
+    };
+    let allowed_token_ids = match &f.allowed_token_ids {
+        None => None,
+        Some(ids) => Some(
+            ids.iter()
+                .map(|&v| id("allowed_token_ids", v))
+                .collect::<Result<Vec<u32>, _>>()?,
+        ),
+    };
+    let min_tokens = match f.min_tokens {
+        None => 0,
+        Some(m) => usize::try_from(m).map_err(|_| {
+            ApiError::invalid_param("min_tokens", format!("min_tokens must be >= 0, got {m}"))
+        })?,
+    };
+    Ok(SamplingParams {
+        logit_bias,
+        allowed_token_ids,
+        bad_words: f.bad_words.clone().unwrap_or_default(),
+        min_tokens,
+        include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        spaces_between_special_tokens: f.spaces_between_special_tokens.unwrap_or(true),
+        ..Default::default()
+    })
 }
 
 /// Checks a logprobs count (`logprobs` or `top_logprobs`).
@@ -285,6 +353,13 @@ mod tests {
             (r#"{"n": 0}"#, "n"),
             (r#"{"min_p": 2}"#, "min_p"),
             (r#"{"stop": ""}"#, "stop"),
+            (r#"{"logit_bias": {"x": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"5": 101}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"5": "a"}}"#, "logit_bias"),
+            (r#"{"allowed_token_ids": [-1]}"#, "allowed_token_ids"),
+            (r#"{"allowed_token_ids": []}"#, "allowed_token_ids"),
+            (r#"{"bad_words": [""]}"#, "bad_words"),
+            (r#"{"min_tokens": -1}"#, "min_tokens"),
         ] {
             let e = ChoiceParams::from_fields(&fields(json)).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{json}");
@@ -326,6 +401,29 @@ mod tests {
         assert!(e.message.contains("at most 313"), "{}", e.message);
         let p = ChoiceParams::from_fields(&fields(r#"{"max_tokens": 313}"#)).unwrap();
         assert_eq!(p.for_prompt(40, small, 0).unwrap().max_tokens, 313);
+    }
+
+    #[test]
+    fn token_rules_reach_the_sampling_params() {
+        let p = ChoiceParams::from_fields(&fields(
+            r#"{"logit_bias": {"7": 100, " 3": -2.5}, "allowed_token_ids": [1, 2],
+                "bad_words": ["x"], "min_tokens": 4, "include_stop_str_in_output": true,
+                "skip_special_tokens": false, "return_tokens_as_token_ids": true}"#,
+        ))
+        .unwrap();
+        let s = &p.sampling;
+        let mut bias = s.logit_bias.clone();
+        bias.sort_by_key(|e| e.0);
+        assert_eq!(bias, vec![(3, -2.5), (7, 100.0)]);
+        assert_eq!(s.allowed_token_ids, Some(vec![1, 2]));
+        assert_eq!(s.bad_words, vec!["x".to_string()]);
+        assert!(s.include_stop_str_in_output && !s.skip_special_tokens);
+        assert!(p.tokens_as_ids);
+        assert_eq!(p.for_prompt(10, ctx(100), 0).unwrap().min_tokens, 4);
+        let p =
+            ChoiceParams::from_fields(&fields(r#"{"min_tokens": 20, "max_tokens": 10}"#)).unwrap();
+        let e = p.for_prompt(10, ctx(100), 0).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("min_tokens"));
     }
 
     #[test]
