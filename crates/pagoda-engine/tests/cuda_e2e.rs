@@ -41,6 +41,24 @@ const NEW_TOKENS: usize = 16;
 /// more. The transformers-built Qwen3 of cuda_qwen3_torch is held to [`TOL`].
 const TINY_TOL: f32 = 4e-2;
 
+/// Tiny Gemma 3 is held to more: its (1 + w) norms after attention and the
+/// MLP rescale bf16-rounded outputs, and with dummy weights they amplify the
+/// rounding further. PyTorch's own bf16 run of this model against its f32
+/// run, over the golden prompts and outputs (every position), differs by up
+/// to 9.3e-2 (relative L2), where it differs by 4.4e-2 on tiny Gemma 2,
+/// 3.4e-2 on tiny Qwen3 and 2.8e-2 on tiny Llama; on an H200 pagoda's CUDA
+/// run was within 8.4e-2 of the CPU.
+const TINY_GEMMA3_TOL: f32 = 1e-1;
+
+/// The logits tolerance of tiny model `arch`.
+fn tiny_tol(arch: &str) -> f32 {
+    if arch == "gemma3" {
+        TINY_GEMMA3_TOL
+    } else {
+        TINY_TOL
+    }
+}
+
 /// The CPU reference holds the weights rounded to bf16, as the GPU does, so
 /// the two differ only in the arithmetic.
 fn cpu() -> CpuBackend {
@@ -95,22 +113,23 @@ fn tiny_models_on_cuda_match_the_cpu_backend() {
             .collect();
         let got = forced_trace(&mut gpu_runner, &prompts, &forced);
         let mut tally = Tally {
-            near_tie_margin: TINY_TOL,
+            near_tie_margin: tiny_tol(arch),
             ..Tally::default()
         };
         for (i, p) in prompts.iter().enumerate() {
             for s in 0..NEW_TOKENS {
                 let what = format!("tiny-{arch}, prompt {i} ({} tokens), step {s}", p.len());
-                tally.check_logits(&what, &got[i][s], &want_logits[i][s], TINY_TOL);
+                tally.check_logits(&what, &got[i][s], &want_logits[i][s], tiny_tol(arch));
                 let margin = rel_margin(&want_logits[i][s]);
                 tally.check_token(&what, &got[i][s], want_tokens[i][s], margin);
             }
         }
         eprintln!(
-            "tiny-{arch} on {}: {} steps, max logits relative error {:.3e} (L2; bar {TINY_TOL:.0e}), {:.3e} (max-abs), {} near-ties ({} tokens differ there)",
+            "tiny-{arch} on {}: {} steps, max logits relative error {:.3e} (L2; bar {:.0e}), {:.3e} (max-abs), {} near-ties ({} tokens differ there)",
             gpu_runner.backend_name(),
             tally.steps,
             tally.max_rel_err,
+            tiny_tol(arch),
             tally.max_abs_rel_err,
             tally.near_ties,
             tally.excused_mismatches
