@@ -36,19 +36,6 @@ use std::collections::HashMap;
 
 const EOS: u32 = 2;
 
-fn bf(v: f32) -> f32 {
-    if v.is_nan() {
-        return v;
-    }
-    let u = v.to_bits();
-    let r = u.wrapping_add(0x7fff + ((u >> 16) & 1));
-    f32::from_bits(r & 0xffff_0000)
-}
-
-fn unit(s: &mut u64) -> f32 {
-    (splitmix64(s) >> 40) as f32 / (1u64 << 24) as f32
-}
-
 struct Case {
     params: SamplingParams,
     outputs: Vec<u32>,

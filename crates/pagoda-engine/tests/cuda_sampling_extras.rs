@@ -39,21 +39,6 @@ use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 use std::collections::HashMap;
 
-/// Rounds to bf16 (nearest even), as the device stores logits.
-fn bf(v: f32) -> f32 {
-    if v.is_nan() {
-        return v;
-    }
-    let u = v.to_bits();
-    let r = u.wrapping_add(0x7fff + ((u >> 16) & 1));
-    f32::from_bits(r & 0xffff_0000)
-}
-
-/// Uniform in [0, 1).
-fn unit(s: &mut u64) -> f32 {
-    (splitmix64(s) >> 40) as f32 / (1u64 << 24) as f32
-}
-
 /// One row of the batch.
 struct Case {
     params: SamplingParams,

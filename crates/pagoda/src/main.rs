@@ -24,7 +24,7 @@ enum Command {
     /// Generate text for one or more prompts, run together as one batch.
     Generate(commands::generate::GenerateArgs),
     /// Measure speed: offline throughput (default) or `pagoda bench single`.
-    Bench(commands::bench::BenchArgs),
+    Bench(Box<commands::bench::BenchArgs>),
     /// Describe a model: architecture, shapes, dtypes, vocabulary, parameters.
     Info(commands::info::InfoArgs),
     /// Serve the OpenAI-compatible HTTP API (completions, chat, metrics).
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
         Command::Info(args) => commands::info::run(args),
-        Command::Bench(args) => commands::bench::run(args),
+        Command::Bench(args) => commands::bench::run(*args),
         Command::Serve(args) => commands::serve::run(args),
     };
     match result {

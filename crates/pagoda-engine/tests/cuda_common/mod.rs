@@ -19,6 +19,21 @@ pub use pagoda_kernels::cuda::testing::gpu;
 use pagoda_kernels::Backend;
 use std::path::PathBuf;
 
+/// Rounds to bf16 (nearest even), as the device stores logits.
+pub fn bf(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let u = v.to_bits();
+    let r = u.wrapping_add(0x7fff + ((u >> 16) & 1));
+    f32::from_bits(r & 0xffff_0000)
+}
+
+/// Uniform in [0, 1), drawn from a SplitMix64 state.
+pub fn unit(s: &mut u64) -> f32 {
+    (pagoda_engine::sampler::splitmix64(s) >> 40) as f32 / (1u64 << 24) as f32
+}
+
 /// The bf16 tolerance: logits must agree within it (relative error of the
 /// logit vectors, L2), and a differing greedy token is excused only where the
 /// reference's relative top-1 margin is within it (a near-tie).
