@@ -452,7 +452,7 @@ impl EngineTask for Single<'_> {
             model: name,
             backend: engine.runner().backend_name(),
             weight_dtype: match a.model.device.device {
-                Device::Cpu => format!("{:?}", a.model.weight_dtype).to_lowercase(),
+                Device::Cpu => format!("{:?}", a.model.cpu_weight_dtype()).to_lowercase(),
                 Device::Cuda(_) => "bf16".into(),
             },
             prompt_tokens: a.prompt_tokens,

@@ -119,7 +119,7 @@ fn run_on_cuda<T: EngineTask>(
     if cache.kv_cache_fraction.is_some() {
         bail!("--kv-cache-fraction sizes the cache from host memory; on CUDA use --gpu-memory-utilization or --kv-cache-memory");
     }
-    if model.weight_dtype != WeightDtypeArg::Auto {
+    if model.weight_dtype.is_some() {
         tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
     }
     let backend = CudaBackend::new(CudaOptions { device: ordinal })?;
@@ -158,7 +158,8 @@ fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let weight_dtype = match model.weight_dtype {
+    let chosen = model.cpu_weight_dtype();
+    let weight_dtype = match chosen {
         WeightDtypeArg::Auto | WeightDtypeArg::F16 => WeightDtype::F16,
         WeightDtypeArg::F32 => WeightDtype::F32,
         WeightDtypeArg::Bf16 => WeightDtype::BF16,
@@ -167,7 +168,7 @@ fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
         threads,
         weight_dtype,
     })?
-    .with_quantized_weights(model.weight_dtype == WeightDtypeArg::Auto))
+    .with_quantized_weights(chosen == WeightDtypeArg::Auto))
 }
 
 impl KvBudget for CpuBackend {

@@ -41,14 +41,23 @@ pub struct ModelArgs {
     /// CPU threads for the forward pass (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// How the CPU backend stores weight matrices: auto keeps quantized GGUF
-    /// matrices in their blocks (integer kernels, least memory traffic) and
-    /// stores the rest in f16; f32/f16/bf16 dequantize everything at load
-    /// (f32 is exact for dequantized GGUF weights).
-    #[arg(long, value_enum, default_value_t = WeightDtypeArg::Auto)]
-    pub weight_dtype: WeightDtypeArg,
+    /// How the CPU backend stores weight matrices: f32/f16/bf16 dequantize
+    /// everything at load (f32 is exact for dequantized GGUF weights); auto
+    /// keeps quantized GGUF matrices in their blocks (integer kernels with
+    /// 8-bit activations, least memory traffic) and stores the rest in f16.
+    /// The default stays f16 until the kept blocks' outputs are checked on
+    /// chat prompts as closely as the dequantized path's.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    pub weight_dtype: Option<WeightDtypeArg>,
     #[command(flatten)]
     pub device: device::DeviceArgs,
+}
+
+impl ModelArgs {
+    /// The CPU weight storage: --weight-dtype, f16 by default.
+    pub fn cpu_weight_dtype(&self) -> WeightDtypeArg {
+        self.weight_dtype.unwrap_or(WeightDtypeArg::F16)
+    }
 }
 
 /// Weight storage dtype on the CPU.
