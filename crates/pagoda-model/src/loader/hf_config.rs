@@ -637,11 +637,16 @@ fn rope_entry(
     max_position_embeddings: usize,
 ) -> Result<(f64, Option<RopeScaling>)> {
     let theta = s.f64_opt("rope_theta")?.unwrap_or(default_theta);
+    Ok((theta, rope_scaling(s, max_position_embeddings)?))
+}
+
+/// The scaling a RoPE parameter object names (`rope_type` or `type`).
+fn rope_scaling(s: &Fields, max_position_embeddings: usize) -> Result<Option<RopeScaling>> {
     let kind = match s.str_opt("rope_type")? {
         Some(k) => k,
         None => s.str_opt("type")?.unwrap_or("default"),
     };
-    let scaling = match kind {
+    Ok(match kind {
         "default" => None,
         "linear" => Some(RopeScaling::Linear {
             factor: s.f64_req("factor")?,
@@ -660,8 +665,7 @@ fn rope_entry(
                 s.file
             )))
         }
-    };
-    Ok((theta, scaling))
+    })
 }
 
 /// Gemma's per-layer types, query scale and soft-capping.
@@ -740,31 +744,7 @@ fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeS
     let Some(s) = scaling else {
         return Ok((theta, None));
     };
-    let kind = match s.str_opt("rope_type")? {
-        Some(k) => k,
-        None => s.str_opt("type")?.unwrap_or("default"),
-    };
-    let scaling = match kind {
-        "default" => None,
-        "linear" => Some(RopeScaling::Linear {
-            factor: s.f64_req("factor")?,
-        }),
-        "llama3" => Some(RopeScaling::Llama3 {
-            factor: s.f64_req("factor")?,
-            low_freq_factor: s.f64_req("low_freq_factor")?,
-            high_freq_factor: s.f64_req("high_freq_factor")?,
-            original_max_position_embeddings: s
-                .usize_opt("original_max_position_embeddings")?
-                .unwrap_or(max_position_embeddings),
-        }),
-        other => {
-            return Err(ModelError::Config(format!(
-                "{}: unsupported rope scaling type {other:?} (supported: default, linear, llama3)",
-                f.file
-            )))
-        }
-    };
-    Ok((theta, scaling))
+    Ok((theta, rope_scaling(&s, max_position_embeddings)?))
 }
 
 #[cfg(test)]
