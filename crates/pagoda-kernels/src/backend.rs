@@ -120,6 +120,9 @@ pub trait Backend: Send + Sync + 'static {
     type Step: Send + Sync;
     /// A captured decode graph ([`NoGraph`] where graphs are not supported).
     type Graph: Send;
+    /// The expert choice of each row of a mixture-of-experts layer (see
+    /// [`Backend::moe_route`]; [`NoRoutes`] where MoE is not supported).
+    type Routes: Send;
 
     /// Human-readable device name, e.g. "cpu (2 threads)".
     fn name(&self) -> String;
@@ -283,6 +286,60 @@ pub trait Backend: Send + Sync + 'static {
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
 
+    // ---- mixture of experts -------------------------------------------------
+
+    /// Chooses each row's experts from `router_logits: [rows, num_experts]`:
+    /// softmax over all experts (f32 math), the `top_k` largest
+    /// probabilities (ties to the lower expert index), each row's chosen
+    /// weights divided by their sum when `renormalize` (Mixtral, Qwen3-MoE's
+    /// `norm_topk_prob`), kept as they are otherwise (Qwen2-MoE).
+    fn moe_route(
+        &self,
+        router_logits: &Self::Tensor,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<Self::Routes> {
+        let _ = (router_logits, top_k, renormalize);
+        Err(crate::KernelError::Unsupported(
+            "mixture-of-experts routing on this backend".into(),
+        ))
+    }
+    /// Routes given on the host (tests and reference checks): row `r` uses
+    /// experts `ids[r * top_k..][..top_k]` with `weights` at the same
+    /// places; an id at or past the layer's expert count is an error of
+    /// [`Backend::moe_experts`].
+    fn moe_routes_from_host(
+        &self,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+    ) -> Result<Self::Routes> {
+        let _ = (ids, weights, top_k);
+        Err(crate::KernelError::Unsupported(
+            "mixture-of-experts routing on this backend".into(),
+        ))
+    }
+    /// The expert MLPs of a mixture-of-experts layer: for each row `x` of
+    /// `x: [rows, hidden]`, `sum_k w_k * down_e(silu(gate_e x) * up_e x)`
+    /// over the row's routes `(e, w_k)`. The experts are stacked in two
+    /// ordinary weights: `gate_up: [num_experts * 2 * inter, hidden]`
+    /// (expert `e`'s `inter` gate rows, then its `inter` up rows) and
+    /// `down: [num_experts * hidden, inter]` (expert `e`'s `hidden` rows).
+    /// Returns `[rows, hidden]` at the backend's compute precision.
+    fn moe_experts(
+        &self,
+        x: &Self::Tensor,
+        routes: &Self::Routes,
+        gate_up: &Self::Weight,
+        down: &Self::Weight,
+        num_experts: usize,
+    ) -> Result<Self::Tensor> {
+        let _ = (x, routes, gate_up, down, num_experts);
+        Err(crate::KernelError::Unsupported(
+            "mixture-of-experts MLPs on this backend".into(),
+        ))
+    }
+
     /// Ends the warm-up of a device's step memory: from now on every step
     /// takes its activations and scratch from a fixed reservation sized by
     /// the steps run so far (the runner's profiling steps), and never
@@ -415,3 +472,8 @@ pub trait Backend: Send + Sync + 'static {
 /// The graph type of backends without graphs (no value of it exists).
 #[derive(Debug)]
 pub enum NoGraph {}
+
+/// The routes type of backends without mixture-of-experts ops (no value of
+/// it exists).
+#[derive(Debug)]
+pub enum NoRoutes {}

@@ -23,7 +23,9 @@ pub mod host;
 pub mod logit_adjust;
 pub mod sampling_options;
 
-pub use backend::{AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, RopeStyle};
+pub use backend::{
+    AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, NoRoutes, RopeStyle,
+};
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{GgmlType, HostData, HostTensor, QuantData};

@@ -38,6 +38,7 @@ impl Backend for FaultyBackend {
     type KvCache = <CpuBackend as Backend>::KvCache;
     type Step = <CpuBackend as Backend>::Step;
     type Graph = pagoda_kernels::NoGraph;
+    type Routes = <CpuBackend as Backend>::Routes;
 
     fn name(&self) -> String {
         format!("faulty {}", self.inner.name())

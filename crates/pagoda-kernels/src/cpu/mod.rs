@@ -140,6 +140,7 @@ impl Backend for CpuBackend {
     type KvCache = CpuKvCache;
     type Step = CpuStep;
     type Graph = crate::NoGraph;
+    type Routes = crate::NoRoutes;
 
     fn name(&self) -> String {
         let dtype = match self.weight_dtype {

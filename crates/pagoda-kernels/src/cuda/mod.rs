@@ -316,6 +316,7 @@ impl Backend for CudaBackend {
     type KvCache = CudaKvCache;
     type Step = CudaStep;
     type Graph = CudaGraphRunner;
+    type Routes = crate::NoRoutes;
 
     fn name(&self) -> String {
         self.dev.name.clone()
