@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs on the GPU host: the nano-vllm workload at the Qwen3-0.6B shape
+# (dummy weights) with every request under a JSON schema
+# (tests/bench_schema.json, llguidance masks applied on the device) against
+# the same draw unconstrained, alternating twice. The structured run needs a
+# tokenizer for its token trie: SmolLM2's (tests/golden/smollm2-tokenizer),
+# so the shape's vocabulary is set to its 49,152 tokens for both runs.
+# Logs land in $OUT/structured.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/pagoda-gpu-run}
+mkdir -p "$OUT"
+LOG=$OUT/structured.txt
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pagoda-cache}
+cfg=/tmp/qwen3-0.6b-smollm2-vocab.json
+python3 -c "import json; c = json.load(open('scripts/gpu/qwen3-0.6b.json')); c['vocab_size'] = 49152; json.dump(c, open('$cfg', 'w'))"
+base=(.device-bin/pagoda bench --device cuda --dummy-weights --config "$cfg"
+      --tokenizer tests/golden/smollm2-tokenizer/tokenizer.json --max-model-len 4096)
+for round in 1 2; do
+    echo "== round $round plain" | tee -a "$LOG"
+    "${base[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    echo "== round $round json-schema" | tee -a "$LOG"
+    "${base[@]}" --json-schema tests/bench_schema.json 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+done
