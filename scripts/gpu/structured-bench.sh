@@ -4,7 +4,8 @@
 # (tests/bench_schema.json, llguidance masks applied on the device) against
 # the same draw unconstrained, alternating twice. The structured run needs a
 # tokenizer for its token trie: SmolLM2's (tests/golden/smollm2-tokenizer),
-# so the shape's vocabulary is set to its 49,152 tokens for both runs.
+# so the shape's vocabulary is set to its 49,152 tokens (and its bos/eos
+# ids) for both runs.
 # Logs land in $OUT/structured.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +17,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
 done
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pagoda-cache}
 cfg=/tmp/qwen3-0.6b-smollm2-vocab.json
-python3 -c "import json; c = json.load(open('scripts/gpu/qwen3-0.6b.json')); c['vocab_size'] = 49152; json.dump(c, open('$cfg', 'w'))"
+python3 -c "import json; c = json.load(open('scripts/gpu/qwen3-0.6b.json')); c.update(vocab_size=49152, bos_token_id=1, eos_token_id=2); json.dump(c, open('$cfg', 'w'))"
 base=(.device-bin/pagoda bench --device cuda --dummy-weights --config "$cfg"
       --tokenizer tests/golden/smollm2-tokenizer/tokenizer.json --max-model-len 4096)
 for round in 1 2; do

@@ -230,3 +230,18 @@ fn bad_constraints_are_refused_naming_what_is_wrong() {
     }
     assert!(!e.has_unfinished_requests());
 }
+
+#[test]
+fn an_end_of_sequence_id_outside_the_vocabulary_is_an_error() {
+    let files = open_model(&OpenOptions {
+        model: Some(default_model()),
+        ..Default::default()
+    })
+    .unwrap();
+    let tok = files.tokenizer.unwrap();
+    let e = pagoda_engine::structured::GrammarCompiler::new(tok.clone(), 49152, &[151645])
+        .err()
+        .expect("an out-of-range end-of-sequence id must be refused");
+    assert!(e.message.contains("151645"), "{}", e.message);
+    assert!(pagoda_engine::structured::GrammarCompiler::new(tok, 49152, &[2]).is_ok());
+}

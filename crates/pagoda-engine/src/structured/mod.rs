@@ -209,6 +209,11 @@ impl GrammarCompiler {
         let &first_eos = eos
             .first()
             .ok_or_else(|| err("the model has no end-of-sequence token".into()))?;
+        if let Some(bad) = eos.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(err(format!(
+                "end-of-sequence token id {bad} is outside the model's vocabulary of {vocab_size} ids"
+            )));
+        }
         let mut words = tokenizer
             .token_bytes()
             .map_err(|e| err(format!("structured outputs unavailable: {e}")))?;
