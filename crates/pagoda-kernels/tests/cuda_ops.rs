@@ -447,7 +447,8 @@ fn store_kv_and_copy_blocks_match_cpu() {
     let Some(g) = gpu() else { return };
     let c = cpu();
     let mut rng = Rng::new(7);
-    for (block_size, nkv, hd) in [(16, 2, 64), (5, 1, 128), (32, 8, 64)] {
+    // Widths of 128, 128, 512 (16-byte path) and 36 (one element per thread).
+    for (block_size, nkv, hd) in [(16, 2, 64), (5, 1, 128), (32, 8, 64), (7, 3, 12)] {
         let ps = mixed_step(&mut rng, block_size, 3);
         let shape = KvCacheShape {
             num_blocks: 64,

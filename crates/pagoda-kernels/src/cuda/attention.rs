@@ -68,7 +68,13 @@ pub(crate) fn store_kv(
     }
     let (nr, w) = (i32_of(t, op)?, i32_of(width, op)?);
     let slot_view = step.view(step.slot_mapping);
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("store_kv_bf16")?);
+    // Eight elements per thread where slot rows allow 16-byte accesses.
+    let (kernel, per_thread) = if width.is_multiple_of(8) {
+        ("store_kv_v8_bf16", 8)
+    } else {
+        ("store_kv_bf16", 1)
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
     l.arg(&mut cache.k)
         .arg(&mut cache.v)
         .arg(k.bf16(op)?)
@@ -76,7 +82,7 @@ pub(crate) fn store_kv(
         .arg(&slot_view)
         .arg(&nr)
         .arg(&w);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    unsafe { l.launch(elems_cfg(n / per_thread)) }.map_err(|e| device_err(op, e))?;
     Ok(())
 }
 

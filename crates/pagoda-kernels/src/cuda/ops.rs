@@ -579,9 +579,15 @@ pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTens
     }
     let (nr, nc) = (i32_of(gate_up.rows, op)?, i32_of(n, op)?);
     let total = y.numel();
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("silu_mul_bf16")?);
+    // Eight elements per thread where rows allow 16-byte accesses.
+    let (kernel, per_thread) = if n.is_multiple_of(8) {
+        ("silu_mul_v8_bf16", 8)
+    } else {
+        ("silu_mul_bf16", 1)
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
     l.arg(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
-    unsafe { l.launch(elems_cfg(total)) }.map_err(|e| device_err(op, e))?;
+    unsafe { l.launch(elems_cfg(total / per_thread)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
 
@@ -614,12 +620,15 @@ pub(crate) fn gelu_tanh_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<Cud
     }
     let (nr, nc) = (i32_of(gate_up.rows, op)?, i32_of(n, op)?);
     let total = y.numel();
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("gelu_tanh_mul_bf16")?);
+    // Eight elements per thread where rows allow 16-byte accesses.
+    let (kernel, per_thread) = if n.is_multiple_of(8) {
+        ("gelu_tanh_mul_v8_bf16", 8)
+    } else {
+        ("gelu_tanh_mul_bf16", 1)
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
     l.arg(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
-    unsafe { l.launch(elems_cfg(total)) }.map_err(|e| device_err(op, e))?;
+    unsafe { l.launch(elems_cfg(total / per_thread)) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
 

@@ -106,32 +106,76 @@ extern "C" __global__ void add_bias_round_bf16(bf16* y, const float* acc, const 
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// y[r, c] = silu(gu[r, c]) * gu[r, n + c]
-extern "C" __global__ void silu_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+__device__ __forceinline__ float gelu_tanh(float g) {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+}
+
+// The gate activations of the gated MLPs: 0 = SiLU, 1 = gelu_tanh
+// (transformers' gelu_pytorch_tanh).
+template <int ACT>
+__device__ __forceinline__ float gate_act(float g) {
+    return ACT == 0 ? silu(g) : gelu_tanh(g);
+}
+
+// y[r, c] = act(gu[r, c]) * gu[r, n + c], one element per thread (any n).
+template <int ACT>
+__device__ void gated_impl(bf16* y, const bf16* gu, int n_rows, int n) {
     long long total = (long long)n_rows * n;
     GRID_STRIDE(i, total) {
         long long r = i / n;
         int c = (int)(i - r * n);
         const bf16* row = gu + r * 2 * n;
-        y[i] = f2bf(silu(bf2f(row[c])) * bf2f(row[n + c]));
+        y[i] = f2bf(gate_act<ACT>(bf2f(row[c])) * bf2f(row[n + c]));
     }
+}
+
+// The same, eight elements per thread through 16-byte loads and stores: n is
+// a multiple of 8 and y, gu start 16-byte aligned (the host checks n; arena
+// ranges are 512-byte aligned), so every row's gate, up and output start
+// aligned too.
+template <int ACT>
+__device__ void gated_v8_impl(bf16* y, const bf16* gu, int n_rows, int n) {
+    int n8 = n >> 3;
+    long long total = (long long)n_rows * n8;
+    GRID_STRIDE(t, total) {
+        long long r = t / n8;
+        int c8 = (int)(t - r * n8);
+        const bf16* row = gu + r * 2 * n;
+        uint4 g = ((const uint4*)row)[c8];
+        uint4 u = ((const uint4*)(row + n))[c8];
+        unsigned int gw[4] = {g.x, g.y, g.z, g.w};
+        unsigned int uw[4] = {u.x, u.y, u.z, u.w};
+        unsigned int ow[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float g0 = __uint_as_float(gw[j] << 16), g1 = __uint_as_float(gw[j] & 0xffff0000u);
+            float u0 = __uint_as_float(uw[j] << 16), u1 = __uint_as_float(uw[j] & 0xffff0000u);
+            unsigned int lo = f2bf(gate_act<ACT>(g0) * u0);
+            unsigned int hi = f2bf(gate_act<ACT>(g1) * u1);
+            ow[j] = lo | (hi << 16);
+        }
+        ((uint4*)(y + r * n))[c8] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    }
+}
+
+extern "C" __global__ void silu_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    gated_impl<0>(y, gu, n_rows, n);
+}
+
+extern "C" __global__ void silu_mul_v8_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    gated_v8_impl<0>(y, gu, n_rows, n);
+}
+
+extern "C" __global__ void gelu_tanh_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    gated_impl<1>(y, gu, n_rows, n);
+}
+
+extern "C" __global__ void gelu_tanh_mul_v8_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    gated_v8_impl<1>(y, gu, n_rows, n);
 }
 
 extern "C" __global__ void silu_mul2_bf16(bf16* y, const bf16* g, const bf16* u, long long n) {
     GRID_STRIDE(i, n) { y[i] = f2bf(silu(bf2f(g[i])) * bf2f(u[i])); }
-}
-
-// y[r, c] = gelu_tanh(gu[r, c]) * gu[r, n + c] (transformers' gelu_pytorch_tanh)
-extern "C" __global__ void gelu_tanh_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
-    long long total = (long long)n_rows * n;
-    GRID_STRIDE(i, total) {
-        long long r = i / n;
-        int c = (int)(i - r * n);
-        const bf16* row = gu + r * 2 * n;
-        float g = bf2f(row[c]);
-        float a = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
-        y[i] = f2bf(a * bf2f(row[n + c]));
-    }
 }
 
 // x *= factor (bf16 activations or the f32 residual).
@@ -210,21 +254,43 @@ extern "C" __global__ void rope_bf16(bf16* x, const int* positions, const bf16* 
 }
 
 // Writes each token's K and V row ([width] = num_kv_heads * head_dim) into its
-// slot; slot -1 (padding) is skipped.
-extern "C" __global__ void store_kv_bf16(bf16* k_cache, bf16* v_cache, const bf16* k,
-                                         const bf16* v, const int* slots, int n_rows,
-                                         int width) {
-    long long n = (long long)n_rows * width;
+// slot; slot -1 (padding) is skipped. VEC elements (1 or 8) per thread; with
+// 8, width is a multiple of 8 and every base is 16-byte aligned (the host
+// checks width; arena ranges and cache allocations are aligned), so each
+// 8-element group moves as one 16-byte load and store.
+template <int VEC>
+__device__ void store_kv_impl(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v,
+                              const int* slots, int n_rows, int width) {
+    int wv = width / VEC;
+    long long n = (long long)n_rows * wv;
     GRID_STRIDE(i, n) {
-        long long r = i / width;
-        int e = (int)(i - r * width);
+        long long r = i / wv;
+        int e = (int)(i - r * wv) * VEC;
         int slot = slots[r];
         if (slot >= 0) {
             long long dst = (long long)slot * width + e;
-            k_cache[dst] = k[i];
-            v_cache[dst] = v[i];
+            long long src = r * width + e;
+            if (VEC == 8) {
+                *(uint4*)(k_cache + dst) = *(const uint4*)(k + src);
+                *(uint4*)(v_cache + dst) = *(const uint4*)(v + src);
+            } else {
+                k_cache[dst] = k[src];
+                v_cache[dst] = v[src];
+            }
         }
     }
+}
+
+extern "C" __global__ void store_kv_bf16(bf16* k_cache, bf16* v_cache, const bf16* k,
+                                         const bf16* v, const int* slots, int n_rows,
+                                         int width) {
+    store_kv_impl<1>(k_cache, v_cache, k, v, slots, n_rows, width);
+}
+
+extern "C" __global__ void store_kv_v8_bf16(bf16* k_cache, bf16* v_cache, const bf16* k,
+                                            const bf16* v, const int* slots, int n_rows,
+                                            int width) {
+    store_kv_impl<8>(k_cache, v_cache, k, v, slots, n_rows, width);
 }
 
 // Copy-on-write: blockIdx.y picks a (src, dst, num_tokens) triple; copies

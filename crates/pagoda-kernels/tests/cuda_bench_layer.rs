@@ -1,0 +1,213 @@
+//! Timings of one decoder layer's ops at the Llama-3.1-8B shape on the GPU
+//! host (ignored by default; run with `--ignored --nocapture`): each GEMM
+//! of the layer (`linear` for qkv and gate_up, `add_linear` into the f32
+//! residual for o_proj and down) at 8,192, 256, 64 and 1 rows, with its
+//! TFLOP/s and weight-read GB/s; the elementwise ops of an 8,192-token
+//! step (add_rms_norm, rope, silu_mul, store_kv) with the bytes they move;
+//! and prefill attention over 8,192 tokens of 1,024-token prompts. What a
+//! prefill step of the nano-vllm workload spends, op by op. Medians of
+//! timed repeats (host clock around a device synchronization, after a
+//! warm-up), random inputs.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+#[allow(dead_code)]
+const PORTABLE: bool = false;
+
+use common::*;
+use pagoda_kernels::cuda::testing::gpu;
+use pagoda_kernels::cuda::CudaBackend;
+use pagoda_kernels::{AttentionParams, Backend, HostData, HostTensor, KvCacheShape, RopeStyle};
+use std::time::Instant;
+
+fn time(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    g.synchronize().unwrap();
+    let mut v: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            g.synchronize().unwrap();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn weight(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
+    HostTensor {
+        shape: vec![rows, cols],
+        data: HostData::F32(rvec_f32(rng, rows * cols, 0.02)),
+    }
+}
+
+#[test]
+#[ignore]
+fn layer_timings_llama_8b() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(3);
+    let (hidden, inter, heads, kv_heads, hd) = (4096usize, 14336usize, 32usize, 8usize, 128usize);
+    let qkv_out = (heads + 2 * kv_heads) * hd;
+    // (name, out, in, adds into the residual)
+    let gemms = [
+        ("qkv", qkv_out, hidden, false),
+        ("o_proj", hidden, heads * hd, true),
+        ("gate_up", 2 * inter, hidden, false),
+        ("down", hidden, inter, true),
+    ];
+    let ws: Vec<_> = gemms
+        .iter()
+        .map(|&(_, out, inn, _)| g.load_weight(weight(&mut rng, out, inn)).unwrap())
+        .collect();
+    for rows in [8192usize, 256, 64, 1] {
+        let mut total = 0.0;
+        for (i, &(name, out, inn, adds)) in gemms.iter().enumerate() {
+            let x = g
+                .tensor_from_host(rows, inn, &rvec_f32(&mut rng, rows * inn, 1.0))
+                .unwrap();
+            let reps = if rows >= 4096 { 10 } else { 50 };
+            let secs = if adds {
+                let mut r = g
+                    .residual_from_host(rows, out, &vec![0.0; rows * out])
+                    .unwrap();
+                time(&g, reps, || g.add_linear(&mut r, &x, &ws[i], None).unwrap())
+            } else {
+                time(&g, reps, || {
+                    let _ = g.linear(&x, &ws[i], None).unwrap();
+                })
+            };
+            total += secs;
+            let flops = 2.0 * rows as f64 * out as f64 * inn as f64;
+            let wbytes = 2.0 * out as f64 * inn as f64;
+            eprintln!(
+                "bench: 8b {name:8} rows {rows:5}: {:.3} ms, {:.0} TFLOP/s, weights {:.0} GB/s{}",
+                secs * 1e3,
+                flops / secs / 1e12,
+                wbytes / secs / 1e9,
+                if adds {
+                    " (add_linear, f32 residual)"
+                } else {
+                    ""
+                }
+            );
+        }
+        eprintln!("bench: 8b layer GEMMs rows {rows:5}: {:.3} ms", total * 1e3);
+    }
+
+    // Elementwise ops of an 8,192-token prefill step.
+    let t = 8192usize;
+    let norm_w = g
+        .load_weight(HostTensor {
+            shape: vec![hidden],
+            data: HostData::F32(vec![1.0; hidden]),
+        })
+        .unwrap();
+    let x = g
+        .tensor_from_host(t, hidden, &rvec_f32(&mut rng, t * hidden, 1.0))
+        .unwrap();
+    let mut res = g
+        .residual_from_host(t, hidden, &rvec_f32(&mut rng, t * hidden, 1.0))
+        .unwrap();
+    let secs = time(&g, 20, || {
+        let _ = g.add_rms_norm(&mut res, &x, &norm_w, 1e-5).unwrap();
+    });
+    let bytes = t as f64 * hidden as f64 * (4.0 * 2.0 + 2.0 + 2.0);
+    eprintln!(
+        "bench: 8b add_rms_norm {t} rows: {:.3} ms, {:.0} GB/s",
+        secs * 1e3,
+        bytes / secs / 1e9
+    );
+    let gu = g
+        .tensor_from_host(t, 2 * inter, &rvec_f32(&mut rng, t * 2 * inter, 1.0))
+        .unwrap();
+    let secs = time(&g, 20, || {
+        let _ = g.silu_mul(&gu).unwrap();
+    });
+    let bytes = t as f64 * inter as f64 * 2.0 * 3.0;
+    eprintln!(
+        "bench: 8b silu_mul {t} rows: {:.3} ms, {:.0} GB/s",
+        secs * 1e3,
+        bytes / secs / 1e9
+    );
+
+    // Prefill attention and the ops that read the step: 8 prompts of 1,024.
+    let seqs = vec![
+        SeqSpec {
+            context_len: 0,
+            query_len: 1024
+        };
+        8
+    ];
+    let block = 16;
+    let blocks = t / block + 16;
+    let step = paged_step(&mut rng, &seqs, block, blocks, 0);
+    let s = g.begin_step(&step.ctx).unwrap();
+    let shape = KvCacheShape {
+        num_blocks: blocks,
+        block_size: block,
+        num_kv_heads: kv_heads,
+        head_dim: hd,
+    };
+    let mut cache = g.alloc_kv_cache(shape).unwrap();
+    let table: Vec<f32> = (0..4096 * hd)
+        .map(|i| {
+            let (p, d) = (i / hd, i % hd);
+            let half = hd / 2;
+            let f = (p as f32) / 500000f32.powf((d % half) as f32 / half as f32);
+            if d < half {
+                f.cos()
+            } else {
+                f.sin()
+            }
+        })
+        .collect();
+    let cos_sin = g
+        .load_table(HostTensor {
+            shape: vec![4096, hd],
+            data: HostData::F32(table),
+        })
+        .unwrap();
+    let mut q = g
+        .tensor_from_host(t, heads * hd, &rvec_f32(&mut rng, t * heads * hd, 1.0))
+        .unwrap();
+    let k = g
+        .tensor_from_host(
+            t,
+            kv_heads * hd,
+            &rvec_f32(&mut rng, t * kv_heads * hd, 1.0),
+        )
+        .unwrap();
+    let v = g
+        .tensor_from_host(
+            t,
+            kv_heads * hd,
+            &rvec_f32(&mut rng, t * kv_heads * hd, 1.0),
+        )
+        .unwrap();
+    let secs = time(&g, 20, || {
+        g.rope(&mut q, &s, &cos_sin, hd, RopeStyle::Neox).unwrap();
+    });
+    eprintln!(
+        "bench: 8b rope q {t} rows: {:.3} ms, {:.0} GB/s",
+        secs * 1e3,
+        (t * heads * hd * 4) as f64 / secs / 1e9
+    );
+    let secs = time(&g, 20, || g.store_kv(&k, &v, &mut cache, &s).unwrap());
+    eprintln!(
+        "bench: 8b store_kv {t} rows: {:.3} ms, {:.0} GB/s",
+        secs * 1e3,
+        (t * kv_heads * hd * 2 * 4) as f64 / secs / 1e9
+    );
+    let params = AttentionParams::causal(heads, kv_heads, hd);
+    let secs = time(&g, 10, || {
+        let _ = g.attention(&q, &cache, &s, &params).unwrap();
+    });
+    let flops = 8.0 * 2.0 * 2.0 * heads as f64 * hd as f64 * 1024.0 * 1024.0 / 2.0;
+    eprintln!(
+        "bench: 8b prefill attention 8 x 1024 tokens: {:.3} ms, {:.0} TFLOP/s",
+        secs * 1e3,
+        flops / secs / 1e12
+    );
+}
