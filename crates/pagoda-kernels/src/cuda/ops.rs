@@ -554,7 +554,18 @@ pub(crate) fn rope(
         WeightBuf::F32(_) => "rope_f32",
         WeightBuf::Bf16(_) => "rope_bf16",
     };
-    let n = x.rows * heads * (rd / 2);
+    // x: the (head, pair) items of a row; y: rows (the kernel loops past
+    // the grid's 65,535).
+    let per_row = heads * (rd / 2);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            per_row.div_ceil(THREADS as usize) as u32,
+            x.rows.min(65_535) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
     l.arg(x.bf16_mut(op)?).arg(&positions);
     match &cos_sin.data {
@@ -562,7 +573,7 @@ pub(crate) fn rope(
         WeightBuf::Bf16(d) => l.arg(d),
     };
     l.arg(&nr).arg(&nh).arg(&hd).arg(&rdi).arg(&style);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     Ok(())
 }
 

@@ -218,28 +218,34 @@ extern "C" __global__ void add_f32_f32(float* x, const float* y, long long n) {
     add_impl(x, y, n);
 }
 
-// Rotary embedding in place. One thread per (row, head, pair); the table row
-// of a position holds rd/2 cosines then rd/2 sines. style 0 = NeoX (i pairs
-// with i + rd/2), 1 = interleaved (2i pairs with 2i + 1).
+// Rotary embedding in place. Rows are spread over blockIdx.y (a grid-stride
+// loop past 65,535 rows) and the (head, pair) items of a row over the x
+// dimension, so a row's position and table row are read once per block and
+// no 64-bit division is done per element. The table row of a position holds
+// rd/2 cosines then rd/2 sines. style 0 = NeoX (i pairs with i + rd/2),
+// 1 = interleaved (2i pairs with 2i + 1).
 template <typename T>
 __device__ void rope_impl(bf16* x, const int* positions, const T* table, int n_rows,
                           int n_heads, int head_dim, int rd, int style) {
     int half = rd / 2;
-    long long total = (long long)n_rows * n_heads * half;
-    GRID_STRIDE(t, total) {
-        int i = (int)(t % half);
-        long long rh = t / half;
-        long long r = rh / n_heads;
-        bf16* h = x + rh * head_dim;
+    int per_row = n_heads * half;
+    for (int r = blockIdx.y; r < n_rows; r += gridDim.y) {
         long long trow = (long long)positions[r] * rd;
-        float c = ld(table, trow + i);
-        float s = ld(table, trow + half + i);
-        int a = style == 0 ? i : 2 * i;
-        int b = style == 0 ? i + half : 2 * i + 1;
-        float x1 = bf2f(h[a]);
-        float x2 = bf2f(h[b]);
-        h[a] = f2bf(x1 * c - x2 * s);
-        h[b] = f2bf(x2 * c + x1 * s);
+        bf16* xr = x + (long long)r * n_heads * head_dim;
+        for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < per_row;
+             t += gridDim.x * blockDim.x) {
+            int hh = t / half;
+            int i = t - hh * half;
+            bf16* h = xr + hh * head_dim;
+            float c = ld(table, trow + i);
+            float s = ld(table, trow + half + i);
+            int a = style == 0 ? i : 2 * i;
+            int b = style == 0 ? i + half : 2 * i + 1;
+            float x1 = bf2f(h[a]);
+            float x2 = bf2f(h[b]);
+            h[a] = f2bf(x1 * c - x2 * s);
+            h[b] = f2bf(x2 * c + x1 * s);
+        }
     }
 }
 
