@@ -21,7 +21,7 @@ PAGODA=.device-bin/pagoda
 cfg=/tmp/qwen3-0.6b-smollm2-vocab.json
 python3 -c "import json; c = json.load(open('scripts/gpu/qwen3-0.6b.json')); c.update(vocab_size=49152, bos_token_id=1, eos_token_id=2); json.dump(c, open('$cfg', 'w'))"
 tok=tests/golden/smollm2-tokenizer/tokenizer.json
-shape=(--num-seqs 1024 --min-input 512 --max-input 512 --min-output 256 --max-output 256)
+shape=(--num-seqs 1024 --min-input 512 --max-input 512 --min-output 256 --max-output 256 --temperature 0.6)
 common=(--device cuda --dummy-weights --config "$cfg" --max-model-len 4096)
 echo "== offline, no tokenizer" | tee -a "$LOG"
 $PAGODA bench "${common[@]}" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
@@ -35,7 +35,7 @@ for _ in $(seq 240); do
     sleep 0.5
 done
 $PAGODA bench serve --url http://127.0.0.1:8124 --num-prompts 1024 --max-concurrency 256 \
-    --input-len 512 --output-len 256 --range-ratio 0 --max-token-id 49152 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    --input-len 512 --output-len 256 --range-ratio 0 --max-token-id 49152 --temperature 0.6 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 kill -INT $srv
 wait $srv
 echo "server exit $?" | tee -a "$LOG"
