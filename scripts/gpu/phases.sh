@@ -4,7 +4,8 @@
 # weights) it derives a prefill-only workload (every max_tokens 1) and a
 # decode-heavy one (the first 64 ids of each prompt, the drawn max_tokens),
 # then runs the full draw and both derived ones on each engine (vLLM in one
-# process: scripts/gpu/vllm_phases.py), then pagoda's batch-1 decode step.
+# process: scripts/gpu/vllm_phases.py), the full draw once more on pagoda
+# with no tuning flags, then pagoda's decode steps at batch 1, 64 and 256.
 # Usage: scripts/gpu/phases.sh PEER_DIR SHAPE   (SHAPE: a config in scripts/gpu/)
 # Logs land in $OUT/phases-SHAPE.txt.
 set -uo pipefail
@@ -44,6 +45,8 @@ for ph in prefill decode full; do
     echo "== pagoda $ph" | tee -a "$LOG"
     $PAGODA "${base[@]}" --workload "$OUT/$shape-$ph.jsonl" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 done
+echo "== pagoda full, no tuning flags" | tee -a "$LOG"
+$PAGODA bench --device cuda --dummy-weights --config "$cfg" --workload "$W" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 echo "== vllm prefill decode full" | tee -a "$LOG"
 PYTHONPATH=$SITE python3 scripts/gpu/vllm_phases.py "$dir" "$OUT/$shape-prefill.jsonl" \
     "$OUT/$shape-decode.jsonl" "$OUT/$shape-full.jsonl" 2>>"$OUT/vllm-stderr.txt" | tee -a "$LOG"
