@@ -17,6 +17,8 @@
 //! filled with NaN, so reading any of them, or any unstored slot, shows as a
 //! non-finite output; the output is NaN-poisoned too, so every element must
 //! be written. Errors: relative L2 below 2e-2 per row and 1e-2 overall.
+//! One test captures the windowed split-K decode in a CUDA graph and
+//! replays it for other context lengths.
 //! Without a CUDA device every test prints a notice and passes (fails where
 //! PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
@@ -30,7 +32,7 @@ use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuKvCache, WeightDtype};
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
 use pagoda_kernels::cuda::{attention_kernel, AttentionKernel, CudaBackend, CudaKvCache};
-use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape};
+use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape, SamplingRow};
 
 fn s(context_len: usize, query_len: usize) -> SeqSpec {
     SeqSpec {
@@ -398,5 +400,99 @@ fn other_head_dims_take_the_general_kernel() {
             softcap: Some(50.0),
         };
         run_case(&g, &mut rng, &c, AttentionKernel::General);
+    }
+}
+
+/// `ctx` with every block table widened to `width` blocks (zeros past each
+/// sequence's own), as the engine pads decode steps to a graph's width.
+fn widen(mut ctx: ForwardContext, tables: &[Vec<u32>], width: usize) -> ForwardContext {
+    let n = ctx.num_seqs();
+    ctx.max_blocks_per_seq = width;
+    ctx.block_tables = vec![0; n * width];
+    for (i, t) in tables.iter().enumerate() {
+        ctx.block_tables[i * width..i * width + t.len()].copy_from_slice(t);
+    }
+    ctx.sampling = vec![SamplingRow::GREEDY; n];
+    ctx.validate().expect("consistent widened step");
+    ctx
+}
+
+/// A decode graph captured over the split-K kernel with a window and a cap
+/// replays for steps of the same shape whose contexts are anything from 0
+/// to past the window: the greedy token of every replayed row is an argmax
+/// of the same attention launched directly (the output read as logits).
+/// The capture's contexts are all short, so a grid or an argument that
+/// depended on them would show.
+#[test]
+fn decode_graphs_replay_windowed_attention_for_any_context() {
+    let Some(g) = gpu() else { return };
+    g.set_poison_outputs(false);
+    let mut rng = Rng::new(307);
+    let (n, bs, width) = (4usize, 16usize, 400usize); // tables of 6,400 tokens
+    for ((nh, nkv), hd, window, softcap) in [
+        ((8, 4), 256, Some(512), Some(50.0)),
+        ((16, 2), 128, Some(1000), None),
+        ((8, 1), 64, None, Some(2.0)),
+    ] {
+        let shape = KvCacheShape {
+            num_blocks: n * width + 1,
+            block_size: bs,
+            num_kv_heads: nkv,
+            head_dim: hd,
+        };
+        let mut cache = g.alloc_kv_cache(shape).unwrap();
+        let all = paged_step(
+            &mut rng,
+            &[s(0, shape.num_blocks * bs)],
+            bs,
+            shape.num_blocks,
+            0,
+        );
+        let rows = all.ctx.num_tokens() * nkv * hd;
+        let (k, v) = (rvec(&mut rng, rows, 1.0), rvec(&mut rng, rows, 1.0));
+        store_gpu(&g, &mut cache, &all.ctx, &k, &v);
+        let p = AttentionParams {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let q = g
+            .tensor_from_host(n, nh * hd, &rvec(&mut rng, n * nh * hd, 4.0))
+            .unwrap();
+        let decode = |rng: &mut Rng, lens: &[usize]| {
+            let seqs: Vec<SeqSpec> = lens.iter().map(|&l| s(l, 1)).collect();
+            let st = paged_step(rng, &seqs, bs, shape.num_blocks, 0);
+            widen(st.ctx, &st.tables, width)
+        };
+        let first = decode(&mut rng, &[10, 20, 30, 40]);
+        assert_eq!(attention_kernel(&first, &p), AttentionKernel::SplitKDecode);
+        let step = g.begin_step(&first).unwrap();
+        let mut graph = g
+            .capture_graph(step, &mut |st| g.attention(&q, &cache, st, &p))
+            .expect("capture");
+        for round in 0..4 {
+            let lens: Vec<usize> = (0..n).map(|_| rng.below(width * bs)).collect();
+            let ctx = decode(&mut rng, &lens);
+            let ids = g.replay_graph(&mut graph, &ctx).expect("replay");
+            let st = g.begin_step(&ctx).unwrap();
+            let direct = g
+                .tensor_to_host(&g.attention(&q, &cache, &st, &p).unwrap())
+                .unwrap();
+            let cols = nh * hd;
+            for (r, &id) in ids.iter().enumerate() {
+                let row = &direct[r * cols..(r + 1) * cols];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                assert_eq!(
+                    row[id as usize], max,
+                    "heads {nh}/{nkv} hd {hd} window {window:?} softcap {softcap:?} round \
+                     {round}: row {r} (context {}) replayed argmax {id} is {} but the direct \
+                     launch's maximum is {max}",
+                    lens[r], row[id as usize]
+                );
+            }
+        }
     }
 }
