@@ -7,7 +7,8 @@
 #          Qwen2 with large q/k/v biases (std 0.5), where CUDA must follow
 #          the f32 greedy tokens at least as long as PyTorch's bf16 run;
 #   bench  kernel timings (decode attention bandwidth vs the copy ceiling,
-#          prefill attention, sampling), `pagoda bench single`, `pagoda bench
+#          prefill attention, sliding-window attention at 8k-32k contexts,
+#          sampling), `pagoda bench single`, `pagoda bench
 #          decode` at batch 1/64/256 with graphs and eagerly, and a short
 #          offline `pagoda bench`, all on the Qwen3-0.6B shape (dummy weights);
 #   soak   the workload of widely varying step shapes (3,000 requests,

@@ -2,8 +2,10 @@
 //! bf16-rounded K/V/Q: prefill with and without a cached prefix, decode,
 //! mixed varlen steps, GQA ratios 1/2/4/8, head_dim 64 and 128, block sizes
 //! that do and do not divide the lengths, shuffled block tables and slot -1
-//! padding; sliding windows and logit soft-capping (head_dim 64 and 256). The output is NaN-poisoned first, so every element must be
-//! written. Without a CUDA device every test prints a notice and passes
+//! padding; sliding windows and logit soft-capping (head_dim 64 and 256,
+//! which take the tiled prefill and split-K decode kernels; the
+//! `cuda_attention_variants` tests cover those variants in depth). The
+//! output is NaN-poisoned first, so every element must be written. Without a CUDA device every test prints a notice and passes
 //! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
 

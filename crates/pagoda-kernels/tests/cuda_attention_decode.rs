@@ -10,7 +10,9 @@
 //! context 0, reading block 0). Outputs are NaN-poisoned first, so every
 //! element must be written; errors are checked over the whole output and per
 //! (row, head). One test checks that the decode path really runs (it takes
-//! its split-K scratch from the pool, the general kernel takes none).
+//! its split-K scratch from the pool, the general kernel takes none), also
+//! at head_dim 256 with a window and a cap; `cuda_attention_variants` covers
+//! those variants' numbers.
 //! Without a CUDA device every test prints a notice and passes
 //! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
@@ -284,16 +286,21 @@ fn decode_only_padding_and_single_tokens() {
     }
 }
 
-/// The decode path takes `num_seqs * num_heads * max_partitions * head_dim`
+/// The decode path takes `num_seqs * num_heads * partitions * head_dim`
 /// f32 of split-K scratch from the pool; the general kernel takes none. A
 /// fresh backend's pool therefore grows by at least that much only when the
-/// decode kernels ran (head_dim 128, group 8), and not for head_dim 96,
-/// which falls back to the general kernel.
+/// decode kernels ran (head_dim 128, group 8; head_dim 256 with a sliding
+/// window and soft-capping, its partitions covering the window only), and
+/// not for head_dim 96, which falls back to the general kernel.
 #[test]
 fn decode_steps_take_the_split_k_path() {
     let Some(_) = gpu() else { return };
     let mut rng = Rng::new(27);
-    for (hd, expect_decode) in [(128, true), (96, false)] {
+    for (hd, window, expect_decode) in [
+        (128, None, true),
+        (96, None, false),
+        (256, Some(1024), true),
+    ] {
         let g = gpu().expect("CUDA backend");
         let (nh, nkv, bs) = (16, 2, 16);
         let lens = [3000usize, 10, 600, 1];
@@ -326,12 +333,16 @@ fn decode_steps_take_the_split_k_path() {
             num_kv_heads: nkv,
             head_dim: hd,
             scale: 0.1,
-            window: None,
-            softcap: None,
+            window,
+            softcap: window.map(|_| 50.0),
         };
-        let max_parts = (step.ctx.max_blocks_per_seq * bs).div_ceil(PARTITION);
-        assert!(max_parts >= 6, "test needs a wide block table");
-        let scratch = t * nh * max_parts * hd * 4;
+        let width = step.ctx.max_blocks_per_seq * bs;
+        assert!(
+            width.div_ceil(PARTITION) >= 6,
+            "test needs a wide block table"
+        );
+        let parts = window.map_or(width, |w| w.min(width)).div_ceil(PARTITION);
+        let scratch = t * nh * parts * hd * 4;
         let before = g.pool_reserved_bytes();
         let y = g.attention(&q, &cache, &st, &p).unwrap();
         g.synchronize().unwrap();

@@ -2,9 +2,14 @@
 //! runs them with `--ignored`): decode attention at batch 256 with
 //! 1,000-token contexts on the Qwen3-0.6B attention shape against the
 //! measured copy bandwidth, prefill attention of a 512-token prompt, and
-//! device sampling of 256 rows of a 151,936-token vocabulary. Each figure
-//! is the median of several timed repeats (host clock around a device
-//! synchronization, after a warm-up); inputs are random, never zeros.
+//! device sampling of 256 rows of a 151,936-token vocabulary; then, on
+//! Gemma 2 9B's attention shape (16 heads over 8 kv heads of 256, soft-cap
+//! 50), decode (batch 32) and a 2,048-token prefill chunk at 8k, 16k and
+//! 32k tokens of context with no window and windows of 4,096 and 512, each
+//! with its time relative to 8k (out-of-window KV is skipped, so windowed
+//! times should stay flat). Each figure is the median of several timed
+//! repeats (host clock around a device synchronization, after a warm-up);
+//! inputs are random, never zeros.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -14,7 +19,7 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cuda::testing::gpu;
-use pagoda_kernels::cuda::CudaBackend;
+use pagoda_kernels::cuda::{CudaBackend, CudaKvCache};
 use pagoda_kernels::{AttentionParams, Backend, KvCacheShape, SamplingRow};
 use std::time::Instant;
 
@@ -34,11 +39,50 @@ fn time(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
     v[v.len() / 2]
 }
 
-/// The attention step of `seqs` (all prompts or all decodes) on a cache
-/// whose every slot holds random K/V.
-fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
+/// Fills every slot of `cache` with random K/V, 8,192 slots per store
+/// (the same random rows each time: the timings need non-zero data only).
+fn fill_cache(g: &CudaBackend, cache: &mut CudaKvCache, rng: &mut Rng) {
+    let sh = cache.shape();
+    let (slots, width) = (sh.num_blocks * sh.block_size, sh.num_kv_heads * sh.head_dim);
+    let chunk = 8192.min(slots);
+    let k = g
+        .tensor_from_host(chunk, width, &rvec_f32(rng, chunk * width, 1.0))
+        .unwrap();
+    let v = g
+        .tensor_from_host(chunk, width, &rvec_f32(rng, chunk * width, 1.0))
+        .unwrap();
+    let mut ctx = paged_step(
+        rng,
+        &[SeqSpec {
+            context_len: 0,
+            query_len: chunk,
+        }],
+        sh.block_size,
+        chunk.div_ceil(sh.block_size),
+        0,
+    )
+    .ctx;
+    for lo in (0..slots).step_by(chunk) {
+        for (i, s) in ctx.slot_mapping.iter_mut().enumerate() {
+            *s = if lo + i < slots { (lo + i) as i64 } else { -1 };
+        }
+        let s = g.begin_step(&ctx).unwrap();
+        g.store_kv(&k, &v, cache, &s).unwrap();
+    }
+}
+
+/// The attention step of `seqs` (all prompts or all decodes) with
+/// `heads` (num_heads, num_kv_heads, head_dim) and the variant `p_var`
+/// (window, soft-cap), on a cache whose every slot holds random K/V.
+fn attention_case_with(
+    g: &CudaBackend,
+    seqs: &[SeqSpec],
+    (nh, nkv, hd): (usize, usize, usize),
+    (window, softcap): (Option<usize>, Option<f32>),
+    label: &str,
+) -> f64 {
     let mut rng = Rng::new(7);
-    let (nh, nkv, hd, bs) = (16, 8, 128, 16);
+    let bs = 16;
     let needed: usize = seqs
         .iter()
         .map(|s| (s.context_len + s.query_len).div_ceil(bs))
@@ -51,22 +95,7 @@ fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
     };
     let mut cache = g.alloc_kv_cache(shape).unwrap();
     let step = paged_step(&mut rng, seqs, bs, shape.num_blocks, 0);
-    // Fill every slot the step reads: the prefixes, then the step's tokens.
-    let pre = prefix_step(&step, seqs);
-    for ctx in [&pre, &step.ctx] {
-        let rows = ctx.num_tokens();
-        if rows == 0 {
-            continue;
-        }
-        let s = g.begin_step(ctx).unwrap();
-        let k = g
-            .tensor_from_host(rows, nkv * hd, &rvec_f32(&mut rng, rows * nkv * hd, 1.0))
-            .unwrap();
-        let v = g
-            .tensor_from_host(rows, nkv * hd, &rvec_f32(&mut rng, rows * nkv * hd, 1.0))
-            .unwrap();
-        g.store_kv(&k, &v, &mut cache, &s).unwrap();
-    }
+    fill_cache(g, &mut cache, &mut rng);
     let t = step.ctx.num_tokens();
     let q = g
         .tensor_from_host(t, nh * hd, &rvec_f32(&mut rng, t * nh * hd, 1.0))
@@ -77,14 +106,52 @@ fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
         num_kv_heads: nkv,
         head_dim: hd,
         scale: 1.0 / (hd as f32).sqrt(),
-        window: None,
-        softcap: None,
+        window,
+        softcap,
     };
+    eprintln!(
+        "{label}: {:?} kernel",
+        pagoda_kernels::cuda::attention_kernel(&step.ctx, &p)
+    );
     let secs = time(g, 20, || {
         let _ = g.attention(&q, &cache, &s, &p).unwrap();
     });
     eprintln!("{label}: {:.3} ms", secs * 1e3);
     secs
+}
+
+/// [`attention_case_with`] on the Qwen3-0.6B attention shape, full attention.
+fn attention_case(g: &CudaBackend, seqs: &[SeqSpec], label: &str) -> f64 {
+    attention_case_with(g, seqs, (16, 8, 128), (None, None), label)
+}
+
+/// Decode (batch 32) and a 2,048-token prefill chunk on Gemma 2 9B's
+/// attention shape at 8k-32k tokens of context, without and with windows.
+fn window_timings(g: &CudaBackend) {
+    let shape = (16, 8, 256);
+    for (kind, batch, query) in [("decode b32", 32, 1), ("prefill chunk 2048", 1, 2048)] {
+        for window in [None, Some(4096), Some(512)] {
+            let mut base = None;
+            for ctx in [8192, 16384, 32768] {
+                let seqs = vec![
+                    SeqSpec {
+                        context_len: ctx - query,
+                        query_len: query
+                    };
+                    batch
+                ];
+                let label = format!("{kind} hd256 ctx {ctx} window {window:?} softcap 50");
+                let secs = attention_case_with(g, &seqs, shape, (window, Some(50.0)), &label);
+                let ratio = secs / *base.get_or_insert(secs);
+                eprintln!(
+                    "bench: attention {kind} gemma2-9b layer ctx {ctx} window {}: {:.3} ms \
+                     ({ratio:.2}x ctx 8192)",
+                    window.map_or("none".to_string(), |w| w.to_string()),
+                    secs * 1e3
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -132,6 +199,8 @@ fn kernel_timings() {
         secs * 1e3,
         flops / secs / 1e12
     );
+
+    window_timings(&g);
 
     // Sampling: 256 rows of 151,936 logits, temperature 0.6, top-p 0.9.
     let (rows, vocab) = (256, 151_936);

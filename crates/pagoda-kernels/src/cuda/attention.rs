@@ -6,10 +6,16 @@
 //! launch will touch is checked on the host first (from the step's maxima, or
 //! the copy list), so a bad request is a shape error, never a stray write.
 //!
-//! Attention is one launch of `paged_attention_bf16` over (token, head) for
-//! any mix of prefill and decode (see `kernels/attention.cu`); it supports
-//! head_dim up to 256 and needs num_heads to be a multiple of num_kv_heads.
+//! Attention goes to one of three kernels, chosen by
+//! [`super::attention_path::attention_kernel`]: the split-K decode kernel
+//! (`attention_decode.rs`), the tiled prefill kernel (`attention_prefill.rs`),
+//! or, for what they do not take (other head dims, decode groups past 8),
+//! one launch of the general `paged_attention_bf16` over (token, head) for
+//! any mix of prefill and decode (see `kernels/attention.cu`), which supports
+//! head_dim up to 256. All three take the sliding window and the soft-cap,
+//! and all need num_heads to be a multiple of num_kv_heads.
 
+use super::attention_path::AttentionKernel;
 use super::ops::elems_cfg;
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
@@ -23,6 +29,13 @@ const ATT_WARPS: u32 = 4;
 
 fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
+}
+
+/// The window as the kernels take it: 0 for none (a window past i32 covers
+/// every context anyway, positions being 32-bit). The cap is passed as
+/// `softcap.unwrap_or(0.0)` (0: none).
+pub(crate) fn window_arg(p: &AttentionParams) -> i32 {
+    p.window.and_then(|w| i32::try_from(w).ok()).unwrap_or(0)
 }
 
 fn i32_of(v: usize, op: &'static str) -> Result<i32> {
@@ -224,17 +237,14 @@ pub(crate) fn attention(
 ) -> Result<CudaTensor> {
     let op = "attention";
     check(q, cache, step, p)?;
-    // Sliding windows and soft-capping are parameters of the general kernel
-    // below only; the tiled prefill and split-K decode kernels take neither.
-    let plain = p.window.is_none() && p.softcap.is_none();
-    if plain && step.ctx.max_query_len == 1 && super::attention_decode::supported(step, p) {
-        return super::attention_decode::decode_attention(b, q, cache, step, p);
-    }
-    if plain
-        && step.ctx.max_query_len > 1
-        && super::attention_prefill::supports_head_dim(p.head_dim)
-    {
-        return super::attention_prefill::prefill_attention(b, q, cache, step, p);
+    match super::attention_path::attention_kernel(&step.ctx, p) {
+        AttentionKernel::SplitKDecode => {
+            return super::attention_decode::decode_attention(b, q, cache, step, p)
+        }
+        AttentionKernel::TiledPrefill => {
+            return super::attention_prefill::prefill_attention(b, q, cache, step, p)
+        }
+        AttentionKernel::General => {}
     }
     let mut y = b.output(q.rows, q.cols)?;
     if y.numel() == 0 || p.num_heads == 0 {
@@ -262,9 +272,7 @@ pub(crate) fn attention(
         i32_of(p.num_kv_heads, op)?,
         i32_of(p.head_dim, op)?,
     );
-    // 0: no window (a window past i32 covers every context anyway) / no cap.
-    let window = p.window.and_then(|w| i32::try_from(w).ok()).unwrap_or(0);
-    let softcap = p.softcap.unwrap_or(0.0);
+    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let mut l = b
         .dev
         .stream

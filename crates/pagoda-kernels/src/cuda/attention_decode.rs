@@ -2,25 +2,32 @@
 //! the split-K, GQA-aware kernels of `kernels/attention_decode.cu`.
 //!
 //! Owns the choice of kernel for (head_dim, group) and the two launches:
-//! `paged_decode_attention_bf16_hd{64,128}_g{1,2,4,8}` over (sequence, kv
-//! head, partition of [`PARTITION`] tokens), each block attending all query
-//! heads of its kv head's group, then `paged_decode_reduce_bf16` over
+//! `paged_decode_attention_bf16_hd{64,128,256}_g{1,2,4,8}` over (sequence,
+//! kv head, partition of [`PARTITION`] tokens), each block attending all
+//! query heads of its kv head's group, then `paged_decode_reduce_bf16` over
 //! (sequence, head) to merge the partitions of sequences that have several.
+//! The layer's sliding window and soft-cap are kernel arguments.
 //!
 //! Invariants:
 //! - Launch shapes and kernel arguments depend only on the step's shape
-//!   (num_seqs, heads, head_dim, block_size, max_blocks_per_seq), never on
-//!   context lengths, so a captured decode graph replays for any step of the
-//!   same shape. `max_partitions = ceil(max_blocks_per_seq * block_size /
-//!   PARTITION)`; blocks past a sequence's end exit at once.
+//!   (num_seqs, heads, head_dim, block_size, max_blocks_per_seq) and the
+//!   layer's constant parameters (window, soft-cap, scale), never on context
+//!   lengths, so a captured decode graph replays for any step of the same
+//!   shape. [`partitions`] is `ceil(min(window, max_blocks_per_seq *
+//!   block_size) / PARTITION)` (no window term without a window); blocks
+//!   past a sequence's end exit at once.
 //! - Token `i` is sequence `i` (checked: `cu_seqlens_q[i] == i`), and it
-//!   attends cache positions `0..=context_lens[i]`.
+//!   attends cache positions `0..=context_lens[i]`, or only the last
+//!   `window` of them: the partitions then start at the window's first
+//!   position, so blocks before it are never read and a long context costs
+//!   what its window costs.
 //! - Scratch comes from the backend's pool (two f32 buffers of
-//!   `num_seqs * num_heads * max_partitions * (head_dim + 2)` floats in all,
-//!   only when `max_partitions > 1`); no other device allocation.
-//! - [`supported`] is false for head_dim other than 64/128, groups past 8 and
-//!   steps with a query of another length; callers then use the general
-//!   kernel of [`super::attention`].
+//!   `num_seqs * num_heads * partitions * (head_dim + 2)` floats in all,
+//!   only when `partitions > 1`); no other device allocation.
+//! - [`supported`] is false for head_dims outside
+//!   [`super::attention_path::FAST_HEAD_DIMS`], groups past 8 and steps with
+//!   a query of another length; callers then use the general kernel of
+//!   [`super::attention`].
 //!
 //! Costs: each K/V byte a sequence's length reaches is read once per kv head
 //! group with 16-byte loads; the partials add `2 * (head_dim + 2) * 4` bytes
@@ -28,10 +35,10 @@
 //! of the K/V bytes at head_dim 128, group 2). The kernel file's header has
 //! the numbers at the Qwen3-0.6B shape.
 
-use super::attention::check;
+use super::attention::{check, window_arg};
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
-use crate::{AttentionParams, KernelError, Result};
+use crate::{AttentionParams, ForwardContext, KernelError, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Tokens per partition (must match `DEC_PARTITION` in attention_decode.cu).
@@ -62,22 +69,29 @@ fn kernel_name(head_dim: usize, group: usize) -> Option<&'static str> {
         (128, 2) => "paged_decode_attention_bf16_hd128_g2",
         (128, 4) => "paged_decode_attention_bf16_hd128_g4",
         (128, 8) => "paged_decode_attention_bf16_hd128_g8",
+        (256, 1) => "paged_decode_attention_bf16_hd256_g1",
+        (256, 2) => "paged_decode_attention_bf16_hd256_g2",
+        (256, 4) => "paged_decode_attention_bf16_hd256_g4",
+        (256, 8) => "paged_decode_attention_bf16_hd256_g8",
         _ => return None,
     })
 }
 
-/// Partitions of the widest sequence the step's block table can hold.
-pub(crate) fn max_partitions(step: &CudaStep) -> usize {
-    (step.ctx.max_blocks_per_seq * step.ctx.block_size)
+/// Partitions (the grid's z) of the widest span a query of this step can
+/// see: the block table's width in tokens, or the window where narrower.
+pub(crate) fn partitions(ctx: &ForwardContext, window: Option<usize>) -> usize {
+    let width = ctx.max_blocks_per_seq * ctx.block_size;
+    window
+        .map_or(width, |w| w.min(width))
         .div_ceil(PARTITION)
         .max(1)
 }
 
-/// Whether the decode kernels take this step: head_dim 64 or 128, a group
-/// of 1..=8 query heads per kv head, one query token per sequence, and a
-/// grid within CUDA's limits.
-pub(crate) fn supported(step: &CudaStep, p: &AttentionParams) -> bool {
-    let ctx = &step.ctx;
+/// Whether the decode kernels take this step: a head_dim of
+/// [`super::attention_path::FAST_HEAD_DIMS`], a group of 1..=8 query heads
+/// per kv head, one query token per sequence, and a grid within CUDA's
+/// limits.
+pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
     p.num_kv_heads > 0
         && p.num_heads.is_multiple_of(p.num_kv_heads)
         && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads).is_some()
@@ -87,7 +101,7 @@ pub(crate) fn supported(step: &CudaStep, p: &AttentionParams) -> bool {
             .iter()
             .enumerate()
             .all(|(i, &c)| c as usize == i)
-        && max_partitions(step) <= MAX_GRID_YZ
+        && partitions(ctx, p.window) <= MAX_GRID_YZ
         && p.num_heads <= MAX_GRID_YZ
 }
 
@@ -111,7 +125,7 @@ pub(crate) fn decode_attention(
     let op = "decode_attention";
     check(q, cache, step, p)?;
     let name = match kernel_name(p.head_dim, p.num_heads / p.num_kv_heads) {
-        Some(n) if supported(step, p) => n,
+        Some(n) if supported(&step.ctx, p) => n,
         _ => {
             return Err(KernelError::Unsupported(format!(
                 "decode attention with {p:?} over {} tokens in {} sequences",
@@ -128,7 +142,7 @@ pub(crate) fn decode_attention(
     if y.numel() == 0 || seqs == 0 {
         return Ok(y);
     }
-    let parts = max_partitions(step);
+    let parts = partitions(&step.ctx, p.window);
     let per_head = seqs * p.num_heads * parts;
     let (acc_len, ml_len) = if parts > 1 {
         (per_head * p.head_dim, per_head * 2)
@@ -146,6 +160,7 @@ pub(crate) fn decode_attention(
         i32_of(p.head_dim, op)?,
         i32_of(parts, op)?,
     );
+    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let cfg = LaunchConfig {
         grid_dim: (i32_of(seqs, op)? as u32, nkv as u32, np as u32),
         block_dim: (THREADS, 1, 1),
@@ -165,7 +180,9 @@ pub(crate) fn decode_attention(
         .arg(&nh)
         .arg(&nkv)
         .arg(&np)
-        .arg(&p.scale);
+        .arg(&p.scale)
+        .arg(&window)
+        .arg(&softcap);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     if parts == 1 {
         return Ok(y);
@@ -187,7 +204,8 @@ pub(crate) fn decode_attention(
         .arg(&bs)
         .arg(&nh)
         .arg(&hd)
-        .arg(&np);
+        .arg(&np)
+        .arg(&window);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     Ok(y)
 }
@@ -198,7 +216,7 @@ mod tests {
 
     #[test]
     fn kernel_choice_covers_groups_up_to_eight() {
-        for hd in [64, 128] {
+        for hd in super::super::attention_path::FAST_HEAD_DIMS {
             for g in 1..=8 {
                 let name = kernel_name(hd, g).expect("supported");
                 let inst = match g {
@@ -214,9 +232,29 @@ mod tests {
             assert!(kernel_name(hd, 0).is_none());
             assert!(kernel_name(hd, 9).is_none());
         }
-        for hd in [32, 80, 96, 256] {
+        for hd in [32, 80, 96, 192, 512] {
             assert!(kernel_name(hd, 2).is_none());
         }
+    }
+
+    #[test]
+    fn partitions_cover_the_window_only() {
+        let ctx = ForwardContext {
+            block_size: 16,
+            max_blocks_per_seq: 2048, // 32,768 tokens
+            ..Default::default()
+        };
+        assert_eq!(partitions(&ctx, None), 64);
+        assert_eq!(partitions(&ctx, Some(4096)), 8);
+        assert_eq!(partitions(&ctx, Some(4097)), 9);
+        assert_eq!(partitions(&ctx, Some(512)), 1);
+        assert_eq!(partitions(&ctx, Some(1)), 1);
+        assert_eq!(partitions(&ctx, Some(1 << 40)), 64);
+        let narrow = ForwardContext {
+            max_blocks_per_seq: 3,
+            ..ctx
+        };
+        assert_eq!(partitions(&narrow, Some(4096)), 1);
     }
 
     #[test]

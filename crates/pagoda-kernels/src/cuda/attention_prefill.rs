@@ -1,39 +1,99 @@
-//! Tiled prefill attention: the launch of `prefill_attention_bf16_hd{64,128}`
-//! (see `kernels/attention_prefill.cu`) for steps whose longest query is more
-//! than one token.
+//! Tiled prefill attention: the launch of
+//! `prefill_attention_bf16_hd{64,128,256}` (see `kernels/attention_prefill.cu`)
+//! for steps whose longest query is more than one token.
 //!
 //! Semantics are exactly those of the simple `paged_attention_bf16` launch in
 //! [`super::attention`] (causal over the paged cache, cached prefix, GQA, any
-//! mix of prompt chunks and decode tokens in one step), and the host-side
-//! checks are the same function ([`super::attention::check`]), so every
-//! block id the kernel reads has been checked against the cache first.
+//! mix of prompt chunks and decode tokens in one step, the layer's sliding
+//! window and soft-cap as kernel arguments), and the host-side checks are the
+//! same function ([`super::attention::check`]), so every block id the kernel
+//! reads has been checked against the cache first.
 //!
-//! Invariants: head_dim is 64 or 128 (the caller falls back to the simple
-//! kernel otherwise); the grid is sized from the step's real longest query
-//! (computed here from `cu_seqlens_q`, not trusted from `max_query_len`), so
-//! every row of q is written. The grid depends on that length, so this
-//! launch belongs to eager prefill steps, not to captured decode graphs.
+//! Invariants: head_dim is one of [`super::attention_path::FAST_HEAD_DIMS`]
+//! (the caller falls back to the simple kernel otherwise); the grid is sized
+//! from the step's real longest query (computed here from `cu_seqlens_q`,
+//! not trusted from `max_query_len`), so every row of q is written. The grid
+//! depends on that length, so this launch belongs to eager prefill steps,
+//! not to captured decode graphs. With a window, a query tile reads only the
+//! key tiles its rows' windows reach (at most `window + 64` keys past the
+//! tile's first row's first key), whatever the context length.
 //!
 //! Costs: one launch; no device memory besides the output; grid
 //! `(ceil(max_query_len / 64), num_seqs, num_heads)` blocks of 128 threads,
-//! each reading its Q tile once and every key its last row sees once (K and
-//! V through L2, once per query head); 35 KB (head_dim 128) or 18 KB of
-//! static shared memory per block. O(num_seqs) host work for the grid size.
+//! each reading its Q tile once and every key its rows see once (K and V
+//! through L2, once per query head); [`smem_bytes`] of dynamic shared memory
+//! per block (18 KB at head_dim 64, 35 KB at 128, 67.5 KB at 256, the last
+//! past the 48 KB default, raised by [`configure`] when the module loads).
+//! O(num_seqs) host work for the grid size.
 
-use super::attention::check;
+use super::attention::{check, window_arg};
+use super::attention_path::FAST_HEAD_DIMS;
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
-use crate::{AttentionParams, KernelError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use crate::{AttentionParams, ForwardContext, KernelError, Result};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
 
 /// Query rows per block (must match `PF_BLOCK_M` in attention_prefill.cu).
 const BLOCK_M: usize = 64;
 /// Threads per block (must match `PF_THREADS`).
 const THREADS: u32 = 128;
+/// Rows of shared memory per block (must match `PF_SMEM_ROWS`), each
+/// `head_dim + PAD` bf16 (`PF_PAD`).
+const SMEM_ROWS: usize = 128;
+const PAD: usize = 8;
+/// Largest grid y/z dimension.
+const MAX_GRID_YZ: usize = 65_535;
 
-/// Whether the tiled kernel has an instantiation for `head_dim`.
-pub(crate) fn supports_head_dim(head_dim: usize) -> bool {
-    matches!(head_dim, 64 | 128)
+/// The entry point for `head_dim`, if the kernel is instantiated for it.
+fn kernel_name(head_dim: usize) -> Option<&'static str> {
+    Some(match head_dim {
+        64 => "prefill_attention_bf16_hd64",
+        128 => "prefill_attention_bf16_hd128",
+        256 => "prefill_attention_bf16_hd256",
+        _ => return None,
+    })
+}
+
+/// Dynamic shared memory of one block at `head_dim`.
+pub(crate) fn smem_bytes(head_dim: usize) -> usize {
+    SMEM_ROWS * (head_dim + PAD) * 2
+}
+
+/// Lets every instantiation use the dynamic shared memory it needs (past
+/// 48 KB only at head_dim 256: 67,584 bytes, within every GPU that runs
+/// these kernels at all, sm_80 and newer, which have 99 KB or more).
+pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
+    for hd in FAST_HEAD_DIMS {
+        let bytes = smem_bytes(hd);
+        let Some(name) = kernel_name(hd) else {
+            continue;
+        };
+        // Every listed kernel is loaded (the module load checks that).
+        let Some(f) = kernels.get(name) else {
+            continue;
+        };
+        if bytes > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| {
+                KernelError::Device(format!(
+                    "{name} needs {bytes} bytes of shared memory per block: {e:?}"
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the tiled kernel takes this step's attention: a head_dim of
+/// [`FAST_HEAD_DIMS`] and a grid within CUDA's limits (any query group, any
+/// window or soft-cap). The caller checks that some query is longer than one.
+pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
+    kernel_name(p.head_dim).is_some() && ctx.num_seqs() <= MAX_GRID_YZ && p.num_heads <= MAX_GRID_YZ
 }
 
 fn u32_of(v: usize, op: &'static str) -> Result<u32> {
@@ -53,14 +113,11 @@ pub(crate) fn prefill_attention(
 ) -> Result<CudaTensor> {
     let op = "prefill_attention";
     check(q, cache, step, p)?;
-    let kernel = match p.head_dim {
-        64 => "prefill_attention_bf16_hd64",
-        128 => "prefill_attention_bf16_hd128",
-        d => {
-            return Err(KernelError::Unsupported(format!(
-                "tiled prefill attention with head_dim {d} (takes 64 or 128)"
-            )))
-        }
+    let Some(kernel) = kernel_name(p.head_dim) else {
+        return Err(KernelError::Unsupported(format!(
+            "tiled prefill attention with head_dim {} (takes {FAST_HEAD_DIMS:?})",
+            p.head_dim
+        )));
     };
     let mut y = b.output(q.rows, q.cols)?;
     let ctx = &step.ctx;
@@ -80,7 +137,7 @@ pub(crate) fn prefill_attention(
     let cfg = LaunchConfig {
         grid_dim: (u32_of(longest.div_ceil(BLOCK_M), op)?, grid_y, grid_z),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: smem_bytes(p.head_dim) as u32,
     };
     let (cu_q, ctx_lens, tables) = (
         step.view(step.cu_seqlens_q),
@@ -93,6 +150,7 @@ pub(crate) fn prefill_attention(
             detail: format!("{v} does not fit in 32 bits"),
         })
     };
+    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let (mbps, bs, nh, nkv) = (
         i32_of(ctx.max_blocks_per_seq)?,
         i32_of(cache.shape.block_size)?,
@@ -111,7 +169,33 @@ pub(crate) fn prefill_attention(
         .arg(&bs)
         .arg(&nh)
         .arg(&nkv)
-        .arg(&p.scale);
+        .arg(&p.scale)
+        .arg(&window)
+        .arg(&softcap);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_match_the_kernel_source() {
+        let src = include_str!("kernels/attention_prefill.cu");
+        assert!(src.contains(&format!("#define PF_BLOCK_M {BLOCK_M}\n")));
+        assert!(src.contains(&format!("#define PF_THREADS {THREADS}\n")));
+        assert!(src.contains(&format!("#define PF_SMEM_ROWS {SMEM_ROWS}\n")));
+        assert!(src.contains(&format!("#define PF_PAD {PAD}\n")));
+        for hd in FAST_HEAD_DIMS {
+            let name = kernel_name(hd).expect("instantiated");
+            assert!(src.contains(&format!("{name}(PF_ARGS)")), "{name}");
+            assert!(super::super::compile::KERNELS.contains(&name), "{name}");
+        }
+        assert_eq!(smem_bytes(128), 34_816);
+        assert_eq!(smem_bytes(256), 67_584);
+        for hd in [32, 80, 96, 192] {
+            assert!(kernel_name(hd).is_none());
+        }
+    }
 }

@@ -98,9 +98,14 @@ pub(crate) const KERNELS: &[&str] = &[
     "paged_decode_attention_bf16_hd128_g2",
     "paged_decode_attention_bf16_hd128_g4",
     "paged_decode_attention_bf16_hd128_g8",
+    "paged_decode_attention_bf16_hd256_g1",
+    "paged_decode_attention_bf16_hd256_g2",
+    "paged_decode_attention_bf16_hd256_g4",
+    "paged_decode_attention_bf16_hd256_g8",
     "paged_decode_reduce_bf16",
     "prefill_attention_bf16_hd64",
     "prefill_attention_bf16_hd128",
+    "prefill_attention_bf16_hd256",
 ];
 
 /// The whole program: every source file, each behind a `#line` marker so

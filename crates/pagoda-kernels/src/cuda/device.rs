@@ -106,6 +106,7 @@ impl Device {
                 .map_err(|e| err(format!("kernel {k} missing from the module: {e:?}")))?;
             kernels.insert(k, f);
         }
+        super::attention_prefill::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
         Ok(Device {

@@ -16,11 +16,14 @@
 //! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
 //! and its disk cache), [`storage`] (types, the packed step), [`ops`] (linear,
 //! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
-//! attention), [`testing`] (helpers of the CUDA test binaries); the kernels
+//! attention; the kernel choice in [`attention_path`], the split-K decode
+//! and tiled prefill kernels' launches in `attention_decode` and
+//! `attention_prefill`), [`testing`] (helpers of the CUDA test binaries); the kernels
 //! themselves are in `kernels/*.cu`.
 
 mod attention;
 mod attention_decode;
+mod attention_path;
 mod attention_prefill;
 mod blaslt;
 mod compile;
@@ -35,6 +38,7 @@ mod storage;
 pub mod testing;
 mod token_masks;
 
+pub use attention_path::{attention_kernel, AttentionKernel, FAST_HEAD_DIMS};
 pub use graph::CudaGraphRunner;
 pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};

@@ -10,8 +10,9 @@
 // partial results are merged through shared memory at the end. Correctness
 // first: each query token re-reads its keys (prefill tiles come later).
 // With window > 0 only the last `window` of those positions are seen; with
-// softcap > 0 each scaled score s becomes softcap * tanh(s / softcap). This
-// kernel is the one that takes those variants.
+// softcap > 0 each scaled score s becomes softcap * tanh(s / softcap). The
+// tiled prefill and split-K decode kernels take the same variants; this one
+// runs what they do not take (see attention_path.rs).
 
 #define ATT_WARPS 4
 #define ATT_MAX_PER_LANE 8  // head_dim <= 256

@@ -4,22 +4,30 @@
 // Launches (shapes depend only on the step's shape, never on its values, so
 // a CUDA graph captured for one decode step replays for any other of the same
 // shape):
-//   1. paged_decode_attention_bf16_hd{64,128}_g{1,2,4,8}: grid (num_seqs,
-//      num_kv_heads, max_partitions), DEC_THREADS threads. Block (s, kv, p)
-//      attends ALL query heads of kv head `kv`'s group (group = num_heads /
-//      num_kv_heads <= G; heads past `group` are masked) over cache positions
-//      [p * DEC_PARTITION, min((p + 1) * DEC_PARTITION, seq_len)) of sequence
-//      s, where seq_len = context_lens[s] + 1 (token s is sequence s's query).
+//   1. paged_decode_attention_bf16_hd{64,128,256}_g{1,2,4,8}: grid
+//      (num_seqs, num_kv_heads, max_partitions), DEC_THREADS threads. Block
+//      (s, kv, p) attends ALL query heads of kv head `kv`'s group (group =
+//      num_heads / num_kv_heads <= G; heads past `group` are masked) over
+//      cache positions [first + p * DEC_PARTITION, min(first + (p + 1) *
+//      DEC_PARTITION, seq_len)) of sequence s, where seq_len =
+//      context_lens[s] + 1 (token s is sequence s's query) and first = 0, or
+//      seq_len - window with a sliding window (window > 0): the partitions
+//      cover only the window, and no position before it is read.
 //      Each K/V byte is read once per group, with 16-byte (8 x bf16) loads.
 //      A block whose partition starts at or past seq_len exits at once. When
 //      the sequence has ONE partition the block writes the bf16 output itself;
 //      otherwise it writes, per head, the partition's max logit m and exp sum
 //      l (f32, log2 domain) and its UNNORMALIZED sum_t 2^(s_t - m) v_t (f32).
+//      With softcap > 0 each score is soft-capped (softcap_score, in the
+//      log2 domain) in shared memory before the softmax.
 //   2. paged_decode_reduce_bf16: grid (num_seqs, num_heads), 128 threads;
 //      merges the partitions of sequences that have more than one (the
 //      others return at once: launch 1 already wrote them). Skipped by the
 //      host when max_partitions == 1.
-//   max_partitions = ceil(max_blocks_per_seq * block_size / DEC_PARTITION).
+//   max_partitions = ceil(min(window, max_blocks_per_seq * block_size) /
+//   DEC_PARTITION) (the window term only with a window): it depends on the
+//   step's block-table width and the layer's constant window, never on
+//   context lengths.
 //
 // Inside a block of launch 1 (DEC_WARPS warps):
 //   - phase 0: the cache slot of every token of the partition goes to shared
@@ -38,9 +46,10 @@
 //   - phase 3 (PV): same lane layout on V, acc[G][8] in f32 registers; then
 //     a shuffle reduction over the tokens of a warp and a shared-memory one
 //     over the warps.
-// Shared memory: DEC_PARTITION ints + DEC_PARTITION * G floats (+ a little),
-// i.e. 18 KiB at G = 8. The cross-warp acc (DEC_WARPS * G * head_dim floats)
-// reuses the score buffer, which needs DEC_WARPS * head_dim <= DEC_PARTITION.
+// Shared memory: DEC_PARTITION ints + max(DEC_PARTITION, DEC_WARPS *
+// head_dim) * G floats (+ a little), i.e. 18 KiB at G = 8 up to head_dim
+// 128 and 34 KiB at head_dim 256: the cross-warp acc (DEC_WARPS * G *
+// head_dim floats) reuses the score buffer.
 //
 // Partition size 512: a 1000-token context splits in two, so batch 256 x 8 kv
 // heads gives 4096 busy blocks (many waves on 132 SMs); each block streams up
@@ -151,16 +160,17 @@ __device__ __forceinline__ void paged_decode_attention(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size,
-    int num_heads, int num_kv_heads, int max_parts, float scale) {
-    constexpr int TPT = D / 8;      // lanes per token row (16 or 8)
-    constexpr int TPW = 32 / TPT;   // token rows per warp load (2 or 4)
+    int num_heads, int num_kv_heads, int max_parts, float scale, int window, float softcap) {
+    constexpr int TPT = D / 8;      // lanes per token row (32, 16 or 8)
+    constexpr int TPW = 32 / TPT;   // token rows per warp load (1, 2 or 4)
     constexpr int U = DEC_UNROLL(G);
     constexpr int STEP = DEC_WARPS * TPW * U;  // tokens per block pass
+    // The scores, later the cross-warp acc ([DEC_WARPS][G][D], larger at D = 256).
+    constexpr int SCORES = (DEC_PARTITION > DEC_WARPS * D ? DEC_PARTITION : DEC_WARPS * D) * G;
     static_assert(G <= TPT, "a group must not exceed the lanes of a row");
-    static_assert(DEC_WARPS * D <= DEC_PARTITION, "cross-warp acc reuses the scores");
 
     __shared__ int s_slot[DEC_PARTITION];
-    __shared__ __align__(16) float s_score[DEC_PARTITION * G];
+    __shared__ __align__(16) float s_score[SCORES];
     __shared__ float s_red[DEC_WARPS * G];
     __shared__ float s_m[G];
     __shared__ float s_l[G];
@@ -171,12 +181,16 @@ __device__ __forceinline__ void paged_decode_attention(
     // Clamped to the block table, so even a corrupt length reads only the
     // sequence's own table row (the host checked every block id it holds).
     const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
-    const int start = part * DEC_PARTITION;
-    if (start >= n_seq) {
+    // Partitions tile the `span` positions the query sees, [n_seq - span,
+    // n_seq): all of them, or the last `window` (nothing before is read).
+    const int span = window > 0 ? min(window, n_seq) : n_seq;
+    const int off = part * DEC_PARTITION;
+    if (off >= span) {
         return;
     }
-    const int n = min(DEC_PARTITION, n_seq - start);
-    const bool single = n_seq <= DEC_PARTITION;
+    const int start = n_seq - span + off;
+    const int n = min(DEC_PARTITION, span - off);
+    const bool single = span <= DEC_PARTITION;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -254,9 +268,19 @@ __device__ __forceinline__ void paged_decode_attention(
     __syncthreads();
 
     // Phase 2: softmax numerators in place; thread tid sees only head tid % G.
+    // Soft-capping (in the log2 domain) first, in place, where asked.
     float m = NEG_INF;
-    for (int i = tid; i < n * G; i += DEC_THREADS) {
-        m = fmaxf(m, s_score[i]);
+    if (softcap > 0.0f) {
+        const float cap_log2 = softcap * DEC_LOG2E;
+        for (int i = tid; i < n * G; i += DEC_THREADS) {
+            const float x = softcap_score(s_score[i], cap_log2);
+            s_score[i] = x;
+            m = fmaxf(m, x);
+        }
+    } else {
+        for (int i = tid; i < n * G; i += DEC_THREADS) {
+            m = fmaxf(m, s_score[i]);
+        }
     }
     m = dec_block_reduce<G, true>(m, s_red);
     float l = 0.0f;
@@ -388,11 +412,13 @@ __device__ __forceinline__ void paged_decode_attention(
         const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,                     \
         const bf16 *__restrict__ v_cache, const int *__restrict__ context_lens,           \
         const int *__restrict__ block_tables, int max_blocks_per_seq, int block_size,     \
-        int num_heads, int num_kv_heads, int max_parts, float scale
+        int num_heads, int num_kv_heads, int max_parts, float scale, int window,          \
+        float softcap
 #define DEC_CALL(D, G)                                                                    \
     paged_decode_attention<D, G>(out, part_acc, part_ml, q, k_cache, v_cache,            \
                                  context_lens, block_tables, max_blocks_per_seq,         \
-                                 block_size, num_heads, num_kv_heads, max_parts, scale)
+                                 block_size, num_heads, num_kv_heads, max_parts, scale,  \
+                                 window, softcap)
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd64_g1(DEC_PARAMS) {
@@ -426,6 +452,22 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd128_g8(DEC_PARAMS) {
     DEC_CALL(128, 8);
 }
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd256_g1(DEC_PARAMS) {
+    DEC_CALL(256, 1);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd256_g2(DEC_PARAMS) {
+    DEC_CALL(256, 2);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd256_g4(DEC_PARAMS) {
+    DEC_CALL(256, 4);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_bf16_hd256_g8(DEC_PARAMS) {
+    DEC_CALL(256, 8);
+}
 
 // Merges the partitions of each (sequence, head) whose sequence has more
 // than one: out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p, with
@@ -434,11 +476,12 @@ extern "C" __global__ void __launch_bounds__(128)
 paged_decode_reduce_bf16(bf16* __restrict__ out, const float* __restrict__ part_acc,
                          const float* __restrict__ part_ml, const int* __restrict__ context_lens,
                          int max_blocks_per_seq, int block_size, int num_heads, int head_dim,
-                         int max_parts) {
+                         int max_parts, int window) {
     const int seq = blockIdx.x;
     const int head = blockIdx.y;
     const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
-    const int nparts = min((n_seq + DEC_PARTITION - 1) / DEC_PARTITION, max_parts);
+    const int span = window > 0 ? min(window, n_seq) : n_seq;  // as in launch 1
+    const int nparts = min((span + DEC_PARTITION - 1) / DEC_PARTITION, max_parts);
     if (nparts <= 1) {
         return;
     }

@@ -3,26 +3,34 @@
 //
 // Semantics are those of paged_attention_bf16: query token j of sequence s
 // (rows cu_seqlens_q[s]..cu_seqlens_q[s+1] of q/out) sees cache positions
-// 0..=context_lens[s] + j, read through the sequence's block table (slot
+// 0..=context_lens[s] + j (only the last `window` of them when window > 0),
+// read through the sequence's block table (slot
 // block_tables[s * max_blocks_per_seq + pos / block_size] * block_size +
-// pos % block_size); query head h reads kv head h / (num_heads / num_kv_heads).
-// Every key a query sees must already be in the cache (store_kv ran first).
+// pos % block_size); query head h reads kv head h / (num_heads / num_kv_heads);
+// with softcap > 0 each scaled score x becomes softcap * tanh(x / softcap)
+// before the softmax. Every key a query sees must already be in the cache
+// (store_kv ran first).
 //
 // Work split: grid (ceil(max_query_len / 64), num_seqs, num_heads), 4 warps.
 // One block owns a 64-row query tile of one sequence and one head (warp w:
 // rows 16w..16w+15); blockIdx.x is reversed so the tiles with the most keys
 // start first; tiles past a sequence's query_len exit at once. The block
-// walks the keys the tile's last row sees, 64 at a time: K and V rows are
+// walks the keys its rows see, BLOCK_N (64, or 32 at head_dim 256) at a
+// time, from the tile holding its first row's first key (with a window,
+// whole key tiles before it are never read, so the work per query tile is
+// bounded by the window, not by the context) to the one holding its last
+// row's last key: K and V rows are
 // gathered from the paged cache into shared memory with 16-byte cp.async
 // copies (each key row looks its block up; any block_size works; rows past
 // the tile's last key are zero-filled, so nothing unstored is ever read).
 // S = Q K^T and O += P V use mma.sync m16n8k16 (bf16 in, f32 accumulate),
-// with Q (A fragments) kept in registers for the whole walk and P re-packed
-// from S's accumulators without leaving registers. The causal mask is
-// applied only on tiles that cross a warp's diagonal; warps whose rows see
-// none of a tile's keys, or whose rows are all past query_len, skip its math
-// (but never a barrier). O is normalized once at the end and
-// written as bf16; rows past query_len are never written.
+// with Q (A fragments) in registers for the whole walk (or re-read from
+// shared memory at head_dim 256, see PfShape) and P re-packed from S's
+// accumulators without leaving registers. The causal and window masks are
+// applied only on tiles that cross a warp's diagonal or window edge; warps
+// whose rows see none of a tile's keys, or whose rows are all past
+// query_len, skip its math (but never a barrier). O is normalized once at
+// the end and written as bf16; rows past query_len are never written.
 //
 // Pipelining with one K and one V buffer: K(t+1) is fetched while the
 // softmax and P V of tile t run, and V(t+1) while S of tile t+1 runs
@@ -36,9 +44,11 @@
 // (with .trans: rows 2(L%4)..+1 of column L/4); lanes 8i..8i+7 address
 // matrix i's rows. Lower column index goes to the lower 16 bits of a pair.
 //
-// Resources (sm_90, see scripts/check-kernels.py): shared memory
-// 2 * 64 * (head_dim + 8) bf16 = 34,816 bytes at head_dim 128 (18,432 at 64),
-// under the 48 KB static limit; Q is staged through the V buffer.
+// Resources (sm_90, see scripts/check-kernels.py): dynamic shared memory
+// PF_SMEM_ROWS * (head_dim + 8) bf16 = 34,816 bytes at head_dim 128 (18,432
+// at 64: Q staged through the V buffer; 67,584 at 256: Q, K and V buffers of
+// 64, 32 and 32 rows, past 48 KB, so the host raises the kernel's limit when
+// it loads the module).
 //
 // Cost at the Qwen3-0.6B shape (16 heads, 8 kv heads, head_dim 128) for one
 // 512-token prompt, per layer: causal attention is 4 * head_dim * heads *
@@ -49,8 +59,9 @@
 // latency and occupancy, not by either ceiling.
 
 #define PF_BLOCK_M 64
-#define PF_BLOCK_N 64
 #define PF_THREADS 128
+// Rows of dynamic shared memory per block, each head_dim + PF_PAD bf16 (see PfShape).
+#define PF_SMEM_ROWS 128
 // Padding of each shared-memory row (bf16 elements): rows 16 bytes apart
 // modulo 128, so the 8 row addresses of an ldmatrix hit distinct banks.
 #define PF_PAD 8
@@ -118,24 +129,47 @@ __device__ __forceinline__ float pf_exp2(float x) {
     return y;
 }
 
+// Tile shapes per head_dim. Up to 128 dims, Q's A fragments stay in
+// registers for the whole walk (staged once through the V buffer) and key
+// tiles are 64 rows. At 256 dims Q's fragments (64 registers) and O's
+// accumulators (128) would not both fit in 255 registers, so Q stays in its
+// own shared buffer (its fragments re-read with ldmatrix per key tile) and
+// key tiles are 32 rows. Either way the block uses PF_SMEM_ROWS rows of
+// (head_dim + PF_PAD) bf16 of dynamic shared memory (the host sizes the
+// launch from that; 67,584 bytes at 256 dims needs the opt-in past 48 KB).
+template <int HD>
+struct PfShape {
+    static constexpr bool Q_IN_REGS = HD <= 128;
+    static constexpr int BLOCK_N = HD <= 128 ? 64 : 32;
+    static constexpr int SMEM_ROWS = Q_IN_REGS ? 2 * BLOCK_N : PF_BLOCK_M + 2 * BLOCK_N;
+};
+
 template <int HD>
 __device__ __forceinline__ void prefill_attention_tile(
     bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const int* __restrict__ cu_seqlens_q,
     const int* __restrict__ context_lens, const int* __restrict__ block_tables,
-    int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale) {
-    constexpr int LD = HD + PF_PAD;            // shared row stride (elements)
-    constexpr int CPR = HD / 8;                // 16-byte chunks per row
-    constexpr int RPP = PF_THREADS / CPR;      // rows one pass of the block copies
-    constexpr int PASSES = PF_BLOCK_N / RPP;   // passes per 64-row tile
-    constexpr int KSTEPS = HD / 16;            // k-steps of S = Q K^T
-    constexpr int NB_S = PF_BLOCK_N / 8;       // n-blocks of S (8 keys each)
-    constexpr int NB_O = HD / 8;               // n-blocks of O (8 dims each)
-    static_assert(PF_BLOCK_M == PF_BLOCK_N, "Q is staged through the V buffer");
-    static_assert(PF_THREADS % CPR == 0 && PF_BLOCK_N % RPP == 0, "copy split");
+    int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale,
+    int window, float softcap) {
+    using Shape = PfShape<HD>;
+    constexpr bool Q_IN_REGS = Shape::Q_IN_REGS;
+    constexpr int BN = Shape::BLOCK_N;            // keys per tile
+    constexpr int LD = HD + PF_PAD;               // shared row stride (elements)
+    constexpr int CPR = HD / 8;                   // 16-byte chunks per row
+    constexpr int RPP = PF_THREADS / CPR;         // rows one pass of the block copies
+    constexpr int PASSES = BN / RPP;              // passes per key tile
+    constexpr int Q_PASSES = PF_BLOCK_M / RPP;    // passes of the Q tile
+    constexpr int KSTEPS = HD / 16;               // k-steps of S = Q K^T
+    constexpr int NB_S = BN / 8;                  // n-blocks of S (8 keys each)
+    constexpr int NB_O = HD / 8;                  // n-blocks of O (8 dims each)
+    static_assert(!Q_IN_REGS || PF_BLOCK_M == BN, "Q is staged through the V buffer");
+    static_assert(PF_THREADS % CPR == 0 && BN % RPP == 0 && PF_BLOCK_M % RPP == 0, "copy split");
+    static_assert(Shape::SMEM_ROWS == PF_SMEM_ROWS, "the host sizes shared memory from this");
 
-    __shared__ __align__(16) bf16 s_k[PF_BLOCK_N * LD];
-    __shared__ __align__(16) bf16 s_v[PF_BLOCK_N * LD];
+    extern __shared__ __align__(16) unsigned char pf_smem[];
+    bf16* const s_k = reinterpret_cast<bf16*>(pf_smem);
+    bf16* const s_v = s_k + BN * LD;
+    bf16* const s_q = Q_IN_REGS ? s_v : s_v + BN * LD;
 
     const int seq = blockIdx.y;
     const int head = blockIdx.z;
@@ -148,7 +182,11 @@ __device__ __forceinline__ void prefill_attention_tile(
     const int ctx = context_lens[seq];
     const int tile_rows = min(PF_BLOCK_M, q_len - m0);
     const int n_keys = ctx + m0 + tile_rows;  // keys the tile's last row sees
-    const int n_tiles = (n_keys + PF_BLOCK_N - 1) / PF_BLOCK_N;
+    const int n_tiles = (n_keys + BN - 1) / BN;
+    // With a window the tile's first row sees keys from ctx + m0 + 1 - window
+    // on (later rows from later ones): key tiles wholly before that are never
+    // read, and the edge tile is masked per row.
+    const int t0 = window > 0 ? max(0, ctx + m0 + 1 - window) / BN : 0;
     const int kv_head = head / (num_heads / num_kv_heads);
     const int* table = block_tables + (long long)seq * max_blocks_per_seq;
 
@@ -160,14 +198,14 @@ __device__ __forceinline__ void prefill_attention_tile(
     const long long slot_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kv_head * HD + copy_col;
 
-    // Q tile -> s_v (group 0); rows past query_len are zero.
+    // Q tile -> s_q (group 0); rows past query_len are zero.
     {
         const long long q_stride = (long long)num_heads * HD;
         const bf16* qb = q + ((long long)(q_start + m0) * num_heads + head) * HD + copy_col;
 #pragma unroll
-        for (int p = 0; p < PASSES; p++) {
+        for (int p = 0; p < Q_PASSES; p++) {
             int r = copy_row + p * RPP;
-            bf16* dst = &s_v[r * LD + copy_col];
+            bf16* dst = &s_q[r * LD + copy_col];
             if (r < tile_rows) {
                 pf_cp_async16(pf_smem_addr(dst), qb + r * q_stride);
             } else {
@@ -199,26 +237,26 @@ __device__ __forceinline__ void prefill_attention_tile(
         }
     };
 
-    find_slots(0);
+    find_slots(t0 * BN);
     issue(s_k, k_cache);
-    pf_cp_async_commit();  // group 1: K(0)
+    pf_cp_async_commit();  // group 1: K(t0)
 
     pf_cp_async_wait1();  // Q landed
     __syncthreads();
-    unsigned qf[KSTEPS][4];
-    {
-        // A fragments: matrix i = lane / 8 covers rows 8 * (i % 2), cols 8 * (i / 2).
-        int r = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-        int c = 8 * (lane >> 4);
+    // A fragments: matrix i = lane / 8 covers rows 8 * (i % 2), cols 8 * (i / 2).
+    const int a_row = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int a_col = 8 * (lane >> 4);
+    unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+    if constexpr (Q_IN_REGS) {
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-            pf_ldsm_x4(pf_smem_addr(&s_v[r * LD + ks * 16 + c]), qf[ks][0], qf[ks][1], qf[ks][2],
-                       qf[ks][3]);
+            pf_ldsm_x4(pf_smem_addr(&s_q[a_row * LD + ks * 16 + a_col]), qf[ks][0], qf[ks][1],
+                       qf[ks][2], qf[ks][3]);
         }
+        __syncthreads();  // every warp holds its Q; s_v is free
     }
-    __syncthreads();  // every warp holds its Q; s_v is free
     issue(s_v, v_cache);
-    pf_cp_async_commit();  // group 2: V(0)
+    pf_cp_async_commit();  // group 2: V(t0)
 
     float o[NB_O][4];
 #pragma unroll
@@ -228,12 +266,20 @@ __device__ __forceinline__ void prefill_attention_tile(
     float row_max[2] = {NEG_INF, NEG_INF};
     float row_sum[2] = {0.0f, 0.0f};  // this lane's partial sums (quad-reduced at the end)
     const float scale_log2 = scale * 1.4426950408889634f;
+    const float cap_log2 = softcap * 1.4426950408889634f;  // used only when softcap > 0
     // Query index j of this lane's rows (c0/c1 and c2/c3), and the last key each sees.
     const int row_j = m0 + warp * 16 + (lane >> 2);
     const int last_key0 = ctx + row_j;
     const int last_key1 = ctx + row_j + 8;
     const int warp_first_last = ctx + m0 + warp * 16;      // smallest last key in the warp
     const int warp_last_last = warp_first_last + 15;       // largest
+    // The first key each row sees (may be negative: then every key from 0),
+    // and the smallest and largest of the warp's.
+    const int span = window > 0 ? window - 1 : warp_last_last;
+    const int first_key0 = last_key0 - span;
+    const int first_key1 = last_key1 - span;
+    const int warp_first_first = warp_first_last - span;
+    const int warp_last_first = warp_last_last - span;
     const bool warp_has_rows = m0 + warp * 16 < q_len;     // else its rows are never written
 
     // K operand addressing: matrix i = lane / 8 covers keys 8 * (i / 2), dims 8 * (i % 2).
@@ -243,10 +289,11 @@ __device__ __forceinline__ void prefill_attention_tile(
     const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1);
     const int v_col = 8 * (lane >> 4);
 
-    for (int t = 0; t < n_tiles; t++) {
-        const int n0 = t * PF_BLOCK_N;
+    for (int t = t0; t < n_tiles; t++) {
+        const int n0 = t * BN;
         // Some row of the warp that will be written sees a key of this tile.
-        const bool active = warp_has_rows && n0 <= warp_last_last;
+        const bool active =
+            warp_has_rows && n0 <= warp_last_last && n0 + BN - 1 >= warp_first_first;
         pf_cp_async_wait1();  // K(t) landed
         __syncthreads();
 
@@ -258,26 +305,37 @@ __device__ __forceinline__ void prefill_attention_tile(
         if (active) {
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
+                unsigned a[4];
+                if constexpr (Q_IN_REGS) {
+                    a[0] = qf[ks][0];
+                    a[1] = qf[ks][1];
+                    a[2] = qf[ks][2];
+                    a[3] = qf[ks][3];
+                } else {
+                    pf_ldsm_x4(pf_smem_addr(&s_q[a_row * LD + ks * 16 + a_col]), a[0], a[1], a[2],
+                               a[3]);
+                }
 #pragma unroll
                 for (int np = 0; np < NB_S / 2; np++) {
                     unsigned b0, b1, b2, b3;
                     pf_ldsm_x4(pf_smem_addr(&s_k[(np * 16 + k_row) * LD + ks * 16 + k_col]), b0, b1,
                                b2, b3);
-                    pf_mma(s[2 * np], qf[ks], b0, b1);
-                    pf_mma(s[2 * np + 1], qf[ks], b2, b3);
+                    pf_mma(s[2 * np], a, b0, b1);
+                    pf_mma(s[2 * np + 1], a, b2, b3);
                 }
             }
         }
         __syncthreads();  // every warp is done with s_k
         if (t + 1 < n_tiles) {
-            find_slots(n0 + PF_BLOCK_N);
+            find_slots(n0 + BN);
             issue(s_k, k_cache);
         }
         pf_cp_async_commit();  // K(t+1), possibly empty
 
         unsigned pf[NB_S / 2][4];
         if (active) {
-            const bool mask = n0 + PF_BLOCK_N - 1 > warp_first_last;
+            // Keys past some row's last (causal) or before some row's first (window).
+            const bool mask = n0 + BN - 1 > warp_first_last || n0 < warp_last_first;
             float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
             for (int nb = 0; nb < NB_S; nb++) {
@@ -285,7 +343,12 @@ __device__ __forceinline__ void prefill_attention_tile(
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float v = s[nb][e] * scale_log2;
-                    if (mask && key + (e & 1) > (e < 2 ? last_key0 : last_key1)) {
+                    if (softcap > 0.0f) {
+                        v = softcap_score(v, cap_log2);
+                    }
+                    const int k = key + (e & 1);
+                    if (mask && (k > (e < 2 ? last_key0 : last_key1) ||
+                                 k < (e < 2 ? first_key0 : first_key1))) {
                         v = NEG_INF;
                     }
                     s[nb][e] = v;
@@ -297,20 +360,25 @@ __device__ __forceinline__ void prefill_attention_tile(
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            // Key 0 is in tile 0 and every row sees it, so the new max is finite.
+            // A row that has seen no key yet may see none of this tile either
+            // (its window starts in a later tile, or it is past query_len):
+            // its max stays -inf, and exponents are taken against 0 so that
+            // its probabilities and correction are 0, never NaN.
             const float new0 = fmaxf(row_max[0], mx0);
             const float new1 = fmaxf(row_max[1], mx1);
-            const float corr0 = pf_exp2(row_max[0] - new0);
-            const float corr1 = pf_exp2(row_max[1] - new1);
+            const float base0 = new0 == NEG_INF ? 0.0f : new0;
+            const float base1 = new1 == NEG_INF ? 0.0f : new1;
+            const float corr0 = pf_exp2(row_max[0] - base0);
+            const float corr1 = pf_exp2(row_max[1] - base1);
             row_max[0] = new0;
             row_max[1] = new1;
             float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
             for (int nb = 0; nb < NB_S; nb++) {
-                s[nb][0] = pf_exp2(s[nb][0] - new0);
-                s[nb][1] = pf_exp2(s[nb][1] - new0);
-                s[nb][2] = pf_exp2(s[nb][2] - new1);
-                s[nb][3] = pf_exp2(s[nb][3] - new1);
+                s[nb][0] = pf_exp2(s[nb][0] - base0);
+                s[nb][1] = pf_exp2(s[nb][1] - base0);
+                s[nb][2] = pf_exp2(s[nb][2] - base1);
+                s[nb][3] = pf_exp2(s[nb][3] - base1);
                 sum0 += s[nb][0] + s[nb][1];
                 sum1 += s[nb][2] + s[nb][3];
             }
@@ -380,14 +448,17 @@ __device__ __forceinline__ void prefill_attention_tile(
     }
 }
 
+// Entry points, one per head_dim (the supported set; see attention_prefill.rs).
+// window 0: no sliding window; softcap 0: no soft-capping.
 #define PF_ARGS                                                                                 \
     bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,       \
         const bf16 *__restrict__ v_cache, const int *__restrict__ cu_seqlens_q,                 \
         const int *__restrict__ context_lens, const int *__restrict__ block_tables,             \
-        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale
+        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale,   \
+        int window, float softcap
 #define PF_PASS                                                                                 \
     out, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, max_blocks_per_seq,     \
-        block_size, num_heads, num_kv_heads, scale
+        block_size, num_heads, num_kv_heads, scale, window, softcap
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_bf16_hd64(PF_ARGS) {
@@ -397,4 +468,9 @@ prefill_attention_bf16_hd64(PF_ARGS) {
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_bf16_hd128(PF_ARGS) {
     prefill_attention_tile<128>(PF_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+prefill_attention_bf16_hd256(PF_ARGS) {
+    prefill_attention_tile<256>(PF_PASS);
 }

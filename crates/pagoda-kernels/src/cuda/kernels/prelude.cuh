@@ -67,3 +67,15 @@ __device__ float block_sum(float v) {
     __syncthreads();
     return partial[32];
 }
+
+// Logit soft-capping (Gemma 2): cap * tanh(s / cap), as cap - 2 cap / (e + 1)
+// with e = 2^(2 s log2(e) / cap): one exp2 and one approximate reciprocal, an absolute
+// error of a few ulp of cap (what the softmax feels), saturating to +-cap
+// (e overflows to inf or underflows to 0) and never NaN for a finite s.
+// Scores in the log2 domain (s * log2 e) take cap * log2 e as their cap.
+__device__ __forceinline__ float softcap_score(float s, float cap) {
+    const float e = exp2f(s * (2.0f * 1.4426950408889634f / cap));
+    float r;  // 1 / (e + 1) within 1 ulp; +0 for inf (no call, unlike __frcp_rn)
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+    return cap - 2.0f * cap * r;
+}
