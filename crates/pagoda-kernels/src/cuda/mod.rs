@@ -16,7 +16,8 @@
 //! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
 //! and its disk cache), [`storage`] (types, the packed step), [`ops`] (linear,
 //! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
-//! attention), [`testing`] (helpers of the CUDA test binaries); the kernels
+//! attention), [`moe`] (mixture-of-experts routing and expert MLPs),
+//! [`testing`] (helpers of the CUDA test binaries); the kernels
 //! themselves are in `kernels/*.cu`.
 
 mod attention;
@@ -27,6 +28,7 @@ mod compile;
 mod device;
 mod graph;
 mod logit_adjust;
+mod moe;
 mod ops;
 mod pool;
 mod sampling;
@@ -36,6 +38,7 @@ pub mod testing;
 mod token_masks;
 
 pub use graph::CudaGraphRunner;
+pub use moe::CudaRoutes;
 pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
@@ -316,7 +319,7 @@ impl Backend for CudaBackend {
     type KvCache = CudaKvCache;
     type Step = CudaStep;
     type Graph = CudaGraphRunner;
-    type Routes = crate::NoRoutes;
+    type Routes = CudaRoutes;
 
     fn name(&self) -> String {
         self.dev.name.clone()
@@ -520,6 +523,35 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
     ) -> Result<CudaTensor> {
         attention::attention(self, q, cache, step, params)
+    }
+
+    fn moe_route(
+        &self,
+        router_logits: &CudaTensor,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<CudaRoutes> {
+        moe::route(self, router_logits, top_k, renormalize)
+    }
+
+    fn moe_routes_from_host(
+        &self,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+    ) -> Result<CudaRoutes> {
+        moe::routes_from_host(self, ids, weights, top_k)
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CudaTensor,
+        routes: &CudaRoutes,
+        gate_up: &CudaWeight,
+        down: &CudaWeight,
+        num_experts: usize,
+    ) -> Result<CudaTensor> {
+        moe::experts(self, x, routes, gate_up, down, num_experts)
     }
 
     fn warmup_row_counts(&self, max_rows: usize) -> Vec<usize> {
