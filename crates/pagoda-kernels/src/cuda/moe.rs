@@ -76,6 +76,17 @@ impl CudaRoutes {
     }
 }
 
+impl CudaBackend {
+    /// The ids and weights of `routes`, row-major `[rows, top_k]` (waits
+    /// for the device; for tests and debugging).
+    pub fn routes_to_host(&self, routes: &CudaRoutes) -> Result<(Vec<u32>, Vec<f32>)> {
+        let n = routes.rows * routes.top_k;
+        let ids = self.download_raw(&routes.ids, n)?;
+        let weights = self.download_raw(&routes.weights, n)?;
+        Ok((ids.into_iter().map(|i| i as u32).collect(), weights))
+    }
+}
+
 fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
 }
@@ -264,6 +275,12 @@ fn check(
     ] {
         i32_of(v, op)?;
     }
+    if hidden.max(inter).div_ceil(GEMM_BN) > 65535 {
+        return Err(shape_err(
+            op,
+            format!("hidden {hidden} / inter {inter}: too many column blocks"),
+        ));
+    }
     Ok(Dims {
         rows,
         hidden,
@@ -290,7 +307,7 @@ fn tile_rows(pairs: usize, n_exp: usize) -> usize {
 }
 
 /// The launch shape of a chunk of `n` rows: its pairs, tile height and
-/// tile bound (the grid's y extent).
+/// tile bound (the GEMM grid's x extent).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ChunkPlan {
     pairs: usize,
@@ -424,7 +441,7 @@ fn run_chunk(
         ("moe_gemm_gate_up_m64", "moe_gemm_down_m64")
     };
     let gemm_cfg = |cols: usize| LaunchConfig {
-        grid_dim: (cols.div_ceil(GEMM_BN) as u32, tiles as u32, 1),
+        grid_dim: (tiles as u32, cols.div_ceil(GEMM_BN) as u32, 1),
         block_dim: (GEMM_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -447,7 +464,7 @@ fn run_chunk(
         // kernel drops other ids), so gate_up rows stay below E * 2 * inter
         // (checked against the weight); x rows are pair / top_k < n; h rows
         // are slots below tiles * bm (the scratch holds them); the grid's
-        // y extent is `tiles`, the bound meta[0] stays under.
+        // x extent is `tiles`, the bound meta[0] stays under.
         unsafe { l.launch(gemm_cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
     }
     // down with the routing weight: y[slot, hidden].

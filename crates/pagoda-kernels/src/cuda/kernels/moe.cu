@@ -26,9 +26,9 @@
 // 0, 1, ...], slot_pair[slot] = q or -1, pair_slot[q] = slot, or -1 for an
 // id outside 0..E (never computed; the host refuses such routes before).
 //
-// moe_gemm_*: the grouped GEMM, grid (ceil(N / BN), max_tiles); blocks past
+// moe_gemm_*: the grouped GEMM, grid (max_tiles, ceil(N / BN)); blocks past
 // meta[0] exit at once, so the grid depends only on the chunk's rows. Block
-// (nb, t) computes the BM slots of tile t against output columns nb*BN..:
+// (t, nb) computes the BM slots of tile t against output columns nb*BN..:
 //   gate_up: A row = x[pair / top_k], B = expert e's gate rows e*2N + n and
 //            up rows e*2N + N + n, out h[slot, n] = bf16(silu(g) * u);
 //   down:    A row = h[slot], B = rows e*N + n of down, out
@@ -259,12 +259,12 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     __shared__ const bf16* a_rows[BM];
     __shared__ const bf16* b_rows[BROWS];
 
-    const int tile = blockIdx.y;
+    const int tile = blockIdx.x;
     if (tile >= meta[0]) {
         return;
     }
     const int expert = meta[1 + tile];
-    const int n0 = blockIdx.x * BN;
+    const int n0 = blockIdx.y * BN;
     const int tid = threadIdx.x;
     const long long slot0 = (long long)tile * BM;
     for (int r = tid; r < BM; r += MOE_THREADS) {
