@@ -34,9 +34,11 @@
 //   down:    A row = h[slot], B = rows e*N + n of down, out
 //            y[slot, n] = bf16(weight[pair] * acc).
 // 4 warps (WM x WN), each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate);
-// K walked 32 at a time through a 3-stage cp.async pipeline (16-byte copies
-// where K % 8 == 0, element copies otherwise; zero past K, past N and for
-// padding slots). Fragment addressing as in attention_prefill.cu, whose
+// K walked 32 at a time through a cp.async pipeline of 3 to 6 stages (as
+// many as 48 KB of static shared memory hold: decode-sized tiles are bound
+// by the weight stream and keep more of it in flight; 16-byte copies where
+// K % 8 == 0, element copies otherwise; zero past K, past N and for padding
+// slots). Fragment addressing as in attention_prefill.cu, whose
 // pf_* helpers (ldmatrix, mma, cp.async) this file uses. Two shapes: BM 64 x
 // BN 64 (warps 2 x 2) for steps with many pairs per expert, BM 16 x BN 64
 // (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
@@ -51,7 +53,12 @@
 #define MOE_THREADS 128
 #define MOE_BK 32
 #define MOE_LD (MOE_BK + 8)
-#define MOE_STAGES 3
+
+// Waits until at most N committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void moe_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 template <typename T>
 __device__ __forceinline__ void moe_route_row(const T* __restrict__ logits, int rows, int n_exp,
@@ -239,7 +246,7 @@ moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __rest
 }
 
 // The grouped GEMM of one (column block, tile); MODE 0 gate_up, 1 down.
-template <int BM, int BN, int WM, int WN, int MODE>
+template <int BM, int BN, int WM, int WN, int STAGES, int MODE>
 __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16* __restrict__ a,
                                               const bf16* __restrict__ w,
                                               const int* __restrict__ meta,
@@ -254,8 +261,8 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     static_assert(WM * WN * 32 == MOE_THREADS, "4 warps");
     static_assert(MI >= 1 && NI % 2 == 0, "warp tiling");
 
-    __shared__ __align__(16) bf16 s_a[MOE_STAGES][BM * MOE_LD];
-    __shared__ __align__(16) bf16 s_b[MOE_STAGES][BROWS * MOE_LD];
+    __shared__ __align__(16) bf16 s_a[STAGES][BM * MOE_LD];
+    __shared__ __align__(16) bf16 s_b[STAGES][BROWS * MOE_LD];
     __shared__ const bf16* a_rows[BM];
     __shared__ const bf16* b_rows[BROWS];
 
@@ -330,22 +337,22 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
 
     const int k_tiles = (k + MOE_BK - 1) / MOE_BK;
 #pragma unroll
-    for (int s = 0; s < MOE_STAGES - 1; s++) {
+    for (int s = 0; s < STAGES - 1; s++) {
         if (s < k_tiles) {
             load(s, s * MOE_BK);
         }
         pf_cp_async_commit();
     }
     for (int kt = 0; kt < k_tiles; kt++) {
-        pf_cp_async_wait1();  // tile kt landed (MOE_STAGES - 2 groups may pend)
-        __syncthreads();      // and every warp is done with the stage reloaded below
-        const int nk = kt + MOE_STAGES - 1;
+        moe_cp_async_wait<STAGES - 2>();  // tile kt landed (later ones may pend)
+        __syncthreads();  // and every warp is done with the stage reloaded below
+        const int nk = kt + STAGES - 1;
         if (nk < k_tiles) {
-            load(nk % MOE_STAGES, nk * MOE_BK);
+            load(nk % STAGES, nk * MOE_BK);
         }
         pf_cp_async_commit();
-        const bf16* sa = s_a[kt % MOE_STAGES];
-        const bf16* sb = s_b[kt % MOE_STAGES];
+        const bf16* sa = s_a[kt % STAGES];
+        const bf16* sb = s_b[kt % STAGES];
 #pragma unroll
         for (int ks = 0; ks < MOE_BK / 16; ks++) {
             unsigned af[MI][4];
@@ -413,19 +420,19 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
 #define MOE_GEMM_PASS out, a, w, meta, slot_pair, route_w, top_k, n, k, vec
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m64(MOE_GEMM_ARGS) {
-    moe_gemm_tile<64, 64, 2, 2, 0>(MOE_GEMM_PASS);
+    moe_gemm_tile<64, 64, 2, 2, 3, 0>(MOE_GEMM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m16(MOE_GEMM_ARGS) {
-    moe_gemm_tile<16, 64, 1, 4, 0>(MOE_GEMM_PASS);
+    moe_gemm_tile<16, 64, 1, 4, 4, 0>(MOE_GEMM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m64(MOE_GEMM_ARGS) {
-    moe_gemm_tile<64, 64, 2, 2, 1>(MOE_GEMM_PASS);
+    moe_gemm_tile<64, 64, 2, 2, 4, 1>(MOE_GEMM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m16(MOE_GEMM_ARGS) {
-    moe_gemm_tile<16, 64, 1, 4, 1>(MOE_GEMM_PASS);
+    moe_gemm_tile<16, 64, 1, 4, 6, 1>(MOE_GEMM_PASS);
 }
 
 // Grid-stride over rows * n output elements.
