@@ -15,12 +15,13 @@
 //! replayed with other routes. Scratch comes from the step pool like every
 //! other op's.
 //!
-//! Checks, all on the host before any launch: shapes, `1 <= top_k <= E`,
-//! `E <= MAX_EXPERTS`, 32-bit index ranges, and that the routes' ids are
-//! below the layer's expert count: [`CudaRoutes`] carries a bound on its
-//! ids (the router's expert count, or the largest host id + 1). The group
-//! kernel also drops an out-of-range id (its pair is never computed), so a
-//! bad id can never address memory outside the weights.
+//! Checks, all on the host before any launch: shapes, `1 <= top_k <= E`
+//! for routing, `E <= MAX_EXPERTS`, 32-bit index ranges, and that the
+//! routes' ids are below the layer's expert count: [`CudaRoutes`] carries a
+//! bound on its ids (the router's expert count, or the largest host id +
+//! 1). The group kernel also drops an out-of-range id (its pair is never
+//! computed), so a bad id can never address memory outside the weights.
+//! Host routes may repeat an expert within a row (each pair counts).
 
 use super::pool::DeviceBuf;
 use super::storage::{Act, CudaTensor, CudaWeight};
@@ -233,12 +234,6 @@ fn check(
                 "a route names expert {} of a layer of {n_exp} experts",
                 routes.id_bound - 1
             ),
-        ));
-    }
-    if routes.top_k > n_exp {
-        return Err(shape_err(
-            op,
-            format!("top_k {} for {n_exp} experts", routes.top_k),
         ));
     }
     if gate_up.cols != hidden || !gate_up.rows.is_multiple_of(2 * n_exp) {
