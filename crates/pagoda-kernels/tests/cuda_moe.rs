@@ -411,6 +411,21 @@ fn experts_without_tokens_and_one_expert_for_all() {
         2,
         "all on experts 31 and 3",
     );
+    // An expert named twice in a row counts twice (CUDA against f64 only:
+    // the contract allows it, the CPU backend may not take it).
+    let rows = 7;
+    let x = rvec(&mut rng, rows * hidden, 1.0);
+    let ids: Vec<u32> = (0..rows).flat_map(|_| [2, 2, 1]).collect();
+    let w: Vec<f32> = (0..rows).flat_map(|_| [0.5, 0.25, 0.25]).collect();
+    let xt = g.tensor_from_host(rows, hidden, &x).unwrap();
+    let r = g.moe_routes_from_host(&ids, &w, 3).unwrap();
+    let y = g.moe_experts(&xt, &r, &gw.0, &gw.1, e).unwrap();
+    check_rel(
+        "expert 2 twice per row cuda vs f64",
+        &g.tensor_to_host(&y).unwrap(),
+        &l.reference(&x, &ids, &w, 3),
+        1e-2,
+    );
     // Zero rows.
     let xt = g.tensor_from_host(0, hidden, &[]).unwrap();
     let r = g.moe_routes_from_host(&[], &[], 2).unwrap();
