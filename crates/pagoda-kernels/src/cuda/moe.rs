@@ -498,3 +498,68 @@ fn run_chunk(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles the group kernel fills for these per-expert pair counts.
+    fn tiles_for(counts: &[usize], bm: usize) -> usize {
+        counts.iter().map(|c| c.div_ceil(bm)).sum()
+    }
+
+    #[test]
+    fn the_tile_bound_holds_for_any_distribution_of_pairs() {
+        let mut seed = 7u64;
+        let mut next = |n: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % n
+        };
+        for n_exp in [1, 3, 8, 64, 128, 1024] {
+            for pairs in [1, 2, 15, 16, 17, 100, 4096, 33000] {
+                for bm in [16, 64] {
+                    let bound = max_tiles(pairs, n_exp, bm);
+                    // All on one expert, spread one by one, and at random.
+                    let mut one = vec![0; n_exp];
+                    one[n_exp - 1] = pairs;
+                    let spread: Vec<usize> = (0..n_exp)
+                        .map(|e| pairs / n_exp + usize::from(e < pairs % n_exp))
+                        .collect();
+                    let mut random = vec![0; n_exp];
+                    for _ in 0..pairs.min(5000) {
+                        random[next(n_exp)] += 1;
+                    }
+                    for counts in [&one, &spread, &random] {
+                        assert!(tiles_for(counts, bm) <= bound, "{n_exp} {pairs} {bm}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn capacity_serves_every_chunk() {
+        for rows in [1, 7, 300, 4095, 4096, 4097, 8192, 8200, 20000] {
+            for (top_k, n_exp) in [(1, 8), (2, 64), (8, 128), (8, 1024)] {
+                let (meta, slots) = capacity(rows, top_k, n_exp);
+                let mut r0 = 0;
+                while r0 < rows {
+                    let n = CHUNK_ROWS.min(rows - r0);
+                    let p = plan(n, top_k, n_exp);
+                    assert!(1 + p.tiles <= meta && p.tiles * p.bm <= slots);
+                    r0 += n;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tile_height_follows_pairs_per_expert() {
+        assert_eq!(plan(1, 8, 128).bm, 16);
+        assert_eq!(plan(256, 8, 128).bm, 16);
+        assert_eq!(plan(512, 8, 128).bm, 64);
+        assert_eq!(plan(300, 2, 8).bm, 64);
+    }
+}
