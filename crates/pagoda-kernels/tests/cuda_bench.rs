@@ -9,7 +9,9 @@
 //! with its time relative to 8k (out-of-window KV is skipped, so windowed
 //! times should stay flat). Each figure is the median of several timed
 //! repeats (host clock around a device synchronization, after a warm-up);
-//! inputs are random, never zeros.
+//! inputs are random, never zeros. Last, the mixture-of-experts MLPs of one
+//! Qwen3-30B-A3B layer at 1, 64 and 256 rows against the time to read the
+//! experts they touch.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -20,7 +22,7 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cuda::testing::gpu;
 use pagoda_kernels::cuda::{CudaBackend, CudaKvCache};
-use pagoda_kernels::{AttentionParams, Backend, KvCacheShape, SamplingRow};
+use pagoda_kernels::{AttentionParams, Backend, HostTensor, KvCacheShape, SamplingRow};
 use std::time::Instant;
 
 /// Median seconds of `reps` runs of `f`, each ended by a synchronization.
@@ -247,6 +249,72 @@ fn kernel_timings() {
         eprintln!(
             "bench: sampling {kind} {rows} x {vocab}: {:.3} ms (incl. one download and sync)",
             secs * 1e3
+        );
+    }
+}
+
+/// H100 SXM's HBM3 bandwidth, the floor the MoE figures are judged by.
+const HBM_BYTES_PER_S: f64 = 3.35e12;
+
+#[test]
+#[ignore]
+fn moe_timings() {
+    let Some(g) = gpu() else { return };
+    // One Qwen3-30B-A3B layer: 128 experts of hidden 2048, inter 768, top 8.
+    let (e, hidden, inter, k) = (128usize, 2048usize, 768usize, 8usize);
+    let mut rng = Rng::new(13);
+    let s_in = (3.0 / hidden as f32).sqrt();
+    let s_out = (3.0 / inter as f32).sqrt();
+    let gate_up = g
+        .load_weight(HostTensor::f32(
+            vec![e * 2 * inter, hidden],
+            rvec_f32(&mut rng, e * 2 * inter * hidden, s_in),
+        ))
+        .unwrap();
+    let down = g
+        .load_weight(HostTensor::f32(
+            vec![e * hidden, inter],
+            rvec_f32(&mut rng, e * hidden * inter, s_out),
+        ))
+        .unwrap();
+    let expert_bytes = (3 * hidden * inter * 2) as f64;
+    for rows in [1usize, 64, 256] {
+        let x = g
+            .tensor_from_host(rows, hidden, &rvec_f32(&mut rng, rows * hidden, 1.0))
+            .unwrap();
+        let logits = g
+            .tensor_from_host(rows, e, &rvec_f32(&mut rng, rows * e, 3.0))
+            .unwrap();
+        let routes = g.moe_route(&logits, k, true).unwrap();
+        let (ids, _) = g.routes_to_host(&routes).unwrap();
+        let mut used = ids.clone();
+        used.sort_unstable();
+        used.dedup();
+        // Ten calls per timed repeat, so the synchronization is amortized.
+        let route_secs = time(&g, 20, || {
+            for _ in 0..10 {
+                let _ = g.moe_route(&logits, k, true).unwrap();
+            }
+        }) / 10.0;
+        let secs = time(&g, 20, || {
+            for _ in 0..10 {
+                let _ = g.moe_experts(&x, &routes, &gate_up, &down, e).unwrap();
+            }
+        }) / 10.0;
+        let bytes = used.len() as f64 * expert_bytes;
+        let floor = bytes / HBM_BYTES_PER_S;
+        let flops = 2.0 * (rows * k) as f64 * 3.0 * (hidden * inter) as f64;
+        eprintln!(
+            "bench: moe_experts qwen3-30b-a3b rows {rows}: {:.1} us, {} experts touched \
+             ({:.0} MB), floor {:.1} us at 3.35 TB/s = {:.0}% of floor, {:.1} TFLOP/s; \
+             moe_route {:.1} us",
+            secs * 1e6,
+            used.len(),
+            bytes / 1e6,
+            floor * 1e6,
+            100.0 * floor / secs,
+            flops / secs / 1e12,
+            route_secs * 1e6
         );
     }
 }

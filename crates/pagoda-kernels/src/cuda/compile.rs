@@ -39,6 +39,8 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         "attention_prefill.cu",
         include_str!("kernels/attention_prefill.cu"),
     ),
+    // After elementwise.cu (silu) and attention_prefill.cu (the mma helpers).
+    ("moe.cu", include_str!("kernels/moe.cu")),
 ];
 
 /// Every `extern "C"` entry point the backend loads from the module.
@@ -106,6 +108,14 @@ pub(crate) const KERNELS: &[&str] = &[
     "prefill_attention_bf16_hd64",
     "prefill_attention_bf16_hd128",
     "prefill_attention_bf16_hd256",
+    "moe_route_bf16",
+    "moe_route_f32",
+    "moe_group",
+    "moe_gemm_gate_up_m64",
+    "moe_gemm_gate_up_m16",
+    "moe_gemm_down_m64",
+    "moe_gemm_down_m16",
+    "moe_combine_bf16",
 ];
 
 /// The whole program: every source file, each behind a `#line` marker so

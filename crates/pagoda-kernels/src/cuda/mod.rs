@@ -18,7 +18,8 @@
 //! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
 //! attention; the kernel choice in [`attention_path`], the split-K decode
 //! and tiled prefill kernels' launches in `attention_decode` and
-//! `attention_prefill`), [`testing`] (helpers of the CUDA test binaries); the kernels
+//! `attention_prefill`), [`moe`] (mixture-of-experts routing and expert
+//! MLPs), [`testing`] (helpers of the CUDA test binaries); the kernels
 //! themselves are in `kernels/*.cu`.
 
 mod attention;
@@ -30,6 +31,7 @@ mod compile;
 mod device;
 mod graph;
 mod logit_adjust;
+mod moe;
 mod ops;
 mod pool;
 mod sampling;
@@ -40,6 +42,7 @@ mod token_masks;
 
 pub use attention_path::{attention_kernel, AttentionKernel, FAST_HEAD_DIMS};
 pub use graph::CudaGraphRunner;
+pub use moe::CudaRoutes;
 pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
@@ -320,7 +323,7 @@ impl Backend for CudaBackend {
     type KvCache = CudaKvCache;
     type Step = CudaStep;
     type Graph = CudaGraphRunner;
-    type Routes = crate::NoRoutes;
+    type Routes = CudaRoutes;
 
     fn name(&self) -> String {
         self.dev.name.clone()
@@ -524,6 +527,35 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
     ) -> Result<CudaTensor> {
         attention::attention(self, q, cache, step, params)
+    }
+
+    fn moe_route(
+        &self,
+        router_logits: &CudaTensor,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<CudaRoutes> {
+        moe::route(self, router_logits, top_k, renormalize)
+    }
+
+    fn moe_routes_from_host(
+        &self,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+    ) -> Result<CudaRoutes> {
+        moe::routes_from_host(self, ids, weights, top_k)
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CudaTensor,
+        routes: &CudaRoutes,
+        gate_up: &CudaWeight,
+        down: &CudaWeight,
+        num_experts: usize,
+    ) -> Result<CudaTensor> {
+        moe::experts(self, x, routes, gate_up, down, num_experts)
     }
 
     fn warmup_row_counts(&self, max_rows: usize) -> Vec<usize> {

@@ -1,0 +1,455 @@
+// Mixture-of-experts layers: routing, grouping by expert, the grouped expert
+// GEMMs on tensor cores and the weighted combine (the launches and the host
+// checks are in cuda/moe.rs).
+//
+// A "pair" is one (row, k) choice: pair q = row * top_k + k, expert ids[q],
+// routing weight weights[q]. The pairs of one chunk of rows are grouped by
+// expert into "slots": expert e owns slots off[e] .. off[e] + padded[e],
+// padded[e] = its pair count rounded up to the GEMM tile height BM, so every
+// BM-slot tile belongs to one expert. Padding slots hold pair -1.
+//
+// moe_route_{bf16,f32}: one warp per row. Softmax over the row's E logits in
+// f32 (max, then the sum of expf(l - max), warp sums in a fixed order), then
+// top_k passes: each picks the largest probability strictly after the
+// previous pick in the order (probability descending, index ascending), so
+// ties go to the lower index and no list of picks is kept; a NaN
+// probability ranks below every number (it is still a valid id). With
+// renormalize the picked weights are divided by their sum.
+//
+// moe_group: one block of MG_THREADS. Counts pairs per expert (shared
+// atomics), an exclusive scan of the padded counts (one warp), the expert of
+// every tile and the -1 of every padding slot, then a stable scatter: pairs
+// in rounds of MG_THREADS; within a warp __match_any_sync ranks equal
+// experts, across the round's warps a per-warp count table (tagged with the
+// round, so it needs no clearing) gives the offset; the slot of pair q is
+// off[e] + (pairs of e before q). Output: meta = [tile count, expert of tile
+// 0, 1, ...], slot_pair[slot] = q or -1, pair_slot[q] = slot, or -1 for an
+// id outside 0..E (never computed; the host refuses such routes before).
+//
+// moe_gemm_*: the grouped GEMM, grid (max_tiles, ceil(N / BN)); blocks past
+// meta[0] exit at once, so the grid depends only on the chunk's rows. Block
+// (t, nb) computes the BM slots of tile t against output columns nb*BN..:
+//   gate_up: A row = x[pair / top_k], B = expert e's gate rows e*2N + n and
+//            up rows e*2N + N + n, out h[slot, n] = bf16(silu(g) * u);
+//   down:    A row = h[slot], B = rows e*N + n of down, out
+//            y[slot, n] = bf16(weight[pair] * acc).
+// 4 warps (WM x WN), each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate);
+// K walked 32 at a time through a cp.async pipeline of 3 to 6 stages (as
+// many as 48 KB of static shared memory hold: decode-sized tiles are bound
+// by the weight stream and keep more of it in flight; 16-byte copies where
+// K % 8 == 0, element copies otherwise; zero past K, past N and for padding
+// slots). Fragment addressing as in attention_prefill.cu, whose
+// pf_* helpers (ldmatrix, mma, cp.async) this file uses. Two shapes: BM 64 x
+// BN 64 (warps 2 x 2) for steps with many pairs per expert, BM 16 x BN 64
+// (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
+// padding.
+//
+// moe_combine_bf16: out[r, c] = bf16(sum over k, in k order, of y[slot of
+// (r, k), c]) in f32; pairs without a slot add nothing.
+
+#define MR_WARPS 4
+#define MG_THREADS 256
+#define MG_WARPS (MG_THREADS / 32)
+#define MOE_THREADS 128
+#define MOE_BK 32
+#define MOE_LD (MOE_BK + 8)
+
+// Waits until at most N committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void moe_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_route_row(const T* __restrict__ logits, int rows, int n_exp,
+                                              int top_k, int renormalize, int* __restrict__ ids,
+                                              float* __restrict__ weights) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * MR_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) {
+        return;
+    }
+    const T* l = logits + (long long)row * n_exp;
+    float m = NEG_INF;
+    for (int e = lane; e < n_exp; e += 32) {
+        m = fmaxf(m, ld(l, e));
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+    for (int e = lane; e < n_exp; e += 32) {
+        s += expf(ld(l, e) - m);
+    }
+    s = warp_sum(s);
+    // The previous pick; every probability is at most 1, below 2.
+    float prev_v = 2.0f;
+    int prev_i = -1;
+    float picked = 0.0f;
+    int* row_ids = ids + (long long)row * top_k;
+    float* row_w = weights + (long long)row * top_k;
+    for (int t = 0; t < top_k; t++) {
+        float best_v = -2.0f;
+        int best_i = 0x7fffffff;
+        for (int e = lane; e < n_exp; e += 32) {
+            float v = expf(ld(l, e) - m) / s;
+            if (v != v) {
+                v = -1.0f;
+            }
+            bool after = v < prev_v || (v == prev_v && e > prev_i);
+            if (after && (v > best_v || (v == best_v && e < best_i))) {
+                best_v = v;
+                best_i = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+            int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (ov > best_v || (ov == best_v && oi < best_i)) {
+                best_v = ov;
+                best_i = oi;
+            }
+        }
+        prev_v = best_v;
+        prev_i = best_i;
+        if (lane == 0) {
+            // -1 stands for a NaN probability: keep it a NaN.
+            float w = best_v < 0.0f ? __int_as_float(0x7fc00000) : best_v;
+            row_ids[t] = best_i;
+            row_w[t] = w;
+            picked += w;
+        }
+    }
+    if (lane == 0 && renormalize) {
+        for (int t = 0; t < top_k; t++) {
+            row_w[t] = row_w[t] / picked;
+        }
+    }
+}
+
+// Grid: ceil(rows / MR_WARPS) blocks of 32 * MR_WARPS threads.
+extern "C" __global__ void __launch_bounds__(32 * MR_WARPS)
+moe_route_bf16(const bf16* __restrict__ logits, int rows, int n_exp, int top_k, int renormalize,
+               int* __restrict__ ids, float* __restrict__ weights) {
+    moe_route_row(logits, rows, n_exp, top_k, renormalize, ids, weights);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * MR_WARPS)
+moe_route_f32(const float* __restrict__ logits, int rows, int n_exp, int top_k, int renormalize,
+              int* __restrict__ ids, float* __restrict__ weights) {
+    moe_route_row(logits, rows, n_exp, top_k, renormalize, ids, weights);
+}
+
+// One block of MG_THREADS; dynamic shared memory (2 + MG_WARPS) * n_exp ints.
+// meta holds 1 + max_tiles ints, slot_pair max_tiles * bm, pair_slot pairs.
+extern "C" __global__ void __launch_bounds__(MG_THREADS)
+moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __restrict__ meta,
+          int* __restrict__ slot_pair, int* __restrict__ pair_slot) {
+    extern __shared__ int mg_smem[];
+    int* count = mg_smem;           // pairs per expert
+    int* next = mg_smem + n_exp;    // next free slot of each expert
+    int* wcount = next + n_exp;     // [MG_WARPS][n_exp]: (round + 1) << 8 | count
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    for (int i = tid; i < n_exp; i += MG_THREADS) {
+        count[i] = 0;
+    }
+    for (int i = tid; i < MG_WARPS * n_exp; i += MG_THREADS) {
+        wcount[i] = 0;
+    }
+    __syncthreads();
+    for (int q = tid; q < pairs; q += MG_THREADS) {
+        int e = ids[q];
+        if (e >= 0 && e < n_exp) {
+            atomicAdd(&count[e], 1);
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // Exclusive scan of the padded counts: lane L owns a contiguous run.
+        int per = (n_exp + 31) / 32;
+        int lo = min(lane * per, n_exp), hi = min(lo + per, n_exp);
+        int local = 0;
+        for (int e = lo; e < hi; e++) {
+            local += (count[e] + bm - 1) / bm * bm;
+        }
+        int incl = local;
+        for (int o = 1; o < 32; o <<= 1) {
+            int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) {
+                incl += v;
+            }
+        }
+        int off = incl - local;
+        for (int e = lo; e < hi; e++) {
+            next[e] = off;
+            off += (count[e] + bm - 1) / bm * bm;
+        }
+        if (lane == 31) {
+            meta[0] = incl / bm;
+        }
+    }
+    __syncthreads();
+    // Each expert's tiles and padding slots.
+    for (int e = tid; e < n_exp; e += MG_THREADS) {
+        int c = count[e];
+        int padded = (c + bm - 1) / bm * bm;
+        int first = next[e];
+        for (int t = first / bm; t < (first + padded) / bm; t++) {
+            meta[1 + t] = e;
+        }
+        for (int s = first + c; s < first + padded; s++) {
+            slot_pair[s] = -1;
+        }
+    }
+    // Stable scatter, MG_THREADS pairs per round.
+    for (int base = 0, round = 1; base < pairs; base += MG_THREADS, round++) {
+        int q = base + tid;
+        int e = q < pairs ? ids[q] : -1;
+        bool valid = q < pairs && e >= 0 && e < n_exp;
+        int key = valid ? e : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, key);
+        int rank = __popc(peers & ((1u << lane) - 1u));
+        int leader = __ffs(peers) - 1;
+        if (valid && lane == leader) {
+            wcount[warp * n_exp + e] = (round << 8) | __popc(peers);
+        }
+        __syncthreads();
+        int before = 0;
+        bool last = false;
+        if (valid) {
+            for (int w = 0; w < MG_WARPS; w++) {
+                int v = wcount[w * n_exp + e];
+                int c = (v >> 8) == round ? (v & 0xff) : 0;
+                if (w < warp) {
+                    before += c;
+                }
+            }
+            // The round's last pair of e: the highest lane of the last warp holding e.
+            last = lane == 31 - __clz(peers);
+            for (int w = warp + 1; w < MG_WARPS; w++) {
+                if ((wcount[w * n_exp + e] >> 8) == round) {
+                    last = false;
+                }
+            }
+            int s = next[e] + before + rank;
+            slot_pair[s] = q;
+            pair_slot[q] = s;
+        } else if (q < pairs) {
+            pair_slot[q] = -1;
+        }
+        __syncthreads();  // every read of next[] is done
+        if (last) {
+            next[e] += before + rank + 1;
+        }
+        __syncthreads();
+    }
+}
+
+// The grouped GEMM of one (column block, tile); MODE 0 gate_up, 1 down.
+template <int BM, int BN, int WM, int WN, int STAGES, int MODE>
+__device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16* __restrict__ a,
+                                              const bf16* __restrict__ w,
+                                              const int* __restrict__ meta,
+                                              const int* __restrict__ slot_pair,
+                                              const float* __restrict__ route_w, int top_k, int n,
+                                              int k, int vec) {
+    constexpr int NSETS = MODE == 0 ? 2 : 1;  // gate and up, or down
+    constexpr int BROWS = NSETS * BN;
+    constexpr int MI = BM / (16 * WM);
+    constexpr int NI = BN / (8 * WN);
+    constexpr int CPR = MOE_BK / 8;  // 16-byte chunks per tile row
+    static_assert(WM * WN * 32 == MOE_THREADS, "4 warps");
+    static_assert(MI >= 1 && NI % 2 == 0, "warp tiling");
+
+    __shared__ __align__(16) bf16 s_a[STAGES][BM * MOE_LD];
+    __shared__ __align__(16) bf16 s_b[STAGES][BROWS * MOE_LD];
+    __shared__ const bf16* a_rows[BM];
+    __shared__ const bf16* b_rows[BROWS];
+
+    const int tile = blockIdx.x;
+    if (tile >= meta[0]) {
+        return;
+    }
+    const int expert = meta[1 + tile];
+    const int n0 = blockIdx.y * BN;
+    const int tid = threadIdx.x;
+    const long long slot0 = (long long)tile * BM;
+    for (int r = tid; r < BM; r += MOE_THREADS) {
+        int p = slot_pair[slot0 + r];
+        const bf16* row = nullptr;
+        if (p >= 0) {
+            row = MODE == 0 ? a + (long long)(p / top_k) * k : a + (slot0 + r) * k;
+        }
+        a_rows[r] = row;
+    }
+    for (int r = tid; r < BROWS; r += MOE_THREADS) {
+        int col = n0 + r % BN;
+        const bf16* row = nullptr;
+        if (col < n) {
+            row = w + ((long long)expert * NSETS * n + (long long)(r / BN) * n + col) * k;
+        }
+        b_rows[r] = row;
+    }
+    __syncthreads();
+
+    auto load = [&](int stage, int k0) {
+        for (int c = tid; c < (BM + BROWS) * CPR; c += MOE_THREADS) {
+            int r = c / CPR;
+            int col = (c % CPR) * 8;
+            const bf16* src = r < BM ? a_rows[r] : b_rows[r - BM];
+            bf16* dst = r < BM ? &s_a[stage][r * MOE_LD + col]
+                               : &s_b[stage][(r - BM) * MOE_LD + col];
+            int kk = k0 + col;
+            if (vec) {
+                if (src != nullptr && kk < k) {
+                    pf_cp_async16(pf_smem_addr(dst), src + kk);
+                } else {
+                    pf_zero16(dst);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    dst[i] = (src != nullptr && kk + i < k) ? src[kk + i] : (bf16)0;
+                }
+            }
+        }
+    };
+
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wm = warp / WN;
+    const int wn = warp % WN;
+    float acc[NSETS][MI][NI][4];
+#pragma unroll
+    for (int s = 0; s < NSETS; s++)
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int j = 0; j < NI; j++)
+                acc[s][i][j][0] = acc[s][i][j][1] = acc[s][i][j][2] = acc[s][i][j][3] = 0.0f;
+
+    // A fragments: matrix i = lane / 8 covers rows 8 * (i % 2), cols 8 * (i / 2).
+    const int a_r = (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int a_c = 8 * (lane >> 4);
+    // B (rows are n, k contiguous): matrix i covers n 8 * (i / 2), k 8 * (i % 2).
+    const int b_r = (lane & 7) + 8 * (lane >> 4);
+    const int b_c = 8 * ((lane >> 3) & 1);
+
+    const int k_tiles = (k + MOE_BK - 1) / MOE_BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < k_tiles) {
+            load(s, s * MOE_BK);
+        }
+        pf_cp_async_commit();
+    }
+    for (int kt = 0; kt < k_tiles; kt++) {
+        moe_cp_async_wait<STAGES - 2>();  // tile kt landed (later ones may pend)
+        __syncthreads();  // and every warp is done with the stage reloaded below
+        const int nk = kt + STAGES - 1;
+        if (nk < k_tiles) {
+            load(nk % STAGES, nk * MOE_BK);
+        }
+        pf_cp_async_commit();
+        const bf16* sa = s_a[kt % STAGES];
+        const bf16* sb = s_b[kt % STAGES];
+#pragma unroll
+        for (int ks = 0; ks < MOE_BK / 16; ks++) {
+            unsigned af[MI][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; mi++) {
+                int r = (wm * MI + mi) * 16 + a_r;
+                pf_ldsm_x4(pf_smem_addr(&sa[r * MOE_LD + ks * 16 + a_c]), af[mi][0], af[mi][1],
+                           af[mi][2], af[mi][3]);
+            }
+#pragma unroll
+            for (int s = 0; s < NSETS; s++) {
+#pragma unroll
+                for (int np = 0; np < NI / 2; np++) {
+                    unsigned b0, b1, b2, b3;
+                    int r = s * BN + (wn * NI + 2 * np) * 8 + b_r;
+                    pf_ldsm_x4(pf_smem_addr(&sb[r * MOE_LD + ks * 16 + b_c]), b0, b1, b2, b3);
+#pragma unroll
+                    for (int mi = 0; mi < MI; mi++) {
+                        pf_mma(acc[s][mi][2 * np], af[mi], b0, b1);
+                        pf_mma(acc[s][mi][2 * np + 1], af[mi], b2, b3);
+                    }
+                }
+            }
+        }
+    }
+
+    // C fragments: c0, c1 at (lane / 4, 2 (lane % 4) + 0..1), c2, c3 eight rows down.
+    const int g = lane >> 2;
+    const int c2 = 2 * (lane & 3);
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            long long slot = slot0 + (wm * MI + mi) * 16 + g + 8 * h;
+            int p = slot_pair[slot];
+            if (p < 0) {
+                continue;
+            }
+            float scale = MODE == 1 ? route_w[p] : 1.0f;
+            bf16* orow = out + slot * n;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int col = n0 + (wn * NI + ni) * 8 + c2 + j;
+                    if (col < n) {
+                        float v;
+                        if (MODE == 0) {
+                            v = silu(acc[0][mi][ni][2 * h + j]) * acc[NSETS - 1][mi][ni][2 * h + j];
+                        } else {
+                            v = scale * acc[0][mi][ni][2 * h + j];
+                        }
+                        orow[col] = f2bf(v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define MOE_GEMM_ARGS                                                                            \
+    bf16 *__restrict__ out, const bf16 *__restrict__ a, const bf16 *__restrict__ w,              \
+        const int *__restrict__ meta, const int *__restrict__ slot_pair,                          \
+        const float *__restrict__ route_w, int top_k, int n, int k, int vec
+#define MOE_GEMM_PASS out, a, w, meta, slot_pair, route_w, top_k, n, k, vec
+
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m64(MOE_GEMM_ARGS) {
+    moe_gemm_tile<64, 64, 2, 2, 3, 0>(MOE_GEMM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m16(MOE_GEMM_ARGS) {
+    moe_gemm_tile<16, 64, 1, 4, 4, 0>(MOE_GEMM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m64(MOE_GEMM_ARGS) {
+    moe_gemm_tile<64, 64, 2, 2, 4, 1>(MOE_GEMM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m16(MOE_GEMM_ARGS) {
+    moe_gemm_tile<16, 64, 1, 4, 6, 1>(MOE_GEMM_PASS);
+}
+
+// Grid-stride over rows * n output elements.
+extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* __restrict__ y,
+                                            const int* __restrict__ pair_slot, int rows,
+                                            int top_k, int n) {
+    long long total = (long long)rows * n;
+    GRID_STRIDE(i, total) {
+        long long r = i / n;
+        int c = (int)(i - r * n);
+        float s = 0.0f;
+        for (int j = 0; j < top_k; j++) {
+            int slot = pair_slot[r * top_k + j];
+            if (slot >= 0) {
+                s += bf2f(y[(long long)slot * n + c]);
+            }
+        }
+        out[i] = f2bf(s);
+    }
+}

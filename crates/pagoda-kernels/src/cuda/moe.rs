@@ -1,0 +1,565 @@
+//! Mixture-of-experts layers on the device: routing ([`route`]), routes
+//! given on the host ([`routes_from_host`]) and the expert MLPs
+//! ([`experts`]); the kernels are in `kernels/moe.cu`, whose header gives
+//! the algorithms.
+//!
+//! `experts` runs, per chunk of at most [`CHUNK_ROWS`] rows, four launches:
+//! `moe_group` (pairs grouped by expert on the device, tiles padded to the
+//! GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused (`[slots,
+//! inter]`), the down GEMM with the routing weight folded in (`[slots,
+//! hidden]`), and `moe_combine_bf16` (each row's k outputs summed in k
+//! order, f32, rounded once). Nothing waits for the device and nothing
+//! depends on the routing on the host: every grid is sized from the chunk's
+//! rows (at most `ceil(pairs / BM) + min(E, pairs)` tiles; blocks past the
+//! real tile count exit), so the launches can be captured in a graph and
+//! replayed with other routes. Scratch comes from the step pool like every
+//! other op's.
+//!
+//! Checks, all on the host before any launch: shapes, `1 <= top_k <= E`
+//! for routing, `E <= MAX_EXPERTS`, 32-bit index ranges, and that the
+//! routes' ids are below the layer's expert count: [`CudaRoutes`] carries a
+//! bound on its ids (the router's expert count, or the largest host id +
+//! 1). The group kernel also drops an out-of-range id (its pair is never
+//! computed), so a bad id can never address memory outside the weights.
+//! Host routes may repeat an expert within a row (each pair counts).
+
+use super::pool::DeviceBuf;
+use super::storage::{Act, CudaTensor, CudaWeight};
+use super::{device_err, CudaBackend};
+use crate::{KernelError, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Rows per chunk of `experts`: bounds the scratch (about `CHUNK_ROWS *
+/// top_k * (hidden + inter) * 2` bytes) and the single-block grouping.
+pub(crate) const CHUNK_ROWS: usize = 4096;
+/// Largest expert count (the group kernel keeps `10 * E` ints in shared
+/// memory, under the 48 KiB a launch gets without opting in).
+pub(crate) const MAX_EXPERTS: usize = 1024;
+/// `MG_THREADS` of the group kernel.
+const GROUP_THREADS: u32 = 256;
+/// `MG_WARPS`.
+const GROUP_WARPS: usize = 8;
+/// Rows per block of the routing kernel (`MR_WARPS`).
+const ROUTE_WARPS: usize = 4;
+/// Threads of a GEMM block (`MOE_THREADS`) and its column tile (BN).
+const GEMM_THREADS: u32 = 128;
+const GEMM_BN: usize = 64;
+
+/// The expert choices of a step's rows, on the device.
+pub struct CudaRoutes {
+    rows: usize,
+    top_k: usize,
+    /// `[rows, top_k]` expert ids.
+    ids: DeviceBuf<i32>,
+    /// `[rows, top_k]` routing weights.
+    weights: DeviceBuf<f32>,
+    /// Every id is below this.
+    id_bound: usize,
+}
+
+impl std::fmt::Debug for CudaRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaRoutes")
+            .field("rows", &self.rows)
+            .field("top_k", &self.top_k)
+            .field("id_bound", &self.id_bound)
+            .finish()
+    }
+}
+
+impl CudaRoutes {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+}
+
+impl CudaBackend {
+    /// The ids and weights of `routes`, row-major `[rows, top_k]` (waits
+    /// for the device; for tests and debugging).
+    pub fn routes_to_host(&self, routes: &CudaRoutes) -> Result<(Vec<u32>, Vec<f32>)> {
+        let n = routes.rows * routes.top_k;
+        let ids = self.download_raw(&routes.ids, n)?;
+        let weights = self.download_raw(&routes.weights, n)?;
+        Ok((ids.into_iter().map(|i| i as u32).collect(), weights))
+    }
+}
+
+fn shape_err(op: &'static str, detail: String) -> KernelError {
+    KernelError::Shape { op, detail }
+}
+
+fn i32_of(v: usize, op: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| shape_err(op, format!("{v} does not fit in 32 bits")))
+}
+
+/// `Backend::moe_route`: softmax, top-k, optional renormalization.
+pub(crate) fn route(
+    b: &CudaBackend,
+    logits: &CudaTensor,
+    top_k: usize,
+    renormalize: bool,
+) -> Result<CudaRoutes> {
+    let op = "moe_route";
+    let (rows, n_exp) = (logits.rows, logits.cols);
+    if top_k == 0 || top_k > n_exp {
+        return Err(shape_err(
+            op,
+            format!("top_k {top_k} for {n_exp} experts (1 ..= experts)"),
+        ));
+    }
+    let n = rows * top_k;
+    i32_of(n, op)?;
+    let (r, e, k) = (i32_of(rows, op)?, i32_of(n_exp, op)?, top_k as i32);
+    let mut ids = b.alloc_i32(n)?;
+    let mut weights = b.alloc_f32(n)?;
+    if rows > 0 {
+        let name = match logits.data {
+            Act::Bf16(_) => "moe_route_bf16",
+            Act::F32(_) => "moe_route_f32",
+        };
+        let renorm = i32::from(renormalize);
+        let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+        l.arg(&logits.data)
+            .arg(&r)
+            .arg(&e)
+            .arg(&k)
+            .arg(&renorm)
+            .arg(&mut ids)
+            .arg(&mut weights);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(ROUTE_WARPS) as u32, 1, 1),
+            block_dim: (32 * ROUTE_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel reads `rows * n_exp` logits (the tensor holds
+        // them) and writes `rows * top_k` ids and weights (both buffers hold
+        // that many); every id it writes is below `n_exp` (top_k <= n_exp).
+        unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    }
+    Ok(CudaRoutes {
+        rows,
+        top_k,
+        ids,
+        weights,
+        id_bound: n_exp,
+    })
+}
+
+/// `Backend::moe_routes_from_host`: uploads the ids and weights.
+pub(crate) fn routes_from_host(
+    b: &CudaBackend,
+    ids: &[u32],
+    weights: &[f32],
+    top_k: usize,
+) -> Result<CudaRoutes> {
+    let op = "moe_routes_from_host";
+    if top_k == 0 || ids.len() != weights.len() || !ids.len().is_multiple_of(top_k) {
+        return Err(shape_err(
+            op,
+            format!(
+                "{} ids and {} weights for top_k {top_k} (equal counts, a multiple of top_k >= 1)",
+                ids.len(),
+                weights.len()
+            ),
+        ));
+    }
+    i32_of(ids.len(), op)?;
+    let id_bound = match ids.iter().max() {
+        Some(&m) => i32_of(m as usize, op)? as usize + 1,
+        None => 0,
+    };
+    let n = ids.len();
+    let mut d_ids = b.alloc_i32(n)?;
+    let mut d_w = b.alloc_f32(n)?;
+    if n > 0 {
+        let host_ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let stream = &b.dev.stream;
+        stream
+            .memcpy_htod(&host_ids, &mut d_ids.slice_mut(..n))
+            .map_err(|e| device_err(op, e))?;
+        stream
+            .memcpy_htod(weights, &mut d_w.slice_mut(..n))
+            .map_err(|e| device_err(op, e))?;
+    }
+    Ok(CudaRoutes {
+        rows: n / top_k,
+        top_k,
+        ids: d_ids,
+        weights: d_w,
+        id_bound,
+    })
+}
+
+/// The layer's sizes, checked.
+struct Dims {
+    rows: usize,
+    hidden: usize,
+    inter: usize,
+    n_exp: usize,
+    top_k: usize,
+}
+
+fn check(
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    n_exp: usize,
+) -> Result<Dims> {
+    let op = "moe_experts";
+    x.bf16(op)?;
+    gate_up.bf16(op)?;
+    down.bf16(op)?;
+    let (rows, hidden) = (x.rows, x.cols);
+    if n_exp == 0 || n_exp > MAX_EXPERTS {
+        return Err(shape_err(
+            op,
+            format!("{n_exp} experts (1 ..= {MAX_EXPERTS})"),
+        ));
+    }
+    if routes.rows != rows {
+        return Err(shape_err(
+            op,
+            format!("routes for {} rows, x has {rows}", routes.rows),
+        ));
+    }
+    if routes.id_bound > n_exp {
+        return Err(shape_err(
+            op,
+            format!(
+                "a route names expert {} of a layer of {n_exp} experts",
+                routes.id_bound - 1
+            ),
+        ));
+    }
+    if gate_up.cols != hidden || !gate_up.rows.is_multiple_of(2 * n_exp) {
+        return Err(shape_err(
+            op,
+            format!(
+                "gate_up is [{}, {}], expected [{n_exp} * 2 * inter, {hidden}]",
+                gate_up.rows, gate_up.cols
+            ),
+        ));
+    }
+    let inter = gate_up.rows / (2 * n_exp);
+    if (down.rows, down.cols) != (n_exp * hidden, inter) {
+        return Err(shape_err(
+            op,
+            format!(
+                "down is [{}, {}], expected [{}, {inter}]",
+                down.rows,
+                down.cols,
+                n_exp * hidden
+            ),
+        ));
+    }
+    // Every index the kernels form: slots * width and weight rows * width
+    // are 64-bit there; counts and widths must fit in 32 bits.
+    let (_, slots) = capacity(rows, routes.top_k, n_exp);
+    for v in [
+        rows * routes.top_k,
+        slots,
+        hidden,
+        inter,
+        gate_up.rows,
+        down.rows,
+    ] {
+        i32_of(v, op)?;
+    }
+    if hidden.max(inter).div_ceil(GEMM_BN) > 65535 {
+        return Err(shape_err(
+            op,
+            format!("hidden {hidden} / inter {inter}: too many column blocks"),
+        ));
+    }
+    Ok(Dims {
+        rows,
+        hidden,
+        inter,
+        n_exp,
+        top_k: routes.top_k,
+    })
+}
+
+/// Tiles of height `bm` that `pairs` pairs over `n_exp` experts can need:
+/// each expert's last tile may be partial.
+fn max_tiles(pairs: usize, n_exp: usize, bm: usize) -> usize {
+    pairs.div_ceil(bm) + n_exp.min(pairs)
+}
+
+/// The tile height for a chunk: 16 while the average expert gets fewer than
+/// 32 pairs (decode), 64 beyond. Depends only on the shape.
+fn tile_rows(pairs: usize, n_exp: usize) -> usize {
+    if pairs < 32 * n_exp {
+        16
+    } else {
+        64
+    }
+}
+
+/// The launch shape of a chunk of `n` rows: its pairs, tile height and
+/// tile bound (the GEMM grid's x extent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChunkPlan {
+    pairs: usize,
+    bm: usize,
+    tiles: usize,
+}
+
+fn plan(n: usize, top_k: usize, n_exp: usize) -> ChunkPlan {
+    let pairs = n * top_k;
+    let bm = tile_rows(pairs, n_exp);
+    ChunkPlan {
+        pairs,
+        bm,
+        tiles: max_tiles(pairs, n_exp, bm),
+    }
+}
+
+/// Scratch that serves every chunk of `rows` rows: `(meta ints, slots)`,
+/// the largest over the full chunk and the remainder (the only two shapes).
+fn capacity(rows: usize, top_k: usize, n_exp: usize) -> (usize, usize) {
+    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp);
+    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp);
+    (
+        1 + full.tiles.max(rest.tiles),
+        (full.tiles * full.bm).max(rest.tiles * rest.bm),
+    )
+}
+
+/// `Backend::moe_experts`.
+pub(crate) fn experts(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    n_exp: usize,
+) -> Result<CudaTensor> {
+    let op = "moe_experts";
+    let d = check(x, routes, gate_up, down, n_exp)?;
+    let mut out = b.output(d.rows, d.hidden)?;
+    if d.rows == 0 || d.hidden == 0 {
+        return Ok(out);
+    }
+    if d.inter == 0 {
+        // Every expert is the zero map.
+        super::ops::fill(b, out.bf16_mut(op)?, d.rows * d.hidden, 0)?;
+        return Ok(out);
+    }
+    // Scratch for every chunk, reused by the next (stream order).
+    let (meta, slots) = capacity(d.rows, d.top_k, n_exp);
+    let mut s = Scratch {
+        meta: b.alloc_i32(meta)?,
+        slot_pair: b.alloc_i32(slots)?,
+        pair_slot: b.alloc_i32(CHUNK_ROWS.min(d.rows) * d.top_k)?,
+        h: b.alloc_bf16(slots * d.inter)?,
+        y: b.alloc_bf16(slots * d.hidden)?,
+    };
+    let mut r0 = 0;
+    while r0 < d.rows {
+        let n = CHUNK_ROWS.min(d.rows - r0);
+        run_chunk(b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n)?;
+        r0 += n;
+    }
+    Ok(out)
+}
+
+/// Scratch of one chunk (see `kernels/moe.cu` for the layouts).
+struct Scratch {
+    meta: DeviceBuf<i32>,
+    slot_pair: DeviceBuf<i32>,
+    pair_slot: DeviceBuf<i32>,
+    h: DeviceBuf<half::bf16>,
+    y: DeviceBuf<half::bf16>,
+}
+
+/// The four launches of rows `r0 .. r0 + n`.
+#[allow(clippy::too_many_arguments)]
+fn run_chunk(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    out: &mut CudaTensor,
+    s: &mut Scratch,
+    r0: usize,
+    n: usize,
+) -> Result<()> {
+    let op = "moe_experts";
+    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp);
+    let (p_i, e_i, bm_i, k_i) = (
+        i32_of(pairs, op)?,
+        i32_of(d.n_exp, op)?,
+        bm as i32,
+        d.top_k as i32,
+    );
+    let (hid_i, int_i, rows_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, i32_of(n, op)?);
+    let q0 = r0 * d.top_k;
+    let ids = routes.ids.slice(q0..q0 + pairs);
+    let weights = routes.weights.slice(q0..q0 + pairs);
+    let stream = &b.dev.stream;
+
+    // Grouping: one block.
+    {
+        let mut l = stream.launch_builder(b.dev.kernel("moe_group")?);
+        l.arg(&ids)
+            .arg(&p_i)
+            .arg(&e_i)
+            .arg(&bm_i)
+            .arg(&mut s.meta)
+            .arg(&mut s.slot_pair)
+            .arg(&mut s.pair_slot);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (GROUP_THREADS, 1, 1),
+            shared_mem_bytes: ((2 + GROUP_WARPS) * d.n_exp * 4) as u32,
+        };
+        // SAFETY: reads `pairs` ids; writes meta[0 ..= tiles] (the padded
+        // counts of `pairs` pairs fill at most `tiles` tiles of `bm`),
+        // slot_pair below `tiles * bm` and pair_slot below `pairs`, all
+        // inside the scratch (`capacity` covers every chunk's plan);
+        // shared memory is 10 * E ints.
+        unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    }
+
+    let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
+    let (gu_name, dn_name) = if bm == 16 {
+        ("moe_gemm_gate_up_m16", "moe_gemm_down_m16")
+    } else {
+        ("moe_gemm_gate_up_m64", "moe_gemm_down_m64")
+    };
+    let gemm_cfg = |cols: usize| LaunchConfig {
+        grid_dim: (tiles as u32, cols.div_ceil(GEMM_BN) as u32, 1),
+        block_dim: (GEMM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // gate_up with SiLU(gate) * up: h[slot, inter].
+    {
+        let vec = vec_k(d.hidden);
+        let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
+        let mut l = stream.launch_builder(b.dev.kernel(gu_name)?);
+        l.arg(&mut s.h)
+            .arg(&xd)
+            .arg(gate_up.bf16(op)?)
+            .arg(&s.meta)
+            .arg(&s.slot_pair)
+            .arg(&weights)
+            .arg(&k_i)
+            .arg(&int_i)
+            .arg(&hid_i)
+            .arg(&vec);
+        // SAFETY: tiles below meta[0] name experts below E (the group
+        // kernel drops other ids), so gate_up rows stay below E * 2 * inter
+        // (checked against the weight); x rows are pair / top_k < n; h rows
+        // are slots below tiles * bm (the scratch holds them); the grid's
+        // x extent is `tiles`, the bound meta[0] stays under.
+        unsafe { l.launch(gemm_cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
+    }
+    // down with the routing weight: y[slot, hidden].
+    {
+        let vec = vec_k(d.inter);
+        let mut l = stream.launch_builder(b.dev.kernel(dn_name)?);
+        l.arg(&mut s.y)
+            .arg(&s.h)
+            .arg(down.bf16(op)?)
+            .arg(&s.meta)
+            .arg(&s.slot_pair)
+            .arg(&weights)
+            .arg(&k_i)
+            .arg(&hid_i)
+            .arg(&int_i)
+            .arg(&vec);
+        // SAFETY: as for gate_up: down rows below E * hidden, h and y rows
+        // below tiles * bm, weights read at pair indices below `pairs`.
+        unsafe { l.launch(gemm_cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
+    }
+    // Combine the k outputs of each row.
+    {
+        let mut od = out
+            .bf16_mut(op)?
+            .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
+        let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
+        l.arg(&mut od)
+            .arg(&s.y)
+            .arg(&s.pair_slot)
+            .arg(&rows_i)
+            .arg(&k_i)
+            .arg(&hid_i);
+        // SAFETY: writes n * hidden outputs (the view holds them), reads
+        // pair_slot below `pairs` and y rows below tiles * bm.
+        unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tiles the group kernel fills for these per-expert pair counts.
+    fn tiles_for(counts: &[usize], bm: usize) -> usize {
+        counts.iter().map(|c| c.div_ceil(bm)).sum()
+    }
+
+    #[test]
+    fn the_tile_bound_holds_for_any_distribution_of_pairs() {
+        let mut seed = 7u64;
+        let mut next = |n: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % n
+        };
+        for n_exp in [1, 3, 8, 64, 128, 1024] {
+            for pairs in [1, 2, 15, 16, 17, 100, 4096, 33000] {
+                for bm in [16, 64] {
+                    let bound = max_tiles(pairs, n_exp, bm);
+                    // All on one expert, spread one by one, and at random.
+                    let mut one = vec![0; n_exp];
+                    one[n_exp - 1] = pairs;
+                    let spread: Vec<usize> = (0..n_exp)
+                        .map(|e| pairs / n_exp + usize::from(e < pairs % n_exp))
+                        .collect();
+                    let mut random = vec![0; n_exp];
+                    for _ in 0..pairs.min(5000) {
+                        random[next(n_exp)] += 1;
+                    }
+                    for counts in [&one, &spread, &random] {
+                        assert!(tiles_for(counts, bm) <= bound, "{n_exp} {pairs} {bm}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn capacity_serves_every_chunk() {
+        for rows in [1, 7, 300, 4095, 4096, 4097, 8192, 8200, 20000] {
+            for (top_k, n_exp) in [(1, 8), (2, 64), (8, 128), (8, 1024)] {
+                let (meta, slots) = capacity(rows, top_k, n_exp);
+                let mut r0 = 0;
+                while r0 < rows {
+                    let n = CHUNK_ROWS.min(rows - r0);
+                    let p = plan(n, top_k, n_exp);
+                    assert!(p.tiles < meta && p.tiles * p.bm <= slots);
+                    r0 += n;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tile_height_follows_pairs_per_expert() {
+        assert_eq!(plan(1, 8, 128).bm, 16);
+        assert_eq!(plan(256, 8, 128).bm, 16);
+        assert_eq!(plan(512, 8, 128).bm, 64);
+        assert_eq!(plan(300, 2, 8).bm, 64);
+    }
+}
