@@ -58,8 +58,15 @@ impl Architecture {
 
     /// Whether the architecture's model file applies
     /// [`ModelConfig::sliding_window`] itself (so any context length is exact).
+    /// The Llama file applies it on every layer: a Llama-architecture window
+    /// comes only from Mistral configs (every layer slides) or a GGUF
+    /// `llama.attention.sliding_window` key. Qwen2/Qwen3 windows cover only
+    /// the layers from `max_window_layers` on and stay refused past the window.
     pub fn implements_sliding_window(&self) -> bool {
-        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+        matches!(
+            self,
+            Architecture::Llama | Architecture::Gemma2 | Architecture::Gemma3
+        )
     }
 }
 
@@ -128,10 +135,11 @@ pub struct ModelConfig {
     /// Storage dtype named by the checkpoint ("bfloat16", "float16", "float32", or a GGUF quant mix).
     pub torch_dtype: Option<String>,
     /// The sliding-window attention span the checkpoint uses (tokens a query
-    /// sees, itself included), `None` where attention is full. pagoda's
-    /// attention is full, which equals the window's only for contexts of at
-    /// most this many tokens: see [`ModelConfig::check_context_len`]. Gemma 2/3
-    /// apply the window on their local layers.
+    /// sees, itself included), `None` where attention is full. Architectures
+    /// that do not apply it ([`Architecture::implements_sliding_window`]) run
+    /// full attention, which equals the window's only for contexts of at most
+    /// this many tokens: see [`ModelConfig::check_context_len`]. Gemma 2/3
+    /// apply the window on their local layers, Llama (Mistral) on every layer.
     #[serde(default)]
     pub sliding_window: Option<usize>,
     /// Gemma 2/3 only (`None` for the other architectures).

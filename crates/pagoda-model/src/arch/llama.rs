@@ -1,6 +1,7 @@
-//! The Llama family: Llama 2/3, SmolLM2, Mistral-style models, and the shared
-//! body of Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm). With
-//! `attention_bias`, Llama and Qwen3 add biases to q/k/v and o_proj.
+//! The Llama family: Llama 2/3, SmolLM2, Mistral (with its sliding window on
+//! every layer), and the shared body of Qwen2 (q/k/v biases) and Qwen3
+//! (per-head q/k RMSNorm). With `attention_bias`, Llama and Qwen3 add biases
+//! to q/k/v and o_proj.
 //!
 //! Read top-down like Hugging Face's modeling_llama.py:
 //! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP ->
@@ -25,6 +26,10 @@ pub struct Variant {
     pub o_bias: bool,
     /// RMSNorm over each head of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Sliding-window attention on every layer (Mistral v0.1's
+    /// `sliding_window`); Qwen2/Qwen3 leave it `None` (their windows cover
+    /// only some layers, and building refuses contexts past them).
+    pub window: Option<usize>,
 }
 
 /// Self-attention of one layer.
@@ -83,6 +88,7 @@ pub fn build<B: Backend>(
             qkv_bias: cfg.attention_bias,
             o_bias: cfg.attention_bias,
             qk_norm: false,
+            window: cfg.sliding_window,
         },
         opts,
         progress,
@@ -187,7 +193,7 @@ impl<B: Backend> LlamaFamily<B> {
                 num_kv_heads: cfg.num_key_value_heads,
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
+                window: variant.window,
                 softcap: None,
             },
             eps: cfg.rms_norm_eps as f32,

@@ -21,6 +21,7 @@ pub fn build<B: Backend>(
             qkv_bias: true,
             o_bias: false,
             qk_norm: false,
+            window: None,
         },
         opts,
         progress,

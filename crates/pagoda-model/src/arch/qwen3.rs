@@ -18,6 +18,7 @@ pub fn build<B: Backend>(
         qkv_bias: cfg.attention_bias,
         o_bias: cfg.attention_bias,
         qk_norm: true,
+        window: None,
     };
     LlamaFamily::new(b, cfg, src, variant, opts, progress)
 }

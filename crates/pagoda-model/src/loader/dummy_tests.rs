@@ -367,6 +367,8 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
         "opt",
         "gemma3",
         "gemma2",
+        "mistral",
+        "mistral-v03",
     ];
     for arch in archs {
         let cfg =
@@ -398,4 +400,8 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
     assert_eq!(g.sliding_layers, vec![true, true, false, true]);
     assert_eq!(g.rope_local_base_freq, 1e4);
     assert_eq!(g.query_pre_attn_scalar, 24.0);
+    let mistral = super::super::hf_config::load_hf_config(&root.join("tiny-mistral")).unwrap();
+    assert_eq!(mistral.sliding_window, Some(8));
+    let v03 = super::super::hf_config::load_hf_config(&root.join("tiny-mistral-v03")).unwrap();
+    assert_eq!((v03.sliding_window, v03.head_dim), (None, Some(32)));
 }

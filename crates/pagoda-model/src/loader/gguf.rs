@@ -475,7 +475,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         word_embed_proj_dim: None,
         do_layer_norm_before: true,
         torch_dtype: dominant_weight_type(file),
-        // A window of 0 is none.
+        // A window of 0 is none. llama.cpp's converter writes no window for
+        // Mistral (arch `llama`) files and llama.cpp runs them with full
+        // attention; so does pagoda, honouring the key where a file has one.
         sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
         gemma: None,
     };

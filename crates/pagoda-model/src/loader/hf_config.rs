@@ -152,6 +152,8 @@ struct Defaults {
 const RMS_NORM_EPS: f64 = 1e-6;
 /// OPT's LayerNorm epsilon (torch's default; not a config field).
 const OPT_LAYER_NORM_EPS: f64 = 1e-5;
+/// `MistralConfig`'s `sliding_window` when the key is absent (Mistral v0.1's).
+const MISTRAL_SLIDING_WINDOW: usize = 4096;
 /// transformers' `default_theta`.
 const ROPE_THETA: f64 = 10_000.0;
 
@@ -526,11 +528,13 @@ fn check_supported(f: &Fields, class: HfClass) -> Result<()> {
 }
 
 /// The sliding window the config puts to use, if any: Mistral's
-/// `sliding_window` (null is none); Qwen2's and Qwen3's only with
-/// `use_sliding_window: true`, and then on the layers from
-/// `max_window_layers` on (none where that is past the last layer). A
-/// `layer_types` list, where present, says which layers slide. A window of 0
-/// is none.
+/// `sliding_window` (null is none, absent is `MistralConfig`'s 4096; every
+/// layer slides: transformers' `MistralForCausalLM` ignores `layer_types`,
+/// vLLM follows them, so a Mistral list mixing full and sliding layers is
+/// refused); Qwen2's and Qwen3's only with `use_sliding_window: true`, and
+/// then on the layers from `max_window_layers` on (none where that is past
+/// the last layer). A `layer_types` list, where present, says which layers
+/// slide. A window of 0 is none.
 fn sliding_window(
     f: &Fields,
     class: HfClass,
@@ -542,7 +546,10 @@ fn sliding_window(
         return Ok(g.sliding_layers.iter().any(|&s| s).then_some(window));
     }
     let window = match class {
-        HfClass::Mistral => f.usize_opt("sliding_window")?,
+        HfClass::Mistral => match f.obj.get("sliding_window") {
+            None => Some(MISTRAL_SLIDING_WINDOW),
+            Some(_) => f.usize_opt("sliding_window")?,
+        },
         HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
             f.usize_opt("sliding_window")?
         }
@@ -557,8 +564,17 @@ fn sliding_window(
             .ok_or_else(|| f.bad("layer_types", "an array", types))?;
         let slides = types
             .iter()
-            .any(|t| t.as_str() == Some("sliding_attention"));
-        return Ok(slides.then_some(window));
+            .filter(|t| t.as_str() == Some("sliding_attention"))
+            .count();
+        if class == HfClass::Mistral && slides > 0 && slides < types.len() {
+            return Err(ModelError::Config(format!(
+                "{}: layer_types mixing full and sliding attention on a mistral config is not \
+                 supported (transformers' MistralForCausalLM slides on every layer, vLLM only \
+                 on the listed ones)",
+                f.file
+            )));
+        }
+        return Ok((slides > 0).then_some(window));
     }
     if matches!(class, HfClass::Qwen2 | HfClass::Qwen3) {
         if let Some(first) = f.usize_opt("max_window_layers")? {

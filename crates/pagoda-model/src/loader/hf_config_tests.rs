@@ -356,7 +356,8 @@ fn sliding_window_is_recorded_only_where_in_use() {
         with_fields("mistral", r#", "sliding_window": null"#).sliding_window,
         None
     );
-    assert_eq!(with_fields("mistral", "").sliding_window, None);
+    // Absent is MistralConfig's default.
+    assert_eq!(with_fields("mistral", "").sliding_window, Some(4096));
     assert_eq!(
         with_fields("mistral", r#", "sliding_window": 0"#).sliding_window,
         None
@@ -376,8 +377,17 @@ fn sliding_window_is_recorded_only_where_in_use() {
     // An explicit layer list decides.
     let full = format!(r#"{on}, "layer_types": ["full_attention", "full_attention"]"#);
     assert_eq!(with_fields("qwen2", &full).sliding_window, None);
+    let all =
+        r#", "sliding_window": 64, "layer_types": ["sliding_attention", "sliding_attention"]"#;
+    assert_eq!(with_fields("mistral", all).sliding_window, Some(64));
+    // Mixed lists mean different things to transformers and vLLM.
     let mixed = r#", "sliding_window": 64, "layer_types": ["full_attention", "sliding_attention"]"#;
-    assert_eq!(with_fields("mistral", mixed).sliding_window, Some(64));
+    let json = format!(
+        r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 10{mixed}}}"#
+    );
+    assert!(config_err(parse(&json)).contains("layer_types mixing"));
     let bad = r#", "sliding_window": 64, "layer_types": "sliding_attention""#;
     let json = format!(
         r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
@@ -391,8 +401,12 @@ fn sliding_window_is_recorded_only_where_in_use() {
 }
 
 #[test]
-fn a_context_past_the_window_is_refused() {
-    let c = with_fields("mistral", r#", "sliding_window": 4096"#);
+fn a_context_past_an_unapplied_window_is_refused() {
+    // Qwen2's window covers only the layers from max_window_layers on.
+    let c = with_fields(
+        "qwen2",
+        r#", "use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 1"#,
+    );
     assert_eq!(c.check_context_len(4096), Ok(()));
     assert_eq!(c.check_context_len(1), Ok(()));
     let msg = c.check_context_len(4097).unwrap_err();
@@ -401,8 +415,11 @@ fn a_context_past_the_window_is_refused() {
         "{msg}"
     );
     assert!(msg.contains("4097"), "{msg}");
-    let full = with_fields("mistral", "");
+    let full = with_fields("mistral", r#", "sliding_window": null"#);
     assert_eq!(full.check_context_len(1 << 20), Ok(()));
+    // Mistral's window is applied by the Llama file: any context is exact.
+    let mistral = with_fields("mistral", r#", "sliding_window": 4096"#);
+    assert_eq!(mistral.check_context_len(1 << 20), Ok(()));
 }
 
 /// gemma-3-270m's published config.json (the fields that matter).
