@@ -3,7 +3,8 @@
 //! of 6 on 2 of 3 layers, two rope bases) and Gemma 2 (window 5 on alternate
 //! layers, attention and final logit soft-capping), Mistral v0.1 (window 8
 //! on every layer, prompts up to 40 tokens) and Mistral v0.3 (no window, a
-//! 32768-token vocabulary, head_dim 32 != 64 / 4) models
+//! 32768-token vocabulary, head_dim 32 != 64 / 4) and Phi-3 (fused qkv and
+//! gate/up, 12 of 16 head dimensions rotated, LongRoPE, window 8) models
 //! against Hugging Face transformers (tests/golden/tiny-*/, made by
 //! scripts/golden/models.py with pagoda's dummy-weight spec): last-prompt
 //! logits, 16 greedy tokens with their top-5, alone and batched, from dummy
@@ -21,7 +22,7 @@ use pagoda_model::loader::safetensors_writer::{write_safetensors, StorageDtype};
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::ModelConfig;
 
-const ARCHS: [&str; 9] = [
+const ARCHS: [&str; 10] = [
     "llama",
     "llama-attnbias",
     "qwen2",
@@ -31,6 +32,7 @@ const ARCHS: [&str; 9] = [
     "gemma2",
     "mistral",
     "mistral-v03",
+    "phi3",
 ];
 
 fn load(arch: &str) -> (ModelConfig, serde_json::Value) {
@@ -90,6 +92,26 @@ fn dummy_weights_match_transformers_for_every_architecture() {
         let mut runner = cpu_runner(&cfg, &src, WeightDtype::F32, 64);
         check_runner(arch, &mut runner, &golden, 1e-4, true);
     }
+}
+
+/// Phi-3's LongRoPE with a context within `original_max_position_embeddings`
+/// (64) takes the short factors, as transformers does for such sequences
+/// (golden_short.json); the default context (256) takes the long ones
+/// (golden.json, checked above).
+#[test]
+fn phi3_within_the_original_context_uses_the_short_factors() {
+    let (cfg, _) = load("phi3");
+    let golden = read_json("tests/golden/tiny-phi3/golden_short.json");
+    let src = DummySource::new(&cfg).unwrap();
+    let backend = pagoda_kernels::cpu::CpuBackend::new(pagoda_kernels::cpu::CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F32,
+    })
+    .unwrap();
+    let opts = pagoda_model::arch::BuildOptions { max_model_len: 64 };
+    let model = pagoda_model::arch::build(&backend, &cfg, &src, opts, &mut |_, _| {}).unwrap();
+    let mut runner = pagoda_engine::ModelRunner::new(backend, model, BLOCK_SIZE, 64).unwrap();
+    check_runner("phi3 (short factors)", &mut runner, &golden, 1e-4, true);
 }
 
 #[test]

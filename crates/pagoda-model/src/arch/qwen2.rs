@@ -22,6 +22,7 @@ pub fn build<B: Backend>(
             o_bias: false,
             qk_norm: false,
             window: None,
+            fused: false,
         },
         opts,
         progress,

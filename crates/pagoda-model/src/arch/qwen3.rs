@@ -19,6 +19,7 @@ pub fn build<B: Backend>(
         o_bias: cfg.attention_bias,
         qk_norm: true,
         window: None,
+        fused: false,
     };
     LlamaFamily::new(b, cfg, src, variant, opts, progress)
 }

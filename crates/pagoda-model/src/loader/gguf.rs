@@ -89,6 +89,23 @@ pub fn gemma_gguf_to_hf_name(name: &str) -> Option<String> {
     gemma().or_else(|| gguf_to_hf_name(name))
 }
 
+/// [`gguf_to_hf_name`] for Phi-3 files: `attn_qkv` is the fused
+/// `qkv_proj`, and `ffn_up` holds gate and up stacked (`gate_up_proj`).
+pub fn phi3_gguf_to_hf_name(name: &str) -> Option<String> {
+    let phi3 = || {
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        layer.parse::<usize>().ok()?;
+        let hf = match rest {
+            "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+            "ffn_up.weight" => "mlp.gate_up_proj.weight",
+            _ => return None,
+        };
+        Some(format!("model.layers.{layer}.{hf}"))
+    };
+    phi3().or_else(|| gguf_to_hf_name(name))
+}
+
 /// The Hugging Face name of the GGUF tensor `name`, if it has one.
 pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     if let Some(&(h, _)) = GLOBAL_NAMES.iter().find(|(_, g)| *g == name) {
@@ -242,6 +259,8 @@ impl GgufSource {
         let config = config_from_gguf(&file)?;
         let to_hf = if config.gemma.is_some() {
             gemma_gguf_to_hf_name
+        } else if config.architecture == Architecture::Phi3 {
+            phi3_gguf_to_hf_name
         } else {
             gguf_to_hf_name
         };
@@ -419,6 +438,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         "qwen3" => Architecture::Qwen3,
         "gemma2" => Architecture::Gemma2,
         "gemma3" => Architecture::Gemma3,
+        "phi3" => Architecture::Phi3,
         other => return Err(ModelError::UnknownArchitecture(other.to_string())),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -461,6 +481,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         num_attention_heads,
         num_key_value_heads,
         head_dim,
+        rotary_dim: None,
         vocab_size,
         max_position_embeddings: usize_key("context_length")?,
         rms_norm_eps: md
@@ -491,7 +512,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         }
     }
     if let Some(rot) = opt_usize("rope.dimension_count")? {
-        if rot != config.head_dim() {
+        if architecture == Architecture::Phi3 && rot != config.head_dim() {
+            // Phi-4-mini's partial rotary (checked by `validate`).
+            config.rotary_dim = Some(rot);
+        } else if rot != config.head_dim() {
             return Err(ModelError::Config(format!(
                 "{}: rotary dimension {rot} differs from head_dim {} (partial rotary is not supported)",
                 key("rope.dimension_count"),
@@ -579,6 +603,9 @@ fn rope_scaling(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Opt
         .optional(&format!("{arch}.rope.scaling.type"), Metadata::get_str)
         .map_err(cfg)?;
     let factor_key = format!("{arch}.rope.scaling.factor");
+    if let Some(longrope) = longrope(file, arch, config)? {
+        return Ok(Some(longrope));
+    }
     match kind {
         Some("linear") => {
             let factor = md.get_f64(&factor_key).map_err(cfg)?;
@@ -612,6 +639,54 @@ fn rope_scaling(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Opt
                     .into(),
             )
         })
+}
+
+/// Phi-3's LongRoPE as llama.cpp's converter stores it: the factors as the
+/// tensors `rope_factors_short.weight` and `rope_factors_long.weight`, the
+/// original context as `{arch}.rope.scaling.original_context_length`, the
+/// attention factor as `{arch}.rope.scaling.attn_factor` (computed as
+/// transformers does where absent). `None` without the factor tensors.
+fn longrope(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Option<RopeScaling>> {
+    let (short, long) = ("rope_factors_short.weight", "rope_factors_long.weight");
+    if file.tensor(short).is_none() && file.tensor(long).is_none() {
+        return Ok(None);
+    }
+    let md = file.metadata();
+    let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
+    let factors = |name: &str| -> Result<Vec<f64>> {
+        if file.tensor(name).is_none() {
+            return Err(ModelError::Config(format!(
+                "LongRoPE factors without {name} (both rope_factors_short and _long are needed)"
+            )));
+        }
+        Ok(file.dequantize(name)?.into_iter().map(f64::from).collect())
+    };
+    let original = md
+        .get_usize(&format!("{arch}.rope.scaling.original_context_length"))
+        .map_err(cfg)?;
+    let attention_factor = match md
+        .optional(
+            &format!("{arch}.rope.scaling.attn_factor"),
+            Metadata::get_f64,
+        )
+        .map_err(cfg)?
+    {
+        Some(a) => a,
+        None => {
+            let scale = config.max_position_embeddings as f64 / original.max(1) as f64;
+            if scale <= 1.0 {
+                1.0
+            } else {
+                (1.0 + scale.ln() / (original as f64).ln()).sqrt()
+            }
+        }
+    };
+    Ok(Some(RopeScaling::LongRope {
+        short_factor: factors(short)?,
+        long_factor: factors(long)?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    }))
 }
 
 /// Recovers Llama 3 scaling parameters from llama.cpp's per-frequency
