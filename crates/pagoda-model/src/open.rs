@@ -243,8 +243,32 @@ impl fmt::Display for ModelSummary {
         writeln!(f, "vocab size:           {}", c.vocab_size)?;
         writeln!(f, "context length:       {}", c.max_position_embeddings)?;
         writeln!(f, "rope theta:           {}", c.rope_theta)?;
-        if let Some(s) = &c.rope_scaling {
-            writeln!(f, "rope scaling:         {s:?}")?;
+        match &c.rope_scaling {
+            Some(crate::RopeScaling::LongRope {
+                short_factor,
+                original_max_position_embeddings: original,
+                attention_factor,
+                ..
+            }) => writeln!(
+                f,
+                "rope scaling:         longrope ({} short/long factors, original context \
+                 {original}: long factors when --max-model-len is over it; attention factor \
+                 {attention_factor:.6})",
+                short_factor.len()
+            )?,
+            Some(s) => writeln!(f, "rope scaling:         {s:?}")?,
+            None => {}
+        }
+        if c.rotary_dim() != c.head_dim() {
+            writeln!(
+                f,
+                "rotary dims:          {} of {}",
+                c.rotary_dim(),
+                c.head_dim()
+            )?;
+        }
+        if let Some(w) = c.sliding_window {
+            writeln!(f, "sliding window:       {w}")?;
         }
         writeln!(f, "norm eps:             {}", c.rms_norm_eps)?;
         writeln!(f, "tied embeddings:      {}", c.tie_word_embeddings)?;
