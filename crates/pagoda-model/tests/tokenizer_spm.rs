@@ -148,3 +148,66 @@ fn llama_style_sentencepiece_matches_the_sentencepiece_library() {
     let err = Tokenizer::from_gguf(&no_scores).unwrap_err().to_string();
     assert!(err.contains("scores"), "{err}");
 }
+
+#[test]
+fn unigram_matches_the_sentencepiece_library() {
+    let golden: Value = serde_json::from_slice(
+        &std::fs::read(repo_root().join("tests/golden/unigram_tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    let spec = GgufTokenizerSpec {
+        model: "t5".into(),
+        tokens: serde_json::from_value(golden["tokens"].clone()).unwrap(),
+        scores: serde_json::from_value(golden["scores"].clone()).unwrap(),
+        token_types: serde_json::from_value(golden["token_types"].clone()).unwrap(),
+        precompiled_charsmap: base64_decode(golden["precompiled_charsmap"].as_str().unwrap()),
+        add_space_prefix: golden["add_space_prefix"].as_bool(),
+        remove_extra_whitespaces: golden["remove_extra_whitespaces"].as_bool(),
+        unknown_token_id: golden["unknown_token_id"].as_u64().map(|x| x as u32),
+        bos_token_id: golden["bos_token_id"].as_u64().map(|x| x as u32),
+        eos_token_id: golden["eos_token_id"].as_u64().map(|x| x as u32),
+        ..Default::default()
+    };
+    let tok = Tokenizer::from_gguf(&spec).unwrap();
+    let mut failures = Vec::new();
+    let cases = golden["cases"].as_array().unwrap();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected = ids(&case["ids"]);
+        let got = tok.encode(text, false).unwrap();
+        if got != expected {
+            failures.push(format!("encode {text:?}: got {got:?}, want {expected:?}"));
+            continue;
+        }
+        let decoded = case.get("decoded").and_then(Value::as_str).unwrap_or(text);
+        let got = tok.decode(&expected, false).unwrap();
+        if got != decoded {
+            failures.push(format!("decode {text:?}: got {got:?}, want {decoded:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures[..failures.len().min(20)].join("\n")
+    );
+}
+
+/// Standard base64 (with `=` padding), enough for the golden file.
+fn base64_decode(text: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes().filter(|&c| c != b'=') {
+        let v = ALPHABET.iter().position(|&a| a == c).unwrap() as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    out
+}

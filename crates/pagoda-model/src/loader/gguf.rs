@@ -175,6 +175,13 @@ pub struct GgufTokenizerMetadata {
     pub add_space_prefix: Option<bool>,
     /// `general.architecture` (SentencePiece vocabularies differ by family).
     pub architecture: Option<String>,
+    /// `tokenizer.ggml.precompiled_charsmap`: SentencePiece's normalization
+    /// table (Unigram vocabularies; empty when absent).
+    pub precompiled_charsmap: Vec<u8>,
+    /// `tokenizer.ggml.remove_extra_whitespaces`.
+    pub remove_extra_whitespaces: Option<bool>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unknown_token_id: Option<u32>,
 }
 
 /// The tokenizer metadata of a GGUF file, whatever its architecture (the
@@ -235,6 +242,28 @@ pub fn tokenizer_metadata(file: &GgufFile) -> Result<GgufTokenizerMetadata> {
             .optional("tokenizer.ggml.add_space_prefix", Metadata::get_bool)
             .map_err(e)?,
         architecture: opt_str("general.architecture")?,
+        precompiled_charsmap: match md
+            .optional("tokenizer.ggml.precompiled_charsmap", Metadata::get_array)
+            .map_err(e)?
+        {
+            None => Vec::new(),
+            Some(MetadataArray::U8(v)) => v.clone(),
+            Some(MetadataArray::I8(v)) => v.iter().map(|&x| x as u8).collect(),
+            Some(_) => {
+                return Err(ModelError::Tokenizer(
+                    "tokenizer.ggml.precompiled_charsmap is not an array of bytes".into(),
+                ))
+            }
+        },
+        remove_extra_whitespaces: md
+            .optional(
+                "tokenizer.ggml.remove_extra_whitespaces",
+                Metadata::get_bool,
+            )
+            .map_err(e)?,
+        unknown_token_id: md
+            .optional("tokenizer.ggml.unknown_token_id", Metadata::get_u32)
+            .map_err(e)?,
     })
 }
 

@@ -9,7 +9,8 @@
 //!
 //! - [`gguf`]: GGUF metadata -> byte-level BPE pipeline (pre-tokenizer regex
 //!   chosen by `tokenizer.ggml.pre`, see `gguf_pre`), or SentencePiece BPE
-//!   with byte fallback (`gguf_spm`).
+//!   with byte fallback (`gguf_spm`), or SentencePiece Unigram
+//!   (`gguf_unigram`).
 //! - [`hf`]: Hugging Face directory loading (special tokens, chat template).
 //! - [`chat_template`]: Jinja chat templates rendered with minijinja in the
 //!   dialect transformers uses.
@@ -30,6 +31,7 @@ pub mod detokenizer;
 pub mod gguf;
 mod gguf_pre;
 mod gguf_spm;
+mod gguf_unigram;
 pub mod hf;
 mod token_bytes;
 
