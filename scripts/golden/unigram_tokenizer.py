@@ -8,7 +8,10 @@ fallback on a seeded corpus, and writes what a GGUF of that model carries
 with the ids sentencepiece itself gives for a fuzz corpus. Run from the
 repository root:
     /work/refenv/bin/python scripts/golden/unigram_tokenizer.py
-(needs `pip install sentencepiece protobuf`). Writes
+(needs `pip install sentencepiece protobuf`). The fuzz corpus (the fixed
+strings, the combining-mark cases, 1,000 seeded random strings of words,
+scripts, digits, whitespace runs and code) is encoded by sentencepiece's own
+encoder. Writes
 tests/golden/unigram_tokenizer.json.
 """
 import base64
@@ -27,7 +30,14 @@ from gemma_tokenizer import FIXED, random_string  # noqa: E402
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT_JSON = os.path.join(ROOT, "tests", "golden", "unigram_tokenizer.json")
 SEED = 11
-N_RANDOM = 250
+N_RANDOM = 1000
+# Combining marks and zero-width characters next to spaces and each other,
+# where per-grapheme normalization differs from sentencepiece's.
+EXTRA = [
+    " \u0301x", "a \u0301", "\u200b\u0301", "x\u200b \u0301y", "\u3000\u0301", "\t\u0301\u0301",
+    "e\u0301\u0301 \u00a0\u0301", "\ufeff\u0301a", "\u200d\u0301", "\u0301", "  \u0301  ",
+    "ﬁ ﬀ ① ㈱ ｶ ｱﾞ", "Ｆｕｌｌ\u3000ｗｉｄｔｈ", "x\u00ad y",
+]
 
 
 def main():
@@ -47,7 +57,7 @@ def main():
     tokens = [p.piece for p in proto.pieces]
     scores = [p.score for p in proto.pieces]
     types = [kinds[p.type] for p in proto.pieces]
-    texts = FIXED + [random_string(rng) for _ in range(N_RANDOM)]
+    texts = FIXED + EXTRA + [random_string(rng) for _ in range(N_RANDOM)]
     cases = []
     for text in texts:
         ids = sp.encode(text)

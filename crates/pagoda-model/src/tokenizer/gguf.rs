@@ -133,6 +133,7 @@ pub(super) fn parts(
         add_bos_token: spec.add_bos_token.unwrap_or(add_bos_by_default) && bos_token_id.is_some(),
         add_eos_token: spec.add_eos_token.unwrap_or(false) && eos_token_id.is_some(),
         chat_template_source: spec.chat_template.clone(),
+        normalizer: None,
     })
 }
 

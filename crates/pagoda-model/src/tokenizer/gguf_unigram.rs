@@ -1,11 +1,13 @@
 //! GGUF SentencePiece Unigram (`tokenizer.ggml.model` = `t5`) -> a Hugging
 //! Face `tokenizers` pipeline, built from the file's metadata alone.
 //!
-//! Normalization follows SentencePiece (and llama.cpp): the file's
-//! precompiled charsmap (NFKC-like table) when present, then, unless
-//! `remove_extra_whitespaces` is false, leading and trailing spaces dropped
-//! and space runs collapsed, then a `▁` prefix unless `add_space_prefix` is
-//! false, then spaces -> `▁`. The Unigram model picks the most probable
+//! Normalization is the sentencepiece library's ([`super::spm_normalizer`],
+//! run on the text before the pipeline, which has no normalizer): the file's
+//! precompiled charsmap (NFKC-like table) by longest match when present,
+//! then, unless `remove_extra_whitespaces` is false, leading and trailing
+//! spaces dropped and space runs collapsed, then a `▁` prefix unless
+//! `add_space_prefix` is false, then spaces -> `▁`. User-defined tokens are
+//! left as written. The Unigram model picks the most probable
 //! segmentation by the pieces' scores; text no piece covers becomes `<0xNN>`
 //! byte tokens when the vocabulary has them, else the unknown token.
 //!
@@ -13,6 +15,7 @@
 //! plain added tokens. EOS is appended and BOS not, unless the file says
 //! otherwise (llama.cpp's defaults for this vocabulary type).
 
+use super::spm_normalizer::SpmNormalizer;
 use super::{tok_err, GgufTokenizerSpec, TokenizerParts};
 use crate::Result;
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -20,11 +23,8 @@ use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::models::unigram::Unigram;
-use tokenizers::normalizers::precompiled::Precompiled;
-use tokenizers::normalizers::prepend::Prepend;
 use tokenizers::normalizers::replace::Replace;
-use tokenizers::normalizers::Sequence as NormalizerSequence;
-use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper};
+use tokenizers::{AddedToken, DecoderWrapper};
 
 const TOKEN_TYPE_UNKNOWN: i32 = 2;
 const TOKEN_TYPE_CONTROL: i32 = 3;
@@ -70,32 +70,19 @@ pub(crate) fn build(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
     let model = Unigram::from(vocab, unk_id, byte_fallback)
         .map_err(|e| tok_err(format!("cannot build Unigram from GGUF vocabulary: {e}")))?;
 
-    let re = |pattern: &str, content: &str| -> Result<NormalizerWrapper> {
-        Replace::new(
-            tokenizers::normalizers::replace::ReplacePattern::Regex(pattern.to_string()),
-            content,
-        )
-        .map(Into::into)
-        .map_err(|e| tok_err(format!("normalizer: {e}")))
-    };
-    let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
-    if !spec.precompiled_charsmap.is_empty() {
-        let charsmap = Precompiled::from(&spec.precompiled_charsmap)
-            .map_err(|e| tok_err(format!("bad tokenizer.ggml.precompiled_charsmap: {e}")))?;
-        normalizers.push(charsmap.into());
-    }
-    if spec.remove_extra_whitespaces.unwrap_or(true) {
-        normalizers.push(re("^ +| +$", "")?);
-        normalizers.push(re(" {2,}", " ")?);
-    }
     let prefix_space = spec.add_space_prefix.unwrap_or(true);
-    if prefix_space {
-        normalizers.push(Prepend::new(SPACE_MARK.to_string()).into());
-    }
-    normalizers.push(re(" ", SPACE_MARK)?);
+    let user_defined = (0..n)
+        .filter(|&id| type_of(id) == TOKEN_TYPE_USER_DEFINED)
+        .map(|id| spec.tokens[id].clone())
+        .collect();
+    let normalizer = SpmNormalizer::with_user_defined(
+        &spec.precompiled_charsmap,
+        spec.remove_extra_whitespaces.unwrap_or(true),
+        prefix_space,
+        user_defined,
+    )?;
 
     let mut inner = tokenizers::Tokenizer::new(model);
-    inner.with_normalizer(Some(NormalizerSequence::new(normalizers)));
     let mut decoders: Vec<DecoderWrapper> = vec![
         Replace::new(SPACE_MARK, " ")
             .map_err(|e| tok_err(format!("decoder: {e}")))?
@@ -142,5 +129,6 @@ pub(crate) fn build(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
         add_bos_token: spec.add_bos_token.unwrap_or(false) && bos_token_id.is_some(),
         add_eos_token: spec.add_eos_token.unwrap_or(true) && eos_token_id.is_some(),
         chat_template_source: spec.chat_template.clone(),
+        normalizer: Some(normalizer),
     })
 }
