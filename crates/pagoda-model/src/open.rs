@@ -187,6 +187,8 @@ pub struct ModelSummary {
     pub dtypes: BTreeMap<String, usize>,
     pub chat_template: bool,
     pub tokenizer_vocab_size: Option<usize>,
+    /// The tokenizer's model ([`Tokenizer::model_kind`]).
+    pub tokenizer_model: Option<&'static str>,
     pub tensors: Vec<TensorInfo>,
 }
 
@@ -211,6 +213,7 @@ impl ModelFiles {
                 .as_ref()
                 .is_some_and(|t| t.chat_template().is_some()),
             tokenizer_vocab_size: self.tokenizer.as_ref().map(|t| t.vocab_size()),
+            tokenizer_model: self.tokenizer.as_ref().map(|t| t.model_kind()),
             tensors,
         }
     }
@@ -280,6 +283,9 @@ impl fmt::Display for ModelSummary {
         writeln!(f, "tensor types:         {}", dtypes.join(", "))?;
         if let Some(v) = self.tokenizer_vocab_size {
             writeln!(f, "tokenizer vocab:      {v}")?;
+        }
+        if let Some(m) = self.tokenizer_model {
+            writeln!(f, "tokenizer model:      {m}")?;
         }
         writeln!(
             f,

@@ -541,6 +541,7 @@ fn info_describes_smollm2() {
     assert_eq!(v["config"]["num_hidden_layers"], 30);
     assert_eq!(v["config"]["vocab_size"], 49152);
     assert_eq!(v["tokenizer_vocab_size"], 49152);
+    assert_eq!(v["tokenizer_model"], "byte-level BPE");
     assert_eq!(v["chat_template"], true);
 }
 
@@ -583,6 +584,33 @@ fn tokenizer_option_replaces_the_gguf_tokenizer() {
         ],
         &["absent.json"],
     );
+}
+
+/// `info` on a Phi-3 config names the architecture, its partial rotary,
+/// sliding window and LongRoPE.
+#[test]
+fn info_describes_a_phi3_config() {
+    let config = workspace_root().join("tests/golden/tiny-phi3/config.json");
+    let out = pagoda(&[
+        "info",
+        "--dummy-weights",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "architecture:         phi3",
+        "rotary dims:          12 of 16",
+        "sliding window:       8",
+        "longrope (6 short/long factors, original context 64",
+    ] {
+        assert!(stdout.contains(want), "{want:?} missing from:\n{stdout}");
+    }
 }
 
 #[test]

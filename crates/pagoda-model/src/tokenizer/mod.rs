@@ -208,6 +208,18 @@ impl Tokenizer {
         self.inner.decode(&[id], false).ok()
     }
 
+    /// What kind of tokenizer model this is: `byte-level BPE`, `SentencePiece
+    /// BPE` (byte fallback), `SentencePiece Unigram`, `WordPiece`, `WordLevel`.
+    pub fn model_kind(&self) -> &'static str {
+        match self.inner.get_model() {
+            tokenizers::ModelWrapper::BPE(bpe) if bpe.byte_fallback => "SentencePiece BPE",
+            tokenizers::ModelWrapper::BPE(_) => "byte-level BPE",
+            tokenizers::ModelWrapper::Unigram(_) => "SentencePiece Unigram",
+            tokenizers::ModelWrapper::WordPiece(_) => "WordPiece",
+            tokenizers::ModelWrapper::WordLevel(_) => "WordLevel",
+        }
+    }
+
     /// The vocabulary entry of `id` as stored (byte-level form, e.g. `Ġthe`).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)

@@ -188,7 +188,9 @@ mod tests {
         let keep = SpmNormalizer::with_user_defined(&[], false, false, vec![]).unwrap();
         assert_eq!(keep.normalize(" a  b "), "▁a▁▁b▁");
         let user = SpmNormalizer::with_user_defined(&[], true, true, vec!["<x y>".into()]).unwrap();
-        assert_eq!(user.normalize("a<x y>"), "▁a<x y>");
+        // Kept whole (not collapsed or charsmapped), but spaces escaped, as in
+        // sentencepiece.
+        assert_eq!(user.normalize("a<x y>"), "▁a<x▁y>");
     }
 
     #[test]
