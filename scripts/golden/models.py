@@ -17,7 +17,7 @@ What is written:
   transformers to float32). Greedy continuations (argmax each step, EOS not treated
   specially) with per-step top-5 ids/logits, and for the first prompt the logits of
   a fixed list of 64 ids at each of the first 10 steps.
-- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2}/config.json: the transformers config
+- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2,mistral,mistral-v03,phi3}/config.json: the transformers config
   (save_pretrained output, plus the legacy "rope_theta"/"rope_scaling"/"torch_dtype"
   keys that real checkpoints carry; transformers reads both forms to the same config),
   and generation_config.json.
@@ -25,7 +25,9 @@ What is written:
   dummy weights (scripts/golden/dummy_weights.py, identical to
   crates/pagoda-model/src/loader/dummy.rs); for 4 prompts of random token ids the
   full-vocab logits of the last prompt position and 16 greedy tokens with top-5 per
-  step; plus the Hugging Face tensor names and shapes.
+  step; plus the Hugging Face tensor names and shapes. LongRoPE models (phi3)
+  hold the long factors at every length there, and transformers' own (short)
+  choice in golden_short.json.
 
 Every step is a plain forward pass (eager attention, KV cache, no sampling, no
 generate()). Floats are rounded to 6 significant digits.
@@ -187,7 +189,18 @@ PROMPT_SEED = 9
 MIN_MARGIN = 2e-3
 # Models added later keep the others' files unchanged: their own first seed
 # (trying 0, 1, 2, ...) whose greedy steps all clear MIN_MARGIN.
-PROMPT_SEEDS = {"llama-attnbias": 0, "gemma3": 0, "gemma2": 4}
+PROMPT_SEEDS = {"llama-attnbias": 0, "gemma3": 0, "gemma2": 4, "mistral": 0, "mistral-v03": 2, "phi3": 0}
+# Vocabularies this large store every LOGIT_STRIDE-th last-prompt logit only
+# (keeps golden.json under 1 MB); the test compares the same ids.
+LARGE_VOCAB = 4096
+LOGIT_STRIDE = 32
+
+
+PHI3_ROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.25, 1.5, 2.0, 2.5, 3.0],
+    "long_factor": [2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+}
 
 
 def tiny_configs():
@@ -312,6 +325,63 @@ def tiny_configs():
             ),
             {"rope_theta": 10000.0},
         ),
+        # Mistral v0.1: sliding window (8) on every layer, shorter than the
+        # longer prompts.
+        "mistral": (
+            T.MistralForCausalLM,
+            T.MistralConfig(
+                **common,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-5,
+                rope_theta=10000.0,
+                sliding_window=8,
+                tie_word_embeddings=False,
+            ),
+            {"rope_theta": 10000.0},
+        ),
+        # Mistral v0.3 / Nemo: no window (null), a 32768-token vocabulary, an
+        # explicit head_dim other than hidden / heads.
+        "mistral-v03": (
+            T.MistralForCausalLM,
+            T.MistralConfig(
+                **{**common, "vocab_size": 32768},
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_key_value_heads=1,
+                head_dim=32,
+                rms_norm_eps=1e-5,
+                rope_theta=1000000.0,
+                sliding_window=None,
+                tie_word_embeddings=False,
+            ),
+            {"rope_theta": 1000000.0, "sliding_window": None},
+        ),
+        # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj, partial rotary
+        # (0.75 of head_dim 16: 12 dimensions), LongRoPE with a 4x longer
+        # context than the original 64 (attention factor sqrt(1 + ln 4 / ln 64)),
+        # and a sliding window of 8 on every layer (Phi-3-mini-4k has 2047).
+        "phi3": (
+            T.Phi3ForCausalLM,
+            T.Phi3Config(
+                **common,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-5,
+                original_max_position_embeddings=64,
+                rope_parameters=dict(PHI3_ROPE, rope_theta=10000.0, partial_rotary_factor=0.75),
+                sliding_window=8,
+                tie_word_embeddings=False,
+            ),
+            {
+                "rope_theta": 10000.0,
+                # Phi-3.5's form: "type", no "rope_type".
+                "rope_scaling": {**{k: v for k, v in PHI3_ROPE.items() if k != "rope_type"}, "type": "longrope"},
+                "partial_rotary_factor": 0.75,
+            },
+        ),
         "opt": (
             T.OPTForCausalLM,
             T.OPTConfig(
@@ -368,11 +438,61 @@ def save_config(model, cfg, legacy, out_dir):
         f.write("\n")
     # Both forms must read back to the same transformers config.
     back = T.AutoConfig.from_pretrained(out_dir)
-    for key in ("rope_parameters", "head_dim", "num_key_value_heads", "tie_word_embeddings"):
+    for key in ("rope_parameters", "head_dim", "num_key_value_heads", "tie_word_embeddings", "sliding_window"):
         if hasattr(cfg, key):
-            assert getattr(back, key) == getattr(cfg, key), (key, getattr(back, key), getattr(cfg, key))
+            got, want = getattr(back, key), getattr(cfg, key)
+            if key == "rope_parameters" and isinstance(got, dict) and "type" in got:
+                # The legacy "type" key read back next to "rope_type".
+                got = {k: v for k, v in got.items() if k != "type"}
+            assert got == want, (key, got, want)
     gen = T.GenerationConfig.from_model_config(cfg)
     gen.save_pretrained(out_dir)
+
+
+def run_prompts(arch, model, seed):
+    """The golden prompts of `seed`: last-prompt logits (every LOGIT_STRIDE-th
+    for large vocabularies), 16 greedy tokens with their top-5; every greedy step must clear MIN_MARGIN."""
+    rng = np.random.default_rng(seed)
+    stride = LOGIT_STRIDE if model.config.vocab_size > LARGE_VOCAB else 1
+    prompts = []
+    for n in PROMPT_LENS:
+        ids = rng.integers(0, VOCAB, size=n).tolist()
+        toks, recs, last = greedy(model, ids, 16)
+        margin = min(r["top_logits"][0] - r["top_logits"][1] for r in recs)
+        assert margin >= MIN_MARGIN, f"{arch}: near-tie ({margin}) in a greedy step; pick another prompt seed"
+        prompts.append(
+            {
+                "prompt_ids": ids,
+                "last_logits": r6list(last.tolist()[::stride]),
+                "output_ids": toks,
+                "min_top2_margin": r6(margin),
+                "steps": recs,
+            }
+        )
+    return prompts
+
+
+def force_long_rope(model):
+    """Makes a LongRoPE model use its long factors at every sequence length."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    emb = model.model.rotary_emb
+    original = model.config.rope_parameters["original_max_position_embeddings"]
+    long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](model.config, None, seq_len=original + 1)
+    with torch.no_grad():
+        emb.original_inv_freq.copy_(long_inv)
+        emb.inv_freq.copy_(long_inv)
+
+
+def first_seed(arch, model):
+    """The first prompt seed (0, 1, 2, ...) whose greedy steps all clear MIN_MARGIN."""
+    for seed in range(100):
+        try:
+            run_prompts(arch, model, seed)
+            return seed
+        except AssertionError:
+            continue
+    raise SystemExit(f"{arch}: no prompt seed below 100 clears the margin")
 
 
 def tiny(arch, cls, cfg, legacy):
@@ -387,21 +507,34 @@ def tiny(arch, cls, cfg, legacy):
     save_config(model, cfg, legacy, out_dir)
 
     seed = PROMPT_SEEDS.get(arch, PROMPT_SEED)
-    rng = np.random.default_rng(seed)
-    prompts = []
-    for n in PROMPT_LENS:
-        ids = rng.integers(0, VOCAB, size=n).tolist()
-        toks, recs, last = greedy(model, ids, 16)
-        margin = min(r["top_logits"][0] - r["top_logits"][1] for r in recs)
-        assert margin >= MIN_MARGIN, f"{arch}: near-tie ({margin}) in a greedy step; pick another prompt seed"
-        prompts.append(
+    extra_files = {}
+    if cfg.rope_parameters.get("rope_type") == "longrope":
+        # transformers switches to the long factors in a forward pass whose
+        # sequence passes original_max_position_embeddings (every golden
+        # sequence here is shorter). golden_short.json is that as it is: a
+        # context of at most the original length, where pagoda (like vLLM and
+        # llama.cpp) uses the short factors throughout. golden.json holds the
+        # long factors for every position, which pagoda uses whenever
+        # max_model_len exceeds the original length (the tests' default).
+        extra_files["golden_short.json"] = run_prompts(arch, model, seed)
+        force_long_rope(model)
+    prompts = run_prompts(arch, model, seed)
+    stride = LOGIT_STRIDE if cfg.vocab_size > LARGE_VOCAB else 1
+    extra = {"last_logits_stride": stride} if stride > 1 else {}
+    for name, short_prompts in extra_files.items():
+        write_json(
+            os.path.join(out_dir, name),
             {
-                "prompt_ids": ids,
-                "last_logits": r6list(last.tolist()),
-                "output_ids": toks,
-                "min_top2_margin": r6(margin),
-                "steps": recs,
-            }
+                "architecture": arch,
+                "hf_class": type(model).__name__,
+                "note": "as golden.json, but with transformers' own LongRoPE choice: every sequence is "
+                "shorter than original_max_position_embeddings, so the short factors throughout "
+                "(pagoda: a max_model_len of at most that length)",
+                "versions": versions(),
+                "prompt_seed": seed,
+                "new_tokens": 16,
+                "prompts": short_prompts,
+            },
         )
     write_json(
         os.path.join(out_dir, "golden.json"),
@@ -413,6 +546,7 @@ def tiny(arch, cls, cfg, legacy):
             "prompt ids from numpy default_rng(prompt_seed).integers(0, vocab, n) in order",
             "versions": versions(),
             "prompt_seed": seed,
+            **extra,
             "new_tokens": 16,
             "tensors": [{"name": n, "shape": s} for n, s in written],
             "prompts": prompts,

@@ -1,7 +1,10 @@
 //! Tiny random Llama (Llama 3 rope scaling), Llama with attention_bias
 //! (biases on q/k/v and o_proj), Qwen2, Qwen3, OPT, Gemma 3 (sliding windows
 //! of 6 on 2 of 3 layers, two rope bases) and Gemma 2 (window 5 on alternate
-//! layers, attention and final logit soft-capping) models
+//! layers, attention and final logit soft-capping), Mistral v0.1 (window 8
+//! on every layer, prompts up to 40 tokens) and Mistral v0.3 (no window, a
+//! 32768-token vocabulary, head_dim 32 != 64 / 4) and Phi-3 (fused qkv and
+//! gate/up, 12 of 16 head dimensions rotated, LongRoPE, window 8) models
 //! against Hugging Face transformers (tests/golden/tiny-*/, made by
 //! scripts/golden/models.py with pagoda's dummy-weight spec): last-prompt
 //! logits, 16 greedy tokens with their top-5, alone and batched, from dummy
@@ -16,10 +19,11 @@ use pagoda_kernels::cpu::WeightDtype;
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 use pagoda_model::loader::safetensors_writer::{write_safetensors, StorageDtype};
+use pagoda_model::loader::WeightSource;
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::ModelConfig;
 
-const ARCHS: [&str; 7] = [
+const ARCHS: [&str; 10] = [
     "llama",
     "llama-attnbias",
     "qwen2",
@@ -27,6 +31,9 @@ const ARCHS: [&str; 7] = [
     "opt",
     "gemma3",
     "gemma2",
+    "mistral",
+    "mistral-v03",
+    "phi3",
 ];
 
 fn load(arch: &str) -> (ModelConfig, serde_json::Value) {
@@ -51,7 +58,10 @@ fn check_runner(
         let prompt = ids(&p["prompt_ids"]);
         let want = ids(&p["output_ids"]);
         let (got, logits) = greedy_trace(runner, &prompt, want.len());
-        let err = rel_err(&logits[0], &floats(&p["last_logits"]));
+        // Large vocabularies keep every `last_logits_stride`-th logit.
+        let stride = golden["last_logits_stride"].as_u64().unwrap_or(1) as usize;
+        let last: Vec<f32> = logits[0].iter().copied().step_by(stride).collect();
+        let err = rel_err(&last, &floats(&p["last_logits"]));
         assert!(
             err < tol,
             "{arch}, prompt of {}: last-prompt logits off by {err}",
@@ -83,6 +93,112 @@ fn dummy_weights_match_transformers_for_every_architecture() {
         let mut runner = cpu_runner(&cfg, &src, WeightDtype::F32, 64);
         check_runner(arch, &mut runner, &golden, 1e-4, true);
     }
+}
+
+/// Phi-3's LongRoPE with a context within `original_max_position_embeddings`
+/// (64) takes the short factors, as transformers does for such sequences
+/// (golden_short.json); the default context (256) takes the long ones
+/// (golden.json, checked above).
+#[test]
+fn phi3_within_the_original_context_uses_the_short_factors() {
+    let (cfg, _) = load("phi3");
+    let golden = read_json("tests/golden/tiny-phi3/golden_short.json");
+    let src = DummySource::new(&cfg).unwrap();
+    let backend = pagoda_kernels::cpu::CpuBackend::new(pagoda_kernels::cpu::CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F32,
+    })
+    .unwrap();
+    let opts = pagoda_model::arch::BuildOptions { max_model_len: 64 };
+    let model = pagoda_model::arch::build(&backend, &cfg, &src, opts, &mut |_, _| {}).unwrap();
+    let mut runner = pagoda_engine::ModelRunner::new(backend, model, BLOCK_SIZE, 64).unwrap();
+    check_runner("phi3 (short factors)", &mut runner, &golden, 1e-4, true);
+}
+
+/// llama.cpp's name of a tiny Phi-3 tensor (its converter's layout).
+fn phi3_gguf_name(hf: &str) -> String {
+    let global = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    if let Some((_, g)) = global.iter().find(|(h, _)| *h == hf) {
+        return g.to_string();
+    }
+    let rest = hf.strip_prefix("model.layers.").unwrap();
+    let (layer, stem) = rest.split_once('.').unwrap();
+    let g = match stem {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "self_attn.qkv_proj.weight" => "attn_qkv.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "mlp.gate_up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        other => panic!("no GGUF name for {other}"),
+    };
+    format!("blk.{layer}.{g}")
+}
+
+/// The tiny Phi-3 written as llama.cpp's converter lays out a phi3 GGUF
+/// (fused attn_qkv, gate and up stacked in ffn_up, rope.dimension_count for
+/// the partial rotary, LongRoPE factors as tensors) loads to the same model.
+#[test]
+fn phi3_gguf_loads_like_the_hugging_face_checkpoint() {
+    use pagoda_gguf::{GgufWriter, MetadataValue};
+    let (cfg, golden) = load("phi3");
+    let src = DummySource::new(&cfg).unwrap();
+    let mut w = GgufWriter::new();
+    let u32v = MetadataValue::U32;
+    w.add_metadata("general.architecture", MetadataValue::String("phi3".into()))
+        .add_metadata("phi3.context_length", u32v(256))
+        .add_metadata("phi3.rope.scaling.original_context_length", u32v(64))
+        .add_metadata("phi3.embedding_length", u32v(64))
+        .add_metadata("phi3.feed_forward_length", u32v(128))
+        .add_metadata("phi3.block_count", u32v(2))
+        .add_metadata("phi3.attention.head_count", u32v(4))
+        .add_metadata("phi3.attention.head_count_kv", u32v(2))
+        .add_metadata(
+            "phi3.attention.layer_norm_rms_epsilon",
+            MetadataValue::F32(1e-5),
+        )
+        .add_metadata("phi3.rope.dimension_count", u32v(12))
+        .add_metadata("phi3.rope.freq_base", MetadataValue::F32(10000.0))
+        .add_metadata("phi3.attention.sliding_window", u32v(8))
+        .add_metadata(
+            "phi3.rope.scaling.attn_factor",
+            MetadataValue::F32(1.154_700_5),
+        );
+    for name in src.tensor_names() {
+        let t = src.get(name).unwrap();
+        let shape = t.shape.clone();
+        w.add_f32(&phi3_gguf_name(name), &shape, &t.into_f32_vec())
+            .unwrap();
+    }
+    let Some(pagoda_model::RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        ..
+    }) = &cfg.rope_scaling
+    else {
+        panic!("tiny-phi3 has LongRoPE")
+    };
+    for (name, f) in [
+        ("rope_factors_short.weight", short_factor),
+        ("rope_factors_long.weight", long_factor),
+    ] {
+        let v: Vec<f32> = f.iter().map(|&x| x as f32).collect();
+        w.add_f32(name, &[v.len()], &v).unwrap();
+    }
+    let path = std::env::temp_dir().join(format!("pagoda-tiny-phi3-{}.gguf", std::process::id()));
+    w.write(&path).unwrap();
+    let (gcfg, gsrc) = pagoda_model::loader::gguf::GgufSource::open(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    assert_eq!(gcfg.architecture, cfg.architecture);
+    assert_eq!(gcfg.rotary_dim, Some(12));
+    assert_eq!(gcfg.sliding_window, Some(8));
+    assert_eq!(gcfg.max_position_embeddings, 256);
+    let mut runner = cpu_runner(&gcfg, &gsrc, WeightDtype::F32, 64);
+    check_runner("phi3 (GGUF)", &mut runner, &golden, 1e-4, true);
 }
 
 #[test]

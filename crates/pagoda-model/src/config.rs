@@ -26,6 +26,11 @@ pub enum Architecture {
     /// Gemma 3: Gemma 2's layer plus q/k RMSNorm, a second RoPE base for the
     /// local layers, usually no soft-capping.
     Gemma3,
+    /// Phi-3 / Phi-3.5 / Phi-4: the Llama layer with q/k/v fused into
+    /// `qkv_proj` and gate/up into `gate_up_proj`, partial rotary
+    /// ([`ModelConfig::rotary_dim`]), LongRoPE scaling, a sliding window on
+    /// every layer where the config sets one.
+    Phi3,
 }
 
 impl Architecture {
@@ -41,6 +46,7 @@ impl Architecture {
             "opt" => Some(Architecture::Opt),
             "gemma2" => Some(Architecture::Gemma2),
             "gemma3" | "gemma3_text" => Some(Architecture::Gemma3),
+            "phi3" => Some(Architecture::Phi3),
             _ => None,
         }
     }
@@ -53,13 +59,22 @@ impl Architecture {
             Architecture::Opt => "opt",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Phi3 => "phi3",
         }
     }
 
     /// Whether the architecture's model file applies
     /// [`ModelConfig::sliding_window`] itself (so any context length is exact).
+    /// The Llama file applies it on every layer: a Llama-architecture window
+    /// comes only from Mistral configs (every layer slides) or a GGUF
+    /// `llama.attention.sliding_window` key; Phi-3's too. Qwen2/Qwen3 windows
+    /// cover only the layers from `max_window_layers` on and stay refused past
+    /// the window.
     pub fn implements_sliding_window(&self) -> bool {
-        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+        matches!(
+            self,
+            Architecture::Llama | Architecture::Phi3 | Architecture::Gemma2 | Architecture::Gemma3
+        )
     }
 }
 
@@ -94,6 +109,25 @@ pub enum RopeScaling {
     },
     /// Positions divided by `factor`.
     Linear { factor: f64 },
+    /// Phi-3's LongRoPE (`longrope`, formerly `su`): frequency `i` divided by
+    /// `short_factor[i]` or `long_factor[i]`, cos and sin multiplied by
+    /// `attention_factor`. transformers picks the factors per forward pass
+    /// (long once a sequence passes `original_max_position_embeddings`, which
+    /// leaves the cached keys of the shorter prefix rotated with the short
+    /// ones); pagoda picks them once per model, as vLLM and llama.cpp do:
+    /// long when the served context (`max_model_len`, capped at
+    /// `max_position_embeddings`) is longer than
+    /// `original_max_position_embeddings`, short otherwise (see
+    /// [`crate::arch::rope::cos_sin_table`]).
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        /// transformers' `attention_factor`: the config's, or
+        /// `sqrt(1 + ln(s) / ln(original))` with `s = factor` or
+        /// `max_position_embeddings / original` (1 where `s <= 1`).
+        attention_factor: f64,
+    },
 }
 
 /// Everything a model file needs to build itself.
@@ -108,6 +142,11 @@ pub struct ModelConfig {
     pub num_key_value_heads: usize,
     /// Explicit head dimension (Qwen3); `None` means `hidden_size / num_attention_heads`.
     pub head_dim: Option<usize>,
+    /// Rotated dimensions of each head (the first ones), where fewer than
+    /// `head_dim`: `int(head_dim * partial_rotary_factor)` (Phi-4-mini), a
+    /// GGUF's `rope.dimension_count`. `None` rotates the whole head.
+    #[serde(default)]
+    pub rotary_dim: Option<usize>,
     pub vocab_size: usize,
     pub max_position_embeddings: usize,
     /// RMSNorm epsilon (LayerNorm epsilon for OPT).
@@ -128,10 +167,11 @@ pub struct ModelConfig {
     /// Storage dtype named by the checkpoint ("bfloat16", "float16", "float32", or a GGUF quant mix).
     pub torch_dtype: Option<String>,
     /// The sliding-window attention span the checkpoint uses (tokens a query
-    /// sees, itself included), `None` where attention is full. pagoda's
-    /// attention is full, which equals the window's only for contexts of at
-    /// most this many tokens: see [`ModelConfig::check_context_len`]. Gemma 2/3
-    /// apply the window on their local layers.
+    /// sees, itself included), `None` where attention is full. Architectures
+    /// that do not apply it ([`Architecture::implements_sliding_window`]) run
+    /// full attention, which equals the window's only for contexts of at most
+    /// this many tokens: see [`ModelConfig::check_context_len`]. Gemma 2/3
+    /// apply the window on their local layers, Llama (Mistral) on every layer.
     #[serde(default)]
     pub sliding_window: Option<usize>,
     /// Gemma 2/3 only (`None` for the other architectures).
@@ -143,6 +183,11 @@ impl ModelConfig {
     pub fn head_dim(&self) -> usize {
         self.head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Rotated dimensions per head ([`ModelConfig::rotary_dim`], else `head_dim`).
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim.unwrap_or_else(|| self.head_dim())
     }
 
     /// Width of the q projection output.
@@ -185,6 +230,39 @@ impl ModelConfig {
         }
         if !self.head_dim().is_multiple_of(2) {
             return Err("head_dim must be even".into());
+        }
+        let rd = self.rotary_dim();
+        if rd == 0 || !rd.is_multiple_of(2) || rd > self.head_dim() {
+            return Err(format!(
+                "rotary dimension {rd} must be even, positive and at most head_dim {}",
+                self.head_dim()
+            ));
+        }
+        if let Some(RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        }) = &self.rope_scaling
+        {
+            for (name, f) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                if f.len() != rd / 2 {
+                    return Err(format!(
+                        "rope {name} has {} entries for a rotary dimension of {rd} (needs {})",
+                        f.len(),
+                        rd / 2
+                    ));
+                }
+                if f.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+                    return Err(format!("rope {name} entries must be positive"));
+                }
+            }
+            if *original_max_position_embeddings == 0 {
+                return Err("original_max_position_embeddings must be positive".into());
+            }
+            if !(attention_factor.is_finite() && *attention_factor > 0.0) {
+                return Err("rope attention_factor must be positive".into());
+            }
         }
         let gemma_arch = matches!(
             self.architecture,

@@ -187,6 +187,8 @@ pub struct ModelSummary {
     pub dtypes: BTreeMap<String, usize>,
     pub chat_template: bool,
     pub tokenizer_vocab_size: Option<usize>,
+    /// The tokenizer's model ([`Tokenizer::model_kind`]).
+    pub tokenizer_model: Option<&'static str>,
     pub tensors: Vec<TensorInfo>,
 }
 
@@ -211,6 +213,7 @@ impl ModelFiles {
                 .as_ref()
                 .is_some_and(|t| t.chat_template().is_some()),
             tokenizer_vocab_size: self.tokenizer.as_ref().map(|t| t.vocab_size()),
+            tokenizer_model: self.tokenizer.as_ref().map(|t| t.model_kind()),
             tensors,
         }
     }
@@ -243,8 +246,32 @@ impl fmt::Display for ModelSummary {
         writeln!(f, "vocab size:           {}", c.vocab_size)?;
         writeln!(f, "context length:       {}", c.max_position_embeddings)?;
         writeln!(f, "rope theta:           {}", c.rope_theta)?;
-        if let Some(s) = &c.rope_scaling {
-            writeln!(f, "rope scaling:         {s:?}")?;
+        match &c.rope_scaling {
+            Some(crate::RopeScaling::LongRope {
+                short_factor,
+                original_max_position_embeddings: original,
+                attention_factor,
+                ..
+            }) => writeln!(
+                f,
+                "rope scaling:         longrope ({} short/long factors, original context \
+                 {original}: long factors when --max-model-len is over it; attention factor \
+                 {attention_factor:.6})",
+                short_factor.len()
+            )?,
+            Some(s) => writeln!(f, "rope scaling:         {s:?}")?,
+            None => {}
+        }
+        if c.rotary_dim() != c.head_dim() {
+            writeln!(
+                f,
+                "rotary dims:          {} of {}",
+                c.rotary_dim(),
+                c.head_dim()
+            )?;
+        }
+        if let Some(w) = c.sliding_window {
+            writeln!(f, "sliding window:       {w}")?;
         }
         writeln!(f, "norm eps:             {}", c.rms_norm_eps)?;
         writeln!(f, "tied embeddings:      {}", c.tie_word_embeddings)?;
@@ -256,6 +283,9 @@ impl fmt::Display for ModelSummary {
         writeln!(f, "tensor types:         {}", dtypes.join(", "))?;
         if let Some(v) = self.tokenizer_vocab_size {
             writeln!(f, "tokenizer vocab:      {v}")?;
+        }
+        if let Some(m) = self.tokenizer_model {
+            writeln!(f, "tokenizer model:      {m}")?;
         }
         writeln!(
             f,

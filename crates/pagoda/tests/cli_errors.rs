@@ -348,13 +348,17 @@ fn prompt_longer_than_context() {
     assert!(numbers.contains(&"32"), "the limit is not named: {stderr}");
 }
 
-/// A sliding window in use is refused where contexts could outgrow it (full
-/// attention would be wrong past the window) and served where they cannot.
+/// A sliding window the architecture does not apply (Qwen2's, on the layers
+/// from `max_window_layers` on) is refused where contexts could outgrow it
+/// (full attention would be wrong past the window) and served where they
+/// cannot; Mistral's window, applied on every layer, serves any context.
 #[test]
 fn sliding_window_longer_contexts_are_refused() {
     let mut c = tiny_llama_config();
-    c["model_type"] = "mistral".into();
-    c["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    c["model_type"] = "qwen2".into();
+    c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+    c["use_sliding_window"] = true.into();
+    c["max_window_layers"] = 1.into();
     c["sliding_window"] = 64.into();
     let d = hf_dir("hf-sliding", c.to_string().as_bytes(), None);
     let config = format!("{}/config.json", d.path());
@@ -395,6 +399,23 @@ fn sliding_window_longer_contexts_are_refused() {
     assert!(
         out.status.success(),
         "a context within the window is served: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut m = tiny_llama_config();
+    m["model_type"] = "mistral".into();
+    m["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    m["sliding_window"] = 64.into();
+    std::fs::write(
+        std::path::Path::new(d.path()).join("config.json"),
+        m.to_string(),
+    )
+    .unwrap();
+    let args = run(&[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = pagoda(&args);
+    assert!(
+        out.status.success(),
+        "Mistral's window is applied at any context: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -520,6 +541,7 @@ fn info_describes_smollm2() {
     assert_eq!(v["config"]["num_hidden_layers"], 30);
     assert_eq!(v["config"]["vocab_size"], 49152);
     assert_eq!(v["tokenizer_vocab_size"], 49152);
+    assert_eq!(v["tokenizer_model"], "byte-level BPE");
     assert_eq!(v["chat_template"], true);
 }
 
@@ -562,6 +584,33 @@ fn tokenizer_option_replaces_the_gguf_tokenizer() {
         ],
         &["absent.json"],
     );
+}
+
+/// `info` on a Phi-3 config names the architecture, its partial rotary,
+/// sliding window and LongRoPE.
+#[test]
+fn info_describes_a_phi3_config() {
+    let config = workspace_root().join("tests/golden/tiny-phi3/config.json");
+    let out = pagoda(&[
+        "info",
+        "--dummy-weights",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "architecture:         phi3",
+        "rotary dims:          12 of 16",
+        "sliding window:       8",
+        "longrope (6 short/long factors, original context 64",
+    ] {
+        assert!(stdout.contains(want), "{want:?} missing from:\n{stdout}");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! The Llama family: Llama 2/3, SmolLM2, Mistral-style models, and the shared
-//! body of Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm). With
-//! `attention_bias`, Llama and Qwen3 add biases to q/k/v and o_proj.
+//! The Llama family: Llama 2/3, SmolLM2, Mistral (with its sliding window on
+//! every layer), and the shared body of Qwen2 (q/k/v biases) and Qwen3
+//! (per-head q/k RMSNorm). With `attention_bias`, Llama and Qwen3 add biases
+//! to q/k/v and o_proj.
 //!
 //! Read top-down like Hugging Face's modeling_llama.py:
 //! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP ->
@@ -8,7 +9,7 @@
 //! fields of [`Variant`], chosen by the architecture's own file, never by flags
 //! inside this one.
 
-use super::weights::{concat_rows, load, load_opt, read};
+use super::weights::{concat_rows, load, load_opt, read, split_rows};
 use super::{rope, BuildOptions, CausalLm};
 use crate::loader::WeightSource;
 use crate::{ModelConfig, Result};
@@ -25,6 +26,13 @@ pub struct Variant {
     pub o_bias: bool,
     /// RMSNorm over each head of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Sliding-window attention on every layer (Mistral v0.1's
+    /// `sliding_window`); Qwen2/Qwen3 leave it `None` (their windows cover
+    /// only some layers, and building refuses contexts past them).
+    pub window: Option<usize>,
+    /// Phi-3's fused weights: `self_attn.qkv_proj` (q, k, v rows) and
+    /// `mlp.gate_up_proj` (gate, up rows) instead of the five projections.
+    pub fused: bool,
 }
 
 /// Self-attention of one layer.
@@ -83,6 +91,8 @@ pub fn build<B: Backend>(
             qkv_bias: cfg.attention_bias,
             o_bias: cfg.attention_bias,
             qk_norm: false,
+            window: cfg.sliding_window,
+            fused: false,
         },
         opts,
         progress,
@@ -124,20 +134,30 @@ impl<B: Backend> LlamaFamily<B> {
                     Ok(None)
                 }
             };
+            let (q_proj, k_proj, v_proj) = if variant.fused {
+                let name = format!("{p}.self_attn.qkv_proj.weight");
+                let qkv = read(src, &name, &[q_dim + 2 * kv_dim, h])?;
+                let parts = split_rows(qkv, &[q_dim, kv_dim, kv_dim]);
+                let Some([q, k, v]) = parts.and_then(|p| <[_; 3]>::try_from(p).ok()) else {
+                    return Err(crate::ModelError::Config(format!(
+                        "{name}: cannot split into q, k and v rows"
+                    )));
+                };
+                (b.load_weight(q)?, b.load_weight(k)?, b.load_weight(v)?)
+            } else {
+                let w = |name: &str, rows: usize| {
+                    load(b, src, &format!("{p}.self_attn.{name}.weight"), &[rows, h])
+                };
+                (
+                    w("q_proj", q_dim)?,
+                    w("k_proj", kv_dim)?,
+                    w("v_proj", kv_dim)?,
+                )
+            };
             let self_attn = Attention {
-                q_proj: load(b, src, &format!("{p}.self_attn.q_proj.weight"), &[q_dim, h])?,
-                k_proj: load(
-                    b,
-                    src,
-                    &format!("{p}.self_attn.k_proj.weight"),
-                    &[kv_dim, h],
-                )?,
-                v_proj: load(
-                    b,
-                    src,
-                    &format!("{p}.self_attn.v_proj.weight"),
-                    &[kv_dim, h],
-                )?,
+                q_proj,
+                k_proj,
+                v_proj,
                 o_proj: load(b, src, &format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?,
                 q_bias: bias("q_proj", q_dim, variant.qkv_bias)?,
                 k_bias: bias("k_proj", kv_dim, variant.qkv_bias)?,
@@ -146,10 +166,20 @@ impl<B: Backend> LlamaFamily<B> {
                 q_norm: head_norm("q_norm")?,
                 k_norm: head_norm("k_norm")?,
             };
-            let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-            let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+            let gate_up_proj = if variant.fused {
+                load(
+                    b,
+                    src,
+                    &format!("{p}.mlp.gate_up_proj.weight"),
+                    &[2 * inter, h],
+                )?
+            } else {
+                let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+                let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+                b.load_weight(concat_rows(gate, up))?
+            };
             let mlp = Mlp {
-                gate_up_proj: b.load_weight(concat_rows(gate, up))?,
+                gate_up_proj,
                 down_proj: load(b, src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
             };
             layers.push(DecoderLayer {
@@ -173,7 +203,7 @@ impl<B: Backend> LlamaFamily<B> {
             load_opt(b, src, "lm_head.weight", &[v, h])?
         };
         let max_pos = opts.max_model_len.min(cfg.max_position_embeddings).max(1);
-        let cos_sin = b.load_table(rope::cos_sin_table(cfg, hd, max_pos))?;
+        let cos_sin = b.load_table(rope::cos_sin_table(cfg, cfg.rotary_dim(), max_pos))?;
         progress(total, total);
         Ok(LlamaFamily {
             cfg: cfg.clone(),
@@ -187,7 +217,7 @@ impl<B: Backend> LlamaFamily<B> {
                 num_kv_heads: cfg.num_key_value_heads,
                 head_dim: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
+                window: variant.window,
                 softcap: None,
             },
             eps: cfg.rms_norm_eps as f32,

@@ -8,6 +8,7 @@
 mod gemma3;
 mod llama;
 mod opt;
+mod phi3;
 mod qwen2;
 mod qwen3;
 pub mod rope;
@@ -56,6 +57,7 @@ pub fn build<B: Backend>(
         Architecture::Qwen2 => Box::new(qwen2::build(backend, cfg, weights, opts, progress)?),
         Architecture::Qwen3 => Box::new(qwen3::build(backend, cfg, weights, opts, progress)?),
         Architecture::Opt => Box::new(opt::build(backend, cfg, weights, opts, progress)?),
+        Architecture::Phi3 => Box::new(phi3::build(backend, cfg, weights, opts, progress)?),
         Architecture::Gemma2 | Architecture::Gemma3 => {
             Box::new(gemma3::build(backend, cfg, weights, opts, progress)?)
         }

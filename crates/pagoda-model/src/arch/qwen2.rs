@@ -21,6 +21,8 @@ pub fn build<B: Backend>(
             qkv_bias: true,
             o_bias: false,
             qk_norm: false,
+            window: None,
+            fused: false,
         },
         opts,
         progress,

@@ -18,6 +18,8 @@ pub fn build<B: Backend>(
         qkv_bias: cfg.attention_bias,
         o_bias: cfg.attention_bias,
         qk_norm: true,
+        window: None,
+        fused: false,
     };
     LlamaFamily::new(b, cfg, src, variant, opts, progress)
 }

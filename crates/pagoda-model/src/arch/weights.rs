@@ -2,7 +2,7 @@
 
 use crate::loader::WeightSource;
 use crate::{ModelError, Result};
-use pagoda_kernels::{Backend, HostData, HostTensor};
+use pagoda_kernels::{Backend, HostData, HostTensor, QuantData};
 
 /// Reads `name`, checks it has shape `shape`, and uploads it.
 pub fn load<B: Backend>(
@@ -82,4 +82,48 @@ pub fn concat_rows(a: HostTensor, b: HostTensor) -> HostTensor {
         }
     };
     HostTensor { shape, data }
+}
+
+/// Splits a matrix into consecutive row ranges of `rows` each (e.g. Phi-3's
+/// fused qkv_proj into q, k and v); the counts must add up to the row count.
+/// Quantized matrices split between rows, which are whole blocks.
+pub fn split_rows(t: HostTensor, rows: &[usize]) -> Option<Vec<HostTensor>> {
+    let (total, cols) = t.dims2();
+    if rows.iter().sum::<usize>() != total || total == 0 {
+        return None;
+    }
+    fn cut<T: Clone>(v: &[T], per_row: usize, rows: &[usize]) -> Vec<Vec<T>> {
+        let mut start = 0;
+        rows.iter()
+            .map(|&r| {
+                let part = v[start * per_row..(start + r) * per_row].to_vec();
+                start += r;
+                part
+            })
+            .collect()
+    }
+    let parts: Vec<HostData> = match &t.data {
+        HostData::F32(v) => cut(v, cols, rows).into_iter().map(HostData::F32).collect(),
+        HostData::F16(v) => cut(v, cols, rows).into_iter().map(HostData::F16).collect(),
+        HostData::BF16(v) => cut(v, cols, rows).into_iter().map(HostData::BF16).collect(),
+        HostData::Quant(q) => {
+            if !q.bytes.len().is_multiple_of(total) {
+                return None;
+            }
+            cut(&q.bytes, q.bytes.len() / total, rows)
+                .into_iter()
+                .map(|bytes| HostData::Quant(QuantData { ty: q.ty, bytes }))
+                .collect()
+        }
+    };
+    Some(
+        parts
+            .into_iter()
+            .zip(rows)
+            .map(|(data, &r)| HostTensor {
+                shape: vec![r, cols],
+                data,
+            })
+            .collect(),
+    )
 }

@@ -122,7 +122,30 @@ pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         Architecture::Opt => opt_shapes(cfg),
         Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => llama_shapes(cfg),
         Architecture::Gemma2 | Architecture::Gemma3 => gemma_shapes(cfg),
+        Architecture::Phi3 => phi3_shapes(cfg),
     }
+}
+
+/// Phi-3: fused qkv_proj and gate_up_proj, no biases.
+fn phi3_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, v, inter) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
+    let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let mut push = |suffix: &str, shape: Vec<usize>| t.push((format!("{p}.{suffix}"), shape));
+        push("input_layernorm.weight", vec![h]);
+        push("self_attn.qkv_proj.weight", vec![q_dim + 2 * kv_dim, h]);
+        push("self_attn.o_proj.weight", vec![h, q_dim]);
+        push("post_attention_layernorm.weight", vec![h]);
+        push("mlp.gate_up_proj.weight", vec![2 * inter, h]);
+        push("mlp.down_proj.weight", vec![h, inter]);
+    }
+    t.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        t.push(("lm_head.weight".to_string(), vec![v, h]));
+    }
+    t
 }
 
 /// Gemma 2/3: four norms per layer, q/k norms for Gemma 3, no biases.

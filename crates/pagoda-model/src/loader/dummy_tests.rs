@@ -35,6 +35,7 @@ fn config(
         torch_dtype: None,
         sliding_window: None,
         gemma: None,
+        rotary_dim: None,
     }
 }
 
@@ -367,6 +368,9 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
         "opt",
         "gemma3",
         "gemma2",
+        "mistral",
+        "mistral-v03",
+        "phi3",
     ];
     for arch in archs {
         let cfg =
@@ -398,4 +402,26 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
     assert_eq!(g.sliding_layers, vec![true, true, false, true]);
     assert_eq!(g.rope_local_base_freq, 1e4);
     assert_eq!(g.query_pre_attn_scalar, 24.0);
+    let mistral = super::super::hf_config::load_hf_config(&root.join("tiny-mistral")).unwrap();
+    assert_eq!(mistral.sliding_window, Some(8));
+    let v03 = super::super::hf_config::load_hf_config(&root.join("tiny-mistral-v03")).unwrap();
+    assert_eq!((v03.sliding_window, v03.head_dim), (None, Some(32)));
+    // Phi-3: the legacy rope_scaling and transformers 5's rope_parameters.
+    let phi3 = super::super::hf_config::load_hf_config(&root.join("tiny-phi3")).unwrap();
+    assert_eq!(phi3.rotary_dim, Some(12));
+    assert_eq!(phi3.sliding_window, Some(8));
+    let Some(crate::RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+    }) = phi3.rope_scaling
+    else {
+        panic!("{:?}", phi3.rope_scaling)
+    };
+    assert_eq!(short_factor, [1.0, 1.25, 1.5, 2.0, 2.5, 3.0]);
+    assert_eq!(long_factor, [2.0, 3.0, 4.0, 6.0, 8.0, 12.0]);
+    assert_eq!(original_max_position_embeddings, 64);
+    // transformers' attention_scaling for this config: sqrt(1 + ln 4 / ln 64).
+    assert!((attention_factor - 1.1547005383792517).abs() < 1e-12);
 }

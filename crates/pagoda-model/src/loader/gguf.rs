@@ -89,6 +89,23 @@ pub fn gemma_gguf_to_hf_name(name: &str) -> Option<String> {
     gemma().or_else(|| gguf_to_hf_name(name))
 }
 
+/// [`gguf_to_hf_name`] for Phi-3 files: `attn_qkv` is the fused
+/// `qkv_proj`, and `ffn_up` holds gate and up stacked (`gate_up_proj`).
+pub fn phi3_gguf_to_hf_name(name: &str) -> Option<String> {
+    let phi3 = || {
+        let rest = name.strip_prefix("blk.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        layer.parse::<usize>().ok()?;
+        let hf = match rest {
+            "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+            "ffn_up.weight" => "mlp.gate_up_proj.weight",
+            _ => return None,
+        };
+        Some(format!("model.layers.{layer}.{hf}"))
+    };
+    phi3().or_else(|| gguf_to_hf_name(name))
+}
+
 /// The Hugging Face name of the GGUF tensor `name`, if it has one.
 pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     if let Some(&(h, _)) = GLOBAL_NAMES.iter().find(|(_, g)| *g == name) {
@@ -158,6 +175,13 @@ pub struct GgufTokenizerMetadata {
     pub add_space_prefix: Option<bool>,
     /// `general.architecture` (SentencePiece vocabularies differ by family).
     pub architecture: Option<String>,
+    /// `tokenizer.ggml.precompiled_charsmap`: SentencePiece's normalization
+    /// table (Unigram vocabularies; empty when absent).
+    pub precompiled_charsmap: Vec<u8>,
+    /// `tokenizer.ggml.remove_extra_whitespaces`.
+    pub remove_extra_whitespaces: Option<bool>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unknown_token_id: Option<u32>,
 }
 
 /// The tokenizer metadata of a GGUF file, whatever its architecture (the
@@ -218,6 +242,28 @@ pub fn tokenizer_metadata(file: &GgufFile) -> Result<GgufTokenizerMetadata> {
             .optional("tokenizer.ggml.add_space_prefix", Metadata::get_bool)
             .map_err(e)?,
         architecture: opt_str("general.architecture")?,
+        precompiled_charsmap: match md
+            .optional("tokenizer.ggml.precompiled_charsmap", Metadata::get_array)
+            .map_err(e)?
+        {
+            None => Vec::new(),
+            Some(MetadataArray::U8(v)) => v.clone(),
+            Some(MetadataArray::I8(v)) => v.iter().map(|&x| x as u8).collect(),
+            Some(_) => {
+                return Err(ModelError::Tokenizer(
+                    "tokenizer.ggml.precompiled_charsmap is not an array of bytes".into(),
+                ))
+            }
+        },
+        remove_extra_whitespaces: md
+            .optional(
+                "tokenizer.ggml.remove_extra_whitespaces",
+                Metadata::get_bool,
+            )
+            .map_err(e)?,
+        unknown_token_id: md
+            .optional("tokenizer.ggml.unknown_token_id", Metadata::get_u32)
+            .map_err(e)?,
     })
 }
 
@@ -242,6 +288,8 @@ impl GgufSource {
         let config = config_from_gguf(&file)?;
         let to_hf = if config.gemma.is_some() {
             gemma_gguf_to_hf_name
+        } else if config.architecture == Architecture::Phi3 {
+            phi3_gguf_to_hf_name
         } else {
             gguf_to_hf_name
         };
@@ -419,6 +467,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         "qwen3" => Architecture::Qwen3,
         "gemma2" => Architecture::Gemma2,
         "gemma3" => Architecture::Gemma3,
+        "phi3" => Architecture::Phi3,
         other => return Err(ModelError::UnknownArchitecture(other.to_string())),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -461,6 +510,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         num_attention_heads,
         num_key_value_heads,
         head_dim,
+        rotary_dim: None,
         vocab_size,
         max_position_embeddings: usize_key("context_length")?,
         rms_norm_eps: md
@@ -475,7 +525,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         word_embed_proj_dim: None,
         do_layer_norm_before: true,
         torch_dtype: dominant_weight_type(file),
-        // A window of 0 is none.
+        // A window of 0 is none. llama.cpp's converter writes no window for
+        // Mistral (arch `llama`) files and llama.cpp runs them with full
+        // attention; so does pagoda, honouring the key where a file has one.
         sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
         gemma: None,
     };
@@ -489,7 +541,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         }
     }
     if let Some(rot) = opt_usize("rope.dimension_count")? {
-        if rot != config.head_dim() {
+        if architecture == Architecture::Phi3 && rot != config.head_dim() {
+            // Phi-4-mini's partial rotary (checked by `validate`).
+            config.rotary_dim = Some(rot);
+        } else if rot != config.head_dim() {
             return Err(ModelError::Config(format!(
                 "{}: rotary dimension {rot} differs from head_dim {} (partial rotary is not supported)",
                 key("rope.dimension_count"),
@@ -577,6 +632,9 @@ fn rope_scaling(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Opt
         .optional(&format!("{arch}.rope.scaling.type"), Metadata::get_str)
         .map_err(cfg)?;
     let factor_key = format!("{arch}.rope.scaling.factor");
+    if let Some(longrope) = longrope(file, arch, config)? {
+        return Ok(Some(longrope));
+    }
     match kind {
         Some("linear") => {
             let factor = md.get_f64(&factor_key).map_err(cfg)?;
@@ -610,6 +668,54 @@ fn rope_scaling(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Opt
                     .into(),
             )
         })
+}
+
+/// Phi-3's LongRoPE as llama.cpp's converter stores it: the factors as the
+/// tensors `rope_factors_short.weight` and `rope_factors_long.weight`, the
+/// original context as `{arch}.rope.scaling.original_context_length`, the
+/// attention factor as `{arch}.rope.scaling.attn_factor` (computed as
+/// transformers does where absent). `None` without the factor tensors.
+fn longrope(file: &GgufFile, arch: &str, config: &ModelConfig) -> Result<Option<RopeScaling>> {
+    let (short, long) = ("rope_factors_short.weight", "rope_factors_long.weight");
+    if file.tensor(short).is_none() && file.tensor(long).is_none() {
+        return Ok(None);
+    }
+    let md = file.metadata();
+    let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
+    let factors = |name: &str| -> Result<Vec<f64>> {
+        if file.tensor(name).is_none() {
+            return Err(ModelError::Config(format!(
+                "LongRoPE factors without {name} (both rope_factors_short and _long are needed)"
+            )));
+        }
+        Ok(file.dequantize(name)?.into_iter().map(f64::from).collect())
+    };
+    let original = md
+        .get_usize(&format!("{arch}.rope.scaling.original_context_length"))
+        .map_err(cfg)?;
+    let attention_factor = match md
+        .optional(
+            &format!("{arch}.rope.scaling.attn_factor"),
+            Metadata::get_f64,
+        )
+        .map_err(cfg)?
+    {
+        Some(a) => a,
+        None => {
+            let scale = config.max_position_embeddings as f64 / original.max(1) as f64;
+            if scale <= 1.0 {
+                1.0
+            } else {
+                (1.0 + scale.ln() / (original as f64).ln()).sqrt()
+            }
+        }
+    };
+    Ok(Some(RopeScaling::LongRope {
+        short_factor: factors(short)?,
+        long_factor: factors(long)?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    }))
 }
 
 /// Recovers Llama 3 scaling parameters from llama.cpp's per-frequency

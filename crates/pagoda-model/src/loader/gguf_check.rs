@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// GGUF `general.architecture` values pagoda runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma2", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] =
+    &["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
 
 /// [`missing_support`] of the GGUF file at `path` (an error where the file
 /// cannot be opened as GGUF at all).

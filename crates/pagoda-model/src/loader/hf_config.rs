@@ -3,7 +3,7 @@
 //! Owns the mapping from a checkpoint directory's JSON to pagoda's
 //! architecture-neutral config, with the defaults of transformers' config
 //! classes (`LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
-//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`) wherever a field may be
+//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`, `Phi3Config`) wherever a field may be
 //! absent. Those defaults are per class
 //! and not always intuitive: an absent `num_key_value_heads` is
 //! `num_attention_heads` for Llama and OPT but 8 for Mistral and 32 for
@@ -28,8 +28,10 @@
 //!   `rope_parameters`;
 //! - RoPE parameters are read from `rope_scaling` or transformers 5's
 //!   `rope_parameters` (keys `rope_type` or `type`); `rope_theta` from the
-//!   top level or from inside `rope_parameters`. Only `default`, `linear` and
-//!   `llama3` are accepted; anything else is an error, never silently ignored;
+//!   top level or from inside `rope_parameters`. Only `default`, `linear`,
+//!   `llama3` and `longrope` (or its old name `su`; Phi-3's top-level
+//!   `original_max_position_embeddings` and `partial_rotary_factor` with it)
+//!   are accepted; anything else is an error, never silently ignored;
 //! - features pagoda's model files do not implement (`mlp_bias`, a non-SiLU /
 //!   non-ReLU activation, OPT without biases) are rejected here rather than
 //!   failing later on a missing tensor; a sliding window in use is recorded
@@ -54,6 +56,7 @@ enum HfClass {
     Opt,
     Gemma2,
     Gemma3,
+    Phi3,
 }
 
 impl HfClass {
@@ -68,6 +71,7 @@ impl HfClass {
             "opt" => Some(HfClass::Opt),
             "gemma2" => Some(HfClass::Gemma2),
             "gemma3" | "gemma3_text" | "gemma3forconditionalgeneration" => Some(HfClass::Gemma3),
+            "phi3" => Some(HfClass::Phi3),
             _ => None,
         }
     }
@@ -80,6 +84,7 @@ impl HfClass {
             HfClass::Opt => Architecture::Opt,
             HfClass::Gemma2 => Architecture::Gemma2,
             HfClass::Gemma3 => Architecture::Gemma3,
+            HfClass::Phi3 => Architecture::Phi3,
         }
     }
 
@@ -99,6 +104,11 @@ impl HfClass {
         };
         match self {
             HfClass::Llama => llama,
+            HfClass::Phi3 => Defaults {
+                max_position_embeddings: 4096,
+                eos_token_id: Some(32000),
+                ..llama
+            },
             HfClass::Mistral => Defaults {
                 max_position_embeddings: 4096 * 32,
                 num_key_value_heads: Some(8),
@@ -150,8 +160,14 @@ struct Defaults {
 
 /// Default RMSNorm epsilon of the Llama-family classes.
 const RMS_NORM_EPS: f64 = 1e-6;
+/// `Phi3Config`'s RMSNorm epsilon.
+const PHI3_RMS_NORM_EPS: f64 = 1e-5;
+/// `Phi3Config`'s `original_max_position_embeddings`.
+const PHI3_ORIGINAL_MAX_POSITIONS: usize = 4096;
 /// OPT's LayerNorm epsilon (torch's default; not a config field).
 const OPT_LAYER_NORM_EPS: f64 = 1e-5;
+/// `MistralConfig`'s `sliding_window` when the key is absent (Mistral v0.1's).
+const MISTRAL_SLIDING_WINDOW: usize = 4096;
 /// transformers' `default_theta`.
 const ROPE_THETA: f64 = 10_000.0;
 
@@ -249,6 +265,16 @@ impl<'a> Fields<'a> {
         };
         ids.map(Some)
             .ok_or_else(|| self.bad(key, "a token id or a list of token ids", v))
+    }
+
+    /// A required list of numbers (LongRoPE's factors).
+    fn f64_list(&self, key: &str) -> Result<Vec<f64>> {
+        let v = self.get(key).ok_or_else(|| {
+            ModelError::Config(format!("{}: missing required field {key:?}", self.file))
+        })?;
+        v.as_array()
+            .and_then(|items| items.iter().map(Value::as_f64).collect())
+            .ok_or_else(|| self.bad(key, "a list of numbers", v))
     }
 
     /// A nested object (`rope_scaling`), as [`Fields`] of the same file.
@@ -418,13 +444,28 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         gemma = Some(gemma_fields(f, class, num_hidden_layers, local)?);
         (theta, scaling)
     } else {
-        rope(f, max_position_embeddings)?
+        // Phi3Config's own `original_max_position_embeddings` (always set, 4096
+        // by default) overrides the one inside the rope parameters.
+        let original = match class {
+            HfClass::Phi3 => Some(
+                f.usize_opt("original_max_position_embeddings")?
+                    .unwrap_or(PHI3_ORIGINAL_MAX_POSITIONS),
+            ),
+            _ => None,
+        };
+        rope(f, max_position_embeddings, original)?
+    };
+    let rotary_dim = match class {
+        HfClass::Phi3 => partial_rotary_dim(f, head_dim, hidden_size, num_attention_heads)?,
+        _ => None,
     };
     let attention_bias = match class {
         // Qwen2's q/k/v biases are unconditional (no config field).
         HfClass::Qwen2 => true,
         HfClass::Llama | HfClass::Qwen3 => f.bool_or("attention_bias", false)?,
-        HfClass::Mistral | HfClass::Opt | HfClass::Gemma2 | HfClass::Gemma3 => false,
+        HfClass::Mistral | HfClass::Opt | HfClass::Gemma2 | HfClass::Gemma3 | HfClass::Phi3 => {
+            false
+        }
     };
     let eos_token_ids = match f.token_ids("eos_token_id")? {
         Some(ids) => ids,
@@ -447,12 +488,18 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         num_attention_heads,
         num_key_value_heads,
         head_dim,
+        rotary_dim,
         vocab_size,
         max_position_embeddings,
         rms_norm_eps: if is_opt {
             OPT_LAYER_NORM_EPS
         } else {
-            f.f64_opt("rms_norm_eps")?.unwrap_or(RMS_NORM_EPS)
+            let default = if class == HfClass::Phi3 {
+                PHI3_RMS_NORM_EPS
+            } else {
+                RMS_NORM_EPS
+            };
+            f.f64_opt("rms_norm_eps")?.unwrap_or(default)
         },
         rope_theta,
         rope_scaling,
@@ -526,11 +573,13 @@ fn check_supported(f: &Fields, class: HfClass) -> Result<()> {
 }
 
 /// The sliding window the config puts to use, if any: Mistral's
-/// `sliding_window` (null is none); Qwen2's and Qwen3's only with
-/// `use_sliding_window: true`, and then on the layers from
-/// `max_window_layers` on (none where that is past the last layer). A
-/// `layer_types` list, where present, says which layers slide. A window of 0
-/// is none.
+/// `sliding_window` (null is none, absent is `MistralConfig`'s 4096; every
+/// layer slides: transformers' `MistralForCausalLM` ignores `layer_types`,
+/// vLLM follows them, so a Mistral list mixing full and sliding layers is
+/// refused); Qwen2's and Qwen3's only with `use_sliding_window: true`, and
+/// then on the layers from `max_window_layers` on (none where that is past
+/// the last layer). A `layer_types` list, where present, says which layers
+/// slide. A window of 0 is none.
 fn sliding_window(
     f: &Fields,
     class: HfClass,
@@ -542,7 +591,12 @@ fn sliding_window(
         return Ok(g.sliding_layers.iter().any(|&s| s).then_some(window));
     }
     let window = match class {
-        HfClass::Mistral => f.usize_opt("sliding_window")?,
+        // Phi3Config's default is none (Phi-3-mini-4k sets 2047).
+        HfClass::Phi3 => f.usize_opt("sliding_window")?,
+        HfClass::Mistral => match f.obj.get("sliding_window") {
+            None => Some(MISTRAL_SLIDING_WINDOW),
+            Some(_) => f.usize_opt("sliding_window")?,
+        },
         HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
             f.usize_opt("sliding_window")?
         }
@@ -557,8 +611,17 @@ fn sliding_window(
             .ok_or_else(|| f.bad("layer_types", "an array", types))?;
         let slides = types
             .iter()
-            .any(|t| t.as_str() == Some("sliding_attention"));
-        return Ok(slides.then_some(window));
+            .filter(|t| t.as_str() == Some("sliding_attention"))
+            .count();
+        if class == HfClass::Mistral && slides > 0 && slides < types.len() {
+            return Err(ModelError::Config(format!(
+                "{}: layer_types mixing full and sliding attention on a mistral config is not \
+                 supported (transformers' MistralForCausalLM slides on every layer, vLLM only \
+                 on the listed ones)",
+                f.file
+            )));
+        }
+        return Ok((slides > 0).then_some(window));
     }
     if matches!(class, HfClass::Qwen2 | HfClass::Qwen3) {
         if let Some(first) = f.usize_opt("max_window_layers")? {
@@ -637,11 +700,17 @@ fn rope_entry(
     max_position_embeddings: usize,
 ) -> Result<(f64, Option<RopeScaling>)> {
     let theta = s.f64_opt("rope_theta")?.unwrap_or(default_theta);
-    Ok((theta, rope_scaling(s, max_position_embeddings)?))
+    Ok((theta, rope_scaling(s, max_position_embeddings, None)?))
 }
 
 /// The scaling a RoPE parameter object names (`rope_type` or `type`).
-fn rope_scaling(s: &Fields, max_position_embeddings: usize) -> Result<Option<RopeScaling>> {
+/// `original` (Phi-3's top-level `original_max_position_embeddings`)
+/// overrides the object's own for LongRoPE, as transformers does.
+fn rope_scaling(
+    s: &Fields,
+    max_position_embeddings: usize,
+    original: Option<usize>,
+) -> Result<Option<RopeScaling>> {
     let kind = match s.str_opt("rope_type")? {
         Some(k) => k,
         None => s.str_opt("type")?.unwrap_or("default"),
@@ -659,13 +728,71 @@ fn rope_scaling(s: &Fields, max_position_embeddings: usize) -> Result<Option<Rop
                 .usize_opt("original_max_position_embeddings")?
                 .unwrap_or(max_position_embeddings),
         }),
+        // Phi-3's LongRoPE; "su" is its earlier name (transformers renames it).
+        "longrope" | "su" => {
+            let original = match original {
+                Some(o) => o,
+                None => s
+                    .usize_opt("original_max_position_embeddings")?
+                    .unwrap_or(max_position_embeddings),
+            };
+            if original == 0 {
+                return Err(s.bad("original_max_position_embeddings", "positive", &0.into()));
+            }
+            // transformers' _compute_longrope_parameters.
+            let factor = match s.f64_opt("factor")? {
+                Some(f) => f,
+                None => max_position_embeddings as f64 / original as f64,
+            };
+            let attention_factor = match s.f64_opt("attention_factor")? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Some(RopeScaling::LongRope {
+                short_factor: s.f64_list("short_factor")?,
+                long_factor: s.f64_list("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            })
+        }
         other => {
             return Err(ModelError::Config(format!(
-                "{}: unsupported rope scaling type {other:?} (supported: default, linear, llama3)",
+                "{}: unsupported rope scaling type {other:?} (supported: default, linear, \
+                 llama3, longrope)",
                 s.file
             )))
         }
     })
+}
+
+/// Phi-3's rotated dimensions per head: `int(head_dim * partial_rotary_factor)`
+/// (the factor inside the rope parameters first, as transformers), `None`
+/// where that is the whole head.
+fn partial_rotary_dim(
+    f: &Fields,
+    head_dim: Option<usize>,
+    hidden_size: usize,
+    num_attention_heads: usize,
+) -> Result<Option<usize>> {
+    let mut factor = None;
+    for key in ["rope_parameters", "rope_scaling"] {
+        if let Some(p) = f.object(key)? {
+            factor = factor.or(p.f64_opt("partial_rotary_factor")?);
+        }
+    }
+    let factor = match factor {
+        Some(x) => x,
+        None => f.f64_opt("partial_rotary_factor")?.unwrap_or(1.0),
+    };
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(f.bad("partial_rotary_factor", "in (0, 1]", &factor.into()));
+    }
+    let Some(head_dim) = head_dim.or(hidden_size.checked_div(num_attention_heads)) else {
+        return Ok(None);
+    };
+    let rotary = (head_dim as f64 * factor) as usize;
+    Ok((rotary != head_dim).then_some(rotary))
 }
 
 /// Gemma's per-layer types, query scale and soft-capping.
@@ -727,7 +854,11 @@ fn gemma_fields(
 }
 
 /// `(rope_theta, rope_scaling)` from `rope_scaling` / `rope_parameters`.
-fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeScaling>)> {
+fn rope(
+    f: &Fields,
+    max_position_embeddings: usize,
+    original: Option<usize>,
+) -> Result<(f64, Option<RopeScaling>)> {
     let params = f.object("rope_parameters")?;
     let scaling = match f.object("rope_scaling")? {
         Some(s) => Some(s),
@@ -744,7 +875,7 @@ fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeS
     let Some(s) = scaling else {
         return Ok((theta, None));
     };
-    Ok((theta, rope_scaling(&s, max_position_embeddings)?))
+    Ok((theta, rope_scaling(&s, max_position_embeddings, original)?))
 }
 
 #[cfg(test)]

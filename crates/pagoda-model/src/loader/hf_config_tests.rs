@@ -356,7 +356,8 @@ fn sliding_window_is_recorded_only_where_in_use() {
         with_fields("mistral", r#", "sliding_window": null"#).sliding_window,
         None
     );
-    assert_eq!(with_fields("mistral", "").sliding_window, None);
+    // Absent is MistralConfig's default.
+    assert_eq!(with_fields("mistral", "").sliding_window, Some(4096));
     assert_eq!(
         with_fields("mistral", r#", "sliding_window": 0"#).sliding_window,
         None
@@ -376,8 +377,17 @@ fn sliding_window_is_recorded_only_where_in_use() {
     // An explicit layer list decides.
     let full = format!(r#"{on}, "layer_types": ["full_attention", "full_attention"]"#);
     assert_eq!(with_fields("qwen2", &full).sliding_window, None);
+    let all =
+        r#", "sliding_window": 64, "layer_types": ["sliding_attention", "sliding_attention"]"#;
+    assert_eq!(with_fields("mistral", all).sliding_window, Some(64));
+    // Mixed lists mean different things to transformers and vLLM.
     let mixed = r#", "sliding_window": 64, "layer_types": ["full_attention", "sliding_attention"]"#;
-    assert_eq!(with_fields("mistral", mixed).sliding_window, Some(64));
+    let json = format!(
+        r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 10{mixed}}}"#
+    );
+    assert!(config_err(parse(&json)).contains("layer_types mixing"));
     let bad = r#", "sliding_window": 64, "layer_types": "sliding_attention""#;
     let json = format!(
         r#"{{"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128,
@@ -391,8 +401,12 @@ fn sliding_window_is_recorded_only_where_in_use() {
 }
 
 #[test]
-fn a_context_past_the_window_is_refused() {
-    let c = with_fields("mistral", r#", "sliding_window": 4096"#);
+fn a_context_past_an_unapplied_window_is_refused() {
+    // Qwen2's window covers only the layers from max_window_layers on.
+    let c = with_fields(
+        "qwen2",
+        r#", "use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 1"#,
+    );
     assert_eq!(c.check_context_len(4096), Ok(()));
     assert_eq!(c.check_context_len(1), Ok(()));
     let msg = c.check_context_len(4097).unwrap_err();
@@ -401,8 +415,11 @@ fn a_context_past_the_window_is_refused() {
         "{msg}"
     );
     assert!(msg.contains("4097"), "{msg}");
-    let full = with_fields("mistral", "");
+    let full = with_fields("mistral", r#", "sliding_window": null"#);
     assert_eq!(full.check_context_len(1 << 20), Ok(()));
+    // Mistral's window is applied by the Llama file: any context is exact.
+    let mistral = with_fields("mistral", r#", "sliding_window": 4096"#);
+    assert_eq!(mistral.check_context_len(1 << 20), Ok(()));
 }
 
 /// gemma-3-270m's published config.json (the fields that matter).
@@ -492,4 +509,52 @@ fn gemma_unsupported_options_are_errors() {
         );
         assert!(parse(&json).is_err(), "{extra}");
     }
+}
+
+/// Phi-3.5-mini's published config.json (the fields that matter; factors cut to
+/// the rotary half of a tiny head).
+#[test]
+fn phi3_longrope_su_and_partial_rotary() {
+    let base = r#""architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 32064,
+        "max_position_embeddings": 131072, "original_max_position_embeddings": 4096"#;
+    let factors = r#""short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+        "long_factor": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]"#;
+    for kind in ["longrope", "su"] {
+        let c = parse(&format!(
+            r#"{{{base}, "rope_scaling": {{"type": "{kind}", {factors}}}, "sliding_window": 262144}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.architecture, crate::Architecture::Phi3);
+        // Phi3Config's defaults.
+        assert_eq!((c.num_key_value_heads, c.rms_norm_eps), (4, 1e-5));
+        assert_eq!(c.eos_token_ids, vec![32000]);
+        assert_eq!(c.sliding_window, Some(262144));
+        assert_eq!(c.rotary_dim, None);
+        let Some(RopeScaling::LongRope {
+            original_max_position_embeddings,
+            attention_factor,
+            ..
+        }) = c.rope_scaling
+        else {
+            panic!("{kind}: {:?}", c.rope_scaling)
+        };
+        assert_eq!(original_max_position_embeddings, 4096);
+        // transformers: sqrt(1 + ln(131072 / 4096) / ln 4096).
+        let want = (1.0 + (32f64).ln() / (4096f64).ln()).sqrt();
+        assert!((attention_factor - want).abs() < 1e-12);
+    }
+    // Phi-4-mini: 0.75 of the head rotated; factors for those 12 dimensions only.
+    let phi4 = format!(
+        r#"{{{base}, "partial_rotary_factor": 0.75, "rope_scaling": {{"type": "longrope",
+        "short_factor": [1, 1, 1, 1, 1, 1], "long_factor": [2, 2, 2, 2, 2, 2]}}}}"#
+    );
+    let c = parse(&phi4).unwrap();
+    assert_eq!((c.rotary_dim, c.sliding_window), (Some(12), None));
+    // Factors that do not fit the rotary dimensions are an error naming them.
+    let bad = phi4.replace("0.75", "0.5");
+    assert!(config_err(parse(&bad)).contains("short_factor"));
+    let missing = format!(r#"{{{base}, "rope_scaling": {{"type": "longrope"}}}}"#);
+    assert!(config_err(parse(&missing)).contains("short_factor"));
 }

@@ -4,7 +4,7 @@
 //! Guarantee: when [`Tokenizer::max_bytes_per_token`] returns `Some(k)`, every
 //! text of `b` bytes encodes to at least `ceil(b / k)` tokens. It returns
 //! `None` for pipelines where that cannot be promised cheaply: a normalizer
-//! that may delete text (anything but NFC, which shrinks text at most 3-fold:
+//! (SentencePiece Unigram's own one included) that may delete text (anything but NFC, which shrinks text at most 3-fold:
 //! three Hangul jamo of 3 bytes compose to one syllable of 3 bytes), a
 //! pre-tokenizer that drops text (whitespace or removed delimiters), or a
 //! model that does not spell every byte (neither byte-level nor byte
@@ -24,6 +24,11 @@ impl Tokenizer {
     /// such bound (see the module docs). Costs one pass over the vocabulary:
     /// call it once.
     pub fn max_bytes_per_token(&self) -> Option<usize> {
+        // SentencePiece's normalization (run before the pipeline) drops
+        // whitespace runs and characters its charsmap deletes.
+        if self.normalizer.is_some() {
+            return None;
+        }
         let shrink = match self.inner.get_normalizer() {
             None => 1,
             Some(NormalizerWrapper::NFC(_)) => 3,

@@ -7,7 +7,8 @@
 //!   (see [`GgufPreTokenizer`]: every value llama.cpp knows is mapped or
 //!   refused by name; an unknown one is an error).
 //! - `llama`: SentencePiece BPE with byte fallback, see [`super::gguf_spm`].
-//! - others (`t5`, `bert`, ...): rejected with a clear error.
+//! - `t5`: SentencePiece Unigram, see [`super::gguf_unigram`].
+//! - others (`bert`, `rwkv`, ...): rejected with a clear error.
 //!
 //! Token types (`tokenizer.ggml.token_type`): 1 normal, 2 unknown, 3 control,
 //! 4 user-defined, 5 unused, 6 byte. Control and user-defined tokens become
@@ -36,8 +37,9 @@ pub(crate) fn build(spec: &GgufTokenizerSpec) -> Result<TokenizerParts> {
     match spec.model.as_str() {
         "gpt2" => build_byte_level_bpe(spec),
         "llama" => super::gguf_spm::build(spec),
+        "t5" => super::gguf_unigram::build(spec),
         other => Err(tok_err(format!(
-            "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama); \
+            "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama, t5); \
              give the model's tokenizer.json with --tokenizer"
         ))),
     }
@@ -131,6 +133,7 @@ pub(super) fn parts(
         add_bos_token: spec.add_bos_token.unwrap_or(add_bos_by_default) && bos_token_id.is_some(),
         add_eos_token: spec.add_eos_token.unwrap_or(false) && eos_token_id.is_some(),
         chat_template_source: spec.chat_template.clone(),
+        normalizer: None,
     })
 }
 
@@ -141,13 +144,13 @@ mod tests {
     #[test]
     fn unsupported_models_say_so() {
         let spec = GgufTokenizerSpec {
-            model: "t5".into(),
+            model: "bert".into(),
             tokens: vec!["a".into()],
             ..Default::default()
         };
         let err = build(&spec).err().unwrap().to_string();
         assert!(
-            err.contains("unsupported") && err.contains("\"t5\""),
+            err.contains("unsupported") && err.contains("\"bert\""),
             "{err}"
         );
     }

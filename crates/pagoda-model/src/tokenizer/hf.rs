@@ -74,6 +74,7 @@ pub(crate) fn load_file(tokenizer_path: &Path) -> Result<TokenizerParts> {
         add_bos_token,
         add_eos_token,
         chat_template_source,
+        normalizer: None,
     })
 }
 

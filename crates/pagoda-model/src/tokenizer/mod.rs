@@ -9,7 +9,8 @@
 //!
 //! - [`gguf`]: GGUF metadata -> byte-level BPE pipeline (pre-tokenizer regex
 //!   chosen by `tokenizer.ggml.pre`, see `gguf_pre`), or SentencePiece BPE
-//!   with byte fallback (`gguf_spm`).
+//!   with byte fallback (`gguf_spm`), or SentencePiece Unigram
+//!   (`gguf_unigram`).
 //! - [`hf`]: Hugging Face directory loading (special tokens, chat template).
 //! - [`chat_template`]: Jinja chat templates rendered with minijinja in the
 //!   dialect transformers uses.
@@ -30,7 +31,9 @@ pub mod detokenizer;
 pub mod gguf;
 mod gguf_pre;
 mod gguf_spm;
+mod gguf_unigram;
 pub mod hf;
+mod spm_normalizer;
 mod token_bytes;
 
 pub use chat_template::{ChatMessage, ChatTemplate, ChatTemplateOptions, MessageContent};
@@ -60,6 +63,8 @@ pub struct Tokenizer {
     /// detokenizer must then never settle text after such a token.
     byte_fallback: bool,
     chat_template: Option<ChatTemplate>,
+    /// Normalization done before the pipeline (SentencePiece Unigram).
+    normalizer: Option<spm_normalizer::SpmNormalizer>,
 }
 
 /// The parts every constructor fills in; [`Tokenizer::assemble`] checks them.
@@ -71,6 +76,8 @@ pub(crate) struct TokenizerParts {
     pub add_bos_token: bool,
     pub add_eos_token: bool,
     pub chat_template_source: Option<String>,
+    /// Applied to the text before `inner` (whose own normalizer then is none).
+    pub normalizer: Option<spm_normalizer::SpmNormalizer>,
 }
 
 impl Tokenizer {
@@ -114,6 +121,7 @@ impl Tokenizer {
             add_bos_token,
             add_eos_token,
             chat_template_source,
+            normalizer,
         } = parts;
         let vocab_size = vocab_size.max(inner.get_vocab_size(true));
         if let Some(id) = bos_token_id.filter(|&id| id as usize >= vocab_size) {
@@ -129,10 +137,11 @@ impl Tokenizer {
         }
         let bos_token = bos_token_id.and_then(|id| inner.id_to_token(id));
         let eos_token = eos_token_ids.first().and_then(|&id| inner.id_to_token(id));
-        let byte_fallback = matches!(
-            inner.get_model(),
-            tokenizers::ModelWrapper::BPE(bpe) if bpe.byte_fallback
-        );
+        let byte_fallback = match inner.get_model() {
+            tokenizers::ModelWrapper::BPE(bpe) => bpe.byte_fallback,
+            tokenizers::ModelWrapper::Unigram(u) => u.byte_fallback(),
+            _ => false,
+        };
         let chat_template = chat_template_source
             .map(|src| ChatTemplate::new(&src, bos_token.clone(), eos_token.clone()))
             .transpose()?;
@@ -147,6 +156,7 @@ impl Tokenizer {
             add_eos_token,
             byte_fallback,
             chat_template,
+            normalizer,
         })
     }
 
@@ -154,6 +164,14 @@ impl Tokenizer {
     /// are matched whole. With `add_special_tokens`, BOS/EOS are added as the
     /// model's config says (and as the `tokenizer.json` post-processor does).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let normalized;
+        let text = match &self.normalizer {
+            Some(n) => {
+                normalized = n.normalize(text);
+                normalized.as_str()
+            }
+            None => text,
+        };
         let encoding = self
             .inner
             .encode_fast(text, add_special_tokens)
@@ -188,6 +206,18 @@ impl Tokenizer {
     pub fn token_to_piece(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)?;
         self.inner.decode(&[id], false).ok()
+    }
+
+    /// What kind of tokenizer model this is: `byte-level BPE`, `SentencePiece
+    /// BPE` (byte fallback), `SentencePiece Unigram`, `WordPiece`, `WordLevel`.
+    pub fn model_kind(&self) -> &'static str {
+        match self.inner.get_model() {
+            tokenizers::ModelWrapper::BPE(bpe) if bpe.byte_fallback => "SentencePiece BPE",
+            tokenizers::ModelWrapper::BPE(_) => "byte-level BPE",
+            tokenizers::ModelWrapper::Unigram(_) => "SentencePiece Unigram",
+            tokenizers::ModelWrapper::WordPiece(_) => "WordPiece",
+            tokenizers::ModelWrapper::WordLevel(_) => "WordLevel",
+        }
     }
 
     /// The vocabulary entry of `id` as stored (byte-level form, e.g. `Ġthe`).
