@@ -4,10 +4,12 @@ pub mod bench;
 pub mod bench_decode;
 pub mod bench_serve;
 pub mod bench_workload;
+pub mod chat;
 pub mod device;
 pub mod generate;
 pub mod in_order;
 pub mod info;
+pub mod interrupt;
 pub mod sampling;
 pub mod serve;
 
