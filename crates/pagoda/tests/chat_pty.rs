@@ -5,7 +5,8 @@
 //! answer stops it and the next question is answered, Ctrl-C at the prompt,
 //! `/exit` and Ctrl-D leave with status 0; `generate` streams on a terminal
 //! and prints the same text as through a pipe. A model without a chat
-//! template is refused with a pointer to --chat-template.
+//! template is refused with a pointer to --chat-template; piped input is
+//! read line by line to its end.
 //!
 //! Cost: each test starts the binary on the 135M model (a second or two to
 //! load) and generates at most a few hundred tokens.
@@ -190,5 +191,45 @@ fn a_model_without_a_chat_template_is_refused() {
     fails_with_one_line(
         &["chat", "--model", f.path()],
         &["no chat template", "--chat-template"],
+    );
+}
+
+#[test]
+fn chat_reads_piped_input_to_its_end() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let model = default_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
+        .args([
+            "chat",
+            "--model",
+            model.to_str().unwrap(),
+            "--temperature",
+            "0",
+        ])
+        .args(["--max-tokens", "32"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"What is the capital of France?\n/history\n")
+        .unwrap();
+    // The end of input leaves.
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Paris"), "{stdout}");
+    assert!(
+        stdout.contains("[user] What is the capital of France?\n[assistant] "),
+        "{stdout}"
     );
 }

@@ -159,13 +159,16 @@ impl EngineTask for Chat {
         let mut line = String::new();
         loop {
             ctrl_c.at_prompt();
-            print!("{PROMPT}");
-            std::io::stdout().flush()?;
+            // Writes to stdout return their errors (a closed pipe ends the
+            // chat with an error, never a panic).
+            let mut out = std::io::stdout();
+            write!(out, "{PROMPT}")?;
+            out.flush()?;
             line.clear();
             match stdin.lock().read_line(&mut line) {
                 Ok(0) => {
                     // End of input: leave on a fresh line.
-                    println!();
+                    writeln!(out)?;
                     return Ok(());
                 }
                 Ok(_) => {}
@@ -292,7 +295,7 @@ impl Chat {
             FinishReason::Length => eprintln!("(cut at --max-tokens {})", self.params.max_tokens),
             FinishReason::Stop => {}
         }
-        println!();
+        writeln!(out)?;
         Ok(Some(text))
     }
 }

@@ -9,7 +9,7 @@ use std::io::{self, Write};
 /// Opens prompt `prompt`'s block (a header only when the batch has several).
 fn write_header(out: &mut impl Write, prompt: &str, several: bool) -> io::Result<()> {
     if several {
-        write!(out, "--- {prompt}\n")?;
+        writeln!(out, "--- {prompt}")?;
     }
     Ok(())
 }
