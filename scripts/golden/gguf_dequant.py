@@ -6,7 +6,7 @@ Writes crates/pagoda-gguf/tests/golden/gguf_reference.json with
 - `smollm2`: metadata values, the tensor count, and for several tensors their
   type, shape (outermost first) and dequantized values at fixed flat indices
   of models/SmolLM2-135M-Instruct.Q4_1.gguf;
-- `blocks`: for each quantization type, two random blocks (hex) with sane f16
+- `blocks`: for each quantization type (IQ4_NL and IQ4_XS too), two random blocks (hex) with sane f16
   scales and the values gguf's dequantizer gives for them.
 
 Run with /work/refenv/bin/python scripts/golden/gguf_dequant.py from the repo root.
@@ -71,7 +71,9 @@ for name in [
     )
 
 blocks = []
-for qt in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]:
+# New types go last, so the blocks drawn before them stay the same.
+for qt in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+           T.IQ4_NL, T.IQ4_XS]:
     block_size, type_size = GGML_QUANT_SIZES[qt]
     raw = rng.integers(0, 256, size=(2, type_size), dtype=np.uint8)
     # f16 scale fields: offsets within the block (see ggml-common.h layouts).
@@ -79,6 +81,7 @@ for qt in [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_
         T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
         T.Q2_K: [type_size - 4, type_size - 2], T.Q3_K: [type_size - 2],
         T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [type_size - 2],
+        T.IQ4_NL: [0], T.IQ4_XS: [0],
     }[qt]
     for b in range(2):
         for off in f16_fields:

@@ -1,8 +1,9 @@
 //! The offline batch call behind `pagoda generate` and `pagoda bench`: submit
 //! every request, step the engine until all are done, return the outputs in
-//! request order.
+//! request order. [`LlmEngine::generate_streaming`] also hands each step's
+//! outputs (text deltas included) to the caller as they are produced.
 
-use crate::engine::{EngineRequest, LlmEngine};
+use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
 use crate::Result;
 use pagoda_core::{FinishReason, RequestId, SamplingParams};
 use pagoda_kernels::Backend;
@@ -35,6 +36,18 @@ impl<B: Backend> LlmEngine<B> {
         requests: Vec<GenerateRequest>,
         on_step: &mut dyn FnMut(usize),
     ) -> Result<Vec<GenerateOutput>> {
+        self.generate_streaming(requests, on_step, &mut |_, _| {})
+    }
+
+    /// [`Self::generate`], also calling `on_output(i, output)` for every
+    /// output of request `i` (its index in `requests`) as its step ends,
+    /// before `on_step`.
+    pub fn generate_streaming(
+        &mut self,
+        requests: Vec<GenerateRequest>,
+        on_step: &mut dyn FnMut(usize),
+        on_output: &mut dyn FnMut(usize, &RequestOutput),
+    ) -> Result<Vec<GenerateOutput>> {
         let mut index: HashMap<RequestId, usize> = HashMap::with_capacity(requests.len());
         let mut outputs = Vec::with_capacity(requests.len());
         for (i, r) in requests.into_iter().enumerate() {
@@ -65,11 +78,11 @@ impl<B: Backend> LlmEngine<B> {
         let mut remaining = index.len();
         while remaining > 0 {
             let step = self.step()?;
-            on_step(step.len());
-            for o in step {
+            for o in step.iter() {
                 let Some(&i) = index.get(&o.request_id) else {
                     continue;
                 };
+                on_output(i, o);
                 let out = &mut outputs[i];
                 out.token_ids.push(o.token_id);
                 out.text.push_str(&o.text_delta);
@@ -79,6 +92,7 @@ impl<B: Backend> LlmEngine<B> {
                     remaining -= 1;
                 }
             }
+            on_step(step.len());
         }
         Ok(outputs)
     }

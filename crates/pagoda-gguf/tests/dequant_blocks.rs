@@ -76,6 +76,45 @@ fn q4_0_and_q4_1() {
     }
 }
 
+/// ggml's `kvalues_iq4nl`, written out here from `ggml-common.h`.
+const KVALUES: [f32; 16] = [
+    -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0,
+    89.0, 113.0,
+];
+
+#[test]
+fn iq4_nl_and_iq4_xs() {
+    let mut r = Rng(11);
+    for _ in 0..20 {
+        let d = r.scale();
+        let q: Vec<u8> = (0..32).map(|_| r.below(16) as u8).collect();
+        let qs: Vec<u8> = (0..16).map(|j| q[j] | (q[j + 16] << 4)).collect();
+        let b = [&h(d)[..], &qs].concat();
+        let want: Vec<f32> = q.iter().map(|&v| d * KVALUES[v as usize]).collect();
+        assert_close(GgmlType::IQ4_NL, &decode(GgmlType::IQ4_NL, &b), &want);
+
+        // IQ4_XS: eight sub-blocks of 32 with 6-bit scales (stored + 32):
+        // low 4 bits two per byte in scales_l, high 2 bits in scales_h.
+        let sc: Vec<u32> = (0..8).map(|_| r.below(64)).collect();
+        let scales_h: u16 = (0..8).map(|i| ((sc[i] >> 4) as u16) << (2 * i)).sum();
+        let scales_l: Vec<u8> = (0..4)
+            .map(|i| ((sc[2 * i] & 15) | ((sc[2 * i + 1] & 15) << 4)) as u8)
+            .collect();
+        let q: Vec<u8> = (0..256).map(|_| r.below(16) as u8).collect();
+        let qs: Vec<u8> = (0..128)
+            .map(|i| {
+                let (ib, j) = (i / 16, i % 16);
+                q[32 * ib + j] | (q[32 * ib + j + 16] << 4)
+            })
+            .collect();
+        let b = [&h(d)[..], &scales_h.to_le_bytes(), &scales_l, &qs].concat();
+        let want: Vec<f32> = (0..256)
+            .map(|i| d * (sc[i / 32] as f32 - 32.0) * KVALUES[q[i] as usize])
+            .collect();
+        assert_close(GgmlType::IQ4_XS, &decode(GgmlType::IQ4_XS, &b), &want);
+    }
+}
+
 #[test]
 fn q5_0_and_q5_1() {
     let mut r = Rng(2);
@@ -301,7 +340,7 @@ fn random_blocks_match_python_gguf() {
     let golden: serde_json::Value =
         serde_json::from_str(include_str!("golden/gguf_reference.json")).unwrap();
     let blocks = golden["blocks"].as_array().unwrap();
-    assert_eq!(blocks.len(), 10);
+    assert_eq!(blocks.len(), 12);
     for b in blocks {
         let name = b["type"].as_str().unwrap();
         let t = (0..64)

@@ -318,13 +318,13 @@ fn tensor_info_errors() {
 
     // A known type that cannot be dequantized still lists, and says so.
     let mut b = good.clone();
-    // IQ4_NL blocks are 32 elements in 18 bytes: smaller than Q8_0, still in bounds.
-    put_u32(&mut b, ty, GgmlType::IQ4_NL.id());
+    // MXFP4 blocks are 32 elements in 17 bytes: smaller than Q8_0, still in bounds.
+    put_u32(&mut b, ty, GgmlType::MXFP4.id());
     let f = GgufFile::from_bytes(b).unwrap();
-    assert_eq!(f.tensor("embd.weight").unwrap().ggml_type, GgmlType::IQ4_NL);
+    assert_eq!(f.tensor("embd.weight").unwrap().ggml_type, GgmlType::MXFP4);
     let e = f.dequantize("embd.weight").unwrap_err();
     assert!(
-        e.to_string().contains("IQ4_NL") && e.to_string().contains("embd.weight"),
+        e.to_string().contains("MXFP4") && e.to_string().contains("embd.weight"),
         "{e}"
     );
 }

@@ -23,6 +23,10 @@ struct Cli {
 enum Command {
     /// Generate text for one or more prompts, run together as one batch.
     Generate(commands::generate::GenerateArgs),
+    /// Chat with the model on the terminal: answers stream as they are
+    /// generated, the conversation goes through the model's chat template.
+    #[command(after_help = commands::chat::KEYS_HELP)]
+    Chat(commands::chat::ChatArgs),
     /// Measure speed: offline throughput (default) or `pagoda bench single`.
     Bench(Box<commands::bench::BenchArgs>),
     /// Describe a model: architecture, shapes, dtypes, vocabulary, parameters.
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
     logging::init(cli.log_format, default_filter);
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
+        Command::Chat(args) => commands::chat::run(args),
         Command::Info(args) => commands::info::run(args),
         Command::Bench(args) => commands::bench::run(*args),
         Command::Serve(args) => commands::serve::run(args),

@@ -149,9 +149,8 @@ fn unknown_gguf_architecture() {
 }
 
 /// A one-layer llama (hidden 32, two heads) with the default model's
-/// tokenizer and its embedding stored as IQ4_NL, a type ggml knows but
-/// pagoda cannot dequantize.
-fn iq4_nl_llama() -> Vec<u8> {
+/// tokenizer and its embedding (all zero) stored as `embd_type`.
+fn llama_with_embedding(embd_type: GgmlType) -> Vec<u8> {
     let real = GgufFile::open(default_model()).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in real.metadata().entries() {
@@ -180,12 +179,11 @@ fn iq4_nl_llama() -> Vec<u8> {
         "llama.attention.layer_norm_rms_epsilon",
         MetadataValue::F32(1e-5),
     );
-    let iq4_nl = GgmlType::IQ4_NL;
-    let embd_bytes = vocab * h / iq4_nl.block_size() * iq4_nl.type_size();
+    let embd_bytes = vocab * h / embd_type.block_size() * embd_type.type_size();
     w.add_raw(
         "token_embd.weight",
         &[vocab, h],
-        iq4_nl,
+        embd_type,
         vec![0; embd_bytes],
     )
     .unwrap();
@@ -209,9 +207,10 @@ fn iq4_nl_llama() -> Vec<u8> {
     w.to_bytes()
 }
 
+/// MXFP4: a type ggml knows but pagoda cannot dequantize.
 #[test]
 fn unsupported_quant_type() {
-    let f = Temp::file("iq4_nl.gguf", &iq4_nl_llama());
+    let f = Temp::file("mxfp4.gguf", &llama_with_embedding(GgmlType::MXFP4));
     // Listing works: the type's geometry is known; info names what is missing.
     let out = pagoda(&["info", "--model", f.path(), "--json"]);
     assert!(
@@ -222,7 +221,7 @@ fn unsupported_quant_type() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         v["missing_support"],
-        serde_json::json!(["tensor type IQ4_NL (1 tensors)"])
+        serde_json::json!(["tensor type MXFP4 (1 tensors)"])
     );
     // Loading the weights names the tensor and the type.
     fails_with_one_line(
@@ -237,8 +236,40 @@ fn unsupported_quant_type() {
             "--kv-cache-memory",
             "1MiB",
         ],
-        &["token_embd.weight", "cannot dequantize", "IQ4_NL"],
+        &["token_embd.weight", "cannot dequantize", "MXFP4"],
     );
+}
+
+/// IQ4_NL loads: info lists nothing missing, generate runs (the blocks
+/// kept or dequantized).
+#[test]
+fn iq4_nl_is_supported() {
+    let f = Temp::file("iq4_nl.gguf", &llama_with_embedding(GgmlType::IQ4_NL));
+    let out = pagoda(&["info", "--model", f.path(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["missing_support"], serde_json::json!([]), "{v}");
+    for dtype in ["f32", "auto"] {
+        let out = pagoda(&[
+            "generate",
+            "--model",
+            f.path(),
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "1",
+            "--kv-cache-memory",
+            "1MiB",
+            "--weight-dtype",
+            dtype,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{dtype}: {stderr}");
+    }
 }
 
 // ---- Hugging Face directories ----------------------------------------------

@@ -6,6 +6,7 @@
 //! parallel (rayon, a few thousand elements per task). Cost: one pass over
 //! the data, output 4 bytes per element; no intermediate buffers.
 
+pub mod iquants;
 mod kquants;
 mod legacy;
 
@@ -35,6 +36,8 @@ fn block_fn(t: GgmlType) -> Option<BlockFn> {
         GgmlType::Q4_K => kquants::q4_k,
         GgmlType::Q5_K => kquants::q5_k,
         GgmlType::Q6_K => kquants::q6_k,
+        GgmlType::IQ4_NL => iquants::iq4_nl,
+        GgmlType::IQ4_XS => iquants::iq4_xs,
         _ => return None,
     })
 }

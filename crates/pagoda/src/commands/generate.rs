@@ -1,15 +1,16 @@
-//! `pagoda generate`: one batch of prompts, printed as text or JSON lines.
+//! `pagoda generate`: one batch of prompts, printed as text or JSON lines;
+//! text is streamed in prompt order when stdout is a terminal.
 
-use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
+use super::in_order::{write_block, InOrder};
+use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs, SamplingArgs};
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pagoda_core::SamplingParams;
 use pagoda_engine::{GenerateOutput, GenerateRequest, LlmEngine};
 use pagoda_kernels::Backend;
 use pagoda_model::tokenizer::ChatMessage;
 use serde::Serialize;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -23,50 +24,8 @@ pub struct GenerateArgs {
     /// Most tokens to generate per prompt.
     #[arg(long, default_value_t = 128, value_name = "N")]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 picks the most likely token (greedy).
-    #[arg(
-        long,
-        default_value_t = 0.7,
-        value_name = "T",
-        allow_negative_numbers = true
-    )]
-    pub temperature: f32,
-    /// Nucleus sampling: keep the most likely tokens whose probability adds up to P.
-    #[arg(
-        long,
-        default_value_t = 1.0,
-        value_name = "P",
-        allow_negative_numbers = true
-    )]
-    pub top_p: f32,
-    /// Keep only the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    pub top_k: usize,
-    /// Drop tokens less likely than P times the most likely one.
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        value_name = "P",
-        allow_negative_numbers = true
-    )]
-    pub min_p: f32,
-    /// Penalize tokens already in the prompt or output (1: off).
-    #[arg(
-        long,
-        default_value_t = 1.0,
-        value_name = "R",
-        allow_negative_numbers = true
-    )]
-    pub repetition_penalty: f32,
-    /// Seed for sampling; the same seed gives the same output.
-    #[arg(long, value_name = "S")]
-    pub seed: Option<u64>,
-    /// Stop when this string is generated (repeatable); it is not printed.
-    #[arg(long = "stop", value_name = "TEXT")]
-    pub stop: Vec<String>,
-    /// Keep generating past end-of-sequence tokens.
-    #[arg(long)]
-    pub ignore_eos: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Wrap each prompt as a user message in the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -94,19 +53,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         bail!("give at least one --prompt");
     }
     // Options are checked before the model is opened, so a typo fails fast.
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        min_p: args.min_p,
-        repetition_penalty: args.repetition_penalty,
-        seed: args.seed,
-        max_tokens: args.max_tokens,
-        ignore_eos: args.ignore_eos,
-        stop: args.stop.clone(),
-        ..SamplingParams::default()
-    };
-    params.validate()?;
+    let params = args.sampling.params(args.max_tokens)?;
     args.cache.check_kv_cache_memory()?;
     let quiet = args.json;
     let files = open(&args.model, quiet)?;
@@ -136,15 +83,26 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         });
     }
 
+    // A terminal sees the text as it is produced; a pipe or file gets the
+    // same bytes once the batch is done.
+    let stream = !args.json && std::io::stdout().is_terminal();
     let outputs = run_on_device(
         files,
         &args.model,
         &args.cache,
         quiet,
-        Generate { requests, quiet },
+        Generate {
+            requests,
+            quiet: quiet || stream,
+            stream: stream.then_some(args.prompts.as_slice()),
+        },
     )?;
+    if stream {
+        return Ok(());
+    }
 
     let mut out = std::io::stdout().lock();
+    let several = args.prompts.len() > 1;
     for (prompt, o) in args.prompts.iter().zip(&outputs) {
         if args.json {
             let line = JsonLine {
@@ -160,29 +118,47 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 "{}",
                 serde_json::to_string(&line).context("serializing output")?
             )?;
-        } else if args.prompts.len() == 1 {
-            writeln!(out, "{}", o.text)?;
         } else {
-            writeln!(out, "--- {prompt}\n{}\n", o.text)?;
+            write_block(&mut out, prompt, &o.text, several)?;
         }
     }
     Ok(())
 }
 
 /// The batch run, on whichever backend the engine was built for.
-struct Generate {
+struct Generate<'a> {
     requests: Vec<GenerateRequest>,
+    /// No progress bar.
     quiet: bool,
+    /// Print the text to stdout as it is produced (these prompts' blocks).
+    stream: Option<&'a [String]>,
 }
 
-impl EngineTask for Generate {
+impl EngineTask for Generate<'_> {
     type Output = Vec<GenerateOutput>;
 
     fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<Vec<GenerateOutput>> {
         let total: usize = self.requests.iter().map(|r| r.params.max_tokens).sum();
         let pb = progress::bar(total as u64, "generating", self.quiet);
         let started = std::time::Instant::now();
-        let outputs = engine.generate(self.requests, &mut |n| pb.inc(n as u64))?;
+        let outputs = match self.stream {
+            None => engine.generate(self.requests, &mut |n| pb.inc(n as u64))?,
+            Some(prompts) => {
+                let mut printer = InOrder::new(std::io::stdout().lock(), prompts);
+                let mut failed = None;
+                let outputs =
+                    engine.generate_streaming(self.requests, &mut |_| {}, &mut |i, o| {
+                        if failed.is_none() {
+                            let r = printer.push(i, &o.text_delta, o.finish_reason.is_some());
+                            failed = r.err();
+                        }
+                    })?;
+                if let Some(e) = failed {
+                    return Err(e).context("writing to stdout");
+                }
+                outputs
+            }
+        };
         pb.finish_and_clear();
         let generated: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
         tracing::info!(

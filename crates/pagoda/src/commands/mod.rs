@@ -4,9 +4,13 @@ pub mod bench;
 pub mod bench_decode;
 pub mod bench_serve;
 pub mod bench_workload;
+pub mod chat;
 pub mod device;
 pub mod generate;
+pub mod in_order;
 pub mod info;
+pub mod interrupt;
+pub mod sampling;
 pub mod serve;
 
 use crate::progress;
@@ -14,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 pub use device::{run_on_device, EngineTask};
 use pagoda_model::open::{open_model, ModelFiles, OpenOptions};
+pub use sampling::SamplingArgs;
 use std::path::PathBuf;
 
 /// Which model to load and how to hold it.

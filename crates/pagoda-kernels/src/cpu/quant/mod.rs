@@ -6,8 +6,8 @@
 //!   [`super::storage::CpuWeight`]); [`supported`] lists the types with
 //!   kernels, others are dequantized at load.
 //! - Few rows (decode, [`matmul_t`]): each x row is quantized once per call
-//!   ([`act`]: 32-blocks for Q4_0..Q8_0, 256-blocks with 16-sums for the
-//!   k-quants), then every weight row is dotted with every x row, block by
+//!   ([`act`]: 32-blocks for Q4_0..Q8_0 and IQ4_NL, 256-blocks with 16-sums
+//!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call.
 //! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
@@ -144,6 +144,8 @@ fn dot_fn(ty: GgmlType, isa: Isa) -> Option<Dot> {
                 T::Q4_K => Dot::Q8K(x86::$m::q4_k),
                 T::Q5_K => Dot::Q8K(x86::$m::q5_k),
                 T::Q6_K => Dot::Q8K(x86::$m::q6_k),
+                T::IQ4_NL => Dot::Q8(x86::$m::iq4_nl),
+                T::IQ4_XS => Dot::Q8K(x86::$m::iq4_xs),
                 _ => return None,
             }
         };
@@ -164,6 +166,8 @@ fn dot_fn(ty: GgmlType, isa: Isa) -> Option<Dot> {
             T::Q4_K => Dot::Q8K(scalar::rows::q4_k),
             T::Q5_K => Dot::Q8K(scalar::rows::q5_k),
             T::Q6_K => Dot::Q8K(scalar::rows::q6_k),
+            T::IQ4_NL => Dot::Q8(scalar::rows::iq4_nl),
+            T::IQ4_XS => Dot::Q8K(scalar::rows::iq4_xs),
             _ => return None,
         },
     })

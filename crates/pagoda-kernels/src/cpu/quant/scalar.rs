@@ -85,6 +85,47 @@ pub fn q8_0(w: &[u8], a: &[BlockQ8]) -> f32 {
     acc
 }
 
+/// ggml's `kvalues_iq4nl`, the values of IQ4_NL and IQ4_XS indices.
+pub(super) use pagoda_gguf::dequant::iquants::KVALUES_IQ4NL;
+
+/// 16 nibble bytes of table indices (elements `j` and `j + 16` in byte
+/// `j`) dotted with 32 activations.
+#[inline]
+fn dot_iq4(qs: &[u8], a: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        let lo = KVALUES_IQ4NL[(qs[j] & 0x0F) as usize] as i32;
+        let hi = KVALUES_IQ4NL[(qs[j] >> 4) as usize] as i32;
+        s += lo * a[j] as i32 + hi * a[j + 16] as i32;
+    }
+    s
+}
+
+/// IQ4_NL (18 bytes: d, 16 nibble bytes): `x = d kvalues[q]`.
+pub fn iq4_nl(w: &[u8], a: &[BlockQ8]) -> f32 {
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(18).zip(a) {
+        acc += f16_at(b, 0) * a.d * dot_iq4(&b[2..18], &a.q) as f32;
+    }
+    acc
+}
+
+/// IQ4_XS (136 bytes: d, scales_h, 4 scales_l bytes, 128 nibble bytes):
+/// `x = d (sc - 32) kvalues[q]` per 32-element sub-block.
+pub fn iq4_xs(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    use pagoda_gguf::dequant::iquants::iq4_xs_scale;
+    let mut acc = 0f32;
+    for (b, a) in w.chunks_exact(136).zip(a) {
+        let mut sumi = 0i32;
+        for ib in 0..8 {
+            let qs = &b[8 + 16 * ib..24 + 16 * ib];
+            sumi += iq4_xs_scale(b, ib) * dot_iq4(qs, &a.q[32 * ib..32 * ib + 32]);
+        }
+        acc += f16_at(b, 0) * a.d * sumi as f32;
+    }
+    acc
+}
+
 /// Q4_K/Q5_K 6-bit (scale, min) of sub-block `j` from the 12 packed bytes.
 #[inline]
 pub(super) fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
@@ -246,4 +287,5 @@ pub mod rows {
 
     rows!(q4_0: BlockQ8, q4_1: BlockQ8, q5_0: BlockQ8, q5_1: BlockQ8, q8_0: BlockQ8);
     rows!(q2_k: BlockQ8K, q3_k: BlockQ8K, q4_k: BlockQ8K, q5_k: BlockQ8K, q6_k: BlockQ8K);
+    rows!(iq4_nl: BlockQ8, iq4_xs: BlockQ8K);
 }

@@ -11,7 +11,7 @@ use super::*;
 use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use crate::{Backend, HostData, HostTensor, QuantData};
 
-const TYPES: [GgmlType; 10] = [
+const TYPES: [GgmlType; 12] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -22,6 +22,8 @@ const TYPES: [GgmlType; 10] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// xorshift64*: deterministic test data without a dependency.
@@ -45,6 +47,7 @@ impl Rng {
 fn half_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
@@ -170,14 +173,14 @@ fn simd_paths_agree_with_the_portable_one() {
 fn detected_path_is_available_and_unknown_types_have_no_kernel() {
     assert!(Isa::detect().is_available());
     assert!(Isa::available().contains(&Isa::Scalar));
-    assert!(!supported(GgmlType::IQ4_XS));
+    assert!(!supported(GgmlType::IQ2_XXS));
     let mut out = [0f32; 1];
     assert!(!matmul_t(
         &[0.0; 256],
         1,
         256,
-        GgmlType::IQ4_XS,
-        &[0; 136],
+        GgmlType::IQ2_XXS,
+        &[0; 66],
         &mut out,
         1,
         Isa::Scalar
@@ -197,7 +200,12 @@ fn backend_linear_on_kept_blocks_matches_the_dequantizing_backend() {
     let quant = CpuBackend::new(opts).unwrap().with_quantized_weights(true);
     let dense = CpuBackend::new(opts).unwrap();
     let (n, k) = (48, 256);
-    for ty in [GgmlType::Q4_1, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+    ] {
         let bytes = random_blocks(ty, n, k, &mut rng);
         let host = HostTensor {
             shape: vec![n, k],
@@ -239,8 +247,8 @@ fn blocks_without_a_dequantizer_are_an_error() {
     let host = HostTensor {
         shape: vec![1, 256],
         data: HostData::Quant(QuantData {
-            ty: GgmlType::IQ4_XS,
-            bytes: vec![0; 136],
+            ty: GgmlType::IQ2_XXS,
+            bytes: vec![0; 66],
         }),
     };
     assert!(b.load_weight(host.clone()).is_err());

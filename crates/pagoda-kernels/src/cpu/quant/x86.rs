@@ -9,6 +9,8 @@
 //! with 32 signed 8-bit activations into 8 i32 lanes (`udot`), scales per
 //! block in f32 (32-blocks) or per sub-block in i32 (k-quants, `sdot`), and
 //! adds the offset or minimum terms from the activation sums in scalar code.
+//! IQ4_NL and IQ4_XS look their nibbles up in the 16-entry table
+//! (`vpshufb`) and then take the signed path of Q8_0.
 //! The integer sums equal the portable kernels' ([`super::scalar`]) exactly.
 //!
 //! Safety: every function needs AVX2, FMA and F16C (and the VNNI set AVX-512
@@ -16,7 +18,8 @@
 //! weight row of `a.len() / rows` whole blocks.
 
 use super::act::{BlockQ8, BlockQ8K};
-use super::scalar::{bsum32, q3_k_scales, scale_min_k4};
+use super::scalar::{bsum32, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
+use pagoda_gguf::dequant::iquants::iq4_xs_scale;
 use std::arch::x86_64::*;
 
 /// The f16 at `p`, as f32.
@@ -51,6 +54,14 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
     let x = _mm_loadu_si128(p as *const __m128i);
     let hi = _mm_srli_epi16(x, 4);
     _mm256_and_si256(_mm256_set_m128i(hi, x), _mm256_set1_epi8(0x0F))
+}
+
+/// The IQ4 table's value (a signed byte) of each index byte (`0..16`).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn iq4_values(idx: __m256i) -> __m256i {
+    let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+    _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx)
 }
 
 /// 16 in byte `i` where bit `i` of `qh` is set, else 0.
@@ -202,6 +213,12 @@ macro_rules! kernels {
             });
             // Q8_0: signed weights, so `|w| . (a with w's sign)`.
             legacy!(q8_0_r, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
+            // IQ4_NL: the nibbles looked up in the table, signed like Q8_0.
+            legacy!(iq4_nl_r, 18, 0.0, true, |b| (
+                iq4_values(nibbles(b.add(2))),
+                fp16(b),
+                0.0
+            ));
 
             /// Rows in groups of up to 4, each group one pass over the blocks.
             macro_rules! grouped {
@@ -230,6 +247,31 @@ macro_rules! kernels {
             grouped!(q5_0, q5_0_r);
             grouped!(q5_1, q5_1_r);
             grouped!(q8_0, q8_0_r);
+            grouped!(iq4_nl, iq4_nl_r);
+
+            /// IQ4_XS: per 32-element sub-block the looked-up values, signed
+            /// like Q8_0, times the sub-block's signed scale.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn iq4_xs_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+                assert!(w.len() >= a.len() * 136);
+                let mut acc = _mm256_setzero_ps();
+                for (i, a) in a.iter().enumerate() {
+                    let b = w.as_ptr().add(i * 136);
+                    let block = std::slice::from_raw_parts(b, 136);
+                    let aq = a.q.as_ptr() as *const u8;
+                    let mut sumi = _mm256_setzero_si256();
+                    for ib in 0..8 {
+                        let v = iq4_values(nibbles(b.add(8 + 16 * ib)));
+                        let s = _mm256_sign_epi8(load(aq.add(32 * ib)), v);
+                        let sc = iq4_xs_scale(block, ib);
+                        let p = sdot(_mm256_abs_epi8(v), s, scales(sc, sc));
+                        sumi = _mm256_add_epi32(sumi, p);
+                    }
+                    let d = _mm256_set1_ps(fp16(b) * a.d);
+                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+                }
+                hsum(acc)
+            }
 
             /// Q4_K (`five` = false) and Q5_K.
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -396,6 +438,7 @@ macro_rules! kernels {
             per_row!(q4_k, q4_k_1);
             per_row!(q5_k, q5_k_1);
             per_row!(q6_k, q6_k_1);
+            per_row!(iq4_xs, iq4_xs_1);
         }
     };
 }
