@@ -47,17 +47,16 @@ fn request(prompt: &[u32], n: Option<usize>, max_tokens: usize) -> EngineRequest
     }
 }
 
-/// Runs the requests to the end; per request (in order): its prompt
-/// logprobs, output tokens and cached prompt tokens.
-fn run(
-    e: &mut LlmEngine<CpuBackend>,
-    reqs: Vec<EngineRequest>,
-) -> Vec<(Option<Vec<PromptLogprob>>, Vec<u32>, usize)> {
+/// A request's prompt logprobs, output tokens and cached prompt tokens.
+type Ran = (Option<Vec<PromptLogprob>>, Vec<u32>, usize);
+
+/// Runs the requests to the end; what each gave, in order.
+fn run(e: &mut LlmEngine<CpuBackend>, reqs: Vec<EngineRequest>) -> Vec<Ran> {
     let ids: Vec<_> = reqs
         .into_iter()
         .map(|r| e.add_request(r).unwrap())
         .collect();
-    let mut out: HashMap<_, (Option<Vec<PromptLogprob>>, Vec<u32>, usize)> = HashMap::new();
+    let mut out: HashMap<_, Ran> = HashMap::new();
     while e.has_unfinished_requests() {
         for o in e.step().unwrap() {
             let r = out.entry(o.request_id).or_default();

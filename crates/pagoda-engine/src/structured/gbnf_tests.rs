@@ -5,7 +5,7 @@
 
 use super::*;
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, TokenizerEnv};
+use llguidance::toktrie::ApproximateTokEnv;
 use llguidance::{Matcher, ParserFactory};
 
 fn lark(g: &str) -> String {
