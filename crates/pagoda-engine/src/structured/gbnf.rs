@@ -3,7 +3,8 @@
 //!
 //! Accepted GBNF: rules `name ::= body` (names of letters, digits, `-` and
 //! `_`; a rule's body ends at a newline outside parentheses, and may go
-//! on to the next line after `::=` or `|`), alternatives `|`
+//! on to the next line after `::=` or `|`, or on a line starting with
+//! `|`), alternatives `|`
 //! (an alternative may be empty), sequences, groups `( )`, the postfix
 //! operators `*`, `+`, `?`, `{m}`, `{m,}`, `{m,n}`, string literals
 //! `"..."`, character classes `[a-z0-9_]` and negated ones `[^"\\]`, `.`
@@ -301,6 +302,15 @@ impl Parser<'_> {
         let mut alt = vec![self.sequence(depth)?];
         loop {
             self.skip(depth > 0);
+            // A line starting with `|` goes on with the rule's alternatives.
+            let mut next = Parser {
+                src: self.src,
+                pos: self.pos,
+            };
+            next.skip_space();
+            if next.peek() == Some('|') {
+                self.pos = next.pos;
+            }
             if !self.eat("|") {
                 return Ok(alt);
             }

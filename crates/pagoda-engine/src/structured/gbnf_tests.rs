@@ -50,6 +50,10 @@ fn rules_alternatives_groups_and_operators() {
         lark("root ::=\n  \"(\" (ws\n  \")\")\nws ::= |\n \" \" ws"),
         "start: \"(\" (r_ws \")\")\nr_ws: \"\" | \" \" r_ws\n"
     );
+    assert_eq!(
+        lark("root ::= \"a\"\n     | \"b\" # two\n\n  | \"c\"\nx ::= \"d\""),
+        "start: \"a\" | \"b\" | \"c\"\nr_x: \"d\"\n"
+    );
     let e = err("root ::= \"a\"\n  \"b\"");
     assert_eq!((e.line, e.column), (2, 3), "{e}");
 }
