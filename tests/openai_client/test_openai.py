@@ -203,8 +203,8 @@ def test_unknown_model_is_a_400():
 
 def test_unsupported_options_are_a_400_naming_them():
     for kw in (
-        {"extra_body": {"prompt_logprobs": 1}},
         {"extra_body": {"use_beam_search": True}},
+        {"extra_body": {"prompt_logprobs": 1}, "stream": True},
     ):
         name = next(iter(kw.get("extra_body", kw)))
         try:
@@ -427,6 +427,41 @@ def test_json_mode_gives_a_json_object_streamed_and_not():
         assert finish == "stop", (finish, text)
         doc = json.loads(text)
         assert isinstance(doc, dict) and "name" in doc, text
+
+
+def test_prompt_logprobs_via_extra_body():
+    main = GOLDEN["main"]
+    # The golden prompt and transformers' first 3 greedy tokens: each of
+    # those is the most likely token after its prefix.
+    prompt = main["prompt_ids"] + main["output_ids"][:3]
+    r = CLIENT.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=1, temperature=0,
+        extra_body={"prompt_logprobs": 2},
+    )
+    plp = r.choices[0].to_dict()["prompt_logprobs"]
+    assert len(plp) == len(prompt) and plp[0] is None, plp
+    for k, (tok, entry) in enumerate(zip(prompt[1:], plp[1:]), start=1):
+        own = entry[str(tok)]
+        assert own["logprob"] <= 0 and isinstance(own["decoded_token"], str), entry
+        assert len(entry) in (2, 3), entry
+        if k >= len(main["prompt_ids"]):
+            assert own["rank"] == 1, (k, entry)
+    r = CLIENT.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=2, temperature=0,
+        extra_body={"prompt_logprobs": 0},
+    )
+    plp = r.to_dict()["prompt_logprobs"]
+    assert len(plp) == r.usage.prompt_tokens and plp[0] is None
+    assert all(len(e) == 1 for e in plp[1:]), plp
+
+
+def test_gbnf_grammar_via_extra_body():
+    r = CLIENT.completions.create(
+        model=MODEL, prompt="Year:", max_tokens=8, temperature=0,
+        extra_body={"guided_grammar": 'root ::= [12] [0-9]{3} # a year'},
+    )
+    t = r.choices[0].text
+    assert len(t) == 4 and t.isdigit(), t
 
 
 def test_vllm_guided_fields_and_bad_schema():

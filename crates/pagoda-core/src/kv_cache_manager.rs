@@ -55,7 +55,12 @@ impl KvCacheManager {
         let Some(radix) = self.radix.as_mut() else {
             return Ok(None);
         };
-        let limit = seq.num_tokens().saturating_sub(1);
+        // Prompt logprobs need every prompt position computed.
+        let limit = if seq.sampling.prompt_logprobs.is_some() && seq.num_output_tokens() == 0 {
+            0
+        } else {
+            seq.num_tokens().saturating_sub(1)
+        };
         let mut m = radix.match_prefix(&seq.token_ids[..limit]);
         if !allow_partial && m.num_tokens % bs != 0 {
             m = radix.match_prefix(&seq.token_ids[..m.num_tokens - m.num_tokens % bs]);

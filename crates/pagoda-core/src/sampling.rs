@@ -59,6 +59,12 @@ pub struct SamplingParams {
     /// (vLLM's option; see the engine's detokenization for where it acts).
     #[serde(default = "yes")]
     pub spaces_between_special_tokens: bool,
+    /// `Some(n)`: report the logprob of every prompt token given its
+    /// prefix, with the `n` most likely alternatives (vLLM's
+    /// `prompt_logprobs`). Such a request computes its whole prompt: it
+    /// takes no prefix from the cache.
+    #[serde(default)]
+    pub prompt_logprobs: Option<usize>,
 }
 
 fn yes() -> bool {
@@ -111,6 +117,7 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
+            prompt_logprobs: None,
         }
     }
 }

@@ -20,6 +20,12 @@
 //! never scheduled and holds no blocks until [`Scheduler::resume`] puts it
 //! back in the waiting queue in its order of arrival.
 //!
+//! Logits rows: a step has at most `max_num_seqs` of them (the count the
+//! runner's profiling sized device memory for): one per sequence that
+//! samples, and one per position of a prompt chunk of a request asking
+//! for prompt logprobs, whose chunks are cut to fit; such a request also
+//! takes no cached prefix until its prompt is computed.
+//!
 //! Liveness: a request is admitted only if it fits the whole cache on its own;
 //! the oldest running request can be preempted by no one (only paused, by its
 //! client's choice) and, once the others finish or are preempted, has the
@@ -203,6 +209,9 @@ impl Scheduler {
         let mut scheduled = vec![false; order.len()];
         let mut preempted = vec![false; order.len()];
         let mut blocked = false;
+        // Logits rows planned so far (an upper bound; see the module docs).
+        let max_rows = self.config.max_num_seqs;
+        let mut rows = 0;
         // 1. Running requests: decodes (one token left), then prompt chunks.
         for decodes in [true, false] {
             for i in 0..order.len() {
@@ -216,7 +225,16 @@ impl Scheduler {
                 {
                     continue;
                 }
-                let num_new = left.min(budget);
+                let room = max_rows.saturating_sub(rows);
+                let (num_new, cost) = if seq.wants_prompt_rows() {
+                    let n = left.min(budget).min(room);
+                    (n, n)
+                } else {
+                    (left.min(budget), 1)
+                };
+                if num_new == 0 || cost > room {
+                    continue;
+                }
                 if self.allocate_or_preempt(
                     &order,
                     i,
@@ -227,6 +245,7 @@ impl Scheduler {
                 )? {
                     scheduled[i] = true;
                     budget -= num_new;
+                    rows += cost;
                     out.push(self.plan(order[i], num_new));
                 } else {
                     blocked = true;
@@ -243,16 +262,24 @@ impl Scheduler {
         if blocked || !out.preempted.is_empty() {
             return Ok(out);
         }
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+        while budget > 0 && self.running.len() < self.config.max_num_seqs && rows < max_rows {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            let Some((num_new, copy)) = self.admit(id, budget)? else {
+            let room = max_rows - rows;
+            let prompt_rows = self.requests[&id].sampling.prompt_logprobs.is_some();
+            let chunk_budget = if prompt_rows {
+                budget.min(room)
+            } else {
+                budget
+            };
+            let Some((num_new, copy)) = self.admit(id, chunk_budget)? else {
                 break;
             };
             self.waiting.pop_front();
             self.running.push(id);
             budget -= num_new;
+            rows += if prompt_rows { num_new } else { 1 };
             out.block_copies.extend(copy);
             out.push(self.plan(id, num_new));
         }

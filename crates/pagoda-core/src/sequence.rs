@@ -129,6 +129,14 @@ impl Sequence {
         self.token_ids.len() - self.num_computed_tokens
     }
 
+    /// Whether the next chunk needs the logits of its every position:
+    /// the request asks for prompt logprobs and its prompt (but for its
+    /// last token, whose logits only sample) is not computed yet.
+    pub fn wants_prompt_rows(&self) -> bool {
+        self.sampling.prompt_logprobs.is_some()
+            && self.num_computed_tokens + 1 < self.num_prompt_tokens
+    }
+
     /// The most tokens (prompt + output) this request can reach.
     pub fn max_num_tokens(&self, max_model_len: usize) -> usize {
         let cap = max_model_len.max(self.num_prompt_tokens + 1);

@@ -14,6 +14,7 @@
 
 use crate::context::{build_forward_context, ScheduledSeq};
 use crate::logit_rules::LogitRules;
+use crate::prompt_logprobs::{self as plp, PromptLogprob, PromptLogprobsState};
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
 use crate::stop::{find_stop, StopOptions};
@@ -59,6 +60,9 @@ pub struct RequestOutput {
     pub num_output_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
     pub num_cached_tokens: usize,
+    /// On the first output of a request that asked for prompt logprobs:
+    /// one entry per prompt token after the first.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// Engine-side state of a request the scheduler is running.
@@ -82,6 +86,8 @@ struct RequestState {
     rules: Option<LogitRules>,
     /// `min_tokens` and `include_stop_str_in_output`.
     stop_opts: StopOptions,
+    /// Prompt logprobs collected so far, until handed out.
+    prompt_lp: Option<PromptLogprobsState>,
 }
 
 /// A model with its scheduler and KV cache.
@@ -106,6 +112,9 @@ pub struct LlmEngine<B: Backend> {
     structured: Option<StructuredEngine>,
     /// Reused per row: the logit rules' entries of a step.
     rule_entries: Vec<(u32, f32)>,
+    /// Per scheduled sequence of the step: the rows of its chunk whose
+    /// logits prompt logprobs need (empty when none does).
+    prompt_rows: Vec<std::ops::Range<usize>>,
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -147,6 +156,7 @@ impl<B: Backend> LlmEngine<B> {
             sampling_options: SamplingOptions::default(),
             structured: None,
             rule_entries: Vec::new(),
+            prompt_rows: Vec::new(),
         })
     }
 
@@ -192,6 +202,13 @@ impl<B: Backend> LlmEngine<B> {
             if n > MAX_LOGPROBS {
                 return Err(EngineError::InvalidRequest(format!(
                     "{n} top logprobs asked; at most {MAX_LOGPROBS}"
+                )));
+            }
+        }
+        if let Some(n) = r.params.prompt_logprobs {
+            if n > MAX_LOGPROBS {
+                return Err(EngineError::InvalidRequest(format!(
+                    "{n} prompt logprobs asked; at most {MAX_LOGPROBS}"
                 )));
             }
         }
@@ -249,6 +266,10 @@ impl<B: Backend> LlmEngine<B> {
                 min_tokens: r.params.min_tokens,
                 include_stop_str: r.params.include_stop_str_in_output,
             },
+            prompt_lp: r.params.prompt_logprobs.map(|n| PromptLogprobsState {
+                n,
+                entries: Vec::new(),
+            }),
         };
         self.scheduler
             .add_request(Request {
@@ -402,8 +423,40 @@ impl<B: Backend> LlmEngine<B> {
                 want_logits: s.needs_logits,
             })
             .collect();
-        let ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
+        let mut ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
+        self.lay_out_prompt_rows(&plan, &mut ctx);
         Ok(Some((plan, ctx)))
+    }
+
+    /// Adds to `ctx` the logits rows of the step's prompt chunks whose
+    /// requests ask for prompt logprobs (none, and no cost, otherwise).
+    fn lay_out_prompt_rows(&mut self, plan: &SchedulerOutput, ctx: &mut ForwardContext) {
+        self.prompt_rows.clear();
+        let mut any = false;
+        for s in &plan.scheduled {
+            let rows = match (
+                self.states
+                    .get(&s.request_id)
+                    .and_then(|st| st.prompt_lp.as_ref()),
+                self.scheduler.sequence(s.request_id),
+            ) {
+                (Some(p), Some(seq)) => plp::rows_wanted(
+                    s.num_computed_tokens,
+                    s.token_ids.len(),
+                    seq.num_prompt_tokens,
+                    p.entries.len(),
+                ),
+                _ => 0..0,
+            };
+            any |= !rows.is_empty();
+            self.prompt_rows.push(rows);
+        }
+        if any {
+            let samples: Vec<bool> = plan.scheduled.iter().map(|s| s.needs_logits).collect();
+            plp::lay_out_rows(ctx, &self.prompt_rows, &samples);
+        } else {
+            self.prompt_rows.clear();
+        }
     }
 
     /// Stage 2: the forward pass and a token for every sequence that
@@ -415,7 +468,9 @@ impl<B: Backend> LlmEngine<B> {
         ctx: &mut ForwardContext,
         masks: Option<PendingMasks>,
     ) -> Result<Sampled> {
-        if self.runner.samples_on_device() {
+        // A step with prompt-logprobs rows brings its logits back and
+        // samples on the host (prefill steps only; never a graph's).
+        if self.runner.samples_on_device() && self.prompt_rows.is_empty() {
             self.sample_on_device(plan, ctx, masks)
         } else {
             self.sample_on_host(plan, ctx, masks)
@@ -555,8 +610,9 @@ impl<B: Backend> LlmEngine<B> {
         let masks = Self::finish_masks(&mut self.structured, &mut self.states, masks)?;
         let mut logits = logits?.into_logits()?;
         let vocab = self.runner.config().vocab_size;
+        let num_sampled = plan.scheduled.iter().filter(|s| s.needs_logits).count();
         masks
-            .validate(ctx.logits_indices.len(), vocab)
+            .validate(num_sampled, vocab)
             .map_err(EngineError::Internal)?;
         let mut next_mask = masks
             .rows
@@ -564,15 +620,27 @@ impl<B: Backend> LlmEngine<B> {
             .zip(masks.bits.chunks_exact(masks.words.max(1)));
         let mut pending_mask = next_mask.next();
         let mut rows = logits.chunks_exact_mut(vocab);
-        for (i, s) in plan.scheduled.iter().filter(|s| s.needs_logits).enumerate() {
-            let row = rows
-                .next()
-                .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))?;
+        let mut next_row = || {
+            rows.next()
+                .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))
+        };
+        // `i` counts the sampled rows (the masks' numbering).
+        let mut i = 0;
+        for (k, s) in plan.scheduled.iter().enumerate() {
+            for j in self.prompt_rows.get(k).cloned().unwrap_or(0..0) {
+                let row = next_row()?;
+                self.collect_prompt_logprob(s.request_id, s.num_computed_tokens + j, row);
+            }
+            if !s.needs_logits {
+                continue;
+            }
+            let row = next_row()?;
             if let Some((_, bits)) = pending_mask.filter(|(&r, _)| r as usize == i) {
                 // Before penalties and temperature, as vLLM does.
                 apply_mask(row, bits);
                 pending_mask = next_mask.next();
             }
+            i += 1;
             let (Some(seq), Some(state)) = (
                 self.scheduler.sequence(s.request_id),
                 self.states.get_mut(&s.request_id),
@@ -605,6 +673,23 @@ impl<B: Backend> LlmEngine<B> {
             st.recycle(masks);
         }
         Ok((sampled, logprobs))
+    }
+
+    /// Records the prompt logprob that the logits at prompt position `pos`
+    /// give the token after it (once: a recomputed position is skipped).
+    fn collect_prompt_logprob(&mut self, id: RequestId, pos: usize, row: &[f32]) {
+        let (Some(seq), Some(p)) = (
+            self.scheduler.sequence(id),
+            self.states
+                .get_mut(&id)
+                .and_then(|st| st.prompt_lp.as_mut()),
+        ) else {
+            return;
+        };
+        if pos == p.entries.len() && pos + 1 < seq.num_prompt_tokens {
+            p.entries
+                .push(plp::prompt_logprob(row, seq.token_ids[pos + 1], p.n));
+        }
     }
 
     /// Stage 3: append the tokens, run the stop checks, decode text.
@@ -684,6 +769,7 @@ impl<B: Backend> LlmEngine<B> {
             let text_delta = state.text[state.emitted.min(visible)..visible].to_string();
             state.emitted = state.emitted.max(visible);
             let num_prompt_tokens = state.num_prompt_tokens;
+            let prompt_logprobs = state.prompt_lp.take().map(|p| p.entries);
             outputs.push(RequestOutput {
                 request_id: u.request_id,
                 token_id: u.token_id,
@@ -693,6 +779,7 @@ impl<B: Backend> LlmEngine<B> {
                 num_prompt_tokens,
                 num_output_tokens: u.num_output_tokens,
                 num_cached_tokens: u.num_cached_tokens,
+                prompt_logprobs,
             });
             if finish.is_some() {
                 self.states.remove(&u.request_id);

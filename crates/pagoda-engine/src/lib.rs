@@ -5,6 +5,7 @@
 //! - [`sampler`]: penalties, temperature, top-k/top-p/min-p, per-request seeds.
 //! - [`logit_rules`]: logit bias, allowed tokens, bad words, min_tokens bans.
 //! - [`stop`]: stop strings matched across token boundaries.
+//! - [`prompt_logprobs`]: the logprob of each prompt token given its prefix.
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark)
 //!   compiled by llguidance; per-step token masks.
 //! - [`engine`]: scheduler + runner + per-request output state, one step at a time.
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod generate;
 pub mod handle;
 pub mod logit_rules;
+pub mod prompt_logprobs;
 pub mod runner;
 pub mod sampler;
 pub mod stop;

@@ -210,7 +210,7 @@ fn bad_constraints_are_refused_naming_what_is_wrong() {
             StructuredOutput::Lark("start: missing_rule".into()),
             "grammar",
         ),
-        (StructuredOutput::Gbnf("root ::= \"x\"".into()), "grammar"),
+        (StructuredOutput::Gbnf("root ::= (\"x\"".into()), "grammar"),
     ];
     for (c, kind) in bad {
         let r = e.add_request(EngineRequest {

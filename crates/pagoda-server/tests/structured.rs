@@ -1,6 +1,7 @@
 //! Structured outputs over HTTP on the default model: `response_format`
 //! (json_object, json_schema), vLLM's `structured_outputs` and `guided_*`
-//! fields, streamed and not, give output that satisfies the constraint;
+//! fields (grammars in Lark or GBNF), streamed and not, give output that
+//! satisfies the constraint;
 //! bad constraints and two constraints at once are a 400 naming the field.
 
 mod common;
@@ -69,6 +70,16 @@ async fn constraints_shape_the_output_streamed_and_not() {
             "grammar",
         ),
         ("response_format", json!({"type": "json_object"}), "object"),
+        (
+            "guided_grammar",
+            json!("root ::= \"say \" answer\nanswer ::= \"yes\" | \"no\" # GBNF"),
+            "grammar",
+        ),
+        (
+            "structured_outputs",
+            json!({"grammar": "root ::= [0-9]{4} \"-\" [0-9]{2}"}),
+            "gbnf",
+        ),
     ] {
         let mut b = greedy("The answer is", 40);
         b[key] = value.clone();
@@ -83,6 +94,15 @@ async fn constraints_shape_the_output_streamed_and_not() {
             ),
             "json" => assert!(serde_json::from_str::<Value>(t).unwrap()["a"].is_boolean()),
             "grammar" => assert!(t == "say yes" || t == "say no", "{t:?}"),
+            "gbnf" => assert!(
+                t.len() == 7
+                    && t.bytes().enumerate().all(|(i, c)| if i == 4 {
+                        c == b'-'
+                    } else {
+                        c.is_ascii_digit()
+                    }),
+                "{t:?}"
+            ),
             _ => assert!(t.starts_with('{'), "{t:?}"),
         }
         if check != "object" {
@@ -97,7 +117,16 @@ async fn bad_or_conflicting_constraints_are_a_400_naming_the_field() {
     for (key, value, param) in [
         ("guided_json", json!("{not json"), "guided_json"),
         ("guided_regex", json!("(open"), "guided_regex"),
-        ("guided_grammar", json!("root ::= \"a\""), "guided_grammar"),
+        (
+            "guided_grammar",
+            json!("root ::= \"a\" | b"),
+            "guided_grammar",
+        ),
+        (
+            "structured_outputs",
+            json!({"grammar": "root ::= [z-a]"}),
+            "structured_outputs.grammar",
+        ),
         ("guided_grammar", json!("start: nowhere"), "guided_grammar"),
         ("guided_choice", json!([]), "guided_choice"),
         (
@@ -124,6 +153,13 @@ async fn bad_or_conflicting_constraints_are_a_400_naming_the_field() {
             assert_eq!(v["error"]["param"], param, "{v}");
         }
     }
+    // A GBNF syntax error says where it is.
+    let mut b = greedy("Hi", 4);
+    b["guided_grammar"] = json!("root ::= \"a\" x\nx ::= (\"b\"");
+    let (status, v) = s.post("/v1/completions", &b).await;
+    assert_eq!(status, 400, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("GBNF line 2, column 11"), "{m}");
     let mut b = greedy("Hi", 4);
     b["guided_regex"] = json!("a+");
     b["response_format"] = json!({"type": "json_object"});

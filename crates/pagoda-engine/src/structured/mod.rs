@@ -19,9 +19,11 @@
 //! spend their token budget on whitespace; a regex must match the whole
 //! output; a choice is one of its strings exactly; Lark grammars are
 //! llguidance's dialect (with `%json { ... }` schemas and `/regex/`
-//! terminals embedded); GBNF is not compiled (llguidance reads Lark only)
-//! and is refused with a clear error.
+//! terminals embedded); GBNF (llama.cpp's format) is translated into that
+//! dialect first (`gbnf`), its syntax errors reported with their line and
+//! column.
 
+pub mod gbnf;
 mod masks;
 pub(crate) mod step;
 
@@ -98,12 +100,8 @@ pub fn top_level_grammar(c: &StructuredOutput) -> Result<TopLevelGrammar, Struct
             }
             TopLevelGrammar::from_lark(g.clone())
         }
-        StructuredOutput::Gbnf(_) => {
-            return Err(err(
-                "GBNF grammars are not supported; write the grammar in Lark syntax \
-                 (`rule: a | b`, terminals as \"strings\" or /regexes/)"
-                    .into(),
-            ))
+        StructuredOutput::Gbnf(g) => {
+            TopLevelGrammar::from_lark(gbnf::gbnf_to_lark(g).map_err(|e| err(e.to_string()))?)
         }
     })
 }
@@ -321,7 +319,10 @@ mod tests {
         assert_eq!(e.kind, "grammar");
         let e = check_grammar(&StructuredOutput::Choice(vec![])).unwrap_err();
         assert_eq!(e.kind, "choice");
-        assert!(check_grammar(&StructuredOutput::Gbnf("root ::= \"a\"".into())).is_err());
+        check_grammar(&StructuredOutput::Gbnf("root ::= \"a\"".into())).unwrap();
+        let e = check_grammar(&StructuredOutput::Gbnf("root ::= \"a".into())).unwrap_err();
+        assert_eq!(e.kind, "grammar");
+        assert!(e.message.contains("line 1, column 10"), "{e}");
         let lark = r#"start: "call " obj
 obj: %json { "type": "object", "properties": { "x": { "type": "integer" } }, "required": ["x"] }"#;
         check_grammar(&StructuredOutput::Lark(lark.into())).unwrap();

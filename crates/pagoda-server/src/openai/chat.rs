@@ -124,6 +124,9 @@ pub struct ChatCompletionResponse {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's prompt logprobs, where asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<super::PromptLogprobs>,
 }
 
 /// `delta` of a stream chunk: the role on a choice's first chunk, then text,

@@ -96,6 +96,9 @@ pub struct SamplingFields {
     /// vLLM: logprob tokens as `token_id:N` instead of their text.
     #[serde(default)]
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM: the logprob of each prompt token and this many alternatives.
+    #[serde(default)]
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// `usage.prompt_tokens_details`.

@@ -46,6 +46,9 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// vLLM's prompt logprobs, where asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<super::PromptLogprobs>,
 }
 
 /// A response (`object: "text_completion"`) or, when streaming, one chunk.

@@ -11,10 +11,12 @@ pub mod chat;
 pub mod common;
 pub mod completions;
 pub mod misc;
+pub mod prompt_logprobs;
 pub mod structured;
 
 pub use chat::*;
 pub use common::*;
 pub use completions::*;
 pub use misc::*;
+pub use prompt_logprobs::{PromptLogprobs, PromptTokenLogprob};
 pub use structured::StructuredFields;

@@ -23,7 +23,7 @@
 
 use super::chat_output::{finish_reason, message, OutputFormat, StreamState};
 use super::generation::{collect_and_log, submit_all, UsageTally};
-use super::logprobs::chat_logprobs;
+use super::logprobs::{chat_logprobs, prompt_logprobs};
 use super::params::{logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
 use crate::openai::{
@@ -230,6 +230,11 @@ pub async fn chat_completions(
         ));
     }
     let (results, usage) = collect_and_log(choices, log, 1).await?;
+    // One prompt: vLLM puts its logprobs at the top of the response.
+    let prompt_lps = results
+        .first()
+        .and_then(|r| r.prompt_logprobs.as_ref())
+        .map(|e| prompt_logprobs(&tokenizer, e, params.tokens_as_ids));
     let choices = results
         .into_iter()
         .map(|r| {
@@ -256,6 +261,7 @@ pub async fn chat_completions(
         model,
         choices,
         usage,
+        prompt_logprobs: prompt_lps,
     };
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],

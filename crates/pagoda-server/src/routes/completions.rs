@@ -3,7 +3,7 @@
 //! `text_completion` chunks.
 
 use super::generation::{collect_and_log, submit_all, UsageTally};
-use super::logprobs::completion_logprobs;
+use super::logprobs::{completion_logprobs, prompt_logprobs};
 use super::params::{check_num_seqs, logprobs_count, ChoiceParams};
 use crate::error::{ApiError, JsonBody};
 use crate::openai::{CompletionChoice, CompletionRequest, CompletionResponse, Prompt};
@@ -144,6 +144,10 @@ pub async fn completions(
                 text: format!("{prefix}{}", r.text),
                 logprobs,
                 finish_reason: Some(r.finish_reason.as_str()),
+                prompt_logprobs: r
+                    .prompt_logprobs
+                    .as_ref()
+                    .map(|e| prompt_logprobs(&tokenizer, e, as_ids)),
             }
         })
         .collect();
@@ -230,6 +234,7 @@ impl ChunkFormatter for CompletionChunks {
             text,
             logprobs,
             finish_reason: out.finish_reason.map(|r| r.as_str()),
+            prompt_logprobs: None,
         };
         vec![self.chunk(vec![choice], None)]
     }

@@ -58,6 +58,7 @@ pub const HONOURED_COMMON: &[&str] = &[
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "return_tokens_as_token_ids",
+    "prompt_logprobs",
     "echo",
 ];
 /// Honoured by `/v1/completions` only.
@@ -180,9 +181,6 @@ pub const NEUTRAL: &[Neutral] = &[
     neutral!("documents", CHAT, "null", null),
     neutral!("best_of", COMPL, "null or equal to n", best_of_n),
     neutral!("suffix", COMPL, "null or \"\"", null_or_empty),
-    // Needs the logits of every prompt position; the engine computes the
-    // last position's only.
-    neutral!("prompt_logprobs", None, "null", null),
     neutral!("use_beam_search", None, "null or false", null_or_false),
     neutral!("length_penalty", None, "null or 1", null_or_one),
     neutral!("truncate_prompt_tokens", None, "null", null),
@@ -347,7 +345,6 @@ mod tests {
                 "functions",
             ),
             (json!({"priority": 3}), "priority"),
-            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
             (json!({"suffix": "x"}), "suffix"),
             (json!({"frobnicate": 1}), "frobnicate"),
             (

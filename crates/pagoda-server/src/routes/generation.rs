@@ -20,6 +20,7 @@
 use crate::error::ApiError;
 use crate::state::AppState;
 use pagoda_core::SamplingParams;
+use pagoda_engine::prompt_logprobs::PromptLogprob;
 use pagoda_engine::sampler::TokenLogprobs;
 use pagoda_engine::{EngineError, EngineRequest, FinishReason, RequestOutput, RequestStream};
 use std::time::Instant;
@@ -145,6 +146,8 @@ pub struct ChoiceResult {
     pub num_cached_tokens: usize,
     /// When its first output arrived.
     pub first_output: Option<Instant>,
+    /// Its prompt logprobs, where asked.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// Reads one choice to its end.
@@ -159,6 +162,7 @@ async fn collect(mut c: ChoiceStream) -> Result<ChoiceResult, ApiError> {
         num_output_tokens: 0,
         num_cached_tokens: 0,
         first_output: None,
+        prompt_logprobs: None,
     };
     while let Some(item) = c.next().await {
         let out = item?;
@@ -166,6 +170,9 @@ async fn collect(mut c: ChoiceStream) -> Result<ChoiceResult, ApiError> {
         r.text.push_str(&out.text_delta);
         if let Some(lp) = out.logprobs {
             r.logprobs.push((out.token_id, lp));
+        }
+        if out.prompt_logprobs.is_some() {
+            r.prompt_logprobs = out.prompt_logprobs;
         }
         r.num_prompt_tokens = out.num_prompt_tokens;
         r.num_output_tokens = out.num_output_tokens;

@@ -8,7 +8,11 @@
 //! holding part of a character (decoded as U+FFFD), the raw bytes from the
 //! vocabulary entry (byte-level `Ġ`-style or `<0xNN>` form).
 
-use crate::openai::{ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob};
+use crate::openai::{
+    ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, PromptLogprobs, PromptTokenLogprob,
+    TopLogprob,
+};
+use pagoda_engine::prompt_logprobs::PromptLogprob;
 use pagoda_engine::sampler::TokenLogprobs;
 use pagoda_model::tokenizer::Tokenizer;
 use std::collections::BTreeMap;
@@ -63,6 +67,39 @@ fn byte_level_to_byte(c: char) -> Option<u8> {
         .filter(|&b| !printable(b))
         .nth(k as usize)
         .map(|b| b as u8)
+}
+
+/// vLLM's `prompt_logprobs` of a prompt from the engine's entries (one per
+/// prompt token after the first): `null` for the first token, then each
+/// token with its rank and the alternatives not already listed.
+pub fn prompt_logprobs(
+    tokenizer: &Tokenizer,
+    entries: &[PromptLogprob],
+    as_ids: bool,
+) -> PromptLogprobs {
+    // JSON has no -inf: vLLM writes -9999.0.
+    let clamp = |l: f32| if l == f32::NEG_INFINITY { -9999.0 } else { l };
+    let one = |id: u32, logprob: f32, rank: u32| {
+        (
+            id,
+            PromptTokenLogprob {
+                logprob: clamp(logprob),
+                rank,
+                decoded_token: token_name(tokenizer, id, as_ids),
+            },
+        )
+    };
+    let mut out = vec![None];
+    for e in entries {
+        let mut m = vec![one(e.token, e.logprob, e.rank)];
+        for (i, &(id, lp)) in e.top.iter().enumerate() {
+            if id != e.token {
+                m.push(one(id, lp, i as u32 + 1));
+            }
+        }
+        out.push(Some(m));
+    }
+    PromptLogprobs(out)
 }
 
 /// The legacy completion logprobs of `tokens`, whose text starts at byte

@@ -147,6 +147,7 @@ impl ChoiceParams {
             stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
             stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
             structured: super::structured::constraint(&f.structured)?,
+            prompt_logprobs: prompt_logprobs(f)?,
             ..token_rules(f)?
         };
         // `max_tokens` is known only with the prompt: min_tokens is checked
@@ -301,6 +302,21 @@ fn token_rules(f: &SamplingFields) -> Result<SamplingParams, ApiError> {
         spaces_between_special_tokens: f.spaces_between_special_tokens.unwrap_or(true),
         ..Default::default()
     })
+}
+
+/// `prompt_logprobs`: a count of alternatives, refused with streaming (as
+/// vLLM does: they come with the first output, which a stream sends before).
+fn prompt_logprobs(f: &SamplingFields) -> Result<Option<usize>, ApiError> {
+    let Some(v) = f.prompt_logprobs else {
+        return Ok(None);
+    };
+    if f.stream {
+        return Err(ApiError::invalid_param(
+            "prompt_logprobs",
+            "prompt_logprobs are not available with stream: true",
+        ));
+    }
+    logprobs_count("prompt_logprobs", v).map(Some)
 }
 
 /// Checks a logprobs count (`logprobs` or `top_logprobs`).

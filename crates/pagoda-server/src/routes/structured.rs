@@ -11,8 +11,9 @@
 //! - `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`
 //!   (vLLM's older top-level forms, same values).
 //!
-//! Grammars are Lark (llguidance's dialect, `%json {...}` embeddable); a
-//! grammar in GBNF (`rule ::= ...`) is refused with a message saying so.
+//! Grammars are Lark (llguidance's dialect, `%json {...}` embeddable), or
+//! GBNF (llama.cpp's format, told by its `::=`), which the engine
+//! translates into Lark; a GBNF syntax error says its line and column.
 //! More than one constraint in a request is a 400.
 
 use crate::error::ApiError;
@@ -228,9 +229,10 @@ mod tests {
         assert_eq!(e(json!({"guided_regex": "(a"})), "guided_regex");
         assert_eq!(e(json!({"guided_json": "{nope"})), "guided_json");
         assert_eq!(
-            e(json!({"guided_grammar": "root ::= \"a\""})),
+            e(json!({"guided_grammar": "root ::= \"a"})),
             "guided_grammar"
         );
+        assert!(read(json!({"guided_grammar": "root ::= \"a\" [0-9]{2}"})).is_ok());
         assert_eq!(e(json!({"guided_choice": "a"})), "guided_choice");
         assert_eq!(
             e(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
