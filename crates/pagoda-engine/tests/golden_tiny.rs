@@ -1,7 +1,8 @@
 //! Tiny random Llama (Llama 3 rope scaling), Llama with attention_bias
 //! (biases on q/k/v and o_proj), Qwen2, Qwen3, OPT, Gemma 3 (sliding windows
 //! of 6 on 2 of 3 layers, two rope bases) and Gemma 2 (window 5 on alternate
-//! layers, attention and final logit soft-capping) models
+//! layers, attention and final logit soft-capping), Qwen3-MoE (8 experts,
+//! top-2, one dense layer) and Mixtral (8 experts, top-2 renormalized) models
 //! against Hugging Face transformers (tests/golden/tiny-*/, made by
 //! scripts/golden/models.py with pagoda's dummy-weight spec): last-prompt
 //! logits, 16 greedy tokens with their top-5, alone and batched, from dummy
@@ -19,7 +20,7 @@ use pagoda_model::loader::safetensors_writer::{write_safetensors, StorageDtype};
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::ModelConfig;
 
-const ARCHS: [&str; 7] = [
+const ARCHS: [&str; 9] = [
     "llama",
     "llama-attnbias",
     "qwen2",
@@ -27,6 +28,8 @@ const ARCHS: [&str; 7] = [
     "opt",
     "gemma3",
     "gemma2",
+    "qwen3-moe",
+    "mixtral",
 ];
 
 fn load(arch: &str) -> (ModelConfig, serde_json::Value) {

@@ -85,6 +85,7 @@ mod tests {
             torch_dtype: None,
             sliding_window: None,
             gemma: None,
+            moe: None,
         }
     }
 

@@ -3,7 +3,8 @@
 //! Owns the mapping from a checkpoint directory's JSON to pagoda's
 //! architecture-neutral config, with the defaults of transformers' config
 //! classes (`LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
-//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`) wherever a field may be
+//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`, `Qwen3MoeConfig`,
+//! `MixtralConfig`) wherever a field may be
 //! absent. Those defaults are per class
 //! and not always intuitive: an absent `num_key_value_heads` is
 //! `num_attention_heads` for Llama and OPT but 8 for Mistral and 32 for
@@ -35,6 +36,8 @@
 //!   failing later on a missing tensor; a sliding window in use is recorded
 //!   in [`ModelConfig::sliding_window`] (building the model refuses a
 //!   context longer than the window);
+//! - mixture-of-experts fields ([`crate::MoeConfig`]) for Qwen3-MoE and
+//!   Mixtral; other MoE families are refused by name;
 //! - end-of-sequence ids are `config.json`'s followed by
 //!   `generation_config.json`'s, without duplicates.
 //!
@@ -54,7 +57,44 @@ enum HfClass {
     Opt,
     Gemma2,
     Gemma3,
+    Qwen3Moe,
+    Mixtral,
 }
+
+/// Mixture-of-experts families pagoda does not implement (`model_type`s and
+/// architecture stems), refused by name rather than as unknown.
+const UNSUPPORTED_MOE: &[&str] = &[
+    "qwen2_moe",
+    "qwen2moe",
+    "deepseek_v2",
+    "deepseekv2",
+    "deepseek_v3",
+    "deepseekv3",
+    "gpt_oss",
+    "gptoss",
+    "olmoe",
+    "granitemoe",
+    "granitemoehybrid",
+    "granitemoeshared",
+    "dbrx",
+    "jamba",
+    "phimoe",
+    "jetmoe",
+    "minimax",
+    "llama4",
+    "llama4fortextgeneration",
+    "glm4_moe",
+    "glm4moe",
+    "ernie4_5_moe",
+    "ernie4_5moe",
+    "hunyuan_v1_moe",
+    "hunyuanmoev1",
+    "qwen3_next",
+    "qwen3next",
+    "arctic",
+    "switch_transformers",
+    "nllb_moe",
+];
 
 impl HfClass {
     /// `LlamaForCausalLM` or `llama` (case-insensitive).
@@ -68,6 +108,8 @@ impl HfClass {
             "opt" => Some(HfClass::Opt),
             "gemma2" => Some(HfClass::Gemma2),
             "gemma3" | "gemma3_text" | "gemma3forconditionalgeneration" => Some(HfClass::Gemma3),
+            "qwen3_moe" | "qwen3moe" => Some(HfClass::Qwen3Moe),
+            "mixtral" => Some(HfClass::Mixtral),
             _ => None,
         }
     }
@@ -80,6 +122,8 @@ impl HfClass {
             HfClass::Opt => Architecture::Opt,
             HfClass::Gemma2 => Architecture::Gemma2,
             HfClass::Gemma3 => Architecture::Gemma3,
+            HfClass::Qwen3Moe => Architecture::Qwen3Moe,
+            HfClass::Mixtral => Architecture::Mixtral,
         }
     }
 
@@ -99,9 +143,17 @@ impl HfClass {
         };
         match self {
             HfClass::Llama => llama,
-            HfClass::Mistral => Defaults {
+            HfClass::Mistral | HfClass::Mixtral => Defaults {
                 max_position_embeddings: 4096 * 32,
                 num_key_value_heads: Some(8),
+                ..llama
+            },
+            HfClass::Qwen3Moe => Defaults {
+                max_position_embeddings: 32768,
+                num_key_value_heads: Some(4),
+                head_dim: None,
+                bos_token_id: None,
+                eos_token_id: None,
                 ..llama
             },
             HfClass::Qwen2 | HfClass::Qwen3 => Defaults {
@@ -371,7 +423,19 @@ fn detect_class(f: &Fields) -> Result<HfClass> {
             ))
         })?,
     };
-    HfClass::from_name(name).ok_or_else(|| ModelError::UnknownArchitecture(name.to_string()))
+    if let Some(class) = HfClass::from_name(name) {
+        return Ok(class);
+    }
+    let lower = name.to_ascii_lowercase();
+    let stem = lower.strip_suffix("forcausallm").unwrap_or(&lower);
+    if UNSUPPORTED_MOE.contains(&stem) {
+        return Err(ModelError::Config(format!(
+            "{}: {name} is a mixture-of-experts family pagoda does not implement \
+             (mixture-of-experts models supported: qwen3_moe, mixtral)",
+            f.file
+        )));
+    }
+    Err(ModelError::UnknownArchitecture(name.to_string()))
 }
 
 fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
@@ -418,13 +482,22 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         gemma = Some(gemma_fields(f, class, num_hidden_layers, local)?);
         (theta, scaling)
     } else {
-        rope(f, max_position_embeddings)?
+        let default_theta = if class == HfClass::Mixtral {
+            1e6
+        } else {
+            ROPE_THETA
+        };
+        rope(f, max_position_embeddings, default_theta)?
     };
     let attention_bias = match class {
         // Qwen2's q/k/v biases are unconditional (no config field).
         HfClass::Qwen2 => true,
-        HfClass::Llama | HfClass::Qwen3 => f.bool_or("attention_bias", false)?,
-        HfClass::Mistral | HfClass::Opt | HfClass::Gemma2 | HfClass::Gemma3 => false,
+        HfClass::Llama | HfClass::Qwen3 | HfClass::Qwen3Moe => {
+            f.bool_or("attention_bias", false)?
+        }
+        HfClass::Mistral | HfClass::Mixtral | HfClass::Opt | HfClass::Gemma2 | HfClass::Gemma3 => {
+            false
+        }
     };
     let eos_token_ids = match f.token_ids("eos_token_id")? {
         Some(ids) => ids,
@@ -452,7 +525,12 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         rms_norm_eps: if is_opt {
             OPT_LAYER_NORM_EPS
         } else {
-            f.f64_opt("rms_norm_eps")?.unwrap_or(RMS_NORM_EPS)
+            let default = if class == HfClass::Mixtral {
+                1e-5
+            } else {
+                RMS_NORM_EPS
+            };
+            f.f64_opt("rms_norm_eps")?.unwrap_or(default)
         },
         rope_theta,
         rope_scaling,
@@ -473,7 +551,69 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         torch_dtype: torch_dtype.map(str::to_string),
         sliding_window: sliding_window(f, class, gemma.as_ref())?,
         gemma,
+        moe: moe_fields(f, class, num_hidden_layers, intermediate_size)?,
     })
+}
+
+/// Qwen3-MoE's and Mixtral's expert fields, with their classes' defaults;
+/// `None` for dense classes. Qwen3-MoE's sparse layers are those not in
+/// `mlp_only_layers` whose number plus one is a multiple of
+/// `decoder_sparse_step` (transformers' rule); every Mixtral layer is
+/// sparse, its experts `intermediate_size` wide, their weights renormalized.
+fn moe_fields(
+    f: &Fields,
+    class: HfClass,
+    num_layers: usize,
+    intermediate_size: usize,
+) -> Result<Option<crate::MoeConfig>> {
+    let moe = match class {
+        HfClass::Qwen3Moe => {
+            let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(f.bad("decoder_sparse_step", "positive", &Value::from(0)));
+            }
+            let mlp_only: Vec<usize> = match f.get("mlp_only_layers") {
+                None => Vec::new(),
+                Some(v) => v
+                    .as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                            .collect()
+                    })
+                    .ok_or_else(|| f.bad("mlp_only_layers", "a list of layer numbers", v))?,
+            };
+            // transformers 5 writes the attribute-mapped `num_local_experts`.
+            let num_experts = match f.usize_opt("num_experts")? {
+                Some(n) => n,
+                None => f.usize_opt("num_local_experts")?.unwrap_or(128),
+            };
+            if num_experts == 0 {
+                return Err(ModelError::Config(format!(
+                    "{}: qwen3_moe with num_experts = 0 is not supported",
+                    f.file
+                )));
+            }
+            crate::MoeConfig {
+                num_experts,
+                num_experts_per_tok: f.usize_opt("num_experts_per_tok")?.unwrap_or(8),
+                moe_intermediate_size: f.usize_opt("moe_intermediate_size")?.unwrap_or(768),
+                norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
+                sparse_layers: (0..num_layers)
+                    .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
+                    .collect(),
+            }
+        }
+        HfClass::Mixtral => crate::MoeConfig {
+            num_experts: f.usize_opt("num_local_experts")?.unwrap_or(8),
+            num_experts_per_tok: f.usize_opt("num_experts_per_tok")?.unwrap_or(2),
+            moe_intermediate_size: intermediate_size,
+            norm_topk_prob: true,
+            sparse_layers: vec![true; num_layers],
+        },
+        _ => return Ok(None),
+    };
+    Ok(Some(moe))
 }
 
 /// Rejects config values whose model pagoda's architecture files cannot build.
@@ -542,8 +682,10 @@ fn sliding_window(
         return Ok(g.sliding_layers.iter().any(|&s| s).then_some(window));
     }
     let window = match class {
-        HfClass::Mistral => f.usize_opt("sliding_window")?,
-        HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
+        HfClass::Mistral | HfClass::Mixtral => f.usize_opt("sliding_window")?,
+        HfClass::Qwen2 | HfClass::Qwen3 | HfClass::Qwen3Moe
+            if f.bool_or("use_sliding_window", false)? =>
+        {
             f.usize_opt("sliding_window")?
         }
         _ => None,
@@ -560,7 +702,7 @@ fn sliding_window(
             .any(|t| t.as_str() == Some("sliding_attention"));
         return Ok(slides.then_some(window));
     }
-    if matches!(class, HfClass::Qwen2 | HfClass::Qwen3) {
+    if matches!(class, HfClass::Qwen2 | HfClass::Qwen3 | HfClass::Qwen3Moe) {
         if let Some(first) = f.usize_opt("max_window_layers")? {
             if first >= f.usize_opt("num_hidden_layers")?.unwrap_or(0) {
                 return Ok(None);
@@ -727,7 +869,11 @@ fn gemma_fields(
 }
 
 /// `(rope_theta, rope_scaling)` from `rope_scaling` / `rope_parameters`.
-fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeScaling>)> {
+fn rope(
+    f: &Fields,
+    max_position_embeddings: usize,
+    default_theta: f64,
+) -> Result<(f64, Option<RopeScaling>)> {
     let params = f.object("rope_parameters")?;
     let scaling = match f.object("rope_scaling")? {
         Some(s) => Some(s),
@@ -739,7 +885,7 @@ fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeS
         .flatten()
     {
         Some(t) => t,
-        None => f.f64_opt("rope_theta")?.unwrap_or(ROPE_THETA),
+        None => f.f64_opt("rope_theta")?.unwrap_or(default_theta),
     };
     let Some(s) = scaling else {
         return Ok((theta, None));
@@ -750,3 +896,7 @@ fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, Option<RopeS
 #[cfg(test)]
 #[path = "hf_config_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "hf_config_moe_tests.rs"]
+mod moe_tests;
