@@ -4,8 +4,9 @@
 //! (`mlp.experts.{e}.gate_proj` for Qwen, `block_sparse_moe.experts.{e}.w1`
 //! for Mixtral), and a Mixtral GGUF (llama architecture with experts:
 //! stacked `ffn_*_exps`, q/k rows permuted as llama.cpp stores them) in f32
-//! and in Q8_0 blocks kept quantized. Also: f16 weights (the CLI's default)
-//! and the refusals of GGUF layouts pagoda does not implement.
+//! and in Q8_0 blocks kept quantized; a qwen3moe GGUF against the same
+//! weights from the dummy source. Also: f16 weights (the CLI's default) and
+//! the refusals of GGUF layouts pagoda does not implement.
 
 mod common;
 
@@ -204,33 +205,40 @@ fn mixtral_gguf(cfg: &ModelConfig, q8: bool) -> GgufWriter {
 
 /// [`mixtral_gguf`] without the tensor named `skip`.
 fn mixtral_gguf_without(cfg: &ModelConfig, q8: bool, skip: &str) -> GgufWriter {
+    moe_gguf(cfg, "llama", q8, skip)
+}
+
+/// A GGUF of `cfg`'s dummy weights as llama.cpp writes architecture `arch`
+/// (`llama`: q/k rows permuted), without the tensor named `skip`.
+fn moe_gguf(cfg: &ModelConfig, arch: &str, q8: bool, skip: &str) -> GgufWriter {
     let src = DummySource::new(cfg).unwrap();
     let m = cfg.moe.as_ref().unwrap();
     let mut w = GgufWriter::new();
     let u32v = |x: usize| MetadataValue::U32(x as u32);
-    w.add_metadata(
-        "general.architecture",
-        MetadataValue::String("llama".into()),
-    )
-    .add_metadata("llama.context_length", u32v(cfg.max_position_embeddings))
-    .add_metadata("llama.embedding_length", u32v(cfg.hidden_size))
-    .add_metadata("llama.block_count", u32v(cfg.num_hidden_layers))
-    .add_metadata("llama.feed_forward_length", u32v(cfg.intermediate_size))
-    .add_metadata("llama.attention.head_count", u32v(cfg.num_attention_heads))
-    .add_metadata(
-        "llama.attention.head_count_kv",
-        u32v(cfg.num_key_value_heads),
-    )
-    .add_metadata(
-        "llama.attention.layer_norm_rms_epsilon",
-        MetadataValue::F32(cfg.rms_norm_eps as f32),
-    )
-    .add_metadata(
-        "llama.rope.freq_base",
-        MetadataValue::F32(cfg.rope_theta as f32),
-    )
-    .add_metadata("llama.expert_count", u32v(m.num_experts))
-    .add_metadata("llama.expert_used_count", u32v(m.num_experts_per_tok));
+    let k = |key: &str| format!("{arch}.{key}");
+    w.add_metadata("general.architecture", MetadataValue::String(arch.into()))
+        .add_metadata(&k("context_length"), u32v(cfg.max_position_embeddings))
+        .add_metadata(&k("embedding_length"), u32v(cfg.hidden_size))
+        .add_metadata(&k("block_count"), u32v(cfg.num_hidden_layers))
+        .add_metadata(&k("feed_forward_length"), u32v(cfg.intermediate_size))
+        .add_metadata(&k("attention.head_count"), u32v(cfg.num_attention_heads))
+        .add_metadata(&k("attention.head_count_kv"), u32v(cfg.num_key_value_heads))
+        .add_metadata(&k("attention.key_length"), u32v(cfg.head_dim()))
+        .add_metadata(
+            &k("attention.layer_norm_rms_epsilon"),
+            MetadataValue::F32(cfg.rms_norm_eps as f32),
+        )
+        .add_metadata(
+            &k("rope.freq_base"),
+            MetadataValue::F32(cfg.rope_theta as f32),
+        )
+        .add_metadata(&k("expert_count"), u32v(m.num_experts))
+        .add_metadata(&k("expert_used_count"), u32v(m.num_experts_per_tok))
+        .add_metadata(
+            &k("expert_feed_forward_length"),
+            u32v(m.moe_intermediate_size),
+        );
+    let permute = arch == "llama";
     let add = |w: &mut GgufWriter, name: &str, shape: &[usize], v: &[f32]| {
         if name == skip {
             return;
@@ -275,9 +283,9 @@ fn mixtral_gguf_without(cfg: &ModelConfig, q8: bool, skip: &str) -> GgufWriter {
             continue;
         }
         let gguf = hf_to_gguf_name(name).unwrap_or_else(|| panic!("no GGUF name for {name}"));
-        let v = if name.contains("self_attn.q_proj") {
+        let v = if permute && name.contains("self_attn.q_proj") {
             permute_forward(&v, h, cfg.num_attention_heads)
-        } else if name.contains("self_attn.k_proj") {
+        } else if permute && name.contains("self_attn.k_proj") {
             permute_forward(&v, h, cfg.num_key_value_heads)
         } else {
             v
@@ -310,6 +318,35 @@ fn mixtral_gguf_matches_transformers() {
     .with_quantized_weights(true);
     let mut kept = runner(backend, &gcfg, &src, 64);
     check("mixtral gguf q8_0 kept", &mut kept, &golden, 5e-2, false);
+}
+
+/// A qwen3moe GGUF (layer 1 dense, head_dim 32 from `key_length`, q/k
+/// norms) computes what the same weights compute from the dummy source;
+/// llama.cpp renormalizes qwen3moe's routing weights, so the reference does
+/// too.
+#[test]
+fn qwen3_moe_gguf_loads_like_the_dummy_weights() {
+    let (cfg, golden) = load("qwen3-moe");
+    let (gcfg, src) = open_gguf(&moe_gguf(&cfg, "qwen3moe", false, "")).unwrap();
+    assert_eq!(gcfg.architecture, pagoda_model::Architecture::Qwen3Moe);
+    let m = gcfg.moe.clone().unwrap();
+    assert_eq!(m.sparse_layers, vec![true, false, true, true]);
+    assert!(m.norm_topk_prob);
+    assert_eq!((gcfg.head_dim(), gcfg.intermediate_size), (32, 96));
+    let mut want_cfg = cfg.clone();
+    want_cfg.moe.as_mut().unwrap().norm_topk_prob = true;
+    let dummy = DummySource::new(&want_cfg).unwrap();
+    let mut from_gguf = cpu_runner(&gcfg, &src, WeightDtype::F32, 64);
+    let mut from_dummy = cpu_runner(&want_cfg, &dummy, WeightDtype::F32, 64);
+    for p in golden["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["prompt_ids"]);
+        let (got_t, got) = greedy_trace(&mut from_gguf, &prompt, 4);
+        let (want_t, want) = greedy_trace(&mut from_dummy, &prompt, 4);
+        assert_eq!(got_t, want_t);
+        for (g, w) in got.iter().zip(&want) {
+            assert!(rel_err(g, w) < 1e-5);
+        }
+    }
 }
 
 fn config_err(w: &GgufWriter) -> String {
