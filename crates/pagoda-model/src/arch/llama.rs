@@ -5,9 +5,10 @@
 //!
 //! Read top-down like Hugging Face's modeling_llama.py:
 //! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP
-//! or experts -> residual) -> RMSNorm -> LM head. The architecture-specific switches are
-//! fields of [`Variant`], chosen by the architecture's own file, never by flags
-//! inside this one.
+//! or experts -> residual) -> RMSNorm -> LM head. The architecture-specific
+//! switches are fields of [`Variant`], chosen by the architecture's own file,
+//! never by flags inside this one (the dense or sparse feed-forward block of
+//! each layer follows the config's [`crate::MoeConfig`]).
 
 use super::moe::FeedForward;
 use super::weights::{load, load_opt};
