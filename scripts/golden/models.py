@@ -17,7 +17,7 @@ What is written:
   transformers to float32). Greedy continuations (argmax each step, EOS not treated
   specially) with per-step top-5 ids/logits, and for the first prompt the logits of
   a fixed list of 64 ids at each of the first 10 steps.
-- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2,mistral,mistral-v03,phi3}/config.json: the transformers config
+- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2,mistral,mistral-v03,phi3,qwen3-moe,mixtral}/config.json: the transformers config
   (save_pretrained output, plus the legacy "rope_theta"/"rope_scaling"/"torch_dtype"
   keys that real checkpoints carry; transformers reads both forms to the same config),
   and generation_config.json.
@@ -189,7 +189,20 @@ PROMPT_SEED = 9
 MIN_MARGIN = 2e-3
 # Models added later keep the others' files unchanged: their own first seed
 # (trying 0, 1, 2, ...) whose greedy steps all clear MIN_MARGIN.
-PROMPT_SEEDS = {"llama-attnbias": 0, "gemma3": 0, "gemma2": 4, "mistral": 0, "mistral-v03": 2, "phi3": 0}
+PROMPT_SEEDS = {
+    "llama-attnbias": 0,
+    "gemma3": 0,
+    "gemma2": 4,
+    "mistral": 0,
+    "mistral-v03": 2,
+    "phi3": 0,
+    "qwen3-moe": 1,
+    "mixtral": 0,
+}
+# Mixture-of-experts models: every routing decision (the k-th against the
+# (k+1)-th router logit of a token) must be this clear too, or float32
+# rounding could send a token to another expert.
+MIN_ROUTE_MARGIN = 1e-4
 # Vocabularies this large store every LOGIT_STRIDE-th last-prompt logit only
 # (keeps golden.json under 1 MB); the test compares the same ids.
 LARGE_VOCAB = 4096
@@ -382,6 +395,47 @@ def tiny_configs():
                 "partial_rotary_factor": 0.75,
             },
         ),
+        # Qwen3-MoE: 8 experts, top-2, weights not renormalized, layer 1
+        # dense (mlp_only_layers); decode steps leave most experts idle.
+        "qwen3-moe": (
+            T.Qwen3MoeForCausalLM,
+            T.Qwen3MoeConfig(
+                **common,
+                intermediate_size=96,
+                moe_intermediate_size=32,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=False,
+                decoder_sparse_step=1,
+                mlp_only_layers=[1],
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                rms_norm_eps=1e-6,
+                rope_theta=1000000.0,
+                attention_bias=False,
+                tie_word_embeddings=False,
+                use_sliding_window=False,
+            ),
+            {"rope_theta": 1000000.0, "rope_scaling": None},
+        ),
+        # Mixtral: 8 experts, top-2 renormalized, in every layer.
+        "mixtral": (
+            T.MixtralForCausalLM,
+            T.MixtralConfig(
+                **common,
+                intermediate_size=32,
+                num_local_experts=8,
+                num_experts_per_tok=2,
+                num_hidden_layers=3,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-5,
+                rope_theta=1000000.0,
+                sliding_window=None,
+                tie_word_embeddings=False,
+            ),
+            {"rope_theta": 1000000.0, "rope_scaling": None},
+        ),
         "opt": (
             T.OPTForCausalLM,
             T.OPTConfig(
@@ -455,11 +509,14 @@ def run_prompts(arch, model, seed):
     rng = np.random.default_rng(seed)
     stride = LOGIT_STRIDE if model.config.vocab_size > LARGE_VOCAB else 1
     prompts = []
+    route_margins, expert_rows = watch_routers(model)
     for n in PROMPT_LENS:
         ids = rng.integers(0, VOCAB, size=n).tolist()
         toks, recs, last = greedy(model, ids, 16)
         margin = min(r["top_logits"][0] - r["top_logits"][1] for r in recs)
         assert margin >= MIN_MARGIN, f"{arch}: near-tie ({margin}) in a greedy step; pick another prompt seed"
+        if route_margins:
+            assert min(route_margins) >= MIN_ROUTE_MARGIN, f"{arch}: near-tie routing ({min(route_margins)})"
         prompts.append(
             {
                 "prompt_ids": ids,
@@ -469,7 +526,7 @@ def run_prompts(arch, model, seed):
                 "steps": recs,
             }
         )
-    return prompts
+    return prompts, (expert_rows if route_margins else None)
 
 
 def force_long_rope(model):
@@ -516,9 +573,9 @@ def tiny(arch, cls, cfg, legacy):
         # llama.cpp) uses the short factors throughout. golden.json holds the
         # long factors for every position, which pagoda uses whenever
         # max_model_len exceeds the original length (the tests' default).
-        extra_files["golden_short.json"] = run_prompts(arch, model, seed)
+        extra_files["golden_short.json"], _ = run_prompts(arch, model, seed)
         force_long_rope(model)
-    prompts = run_prompts(arch, model, seed)
+    prompts, expert_rows = run_prompts(arch, model, seed)
     stride = LOGIT_STRIDE if cfg.vocab_size > LARGE_VOCAB else 1
     extra = {"last_logits_stride": stride} if stride > 1 else {}
     for name, short_prompts in extra_files.items():
@@ -548,10 +605,31 @@ def tiny(arch, cls, cfg, legacy):
             "prompt_seed": seed,
             **extra,
             "new_tokens": 16,
+            **({"expert_rows": expert_rows} if expert_rows else {}),
             "tensors": [{"name": n, "shape": s} for n, s in written],
             "prompts": prompts,
         },
     )
+
+
+def watch_routers(model):
+    """Hooks every mixture-of-experts router: returns a list that collects
+    each token's margin between its k-th and (k+1)-th router logit, and a
+    list of per-layer rows each expert received (summed over all passes)."""
+    margins, counts = [], []
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    for layer, router in enumerate(routers):
+        counts.append([0] * router.num_experts)
+
+        def hook(module, args, out, layer=layer):
+            logits = out[0].detach().float()
+            top = torch.topk(logits, module.top_k + 1, dim=-1)
+            margins.extend((top.values[:, -2] - top.values[:, -1]).tolist())
+            for e in top.indices[:, :-1].reshape(-1).tolist():
+                counts[layer][e] += 1
+
+        router.register_forward_hook(hook)
+    return margins, counts
 
 
 def main(argv):

@@ -4,7 +4,9 @@
 //! layers, attention and final logit soft-capping), Mistral v0.1 (window 8
 //! on every layer, prompts up to 40 tokens) and Mistral v0.3 (no window, a
 //! 32768-token vocabulary, head_dim 32 != 64 / 4) and Phi-3 (fused qkv and
-//! gate/up, 12 of 16 head dimensions rotated, LongRoPE, window 8) models
+//! gate/up, 12 of 16 head dimensions rotated, LongRoPE, window 8),
+//! Qwen3-MoE (8 experts, top-2, one dense layer) and Mixtral (8 experts,
+//! top-2 renormalized) models
 //! against Hugging Face transformers (tests/golden/tiny-*/, made by
 //! scripts/golden/models.py with pagoda's dummy-weight spec): last-prompt
 //! logits, 16 greedy tokens with their top-5, alone and batched, from dummy
@@ -23,7 +25,7 @@ use pagoda_model::loader::WeightSource;
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::ModelConfig;
 
-const ARCHS: [&str; 10] = [
+const ARCHS: [&str; 12] = [
     "llama",
     "llama-attnbias",
     "qwen2",
@@ -34,6 +36,8 @@ const ARCHS: [&str; 10] = [
     "mistral",
     "mistral-v03",
     "phi3",
+    "qwen3-moe",
+    "mixtral",
 ];
 
 fn load(arch: &str) -> (ModelConfig, serde_json::Value) {

@@ -31,6 +31,14 @@ pub enum Architecture {
     /// ([`ModelConfig::rotary_dim`]), LongRoPE scaling, a sliding window on
     /// every layer where the config sets one.
     Phi3,
+    /// Qwen3-MoE: Qwen3's attention; sparse layers route each token to
+    /// `top_k` of `num_experts` SwiGLU experts ([`MoeConfig`]), the others
+    /// (`mlp_only_layers`, `decoder_sparse_step`) keep a dense MLP.
+    #[serde(rename = "qwen3_moe")]
+    Qwen3Moe,
+    /// Mixtral: Llama's attention, every layer's MLP a mixture of experts
+    /// with renormalized top-k weights.
+    Mixtral,
 }
 
 impl Architecture {
@@ -47,6 +55,8 @@ impl Architecture {
             "gemma2" => Some(Architecture::Gemma2),
             "gemma3" | "gemma3_text" => Some(Architecture::Gemma3),
             "phi3" => Some(Architecture::Phi3),
+            "qwen3_moe" | "qwen3moe" => Some(Architecture::Qwen3Moe),
+            "mixtral" => Some(Architecture::Mixtral),
             _ => None,
         }
     }
@@ -60,6 +70,8 @@ impl Architecture {
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
             Architecture::Phi3 => "phi3",
+            Architecture::Qwen3Moe => "qwen3_moe",
+            Architecture::Mixtral => "mixtral",
         }
     }
 
@@ -76,6 +88,30 @@ impl Architecture {
             Architecture::Llama | Architecture::Phi3 | Architecture::Gemma2 | Architecture::Gemma3
         )
     }
+
+    /// Whether the architecture's MLPs are mixtures of experts (its
+    /// config carries a [`MoeConfig`]).
+    pub fn is_moe(&self) -> bool {
+        matches!(self, Architecture::Qwen3Moe | Architecture::Mixtral)
+    }
+}
+
+/// What a mixture-of-experts architecture adds (Hugging Face's names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Experts per sparse layer (`num_experts`, Mixtral's `num_local_experts`).
+    pub num_experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub num_experts_per_tok: usize,
+    /// Width of one expert's MLP (`moe_intermediate_size`; Mixtral's
+    /// `intermediate_size`).
+    pub moe_intermediate_size: usize,
+    /// Whether the chosen experts' weights are divided by their sum
+    /// (`norm_topk_prob`; always for Mixtral).
+    pub norm_topk_prob: bool,
+    /// Per layer: `true` for a sparse (mixture-of-experts) layer, `false` for
+    /// a dense MLP of [`ModelConfig::intermediate_size`].
+    pub sparse_layers: Vec<bool>,
 }
 
 /// What Gemma 2 and Gemma 3 add to the common fields (Hugging Face's names).
@@ -177,6 +213,9 @@ pub struct ModelConfig {
     /// Gemma 2/3 only (`None` for the other architectures).
     #[serde(default)]
     pub gemma: Option<GemmaConfig>,
+    /// Mixture-of-experts architectures only ([`Architecture::is_moe`]).
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -299,6 +338,34 @@ impl ModelConfig {
                 ))
             }
             Some(_) => return Err("Gemma fields on a non-Gemma architecture".into()),
+            None => {}
+        }
+        match &self.moe {
+            Some(m) if self.architecture.is_moe() => {
+                if m.num_experts == 0 || m.moe_intermediate_size == 0 {
+                    return Err("num_experts and moe_intermediate_size must be positive".into());
+                }
+                if m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
+                    return Err(format!(
+                        "num_experts_per_tok ({}) must be in 1..={} (num_experts)",
+                        m.num_experts_per_tok, m.num_experts
+                    ));
+                }
+                if m.sparse_layers.len() != self.num_hidden_layers {
+                    return Err(format!(
+                        "{} sparse-layer flags for {} layers",
+                        m.sparse_layers.len(),
+                        self.num_hidden_layers
+                    ));
+                }
+            }
+            None if self.architecture.is_moe() => {
+                return Err(format!(
+                    "{} needs its mixture-of-experts fields",
+                    self.architecture.as_str()
+                ))
+            }
+            Some(_) => return Err("mixture-of-experts fields on a dense architecture".into()),
             None => {}
         }
         Ok(())

@@ -14,5 +14,5 @@ pub mod loader;
 pub mod open;
 pub mod tokenizer;
 
-pub use config::{Architecture, GemmaConfig, ModelConfig, RopeScaling};
+pub use config::{Architecture, GemmaConfig, ModelConfig, MoeConfig, RopeScaling};
 pub use error::{ModelError, Result};

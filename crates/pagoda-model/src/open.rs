@@ -236,6 +236,17 @@ impl fmt::Display for ModelSummary {
         writeln!(f, "hidden size:          {}", c.hidden_size)?;
         writeln!(f, "intermediate size:    {}", c.intermediate_size)?;
         writeln!(f, "layers:               {}", c.num_hidden_layers)?;
+        if let Some(m) = &c.moe {
+            let sparse = m.sparse_layers.iter().filter(|&&s| s).count();
+            writeln!(
+                f,
+                "experts:              {} (top {}, width {}, {}renormalized; {sparse} sparse layers)",
+                m.num_experts,
+                m.num_experts_per_tok,
+                m.moe_intermediate_size,
+                if m.norm_topk_prob { "" } else { "not " }
+            )?;
+        }
         writeln!(
             f,
             "attention heads:      {} (kv heads {}, head dim {})",

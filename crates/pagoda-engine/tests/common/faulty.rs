@@ -169,4 +169,31 @@ impl Backend for FaultyBackend {
     ) -> Result<Self::Tensor> {
         self.inner.attention(q, cache, step, params)
     }
+    fn moe_route(
+        &self,
+        router_logits: &Self::Tensor,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<Self::Routes> {
+        self.inner.moe_route(router_logits, top_k, renormalize)
+    }
+    fn moe_routes_from_host(
+        &self,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+    ) -> Result<Self::Routes> {
+        self.inner.moe_routes_from_host(ids, weights, top_k)
+    }
+    fn moe_experts(
+        &self,
+        x: &Self::Tensor,
+        routes: &Self::Routes,
+        gate_up: &Self::Weight,
+        down: &Self::Weight,
+        num_experts: usize,
+    ) -> Result<Self::Tensor> {
+        self.inner
+            .moe_experts(x, routes, gate_up, down, num_experts)
+    }
 }

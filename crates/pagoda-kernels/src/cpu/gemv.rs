@@ -12,7 +12,7 @@
 //! The result is produced transposed, `[n, rows]`, and transposed back by the
 //! caller, so that every task writes one contiguous chunk.
 
-use super::storage::{CpuWeight, WeightData};
+use super::storage::{ViewData, WeightView};
 use rayon::prelude::*;
 
 /// Most x rows the GEMV path handles in one pass over the weights.
@@ -20,13 +20,13 @@ pub const MAX_ROWS: usize = 4;
 
 /// `out_t[j * rows + r] = dot(x[r], w[j])` for all `j < w.rows`, `r < rows`.
 /// `x` is `[rows, w.cols]`, `rows` in `1..=MAX_ROWS`; `out_t` is `[w.rows, rows]`.
-pub fn gemv_t(x: &[f32], rows: usize, w: &CpuWeight, out_t: &mut [f32], threads: usize) {
+pub fn gemv_t(x: &[f32], rows: usize, w: WeightView<'_>, out_t: &mut [f32], threads: usize) {
     let (n, k) = (w.rows, w.cols);
     debug_assert!((1..=MAX_ROWS).contains(&rows));
     debug_assert_eq!(x.len(), rows * k);
     debug_assert_eq!(out_t.len(), n * rows);
     // Chunks of about 64 KiB of weights, at least 8 tasks per thread when n allows.
-    let row_bytes = k * if matches!(w.data, WeightData::F32(_)) {
+    let row_bytes = k * if matches!(w.data, ViewData::F32(_)) {
         4
     } else {
         2
@@ -46,10 +46,10 @@ pub fn gemv_t(x: &[f32], rows: usize, w: &CpuWeight, out_t: &mut [f32], threads:
                 // SAFETY: AVX2, FMA and F16C were detected at run time; the
                 // slices passed are in bounds (checked by the callee's asserts).
                 unsafe {
-                    avx2::gemv_chunk(x, rows, k, w, j0, nj, out)
+                    avx2::gemv_chunk(x, rows, k, &w, j0, nj, out)
                 };
             } else {
-                portable_chunk(x, rows, k, w, j0, nj, out);
+                portable_chunk(x, rows, k, &w, j0, nj, out);
             }
         });
 }
@@ -59,7 +59,7 @@ fn portable_chunk(
     x: &[f32],
     rows: usize,
     k: usize,
-    w: &CpuWeight,
+    w: &WeightView<'_>,
     j0: usize,
     nj: usize,
     out: &mut [f32],
@@ -67,7 +67,7 @@ fn portable_chunk(
     let mut buf = vec![0f32; k];
     for jj in 0..nj {
         let wrow: &[f32] = match &w.data {
-            WeightData::F32(v) => &v[(j0 + jj) * k..(j0 + jj + 1) * k],
+            ViewData::F32(v) => &v[(j0 + jj) * k..(j0 + jj + 1) * k],
             _ => {
                 w.row_to_f32(j0 + jj, &mut buf);
                 &buf
@@ -81,7 +81,7 @@ fn portable_chunk(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::storage::{CpuWeight, WeightData};
+    use super::super::storage::{ViewData, WeightView};
     use std::arch::x86_64::*;
 
     /// Sum of the 8 lanes.
@@ -190,17 +190,17 @@ mod avx2 {
         x: &[f32],
         rows: usize,
         k: usize,
-        w: &CpuWeight,
+        w: &WeightView<'_>,
         j0: usize,
         nj: usize,
         out: &mut [f32],
     ) {
-        match &w.data {
-            WeightData::F32(v) => dispatch!(kern_f32, x, rows, k, v, j0, nj, out),
-            WeightData::F16(v) => dispatch!(kern_f16, x, rows, k, v, j0, nj, out),
-            WeightData::BF16(v) => dispatch!(kern_bf16, x, rows, k, v, j0, nj, out),
+        match w.data {
+            ViewData::F32(v) => dispatch!(kern_f32, x, rows, k, v, j0, nj, out),
+            ViewData::F16(v) => dispatch!(kern_f16, x, rows, k, v, j0, nj, out),
+            ViewData::BF16(v) => dispatch!(kern_bf16, x, rows, k, v, j0, nj, out),
             // Quantized weights go to `quant` (see `matmul`); this stays correct.
-            WeightData::Quant(_) => super::portable_chunk(x, rows, k, w, j0, nj, out),
+            ViewData::Quant(..) => super::portable_chunk(x, rows, k, w, j0, nj, out),
         }
     }
 }

@@ -15,7 +15,7 @@
 
 use super::gemv;
 use super::quant;
-use super::storage::{CpuTensor, CpuWeight, WeightData};
+use super::storage::{CpuTensor, CpuWeight, ViewData, WeightView};
 use crate::{KernelError, Result};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -65,64 +65,77 @@ pub fn linear(
         None => None,
     };
     let mut y = CpuTensor::for_overwrite(rows, n);
+    linear_into(&x.data, rows, w.view(), bias, &mut y.data, threads);
+    Ok(y)
+}
+
+/// `y = x @ w^T (+ bias)` for `x: [rows, w.cols]` and `y: [rows, w.rows]`
+/// (every element of `y` written), on any rows of a weight; shapes are the
+/// caller's to check.
+pub(crate) fn linear_into(
+    x: &[f32],
+    rows: usize,
+    w: WeightView<'_>,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+    threads: usize,
+) {
+    let (k, n) = (w.cols, w.rows);
+    debug_assert!(x.len() == rows * k && y.len() == rows * n);
     if rows == 0 || n == 0 {
-        return Ok(y);
+        return;
     }
     if k == 0 {
         match bias {
-            Some(b) => y
-                .data
-                .chunks_exact_mut(n)
-                .for_each(|r| r.copy_from_slice(b)),
-            None => y.data.fill(0.0),
+            Some(b) => y.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(b)),
+            None => y.fill(0.0),
         }
-        return Ok(y);
+        return;
     }
-    if let WeightData::Quant(q) = &w.data {
+    if let ViewData::Quant(ty, bytes) = w.data {
         if rows <= QUANT_MAX_ROWS {
             let isa = quant::Isa::detect();
             let done = if rows == 1 {
-                quant::matmul_t(&x.data, 1, k, q.ty, &q.bytes, &mut y.data, threads, isa)
+                quant::matmul_t(x, 1, k, ty, bytes, y, threads, isa)
             } else {
                 let mut t = vec![0f32; n * rows];
-                let done = quant::matmul_t(&x.data, rows, k, q.ty, &q.bytes, &mut t, threads, isa);
+                let done = quant::matmul_t(x, rows, k, ty, bytes, &mut t, threads, isa);
                 for (j, col) in t.chunks_exact(rows).enumerate() {
                     for (r, v) in col.iter().enumerate() {
-                        y.data[r * n + j] = *v;
+                        y[r * n + j] = *v;
                     }
                 }
                 done
             };
             if done {
-                add_bias(&mut y.data, n, bias);
-                return Ok(y);
+                add_bias(y, n, bias);
+                return;
             }
         }
-        gemm_chunked(&x.data, rows, k, w, bias, &mut y.data, threads);
-        return Ok(y);
+        gemm_chunked(x, rows, k, w, bias, y, threads);
+        return;
     }
     if rows <= GEMV_MAX_ROWS {
         if rows == 1 {
-            gemv::gemv_t(&x.data, 1, w, &mut y.data, threads);
+            gemv::gemv_t(x, 1, w, y, threads);
         } else {
             // Groups of up to gemv::MAX_ROWS rows, one pass over the weights each.
             let mut t = vec![0f32; n * gemv::MAX_ROWS];
             for r0 in (0..rows).step_by(gemv::MAX_ROWS) {
                 let g = (rows - r0).min(gemv::MAX_ROWS);
                 let t = &mut t[..n * g];
-                gemv::gemv_t(&x.data[r0 * k..(r0 + g) * k], g, w, t, threads);
+                gemv::gemv_t(&x[r0 * k..(r0 + g) * k], g, w, t, threads);
                 for (j, col) in t.chunks_exact(g).enumerate() {
                     for (r, v) in col.iter().enumerate() {
-                        y.data[(r0 + r) * n + j] = *v;
+                        y[(r0 + r) * n + j] = *v;
                     }
                 }
             }
         }
-        add_bias(&mut y.data, n, bias);
-        return Ok(y);
+        add_bias(y, n, bias);
+        return;
     }
-    gemm_chunked(&x.data, rows, k, w, bias, &mut y.data, threads);
-    Ok(y)
+    gemm_chunked(x, rows, k, w, bias, y, threads);
 }
 
 /// Adds `bias` (n values) to every row of `y`.
@@ -143,7 +156,7 @@ fn gemm_chunked(
     x: &[f32],
     rows: usize,
     k: usize,
-    w: &CpuWeight,
+    w: WeightView<'_>,
     bias: Option<&[f32]>,
     y: &mut [f32],
     threads: usize,
@@ -152,7 +165,7 @@ fn gemm_chunked(
     if let Some(b) = bias {
         y.par_chunks_mut(n).for_each(|r| r.copy_from_slice(b));
     }
-    if let WeightData::F32(v) = &w.data {
+    if let ViewData::F32(v) = w.data {
         return gemm_f32(x, rows, k, v, 0, n, n, y, bias.is_some(), threads);
     }
     // Output features per chunk: what fits the scratch buffer, whole GEMM tiles.
@@ -176,7 +189,7 @@ fn widen_and_multiply(
     x: &[f32],
     rows: usize,
     k: usize,
-    w: &CpuWeight,
+    w: WeightView<'_>,
     y: &mut [f32],
     read_dst: bool,
     threads: usize,

@@ -14,13 +14,15 @@
 //!
 //! Files: [`storage`] (types), [`matmul`] + [`gemv`] + [`quant`] (linear), [`attention`]
 //! (store_kv, paged attention), [`norm`], [`ops`] (embedding, rope,
-//! activations), `math`, `convert` and `simd` (vectorized helpers).
+//! activations), [`moe`] (mixture-of-experts routing and expert MLPs),
+//! `math`, `convert` and `simd` (vectorized helpers).
 
 mod attention;
 mod convert;
 mod gemv;
 mod math;
 mod matmul;
+mod moe;
 mod norm;
 mod ops;
 mod par;
@@ -28,6 +30,7 @@ pub mod quant;
 pub(crate) mod simd;
 mod storage;
 
+pub use moe::CpuRoutes;
 pub use simd::set_simd_enabled;
 pub use storage::{CpuKvCache, CpuStep, CpuTensor, CpuWeight, WeightData, WeightDtype};
 
@@ -140,7 +143,7 @@ impl Backend for CpuBackend {
     type KvCache = CpuKvCache;
     type Step = CpuStep;
     type Graph = crate::NoGraph;
-    type Routes = crate::NoRoutes;
+    type Routes = CpuRoutes;
 
     fn name(&self) -> String {
         let dtype = match self.weight_dtype {
@@ -332,5 +335,34 @@ impl Backend for CpuBackend {
         params: &AttentionParams,
     ) -> Result<CpuTensor> {
         self.run(|| attention::attention(q, cache, step, params))
+    }
+
+    fn moe_route(
+        &self,
+        router_logits: &CpuTensor,
+        top_k: usize,
+        renormalize: bool,
+    ) -> Result<CpuRoutes> {
+        moe::route(router_logits, top_k, renormalize)
+    }
+
+    fn moe_routes_from_host(
+        &self,
+        ids: &[u32],
+        weights: &[f32],
+        top_k: usize,
+    ) -> Result<CpuRoutes> {
+        moe::routes_from_host(ids, weights, top_k)
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CpuTensor,
+        routes: &CpuRoutes,
+        gate_up: &CpuWeight,
+        down: &CpuWeight,
+        num_experts: usize,
+    ) -> Result<CpuTensor> {
+        self.run(|| moe::experts(x, routes, gate_up, down, num_experts, self.threads))
     }
 }

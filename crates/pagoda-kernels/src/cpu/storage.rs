@@ -180,20 +180,37 @@ impl CpuWeight {
 
     /// Writes row `r` as f32 into `out` (`out.len() == cols`).
     pub(crate) fn row_to_f32(&self, r: usize, out: &mut [f32]) {
-        self.rows_to_f32(r, r + 1, out)
+        self.view().rows_to_f32(r, r + 1, out)
     }
 
     /// Writes rows `r0..r1` as f32 into `out` (`out.len() == (r1 - r0) * cols`).
     pub(crate) fn rows_to_f32(&self, r0: usize, r1: usize, out: &mut [f32]) {
+        self.view().rows_to_f32(r0, r1, out)
+    }
+
+    /// The whole weight as a [`WeightView`].
+    pub(crate) fn view(&self) -> WeightView<'_> {
+        self.view_rows(0, self.rows)
+    }
+
+    /// Rows `r0..r1` as a [`WeightView`] (`r0 <= r1 <= rows`), without
+    /// copying: rows of a weight are independent in every storage (a
+    /// quantized row is whole blocks).
+    pub(crate) fn view_rows(&self, r0: usize, r1: usize) -> WeightView<'_> {
         let range = r0 * self.cols..r1 * self.cols;
-        match &self.data {
-            WeightData::F32(v) => out.copy_from_slice(&v[range]),
-            WeightData::F16(v) => super::convert::f16_to_f32(&v[range], out),
-            WeightData::BF16(v) => super::convert::bf16_to_f32(&v[range], out),
+        let data = match &self.data {
+            WeightData::F32(v) => ViewData::F32(&v[range]),
+            WeightData::F16(v) => ViewData::F16(&v[range]),
+            WeightData::BF16(v) => ViewData::BF16(&v[range]),
             WeightData::Quant(q) => {
                 let rb = super::quant::row_bytes(q.ty, self.cols);
-                super::quant::dequantize(q.ty, &q.bytes[r0 * rb..r1 * rb], out);
+                ViewData::Quant(q.ty, &q.bytes[r0 * rb..r1 * rb])
             }
+        };
+        WeightView {
+            rows: r1 - r0,
+            cols: self.cols,
+            data,
         }
     }
 
@@ -210,6 +227,47 @@ impl CpuWeight {
         let mut out = vec![0.0; self.rows * self.cols];
         self.rows_to_f32(0, self.rows, &mut out);
         out
+    }
+}
+
+/// Borrowed rows of a [`CpuWeight`]: what the linear kernels read, so that
+/// they run on a whole weight or on a range of its rows alike (the experts
+/// of a stacked mixture-of-experts weight).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WeightView<'a> {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) data: ViewData<'a>,
+}
+
+/// The elements of a [`WeightView`], row-major.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ViewData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+    /// Whole rows of blocks of one type.
+    Quant(crate::GgmlType, &'a [u8]),
+}
+
+impl WeightView<'_> {
+    /// Writes rows `r0..r1` of the view as f32 into `out`.
+    pub(crate) fn rows_to_f32(&self, r0: usize, r1: usize, out: &mut [f32]) {
+        let range = r0 * self.cols..r1 * self.cols;
+        match self.data {
+            ViewData::F32(v) => out.copy_from_slice(&v[range]),
+            ViewData::F16(v) => super::convert::f16_to_f32(&v[range], out),
+            ViewData::BF16(v) => super::convert::bf16_to_f32(&v[range], out),
+            ViewData::Quant(ty, bytes) => {
+                let rb = super::quant::row_bytes(ty, self.cols);
+                super::quant::dequantize(ty, &bytes[r0 * rb..r1 * rb], out);
+            }
+        }
+    }
+
+    /// Writes row `r` of the view as f32 into `out`.
+    pub(crate) fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        self.rows_to_f32(r, r + 1, out)
     }
 }
 

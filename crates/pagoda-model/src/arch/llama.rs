@@ -1,15 +1,18 @@
 //! The Llama family: Llama 2/3, SmolLM2, Mistral (with its sliding window on
-//! every layer), and the shared body of Qwen2 (q/k/v biases) and Qwen3
-//! (per-head q/k RMSNorm). With `attention_bias`, Llama and Qwen3 add biases
-//! to q/k/v and o_proj.
+//! every layer), and the shared body of Qwen2 (q/k/v biases), Qwen3
+//! (per-head q/k RMSNorm), Phi-3 (fused weights), Qwen3-MoE and Mixtral
+//! (mixture-of-experts MLPs, [`super::moe`]). With `attention_bias`, Llama
+//! and Qwen3 add biases to q/k/v and o_proj.
 //!
 //! Read top-down like Hugging Face's modeling_llama.py:
-//! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP ->
-//! residual) -> RMSNorm -> LM head. The architecture-specific switches are
-//! fields of [`Variant`], chosen by the architecture's own file, never by flags
-//! inside this one.
+//! embed -> N x (RMSNorm -> attention -> residual -> RMSNorm -> SwiGLU MLP
+//! or experts -> residual) -> RMSNorm -> LM head. The architecture-specific
+//! switches are fields of [`Variant`], chosen by the architecture's own file,
+//! never by flags inside this one (the dense or sparse feed-forward block of
+//! each layer follows the config's [`crate::MoeConfig`]).
 
-use super::weights::{concat_rows, load, load_opt, read, split_rows};
+use super::moe::FeedForward;
+use super::weights::{load, load_opt, read, split_rows};
 use super::{rope, BuildOptions, CausalLm};
 use crate::loader::WeightSource;
 use crate::{ModelConfig, Result};
@@ -49,17 +52,11 @@ struct Attention<B: Backend> {
     k_norm: Option<B::Weight>,
 }
 
-/// SwiGLU MLP with gate_proj and up_proj stacked into one matrix.
-struct Mlp<B: Backend> {
-    gate_up_proj: B::Weight,
-    down_proj: B::Weight,
-}
-
 struct DecoderLayer<B: Backend> {
     input_layernorm: B::Weight,
     self_attn: Attention<B>,
     post_attention_layernorm: B::Weight,
-    mlp: Mlp<B>,
+    mlp: FeedForward<B>,
 }
 
 /// A Llama-family model on backend `B`.
@@ -110,7 +107,7 @@ impl<B: Backend> LlamaFamily<B> {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
         let (h, hd, v) = (cfg.hidden_size, cfg.head_dim(), cfg.vocab_size);
-        let (q_dim, kv_dim, inter) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
         let total = cfg.num_hidden_layers + 2;
         let embed_tokens = load(b, src, "model.embed_tokens.weight", &[v, h])?;
         progress(1, total);
@@ -166,22 +163,7 @@ impl<B: Backend> LlamaFamily<B> {
                 q_norm: head_norm("q_norm")?,
                 k_norm: head_norm("k_norm")?,
             };
-            let gate_up_proj = if variant.fused {
-                load(
-                    b,
-                    src,
-                    &format!("{p}.mlp.gate_up_proj.weight"),
-                    &[2 * inter, h],
-                )?
-            } else {
-                let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-                let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
-                b.load_weight(concat_rows(gate, up))?
-            };
-            let mlp = Mlp {
-                gate_up_proj,
-                down_proj: load(b, src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
-            };
+            let mlp = FeedForward::load(b, cfg, src, i, &p, variant.fused)?;
             layers.push(DecoderLayer {
                 input_layernorm: load(b, src, &format!("{p}.input_layernorm.weight"), &[h])?,
                 self_attn,
@@ -268,8 +250,7 @@ impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
             let o = &layer.self_attn;
             b.add_linear(&mut x, &attn, &o.o_proj, o.o_bias.as_ref())?;
             h = b.rms_norm(&x, &layer.post_attention_layernorm, self.eps)?;
-            let gate_up = b.linear(&h, &layer.mlp.gate_up_proj, None)?;
-            b.add_linear(&mut x, &b.silu_mul(&gate_up)?, &layer.mlp.down_proj, None)?;
+            layer.mlp.add_to(b, &mut x, &h)?;
             let next_norm = match self.layers.get(i + 1) {
                 Some(next) => &next.input_layernorm,
                 None => &self.norm,

@@ -7,10 +7,13 @@
 
 mod gemma3;
 mod llama;
+mod mixtral;
+mod moe;
 mod opt;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 pub mod rope;
 mod weights;
 
@@ -61,5 +64,9 @@ pub fn build<B: Backend>(
         Architecture::Gemma2 | Architecture::Gemma3 => {
             Box::new(gemma3::build(backend, cfg, weights, opts, progress)?)
         }
+        Architecture::Qwen3Moe => {
+            Box::new(qwen3_moe::build(backend, cfg, weights, opts, progress)?)
+        }
+        Architecture::Mixtral => Box::new(mixtral::build(backend, cfg, weights, opts, progress)?),
     })
 }

@@ -118,6 +118,7 @@ mod tests {
             torch_dtype: None,
             sliding_window: None,
             gemma: None,
+            moe: None,
         }
     }
 

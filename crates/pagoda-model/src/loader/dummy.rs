@@ -17,6 +17,11 @@
 //! - 1-D tensors whose name contains `norm` and ends with `.weight`:
 //!   `1 + 0.1 r`; every other 1-D tensor (biases): `0.1 r`. Both in f32.
 //!
+//! Mixture-of-experts layers have transformers 5's stacked expert tensors
+//! (`mlp.experts.gate_up_proj` `[E, 2 * inter, hidden]`,
+//! `mlp.experts.down_proj` `[E, hidden, inter]`), scaled by their last
+//! dimension like any matrix, and the router `mlp.gate.weight`.
+//!
 //! Invariants: values depend only on (name, element index, shape's last
 //! dimension), never on the order tensors are requested in or the thread
 //! count. Costs: nothing is stored; each `get` generates the tensor, O(numel),
@@ -120,7 +125,11 @@ fn fill_chunk(chunk: &mut [f32], seed: u64, base: u64, f: impl Fn(f32) -> f32) {
 pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     match cfg.architecture {
         Architecture::Opt => opt_shapes(cfg),
-        Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => llama_shapes(cfg),
+        Architecture::Llama
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe
+        | Architecture::Mixtral => llama_shapes(cfg),
         Architecture::Gemma2 | Architecture::Gemma3 => gemma_shapes(cfg),
         Architecture::Phi3 => phi3_shapes(cfg),
     }
@@ -188,7 +197,10 @@ fn llama_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         Architecture::Qwen2 => (true, false),
         _ => (cfg.attention_bias, cfg.attention_bias),
     };
-    let qk_norm = cfg.architecture == Architecture::Qwen3;
+    let qk_norm = matches!(
+        cfg.architecture,
+        Architecture::Qwen3 | Architecture::Qwen3Moe
+    );
 
     let mut t = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
     for l in 0..cfg.num_hidden_layers {
@@ -210,9 +222,21 @@ fn llama_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             push("self_attn.k_norm.weight", vec![head_dim]);
         }
         push("post_attention_layernorm.weight", vec![h]);
-        push("mlp.gate_proj.weight", vec![inter, h]);
-        push("mlp.up_proj.weight", vec![inter, h]);
-        push("mlp.down_proj.weight", vec![h, inter]);
+        let sparse = cfg
+            .moe
+            .as_ref()
+            .filter(|m| m.sparse_layers.get(l).copied().unwrap_or(false));
+        if let Some(m) = sparse {
+            // transformers 5's stacked experts (its in-memory names).
+            let (e, mi) = (m.num_experts, m.moe_intermediate_size);
+            push("mlp.gate.weight", vec![e, h]);
+            push("mlp.experts.gate_up_proj", vec![e, 2 * mi, h]);
+            push("mlp.experts.down_proj", vec![e, h, mi]);
+        } else {
+            push("mlp.gate_proj.weight", vec![inter, h]);
+            push("mlp.up_proj.weight", vec![inter, h]);
+            push("mlp.down_proj.weight", vec![h, inter]);
+        }
     }
     t.push(("model.norm.weight".to_string(), vec![h]));
     if !cfg.tie_word_embeddings {

@@ -36,6 +36,7 @@ fn config(
         sliding_window: None,
         gemma: None,
         rotary_dim: None,
+        moe: None,
     }
 }
 
@@ -371,6 +372,8 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
         "mistral",
         "mistral-v03",
         "phi3",
+        "qwen3-moe",
+        "mixtral",
     ];
     for arch in archs {
         let cfg =
@@ -424,4 +427,23 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
     assert_eq!(original_max_position_embeddings, 64);
     // transformers' attention_scaling for this config: sqrt(1 + ln 4 / ln 64).
     assert!((attention_factor - 1.1547005383792517).abs() < 1e-12);
+}
+
+/// The dummy config of Qwen3-30B-A3B's shape (scripts/gpu/qwen3-30b-a3b.json)
+/// has the published parameter count, 30,532,122,624.
+#[test]
+fn qwen3_30b_a3b_shape_has_the_published_parameter_count() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/gpu/qwen3-30b-a3b.json");
+    let cfg = super::super::hf_config::load_config_file(&path).unwrap();
+    assert_eq!(cfg.architecture, Architecture::Qwen3Moe);
+    let m = cfg.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.num_experts_per_tok), (128, 8));
+    assert!(m.norm_topk_prob && m.sparse_layers.iter().all(|&s| s));
+    let src = DummySource::new(&cfg).unwrap();
+    assert_eq!(src.num_parameters(), 30_532_122_624);
+    assert_eq!(
+        src.shape("model.layers.47.mlp.experts.gate_up_proj"),
+        Some(&[128, 1536, 2048][..])
+    );
 }

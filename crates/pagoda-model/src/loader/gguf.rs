@@ -14,7 +14,9 @@
 //!   (every `*norm.weight`); the source subtracts 1 (in f32, as transformers
 //!   does when it loads such a file), so Gemma model files see Hugging Face's
 //!   `w` from either source. Gemma's four per-layer norms have their own GGUF
-//!   names ([`gemma_gguf_to_hf_name`]).
+//!   names ([`gemma_gguf_to_hf_name`]);
+//! - mixture-of-experts files (qwen3moe, llama with experts): their
+//!   config and stacked experts ([`super::gguf_moe`]).
 //!
 //! Costs: opening maps the file and parses its header; each `get` dequantizes
 //! one tensor (quantized types to f32, F16/BF16 kept as stored) and, for
@@ -40,6 +42,7 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("self_attn.k_norm", "attn_k_norm"),
     ("input_layernorm", "attn_norm"),
     ("post_attention_layernorm", "ffn_norm"),
+    ("mlp.gate", "ffn_gate_inp"),
     ("mlp.gate_proj", "ffn_gate"),
     ("mlp.up_proj", "ffn_up"),
     ("mlp.down_proj", "ffn_down"),
@@ -293,11 +296,12 @@ impl GgufSource {
         } else {
             gguf_to_hf_name
         };
-        let names = file
+        let mut names: HashMap<String, String> = file
             .tensors()
             .iter()
             .filter_map(|t| to_hf(&t.name).map(|h| (h, t.name.clone())))
             .collect();
+        names.extend(super::gguf_moe::expert_names(&file));
         let source = GgufSource {
             file,
             architecture: config.architecture,
@@ -329,7 +333,10 @@ impl GgufSource {
 
     /// Rows of one head-group for the llama q/k permutation of `name`, if any.
     fn permutation_heads(&self, hf_name: &str) -> Option<usize> {
-        if self.architecture != Architecture::Llama {
+        if !matches!(
+            self.architecture,
+            Architecture::Llama | Architecture::Mixtral
+        ) {
             return None;
         }
         if hf_name.contains(".self_attn.q_proj.") {
@@ -360,6 +367,9 @@ impl WeightSource for GgufSource {
             .names
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if super::gguf_moe::is_gate_up(name) {
+            return super::gguf_moe::gate_up(&self.file, gguf_name, true);
+        }
         let info = self
             .file
             .tensor(gguf_name)
@@ -396,6 +406,9 @@ impl WeightSource for GgufSource {
             .names
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if super::gguf_moe::is_gate_up(name) {
+            return super::gguf_moe::gate_up(&self.file, gguf_name, false);
+        }
         let info = self
             .file
             .tensor(gguf_name)
@@ -456,20 +469,32 @@ impl WeightSource for GgufSource {
     }
 }
 
-/// Builds the [`ModelConfig`] of a llama, qwen2 or qwen3 GGUF file.
+/// Builds the [`ModelConfig`] of a llama (Mixtral when it has experts),
+/// qwen2, qwen3, qwen3moe, gemma2 or gemma3 GGUF file.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let md = file.metadata();
     let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
     let arch_name = md.get_str("general.architecture").map_err(cfg)?;
+    let num_experts = super::gguf_moe::expert_count(file, arch_name)?;
     let architecture = match arch_name {
+        "llama" if num_experts > 0 => Architecture::Mixtral,
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
+        "qwen3moe" => Architecture::Qwen3Moe,
         "gemma2" => Architecture::Gemma2,
         "gemma3" => Architecture::Gemma3,
         "phi3" => Architecture::Phi3,
+        other if super::gguf_moe::UNSUPPORTED_MOE_ARCHS.contains(&other) => {
+            return Err(super::gguf_moe::unsupported_arch(other))
+        }
         other => return Err(ModelError::UnknownArchitecture(other.to_string())),
     };
+    if architecture.is_moe() != (num_experts > 0) {
+        return Err(ModelError::Config(format!(
+            "GGUF {arch_name} file with {num_experts} experts ({arch_name}.expert_count) is not supported"
+        )));
+    }
     let key = |k: &str| format!("{arch_name}.{k}");
     let usize_key = |k: &str| md.get_usize(&key(k)).map_err(cfg);
     let opt_usize = |k: &str| md.optional(&key(k), Metadata::get_usize).map_err(cfg);
@@ -502,11 +527,29 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         .optional("tokenizer.ggml.eos_token_id", Metadata::get_u32)
         .map_err(cfg)?;
 
+    let dense_ffn = opt_usize("feed_forward_length")?;
+    let num_hidden_layers = usize_key("block_count")?;
+    let moe = if num_experts > 0 {
+        Some(super::gguf_moe::moe_config(
+            file,
+            arch_name,
+            num_experts,
+            num_hidden_layers,
+            dense_ffn,
+        )?)
+    } else {
+        None
+    };
+    let intermediate_size = match (dense_ffn, &moe) {
+        (Some(n), _) => n,
+        (None, Some(m)) => m.moe_intermediate_size,
+        (None, None) => usize_key("feed_forward_length")?,
+    };
     let mut config = ModelConfig {
         architecture,
         hidden_size,
-        intermediate_size: usize_key("feed_forward_length")?,
-        num_hidden_layers: usize_key("block_count")?,
+        intermediate_size,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads,
         head_dim,
@@ -530,6 +573,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         // attention; so does pagoda, honouring the key where a file has one.
         sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
         gemma: None,
+        moe,
     };
     if matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3) {
         config.gemma = Some(gemma_config(file, arch_name, &config)?);

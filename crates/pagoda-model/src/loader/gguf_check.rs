@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// GGUF `general.architecture` values pagoda runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] =
-    &["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &[
+    "llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3",
+];
 
 /// [`missing_support`] of the GGUF file at `path` (an error where the file
 /// cannot be opened as GGUF at all).
@@ -34,6 +35,13 @@ pub fn missing_support(file: &GgufFile) -> Vec<String> {
     let mut missing = Vec::new();
     match file.metadata().get_str("general.architecture") {
         Ok(arch) if SUPPORTED_ARCHITECTURES.contains(&arch) => {}
+        Ok(arch) if super::gguf_moe::UNSUPPORTED_MOE_ARCHS.contains(&arch) => {
+            missing.push(format!(
+                "unknown architecture {arch:?}: a mixture-of-experts family pagoda does not \
+             implement (supported: {})",
+                SUPPORTED_ARCHITECTURES.join(", ")
+            ))
+        }
         Ok(arch) => missing.push(format!(
             "unknown architecture {arch:?} (supported: {})",
             SUPPORTED_ARCHITECTURES.join(", ")

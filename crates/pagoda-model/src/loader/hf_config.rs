@@ -3,7 +3,8 @@
 //! Owns the mapping from a checkpoint directory's JSON to pagoda's
 //! architecture-neutral config, with the defaults of transformers' config
 //! classes (`LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
-//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`, `Phi3Config`) wherever a field may be
+//! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`, `Phi3Config`, `Qwen3MoeConfig`,
+//! `MixtralConfig`) wherever a field may be
 //! absent. Those defaults are per class
 //! and not always intuitive: an absent `num_key_value_heads` is
 //! `num_attention_heads` for Llama and OPT but 8 for Mistral and 32 for
@@ -37,6 +38,8 @@
 //!   failing later on a missing tensor; a sliding window in use is recorded
 //!   in [`ModelConfig::sliding_window`] (building the model refuses a
 //!   context longer than the window);
+//! - mixture-of-experts fields ([`crate::MoeConfig`]) for Qwen3-MoE and
+//!   Mixtral; other MoE families are refused by name;
 //! - end-of-sequence ids are `config.json`'s followed by
 //!   `generation_config.json`'s, without duplicates.
 //!
@@ -57,7 +60,44 @@ enum HfClass {
     Gemma2,
     Gemma3,
     Phi3,
+    Qwen3Moe,
+    Mixtral,
 }
+
+/// Mixture-of-experts families pagoda does not implement (`model_type`s and
+/// architecture stems), refused by name rather than as unknown.
+const UNSUPPORTED_MOE: &[&str] = &[
+    "qwen2_moe",
+    "qwen2moe",
+    "deepseek_v2",
+    "deepseekv2",
+    "deepseek_v3",
+    "deepseekv3",
+    "gpt_oss",
+    "gptoss",
+    "olmoe",
+    "granitemoe",
+    "granitemoehybrid",
+    "granitemoeshared",
+    "dbrx",
+    "jamba",
+    "phimoe",
+    "jetmoe",
+    "minimax",
+    "llama4",
+    "llama4fortextgeneration",
+    "glm4_moe",
+    "glm4moe",
+    "ernie4_5_moe",
+    "ernie4_5moe",
+    "hunyuan_v1_moe",
+    "hunyuanmoev1",
+    "qwen3_next",
+    "qwen3next",
+    "arctic",
+    "switch_transformers",
+    "nllb_moe",
+];
 
 impl HfClass {
     /// `LlamaForCausalLM` or `llama` (case-insensitive).
@@ -72,6 +112,8 @@ impl HfClass {
             "gemma2" => Some(HfClass::Gemma2),
             "gemma3" | "gemma3_text" | "gemma3forconditionalgeneration" => Some(HfClass::Gemma3),
             "phi3" => Some(HfClass::Phi3),
+            "qwen3_moe" | "qwen3moe" => Some(HfClass::Qwen3Moe),
+            "mixtral" => Some(HfClass::Mixtral),
             _ => None,
         }
     }
@@ -85,6 +127,8 @@ impl HfClass {
             HfClass::Gemma2 => Architecture::Gemma2,
             HfClass::Gemma3 => Architecture::Gemma3,
             HfClass::Phi3 => Architecture::Phi3,
+            HfClass::Qwen3Moe => Architecture::Qwen3Moe,
+            HfClass::Mixtral => Architecture::Mixtral,
         }
     }
 
@@ -109,9 +153,17 @@ impl HfClass {
                 eos_token_id: Some(32000),
                 ..llama
             },
-            HfClass::Mistral => Defaults {
+            HfClass::Mistral | HfClass::Mixtral => Defaults {
                 max_position_embeddings: 4096 * 32,
                 num_key_value_heads: Some(8),
+                ..llama
+            },
+            HfClass::Qwen3Moe => Defaults {
+                max_position_embeddings: 32768,
+                num_key_value_heads: Some(4),
+                head_dim: None,
+                bos_token_id: None,
+                eos_token_id: None,
                 ..llama
             },
             HfClass::Qwen2 | HfClass::Qwen3 => Defaults {
@@ -397,7 +449,19 @@ fn detect_class(f: &Fields) -> Result<HfClass> {
             ))
         })?,
     };
-    HfClass::from_name(name).ok_or_else(|| ModelError::UnknownArchitecture(name.to_string()))
+    if let Some(class) = HfClass::from_name(name) {
+        return Ok(class);
+    }
+    let lower = name.to_ascii_lowercase();
+    let stem = lower.strip_suffix("forcausallm").unwrap_or(&lower);
+    if UNSUPPORTED_MOE.contains(&stem) {
+        return Err(ModelError::Config(format!(
+            "{}: {name} is a mixture-of-experts family pagoda does not implement \
+             (mixture-of-experts models supported: qwen3_moe, mixtral)",
+            f.file
+        )));
+    }
+    Err(ModelError::UnknownArchitecture(name.to_string()))
 }
 
 fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
@@ -453,7 +517,12 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
             ),
             _ => None,
         };
-        rope(f, max_position_embeddings, original)?
+        let default_theta = if class == HfClass::Mixtral {
+            1e6
+        } else {
+            ROPE_THETA
+        };
+        rope(f, max_position_embeddings, original, default_theta)?
     };
     let rotary_dim = match class {
         HfClass::Phi3 => partial_rotary_dim(f, head_dim, hidden_size, num_attention_heads)?,
@@ -462,10 +531,15 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
     let attention_bias = match class {
         // Qwen2's q/k/v biases are unconditional (no config field).
         HfClass::Qwen2 => true,
-        HfClass::Llama | HfClass::Qwen3 => f.bool_or("attention_bias", false)?,
-        HfClass::Mistral | HfClass::Opt | HfClass::Gemma2 | HfClass::Gemma3 | HfClass::Phi3 => {
-            false
+        HfClass::Llama | HfClass::Qwen3 | HfClass::Qwen3Moe => {
+            f.bool_or("attention_bias", false)?
         }
+        HfClass::Mistral
+        | HfClass::Mixtral
+        | HfClass::Opt
+        | HfClass::Gemma2
+        | HfClass::Gemma3
+        | HfClass::Phi3 => false,
     };
     let eos_token_ids = match f.token_ids("eos_token_id")? {
         Some(ids) => ids,
@@ -496,6 +570,8 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         } else {
             let default = if class == HfClass::Phi3 {
                 PHI3_RMS_NORM_EPS
+            } else if class == HfClass::Mixtral {
+                1e-5
             } else {
                 RMS_NORM_EPS
             };
@@ -520,7 +596,69 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         torch_dtype: torch_dtype.map(str::to_string),
         sliding_window: sliding_window(f, class, gemma.as_ref())?,
         gemma,
+        moe: moe_fields(f, class, num_hidden_layers, intermediate_size)?,
     })
+}
+
+/// Qwen3-MoE's and Mixtral's expert fields, with their classes' defaults;
+/// `None` for dense classes. Qwen3-MoE's sparse layers are those not in
+/// `mlp_only_layers` whose number plus one is a multiple of
+/// `decoder_sparse_step` (transformers' rule); every Mixtral layer is
+/// sparse, its experts `intermediate_size` wide, their weights renormalized.
+fn moe_fields(
+    f: &Fields,
+    class: HfClass,
+    num_layers: usize,
+    intermediate_size: usize,
+) -> Result<Option<crate::MoeConfig>> {
+    let moe = match class {
+        HfClass::Qwen3Moe => {
+            let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(f.bad("decoder_sparse_step", "positive", &Value::from(0)));
+            }
+            let mlp_only: Vec<usize> = match f.get("mlp_only_layers") {
+                None => Vec::new(),
+                Some(v) => v
+                    .as_array()
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                            .collect()
+                    })
+                    .ok_or_else(|| f.bad("mlp_only_layers", "a list of layer numbers", v))?,
+            };
+            // transformers 5 writes the attribute-mapped `num_local_experts`.
+            let num_experts = match f.usize_opt("num_experts")? {
+                Some(n) => n,
+                None => f.usize_opt("num_local_experts")?.unwrap_or(128),
+            };
+            if num_experts == 0 {
+                return Err(ModelError::Config(format!(
+                    "{}: qwen3_moe with num_experts = 0 is not supported",
+                    f.file
+                )));
+            }
+            crate::MoeConfig {
+                num_experts,
+                num_experts_per_tok: f.usize_opt("num_experts_per_tok")?.unwrap_or(8),
+                moe_intermediate_size: f.usize_opt("moe_intermediate_size")?.unwrap_or(768),
+                norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
+                sparse_layers: (0..num_layers)
+                    .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
+                    .collect(),
+            }
+        }
+        HfClass::Mixtral => crate::MoeConfig {
+            num_experts: f.usize_opt("num_local_experts")?.unwrap_or(8),
+            num_experts_per_tok: f.usize_opt("num_experts_per_tok")?.unwrap_or(2),
+            moe_intermediate_size: intermediate_size,
+            norm_topk_prob: true,
+            sparse_layers: vec![true; num_layers],
+        },
+        _ => return Ok(None),
+    };
+    Ok(Some(moe))
 }
 
 /// Rejects config values whose model pagoda's architecture files cannot build.
@@ -597,7 +735,11 @@ fn sliding_window(
             None => Some(MISTRAL_SLIDING_WINDOW),
             Some(_) => f.usize_opt("sliding_window")?,
         },
-        HfClass::Qwen2 | HfClass::Qwen3 if f.bool_or("use_sliding_window", false)? => {
+        // MixtralConfig's default is none.
+        HfClass::Mixtral => f.usize_opt("sliding_window")?,
+        HfClass::Qwen2 | HfClass::Qwen3 | HfClass::Qwen3Moe
+            if f.bool_or("use_sliding_window", false)? =>
+        {
             f.usize_opt("sliding_window")?
         }
         _ => None,
@@ -623,7 +765,7 @@ fn sliding_window(
         }
         return Ok((slides > 0).then_some(window));
     }
-    if matches!(class, HfClass::Qwen2 | HfClass::Qwen3) {
+    if matches!(class, HfClass::Qwen2 | HfClass::Qwen3 | HfClass::Qwen3Moe) {
         if let Some(first) = f.usize_opt("max_window_layers")? {
             if first >= f.usize_opt("num_hidden_layers")?.unwrap_or(0) {
                 return Ok(None);
@@ -858,6 +1000,7 @@ fn rope(
     f: &Fields,
     max_position_embeddings: usize,
     original: Option<usize>,
+    default_theta: f64,
 ) -> Result<(f64, Option<RopeScaling>)> {
     let params = f.object("rope_parameters")?;
     let scaling = match f.object("rope_scaling")? {
@@ -870,7 +1013,7 @@ fn rope(
         .flatten()
     {
         Some(t) => t,
-        None => f.f64_opt("rope_theta")?.unwrap_or(ROPE_THETA),
+        None => f.f64_opt("rope_theta")?.unwrap_or(default_theta),
     };
     let Some(s) = scaling else {
         return Ok((theta, None));
@@ -881,3 +1024,7 @@ fn rope(
 #[cfg(test)]
 #[path = "hf_config_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "hf_config_moe_tests.rs"]
+mod moe_tests;

@@ -11,6 +11,7 @@ use pagoda_kernels::HostTensor;
 pub mod dummy;
 pub mod gguf;
 pub mod gguf_check;
+pub mod gguf_moe;
 pub mod hf_config;
 pub mod safetensors;
 pub mod safetensors_writer;

@@ -1,0 +1,206 @@
+//! The feed-forward block of the Llama-family bodies: a dense SwiGLU MLP, or
+//! a sparse mixture of SwiGLU experts (Qwen3-MoE, Mixtral), chosen per layer
+//! by [`crate::MoeConfig::sparse_layers`].
+//!
+//! A sparse layer, as transformers' `Qwen3MoeSparseMoeBlock` /
+//! `MixtralSparseMoeBlock`: router logits `h @ gate^T` -> softmax, top-k
+//! (renormalized where the config says) -> each token's experts' MLPs,
+//! weighted and summed -> added to the residual stream. Everything runs
+//! through [`Backend::moe_route`] and [`Backend::moe_experts`], whose
+//! experts are stacked in two weights: `gate_up` `[E * 2 * inter, hidden]`
+//! (expert e's gate rows, then its up rows) and `down` `[E * hidden, inter]`.
+//!
+//! Weights are read by Hugging Face name, stacked form first: transformers
+//! 5's `mlp.experts.gate_up_proj` `[E, 2 * inter, hidden]` and
+//! `mlp.experts.down_proj` `[E, hidden, inter]` (what the dummy and GGUF
+//! sources answer), else the per-expert tensors of published checkpoints
+//! (`mlp.experts.{e}.gate_proj/up_proj/down_proj` for Qwen,
+//! `block_sparse_moe.experts.{e}.w1/w3/w2` for Mixtral), stacked here once
+//! at load. The router is `mlp.gate` (`block_sparse_moe.gate` in Mixtral
+//! checkpoints).
+
+use super::weights::{concat_rows, load, read};
+use crate::loader::WeightSource;
+use crate::{Architecture, ModelConfig, ModelError, Result};
+use pagoda_kernels::{Backend, HostTensor};
+
+/// One layer's feed-forward block.
+pub enum FeedForward<B: Backend> {
+    /// SwiGLU with gate_proj and up_proj stacked into one matrix.
+    Dense {
+        gate_up_proj: B::Weight,
+        down_proj: B::Weight,
+    },
+    /// A mixture of SwiGLU experts.
+    Sparse(SparseMoe<B>),
+}
+
+/// The router and the stacked experts of a sparse layer.
+pub struct SparseMoe<B: Backend> {
+    /// `[num_experts, hidden]`.
+    gate: B::Weight,
+    /// `[num_experts * 2 * inter, hidden]`.
+    gate_up: B::Weight,
+    /// `[num_experts * hidden, inter]`.
+    down: B::Weight,
+    num_experts: usize,
+    top_k: usize,
+    renormalize: bool,
+}
+
+/// How a family's checkpoints name the per-expert tensors and the router.
+struct ExpertNames {
+    /// Prefix of the per-expert tensors and router, after `model.layers.N.`.
+    block: &'static str,
+    /// Gate, up and down projections of one expert.
+    gate: &'static str,
+    up: &'static str,
+    down: &'static str,
+}
+
+impl ExpertNames {
+    fn of(arch: Architecture) -> ExpertNames {
+        match arch {
+            Architecture::Mixtral => ExpertNames {
+                block: "block_sparse_moe",
+                gate: "w1",
+                up: "w3",
+                down: "w2",
+            },
+            _ => ExpertNames {
+                block: "mlp",
+                gate: "gate_proj",
+                up: "up_proj",
+                down: "down_proj",
+            },
+        }
+    }
+}
+
+impl<B: Backend> FeedForward<B> {
+    /// Loads layer `layer`'s block (`p` = `model.layers.{layer}`); a dense
+    /// block reads Phi-3's fused `gate_up_proj` where `fused_gate_up`.
+    pub fn load(
+        b: &B,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+        layer: usize,
+        p: &str,
+        fused_gate_up: bool,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let moe = cfg
+            .moe
+            .as_ref()
+            .filter(|m| m.sparse_layers.get(layer).copied().unwrap_or(false));
+        let Some(m) = moe else {
+            let inter = cfg.intermediate_size;
+            let gate_up_proj = if fused_gate_up {
+                load(
+                    b,
+                    src,
+                    &format!("{p}.mlp.gate_up_proj.weight"),
+                    &[2 * inter, h],
+                )?
+            } else {
+                let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+                let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+                b.load_weight(concat_rows(gate, up))?
+            };
+            return Ok(FeedForward::Dense {
+                gate_up_proj,
+                down_proj: load(b, src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+            });
+        };
+        let (e, inter) = (m.num_experts, m.moe_intermediate_size);
+        let names = ExpertNames::of(cfg.architecture);
+        let router = [
+            format!("{p}.mlp.gate.weight"),
+            format!("{p}.{}.gate.weight", names.block),
+        ];
+        let router = router
+            .iter()
+            .find(|n| src.contains(n))
+            .unwrap_or(&router[0]);
+        let (gate_up, down) = read_experts(src, p, &names, e, inter, h)?;
+        Ok(FeedForward::Sparse(SparseMoe {
+            gate: load(b, src, router, &[e, h])?,
+            gate_up: b.load_weight(gate_up)?,
+            down: b.load_weight(down)?,
+            num_experts: e,
+            top_k: m.num_experts_per_tok,
+            renormalize: m.norm_topk_prob,
+        }))
+    }
+
+    /// `x += ffn(h)`: `x` the residual stream, `h` its normalized rows.
+    pub fn add_to(&self, b: &B, x: &mut B::Tensor, h: &B::Tensor) -> Result<()> {
+        match self {
+            FeedForward::Dense {
+                gate_up_proj,
+                down_proj,
+            } => {
+                let gate_up = b.linear(h, gate_up_proj, None)?;
+                b.add_linear(x, &b.silu_mul(&gate_up)?, down_proj, None)?;
+            }
+            FeedForward::Sparse(m) => {
+                // 1. Route: each row's top-k experts and their weights.
+                let logits = b.linear(h, &m.gate, None)?;
+                let routes = b.moe_route(&logits, m.top_k, m.renormalize)?;
+                // 2. The chosen experts' MLPs, weighted and summed per row.
+                let y = b.moe_experts(h, &routes, &m.gate_up, &m.down, m.num_experts)?;
+                b.add(x, &y)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The stacked `(gate_up [E * 2 * inter, hidden], down [E * hidden, inter])`
+/// of one layer, from the stacked tensors or the per-expert ones.
+fn read_experts(
+    src: &dyn WeightSource,
+    p: &str,
+    names: &ExpertNames,
+    e: usize,
+    inter: usize,
+    h: usize,
+) -> Result<(HostTensor, HostTensor)> {
+    let stacked = format!("{p}.mlp.experts.gate_up_proj");
+    if src.contains(&stacked) {
+        let gate_up = read(src, &stacked, &[e, 2 * inter, h])?;
+        let down = read(src, &format!("{p}.mlp.experts.down_proj"), &[e, h, inter])?;
+        return Ok((flatten(gate_up), flatten(down)));
+    }
+    let name = |i: usize, proj: &str| format!("{p}.{}.experts.{i}.{proj}.weight", names.block);
+    if !src.contains(&name(0, names.gate)) {
+        return Err(ModelError::MissingTensor(format!(
+            "{stacked} (or per-expert {})",
+            name(0, names.gate)
+        )));
+    }
+    let mut gate_up = Vec::with_capacity(2 * e);
+    let mut down = Vec::with_capacity(e);
+    for i in 0..e {
+        gate_up.push(read(src, &name(i, names.gate), &[inter, h])?);
+        gate_up.push(read(src, &name(i, names.up), &[inter, h])?);
+        down.push(read(src, &name(i, names.down), &[h, inter])?);
+    }
+    Ok((stack_rows(gate_up), stack_rows(down)))
+}
+
+/// `[E, rows, cols]` as the 2-D `[E * rows, cols]` (same bytes).
+fn flatten(mut t: HostTensor) -> HostTensor {
+    let (rows, cols) = t.dims2();
+    t.shape = vec![rows, cols];
+    t
+}
+
+/// Matrices with the same column count stacked in order (one copy each).
+fn stack_rows(parts: Vec<HostTensor>) -> HostTensor {
+    let mut parts = parts.into_iter();
+    let first = parts
+        .next()
+        .unwrap_or(HostTensor::f32(vec![0, 0], Vec::new()));
+    parts.fold(first, concat_rows)
+}
