@@ -24,8 +24,11 @@ fi
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 LOG=$(mktemp -t pagoda-openai-client.XXXXXX)
 # The test template is the model's own for conversations without tools,
-# plus Hermes-style tool calling (so the hermes parser is detected).
-"$PAGODA" serve --model "$MODEL" --port "$PORT" \
+# plus Hermes-style tool calling (so the hermes parser is detected). The
+# weights are dequantized to f16: the tests compare greedy answers with
+# transformers' (the default kept blocks tip a near-tie on them, see the
+# README's --weight-dtype).
+"$PAGODA" serve --model "$MODEL" --port "$PORT" --weight-dtype f16 \
     --chat-template tests/chat_templates/smollm2_hermes_tools.jinja >"$LOG" 2>&1 &
 SERVER=$!
 cleanup() {

@@ -46,12 +46,11 @@ pub struct ModelArgs {
     /// CPU threads for the forward pass (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
-    /// How the CPU backend stores weight matrices: f32/f16/bf16 dequantize
-    /// everything at load (f32 is exact for dequantized GGUF weights); auto
-    /// keeps quantized GGUF matrices in their blocks (integer kernels with
-    /// 8-bit activations, least memory traffic) and stores the rest in f16.
-    /// The default stays f16 until the kept blocks' outputs are checked on
-    /// chat prompts as closely as the dequantized path's.
+    /// How the CPU backend stores weight matrices: auto (the default) keeps
+    /// quantized GGUF matrices in their blocks (integer kernels with 8-bit
+    /// activations as llama.cpp's, least memory and memory traffic) and
+    /// stores the rest in f16; f32/f16/bf16 dequantize everything at load
+    /// (f32 is exact for dequantized GGUF weights).
     #[arg(long, value_enum, value_name = "DTYPE")]
     pub weight_dtype: Option<WeightDtypeArg>,
     #[command(flatten)]
@@ -59,9 +58,9 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The CPU weight storage: --weight-dtype, f16 by default.
+    /// The CPU weight storage: --weight-dtype, auto by default.
     pub fn cpu_weight_dtype(&self) -> WeightDtypeArg {
-        self.weight_dtype.unwrap_or(WeightDtypeArg::F16)
+        self.weight_dtype.unwrap_or(WeightDtypeArg::Auto)
     }
 }
 
