@@ -1,7 +1,8 @@
 //! Structured outputs on the CUDA backend, end to end on the default model
 //! (SmolLM2-135M GGUF): an ASCII-digit regex (`\d` would also take other
 //! scripts' digits, which random weights do pick), a choice, a JSON schema and a Lark grammar
-//! with an embedded schema, greedy, batched, eager and through decode
+//! with an embedded schema (compact: `%json` allows free whitespace
+//! otherwise, which random weights take without end), greedy, batched, eager and through decode
 //! graphs (the masks are applied after a graph's replay). Every output
 //! must satisfy its constraint and end by the grammar's completion, as on
 //! the CPU backend, which runs the same requests as the reference; outputs
@@ -32,7 +33,7 @@ const PERSON: &str = r#"{"type":"object","properties":{
   "age":{"type":"integer","minimum":0,"maximum":120}},
   "required":["name","age"],"additionalProperties":false}"#;
 const LARK: &str = r#"start: "call " args
-args: %json { "type": "object", "properties": { "city": { "type": "string", "maxLength": 12 } }, "required": ["city"], "additionalProperties": false }"#;
+args: %json { "x-guidance": { "whitespace_flexible": false }, "type": "object", "properties": { "city": { "type": "string", "maxLength": 12 } }, "required": ["city"], "additionalProperties": false }"#;
 
 fn cases() -> Vec<(&'static str, StructuredOutput)> {
     vec![
