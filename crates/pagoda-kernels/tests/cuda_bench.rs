@@ -23,22 +23,10 @@ use common::*;
 use pagoda_kernels::cuda::testing::gpu;
 use pagoda_kernels::cuda::{CudaBackend, CudaKvCache};
 use pagoda_kernels::{AttentionParams, Backend, HostTensor, KvCacheShape, SamplingRow};
-use std::time::Instant;
 
-/// Median seconds of `reps` runs of `f`, each ended by a synchronization.
-fn time(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    g.synchronize().unwrap();
-    let mut v: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            g.synchronize().unwrap();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// Median seconds of `reps` timed runs of `f`.
+fn time(g: &CudaBackend, reps: usize, f: impl FnMut()) -> f64 {
+    pagoda_kernels::cuda::testing::median_secs(g, reps, f)
 }
 
 /// Fills every slot of `cache` with random K/V, 8,192 slots per store

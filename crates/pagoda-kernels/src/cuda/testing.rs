@@ -1,7 +1,8 @@
 //! Helpers shared by the CUDA test binaries of this crate and of
 //! pagoda-engine (the backend itself never calls them): opening the device
 //! for a test, the relative L2 error the op and model comparisons
-//! measure, and the one-token-per-row step the sampling tests run.
+//! measure, the one-token-per-row step the sampling tests run, and the
+//! median timing of the kernel timing binaries.
 //!
 //! A machine without CUDA skips the CUDA tests with a notice, unless the
 //! environment variable [`REQUIRE_GPU_ENV`] is set (to anything but empty or
@@ -97,6 +98,23 @@ pub fn sampling_step(sampling: Vec<SamplingRow>) -> ForwardContext {
     };
     assert_eq!(ctx.validate(), Ok(()), "a consistent test step");
     ctx
+}
+
+/// Median seconds of `reps` runs of `f` (after one warm-up run), each
+/// ended by a device synchronization: the kernel timing binaries' clock.
+pub fn median_secs(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    g.synchronize().expect("device synchronization");
+    let mut v: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            g.synchronize().expect("device synchronization");
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 #[cfg(test)]
