@@ -89,31 +89,6 @@ impl Case {
     }
 }
 
-/// Stores `k`/`v` (`[tokens, width]`) of the step `ctx` into the cache.
-fn store_gpu(g: &CudaBackend, c: &mut CudaKvCache, ctx: &ForwardContext, k: &[f32], v: &[f32]) {
-    let rows = ctx.num_tokens();
-    if rows == 0 {
-        return;
-    }
-    let width = k.len() / rows;
-    let st = g.begin_step(ctx).unwrap();
-    let gk = g.tensor_from_host(rows, width, k).unwrap();
-    let gv = g.tensor_from_host(rows, width, v).unwrap();
-    g.store_kv(&gk, &gv, c, &st).unwrap();
-}
-
-fn store_cpu(b: &CpuBackend, c: &mut CpuKvCache, ctx: &ForwardContext, k: &[f32], v: &[f32]) {
-    let rows = ctx.num_tokens();
-    if rows == 0 {
-        return;
-    }
-    let width = k.len() / rows;
-    let st = b.begin_step(ctx).unwrap();
-    let ck = b.tensor_from_host(rows, width, k).unwrap();
-    let cv = b.tensor_from_host(rows, width, v).unwrap();
-    b.store_kv(&ck, &cv, c, &st).unwrap();
-}
-
 /// Fills every slot of both caches before anything real is stored: NaN on
 /// the GPU only (`nan`), else the same large finite values on both.
 fn poison_caches(
@@ -135,11 +110,11 @@ fn poison_caches(
     let n = all.ctx.num_tokens() * sh.num_kv_heads * sh.head_dim;
     if nan {
         let x = vec![f32::NAN; n];
-        store_gpu(g, gc, &all.ctx, &x, &x);
+        store_step_kv(g, gc, &all.ctx, &x, &x);
     } else {
         let (k, v) = (rvec(rng, n, 60.0), rvec(rng, n, 3000.0));
-        store_gpu(g, gc, &all.ctx, &k, &v);
-        store_cpu(cpu, cc, &all.ctx, &k, &v);
+        store_step_kv(g, gc, &all.ctx, &k, &v);
+        store_step_kv(cpu, cc, &all.ctx, &k, &v);
     }
 }
 
@@ -235,13 +210,13 @@ fn run_case_with(g: &CudaBackend, rng: &mut Rng, c: &Case, claim_max_query_len: 
     let pre = prefix_step(&step, &c.seqs);
     let n = pre.num_tokens() * width;
     let (k, v) = (rvec(rng, n, 1.0), rvec(rng, n, 1.0));
-    store_gpu(g, &mut gc, &pre, &k, &v);
-    store_cpu(&cpu, &mut cc, &pre, &k, &v);
+    store_step_kv(g, &mut gc, &pre, &k, &v);
+    store_step_kv(&cpu, &mut cc, &pre, &k, &v);
 
     let t = step.ctx.num_tokens();
     let (k, v) = (rvec(rng, t * width, 1.0), rvec(rng, t * width, 1.0));
-    store_gpu(g, &mut gc, &step.ctx, &k, &v);
-    store_cpu(&cpu, &mut cc, &step.ctx, &k, &v);
+    store_step_kv(g, &mut gc, &step.ctx, &k, &v);
+    store_step_kv(&cpu, &mut cc, &step.ctx, &k, &v);
     if let Some(m) = claim_max_query_len {
         step.ctx.max_query_len = m;
     }
@@ -390,7 +365,7 @@ fn attend(
     q: &CudaTensor,
     p: &AttentionParams,
 ) -> Vec<f32> {
-    store_gpu(g, gc, step, k, v);
+    store_step_kv(g, gc, step, k, v);
     let gs = g.begin_step(step).unwrap();
     let o = g.attention(q, gc, &gs, p).unwrap();
     g.tensor_to_host(&o).unwrap()
@@ -412,7 +387,7 @@ fn causal_boundary_is_exact() {
         let step = paged_step(&mut rng, &c.seqs, bs, shape.num_blocks, 0);
         let pre = prefix_step(&step, &c.seqs);
         let n = pre.num_tokens() * width;
-        store_gpu(
+        store_step_kv(
             &g,
             &mut gc,
             &pre,

@@ -29,9 +29,9 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
-use pagoda_kernels::cpu::{CpuBackend, CpuKvCache, WeightDtype};
+use pagoda_kernels::cpu::WeightDtype;
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
-use pagoda_kernels::cuda::{attention_kernel, AttentionKernel, CudaBackend, CudaKvCache};
+use pagoda_kernels::cuda::{attention_kernel, AttentionKernel, CudaBackend};
 use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape, SamplingRow};
 
 fn s(context_len: usize, query_len: usize) -> SeqSpec {
@@ -100,31 +100,6 @@ impl Case {
     }
 }
 
-/// Stores `k`/`v` (`[tokens, width]`) of the step `ctx` on the GPU.
-fn store_gpu(g: &CudaBackend, c: &mut CudaKvCache, ctx: &ForwardContext, k: &[f32], v: &[f32]) {
-    let rows = ctx.num_tokens();
-    if rows == 0 {
-        return;
-    }
-    let width = k.len() / rows;
-    let st = g.begin_step(ctx).unwrap();
-    let gk = g.tensor_from_host(rows, width, k).unwrap();
-    let gv = g.tensor_from_host(rows, width, v).unwrap();
-    g.store_kv(&gk, &gv, c, &st).unwrap();
-}
-
-fn store_cpu(b: &CpuBackend, c: &mut CpuKvCache, ctx: &ForwardContext, k: &[f32], v: &[f32]) {
-    let rows = ctx.num_tokens();
-    if rows == 0 {
-        return;
-    }
-    let width = k.len() / rows;
-    let st = b.begin_step(ctx).unwrap();
-    let ck = b.tensor_from_host(rows, width, k).unwrap();
-    let cv = b.tensor_from_host(rows, width, v).unwrap();
-    b.store_kv(&ck, &cv, c, &st).unwrap();
-}
-
 /// Builds the case on both backends (poisoned cache, stored prefix with the
 /// never-read positions NaN on the GPU, stored step K/V), checks that the
 /// step takes `expect`, attends on both and compares.
@@ -157,11 +132,11 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case, expect: AttentionKernel) {
     let n = all.ctx.num_tokens() * width;
     if c.pad == 0 {
         let x = vec![f32::NAN; n];
-        store_gpu(g, &mut gc, &all.ctx, &x, &x);
+        store_step_kv(g, &mut gc, &all.ctx, &x, &x);
     } else {
         let (k, v) = (rvec(rng, n, 60.0), rvec(rng, n, 3000.0));
-        store_gpu(g, &mut gc, &all.ctx, &k, &v);
-        store_cpu(&cpu, &mut cc, &all.ctx, &k, &v);
+        store_step_kv(g, &mut gc, &all.ctx, &k, &v);
+        store_step_kv(&cpu, &mut cc, &all.ctx, &k, &v);
     }
 
     // The cached prefixes; positions the kernel must skip are NaN on the
@@ -185,14 +160,14 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case, expect: AttentionKernel) {
             row += 1;
         }
     }
-    store_gpu(g, &mut gc, &pre, &gk, &gv);
-    store_cpu(&cpu, &mut cc, &pre, &k, &v);
+    store_step_kv(g, &mut gc, &pre, &gk, &gv);
+    store_step_kv(&cpu, &mut cc, &pre, &k, &v);
 
     // The step's own K/V, then attention on both.
     let t = step.ctx.num_tokens();
     let (k, v) = (rvec(rng, t * width, 1.0), rvec(rng, t * width, 1.0));
-    store_gpu(g, &mut gc, &step.ctx, &k, &v);
-    store_cpu(&cpu, &mut cc, &step.ctx, &k, &v);
+    store_step_kv(g, &mut gc, &step.ctx, &k, &v);
+    store_step_kv(&cpu, &mut cc, &step.ctx, &k, &v);
     // Sharper scores with a cap, so that the cap bends them.
     let q = rvec(
         rng,
@@ -450,7 +425,7 @@ fn decode_graphs_replay_windowed_attention_for_any_context() {
         );
         let rows = all.ctx.num_tokens() * nkv * hd;
         let (k, v) = (rvec(&mut rng, rows, 1.0), rvec(&mut rng, rows, 1.0));
-        store_gpu(&g, &mut cache, &all.ctx, &k, &v);
+        store_step_kv(&g, &mut cache, &all.ctx, &k, &v);
         let p = AttentionParams {
             num_heads: nh,
             num_kv_heads: nkv,

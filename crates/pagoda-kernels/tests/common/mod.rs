@@ -1,6 +1,7 @@
 //! Shared test helpers: a seeded PRNG and random vectors, backend
-//! constructors, closeness checks and a builder of consistent
-//! `ForwardContext`s over shuffled paged blocks. (The CUDA tests open the
+//! constructors, closeness checks, a builder of consistent
+//! `ForwardContext`s over shuffled paged blocks, and storing a step's K/V
+//! on any backend. (The CUDA tests open the
 //! device through `pagoda_kernels::cuda::testing`.)
 #![allow(dead_code)]
 
@@ -227,4 +228,24 @@ pub fn prefix_step(main: &PagedStep, seqs: &[SeqSpec]) -> ForwardContext {
     }
     ctx.validate().expect("consistent prefix step");
     ctx
+}
+
+/// Stores `k`/`v` (`[tokens, width]`) of the step `ctx` into `cache` on
+/// backend `b` (nothing for an empty step).
+pub fn store_step_kv<B: Backend>(
+    b: &B,
+    cache: &mut B::KvCache,
+    ctx: &ForwardContext,
+    k: &[f32],
+    v: &[f32],
+) {
+    let rows = ctx.num_tokens();
+    if rows == 0 {
+        return;
+    }
+    let width = k.len() / rows;
+    let st = b.begin_step(ctx).unwrap();
+    let tk = b.tensor_from_host(rows, width, k).unwrap();
+    let tv = b.tensor_from_host(rows, width, v).unwrap();
+    b.store_kv(&tk, &tv, cache, &st).unwrap();
 }
