@@ -19,6 +19,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
+pub mod fp8;
 pub mod host;
 pub mod logit_adjust;
 pub mod sampling_options;

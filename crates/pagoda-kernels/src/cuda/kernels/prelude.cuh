@@ -23,6 +23,68 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// FP8 E4M3 ("e4m3fn") <-> f32: the device side of `pagoda_kernels::fp8`.
+// Encoding rounds to nearest even and saturates finite values to +-448; NaN
+// stays NaN. Ada and Hopper convert in hardware; older devices apply the
+// same rules in integer code, so every arch gives the host's bytes.
+typedef unsigned char fp8;
+
+__device__ __forceinline__ float fp82f(fp8 b) {
+#if __CUDA_ARCH__ >= 890
+    unsigned int h2;
+    unsigned short in = b;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+    unsigned short lo = (unsigned short)(h2 & 0xffffu);
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(lo));
+    return f;
+#else
+    unsigned int s = ((unsigned int)b & 0x80u) << 24;
+    unsigned int e = ((unsigned int)b >> 3) & 0xfu;
+    unsigned int m = (unsigned int)b & 7u;
+    if (e == 15u && m == 7u) {
+        return __uint_as_float(s | 0x7fc00000u);
+    }
+    float v = e == 0u ? (float)m * (1.0f / 512.0f)
+                      : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return __uint_as_float(__float_as_uint(v) | s);
+#endif
+}
+
+__device__ __forceinline__ fp8 f2fp8(float f) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short out;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(0.0f), "f"(f));
+    return (fp8)(out & 0xffu);
+#else
+    unsigned int u = __float_as_uint(f);
+    unsigned int s = (u >> 24) & 0x80u;
+    unsigned int bits = u & 0x7fffffffu;
+    if (bits > 0x7f800000u) {
+        return (fp8)0x7fu;
+    }
+    float a = __uint_as_float(bits);
+    if (a >= 448.0f) {
+        return (fp8)(s | 0x7eu);
+    }
+    if (a < 0.015625f) {
+        return (fp8)(s | (unsigned int)__float2int_rn(a * 512.0f));
+    }
+    unsigned int e = (bits >> 23) - 120u;
+    unsigned int m = (bits >> 20) & 7u;
+    unsigned int rem = bits & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (m & 1u))) {
+        m += 1u;
+        if (m == 8u) {
+            m = 0u;
+            e += 1u;
+        }
+    }
+    unsigned int code = (e << 3) | m;
+    return (fp8)(s | (code > 0x7eu ? 0x7eu : code));
+#endif
+}
+
 // Loads and stores of activation elements as f32, for kernels templated on
 // the element type (bf16 activations, the f32 residual stream, f32 tables).
 __device__ __forceinline__ float ld(const bf16* p, long long i) { return bf2f(p[i]); }
