@@ -80,6 +80,13 @@ async fn constraints_shape_the_output_streamed_and_not() {
             json!({"grammar": "root ::= [0-9]{4} \"-\" [0-9]{2}"}),
             "gbnf",
         ),
+        // llama.cpp's server's top-level forms.
+        ("grammar", json!("root ::= [0-9]{4} \"-\" [0-9]{2}"), "gbnf"),
+        (
+            "json_schema",
+            json!({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": false}),
+            "json",
+        ),
     ] {
         let mut b = greedy("The answer is", 40);
         b[key] = value.clone();

@@ -22,4 +22,10 @@ pub struct StructuredFields {
     pub guided_choice: Option<Value>,
     #[serde(default)]
     pub guided_grammar: Option<Value>,
+    /// llama.cpp's server: a GBNF (or Lark) grammar string.
+    #[serde(default)]
+    pub grammar: Option<Value>,
+    /// llama.cpp's server: a JSON schema (object or its text).
+    #[serde(default)]
+    pub json_schema: Option<Value>,
 }

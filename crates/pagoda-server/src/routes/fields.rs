@@ -50,6 +50,8 @@ pub const HONOURED_COMMON: &[&str] = &[
     "guided_regex",
     "guided_choice",
     "guided_grammar",
+    "grammar",
+    "json_schema",
     "logit_bias",
     "allowed_token_ids",
     "bad_words",

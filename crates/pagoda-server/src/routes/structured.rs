@@ -9,7 +9,9 @@
 //! - `structured_outputs` (vLLM): exactly one of `json` (a schema, object or
 //!   string), `regex`, `choice` (strings), `grammar`, `json_object: true`;
 //! - `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`
-//!   (vLLM's older top-level forms, same values).
+//!   (vLLM's older top-level forms, same values);
+//! - `grammar` and `json_schema` (llama.cpp's server's top-level forms: a
+//!   GBNF grammar, a schema).
 //!
 //! Grammars are Lark (llguidance's dialect, `%json {...}` embeddable), or
 //! GBNF (llama.cpp's format, told by its `::=`), which the engine
@@ -77,13 +79,15 @@ pub fn constraint(f: &StructuredFields) -> Result<Option<StructuredOutput>, ApiE
         ("guided_regex", &f.guided_regex),
         ("guided_choice", &f.guided_choice),
         ("guided_grammar", &f.guided_grammar),
+        ("grammar", &f.grammar),
+        ("json_schema", &f.json_schema),
     ];
     for (name, v) in guided {
         let Some(v) = v.as_ref().filter(|v| !v.is_null()) else {
             continue;
         };
         let c = match name {
-            "guided_json" => json_schema(name, v)?,
+            "guided_json" | "json_schema" => json_schema(name, v)?,
             "guided_regex" => StructuredOutput::Regex(string(name, v)?),
             "guided_choice" => StructuredOutput::Choice(strings(name, v)?),
             _ => grammar(name, v)?,
@@ -233,6 +237,15 @@ mod tests {
             "guided_grammar"
         );
         assert!(read(json!({"guided_grammar": "root ::= \"a\" [0-9]{2}"})).is_ok());
+        assert_eq!(
+            read(json!({"grammar": "root ::= \"a\""})),
+            Ok(Some(StructuredOutput::Gbnf("root ::= \"a\"".into())))
+        );
+        assert_eq!(e(json!({"grammar": "root ::= \"a"})), "grammar");
+        assert_eq!(
+            e(json!({"grammar": "root ::= \"a\"", "json_schema": {"type": "object"}})),
+            "json_schema"
+        );
         assert_eq!(e(json!({"guided_choice": "a"})), "guided_choice");
         assert_eq!(
             e(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
