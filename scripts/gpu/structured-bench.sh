@@ -24,11 +24,18 @@ cfg=/tmp/qwen3-0.6b-smollm2-vocab.json
 python3 -c "import json; c = json.load(open('scripts/gpu/qwen3-0.6b.json')); c.update(vocab_size=49152, bos_token_id=1, eos_token_id=2); json.dump(c, open('$cfg', 'w'))"
 base=(.device-bin/pagoda bench --device cuda --dummy-weights --config "$cfg"
       --tokenizer tests/golden/smollm2-tokenizer/tokenizer.json --max-model-len 4096)
+# Each schema run saves its realized lengths (--save-realized); the plain
+# replay of that file generates the same tokens per request unconstrained,
+# so the ratio of the two is the cost of the constraint alone.
 for round in 1 2; do
     echo "== round $round plain" | tee -a "$LOG"
     "${base[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
-    echo "== round $round long_text_schema" | tee -a "$LOG"
-    "${base[@]}" --json-schema scripts/gpu/long_text_schema.json 2>>"$OUT/stderr.txt" | tee -a "$LOG"
-    echo "== round $round bench_schema" | tee -a "$LOG"
-    "${base[@]}" --json-schema tests/bench_schema.json 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    for schema in scripts/gpu/long_text_schema.json tests/bench_schema.json; do
+        name=$(basename "$schema" .json)
+        echo "== round $round $name" | tee -a "$LOG"
+        "${base[@]}" --json-schema "$schema" --save-realized "/tmp/realized-$name.jsonl" \
+            2>>"$OUT/stderr.txt" | tee -a "$LOG"
+        echo "== round $round $name-lengths-plain" | tee -a "$LOG"
+        "${base[@]}" --workload "/tmp/realized-$name.jsonl" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    done
 done

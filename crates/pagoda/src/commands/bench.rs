@@ -14,7 +14,9 @@
 //! and p99 per-step token mask time (`mask_ms_median`, `mask_ms_p99`).
 //! `--save-workload FILE` writes the requests of the run as JSONL and
 //! `--workload FILE` runs such a file instead of a draw (bench_workload.rs),
-//! so a peer engine can run the identical requests.
+//! so a peer engine can run the identical requests; `--save-realized FILE`
+//! writes them with the tokens each really generated as max_tokens, to
+//! replay a constrained run's lengths unconstrained.
 //! Prints one JSON line.
 //!
 //! `pagoda bench single`: single-stream speed like llama.cpp's llama-bench:
@@ -94,6 +96,12 @@ pub struct ThroughputArgs {
     /// Write the run's requests to this JSONL workload file.
     #[arg(long, value_name = "FILE")]
     pub save_workload: Option<std::path::PathBuf>,
+    /// After the run, write its requests with each `max_tokens` set to the
+    /// tokens the request really generated (fewer where it stopped early, as
+    /// under a JSON schema whose document closes): running that file without
+    /// the constraint measures the same token counts unconstrained.
+    #[arg(long, value_name = "FILE")]
+    pub save_realized: Option<std::path::PathBuf>,
     /// Generate every request under this JSON schema (structured outputs);
     /// reports the per-step token mask time.
     #[arg(long, value_name = "FILE")]
@@ -327,20 +335,34 @@ impl EngineTask for Throughput<'_> {
         let pb = progress::bar(expected as u64, "generating", false);
         let started = Instant::now();
         // As `LlmEngine::generate`, with each request's logprobs request.
-        for r in requests {
-            engine.add_request(r)?;
+        let realized_of = a.save_realized.as_ref().map(|_| requests.clone());
+        let mut index = std::collections::HashMap::with_capacity(num_seqs);
+        for (i, r) in requests.into_iter().enumerate() {
+            index.insert(engine.add_request(r)?, i);
         }
+        let mut generated = vec![0usize; num_seqs];
         let (mut output_tokens, mut cached_tokens) = (0usize, 0usize);
         while engine.has_unfinished_requests() {
             let step = engine.step()?;
             pb.inc(step.len() as u64);
             output_tokens += step.len();
+            for o in &step {
+                if let Some(&i) = index.get(&o.request_id) {
+                    generated[i] += 1;
+                }
+            }
             for o in step.iter().filter(|o| o.finish_reason.is_some()) {
                 cached_tokens += o.num_cached_tokens;
             }
         }
         let seconds = started.elapsed().as_secs_f64();
         pb.finish_and_clear();
+        if let (Some(path), Some(mut realized)) = (&a.save_realized, realized_of) {
+            for (r, &n) in realized.iter_mut().zip(&generated) {
+                r.params.max_tokens = n.max(1);
+            }
+            super::bench_workload::save(path, &realized)?;
+        }
         let mask = engine.mask_stats().and_then(|m| m.median_p99());
         let result = ThroughputResult {
             model: name,
