@@ -27,8 +27,8 @@ use pagoda_core::{
     SchedulerStats,
 };
 use pagoda_kernels::{
-    Backend, BlockCopyOp, DeviceSamples, ForwardContext, KernelError, RowOptions, SamplingOptions,
-    SamplingRow, TokenMasks, MAX_LOGPROBS,
+    Backend, BlockCopyOp, DeviceSamples, ForwardContext, KernelError, PromptRow, RowOptions,
+    SamplingOptions, SamplingRow, TokenMasks, MAX_LOGPROBS,
 };
 use pagoda_model::tokenizer::{IncrementalDetokenizer, Tokenizer};
 use std::collections::HashMap;
@@ -468,9 +468,7 @@ impl<B: Backend> LlmEngine<B> {
         ctx: &mut ForwardContext,
         masks: Option<PendingMasks>,
     ) -> Result<Sampled> {
-        // A step with prompt-logprobs rows brings its logits back and
-        // samples on the host (prefill steps only; never a graph's).
-        if self.runner.samples_on_device() && self.prompt_rows.is_empty() {
+        if self.runner.samples_on_device() {
             self.sample_on_device(plan, ctx, masks)
         } else {
             self.sample_on_host(plan, ctx, masks)
@@ -542,6 +540,31 @@ impl<B: Backend> LlmEngine<B> {
             opts.rows.clear();
             opts.history.clear();
         }
+        // Prompt-logprobs rows follow the sampling rows (see lay_out_rows):
+        // the device scores each row's next prompt token.
+        for (k, s) in plan.scheduled.iter().enumerate() {
+            let rows = self.prompt_rows.get(k).cloned().unwrap_or(0..0);
+            if rows.is_empty() {
+                continue;
+            }
+            let (Some(seq), Some(p)) = (
+                self.scheduler.sequence(s.request_id),
+                self.states
+                    .get(&s.request_id)
+                    .and_then(|st| st.prompt_lp.as_ref()),
+            ) else {
+                return Err(EngineError::Internal(
+                    "prompt-logprobs rows of an unknown request".into(),
+                ));
+            };
+            for j in rows {
+                let pos = s.num_computed_tokens + j;
+                opts.prompt_rows.push(PromptRow {
+                    token: seq.token_ids.get(pos + 1).copied().unwrap_or(u32::MAX),
+                    n: p.n.min(MAX_LOGPROBS) as u32,
+                });
+            }
+        }
         // The masks are joined once the forward pass is queued (or here,
         // if the step never got that far), giving every guide back.
         let mut pending = masks;
@@ -553,11 +576,11 @@ impl<B: Backend> LlmEngine<B> {
                     .map_err(|e| KernelError::Device(e.to_string()))
             });
         Self::finish_masks(&mut self.structured, &mut self.states, pending)?;
-        let samples = match out? {
+        let mut samples = match out? {
             StepOutput::Samples(s) => s,
             StepOutput::Tokens(tokens) => DeviceSamples {
                 tokens,
-                logprobs: Vec::new(),
+                ..DeviceSamples::default()
             },
             // A step of prompt chunks only: no rows, nothing sampled.
             StepOutput::Logits(l) if l.is_empty() && ctx.sampling.is_empty() => {
@@ -569,10 +592,26 @@ impl<B: Backend> LlmEngine<B> {
                 ))
             }
         };
-        if samples.tokens.len() != ctx.logits_indices.len() {
+        if samples.tokens.len() != ctx.sampling.len()
+            || samples.prompt.len() != self.sampling_options.prompt_rows.len()
+        {
             return Err(EngineError::Internal(
-                "fewer sampled tokens than sequences".into(),
+                "fewer sampled tokens or prompt rows than asked".into(),
             ));
+        }
+        let mut prompt = std::mem::take(&mut samples.prompt).into_iter();
+        for (k, s) in plan.scheduled.iter().enumerate() {
+            for j in self.prompt_rows.get(k).cloned().unwrap_or(0..0) {
+                let Some(r) = prompt.next() else { break };
+                self.collect_prompt_logprob(s.request_id, s.num_computed_tokens + j, |token, _| {
+                    PromptLogprob {
+                        token,
+                        logprob: r.logprob,
+                        rank: r.rank,
+                        top: r.top,
+                    }
+                });
+            }
         }
         let mut sampled = Vec::with_capacity(samples.tokens.len());
         let mut logprobs = HashMap::new();
@@ -619,18 +658,29 @@ impl<B: Backend> LlmEngine<B> {
             .iter()
             .zip(masks.bits.chunks_exact(masks.words.max(1)));
         let mut pending_mask = next_mask.next();
-        let mut rows = logits.chunks_exact_mut(vocab);
+        // The sampled rows lead, the prompt-logprobs rows follow (see
+        // lay_out_rows).
+        let split = (num_sampled * vocab).min(logits.len());
+        let (sampled_rows, prompt_rows) = logits.split_at_mut(split);
+        let mut rows = sampled_rows.chunks_exact_mut(vocab);
         let mut next_row = || {
             rows.next()
                 .ok_or_else(|| EngineError::Internal("fewer logits rows than sequences".into()))
         };
-        // `i` counts the sampled rows (the masks' numbering).
-        let mut i = 0;
+        let mut prompt = prompt_rows.chunks_exact(vocab);
         for (k, s) in plan.scheduled.iter().enumerate() {
             for j in self.prompt_rows.get(k).cloned().unwrap_or(0..0) {
-                let row = next_row()?;
-                self.collect_prompt_logprob(s.request_id, s.num_computed_tokens + j, row);
+                let row = prompt
+                    .next()
+                    .ok_or_else(|| EngineError::Internal("fewer prompt rows than asked".into()))?;
+                self.collect_prompt_logprob(s.request_id, s.num_computed_tokens + j, |token, n| {
+                    plp::prompt_logprob(row, token, n)
+                });
             }
+        }
+        // `i` counts the sampled rows (the masks' numbering).
+        let mut i = 0;
+        for s in &plan.scheduled {
             if !s.needs_logits {
                 continue;
             }
@@ -676,8 +726,14 @@ impl<B: Backend> LlmEngine<B> {
     }
 
     /// Records the prompt logprob that the logits at prompt position `pos`
-    /// give the token after it (once: a recomputed position is skipped).
-    fn collect_prompt_logprob(&mut self, id: RequestId, pos: usize, row: &[f32]) {
+    /// give the token after it, made by `entry(token, n)` (once: a
+    /// recomputed position is skipped).
+    fn collect_prompt_logprob(
+        &mut self,
+        id: RequestId,
+        pos: usize,
+        entry: impl FnOnce(u32, usize) -> PromptLogprob,
+    ) {
         let (Some(seq), Some(p)) = (
             self.scheduler.sequence(id),
             self.states
@@ -687,8 +743,7 @@ impl<B: Backend> LlmEngine<B> {
             return;
         };
         if pos == p.entries.len() && pos + 1 < seq.num_prompt_tokens {
-            p.entries
-                .push(plp::prompt_logprob(row, seq.token_ids[pos + 1], p.n));
+            p.entries.push(entry(seq.token_ids[pos + 1], p.n));
         }
     }
 

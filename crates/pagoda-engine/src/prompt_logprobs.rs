@@ -12,7 +12,9 @@
 //!
 //! The values are an f32 log-softmax of the raw logits (no temperature,
 //! penalties or masks), as vLLM reports them; computed on the host from the
-//! step's logits rows. Cost: O(vocab) per row, plus O(n log n).
+//! step's logits rows, or on the device where the step samples there (the
+//! rows follow the sampling rows; only the results come back). Cost:
+//! O(vocab) per row, plus O(n log n) (O(n * vocab) on the device).
 
 use pagoda_kernels::ForwardContext;
 use std::ops::Range;
@@ -57,18 +59,24 @@ pub(crate) fn rows_wanted(
     }
 }
 
-/// Rewrites `ctx.logits_indices` so that each sequence `i` has the rows of
-/// `extra[i]` (offsets into its chunk, ascending, before its last token)
-/// followed by its last token's row when `samples[i]`.
+/// Rewrites `ctx.logits_indices`: first each sequence's last-token row
+/// where `samples[i]` (the sampling rows, in sequence order), then the rows
+/// of `extra[i]` (offsets into sequence `i`'s chunk, ascending, before its
+/// last token) of every sequence in order: the prompt-logprobs rows, which
+/// the device scores after the sampling rows and the host reads in the
+/// same order.
 pub(crate) fn lay_out_rows(ctx: &mut ForwardContext, extra: &[Range<usize>], samples: &[bool]) {
     ctx.logits_indices.clear();
-    for (i, (rows, &s)) in extra.iter().zip(samples).enumerate() {
+    for (i, &s) in samples.iter().enumerate() {
         let (a, b) = (ctx.cu_seqlens_q[i], ctx.cu_seqlens_q[i + 1]);
-        ctx.logits_indices
-            .extend(rows.clone().map(|r| a + r as u32).filter(|&r| r < b));
         if s && b > a {
             ctx.logits_indices.push(b - 1);
         }
+    }
+    for (i, rows) in extra.iter().enumerate() {
+        let (a, b) = (ctx.cu_seqlens_q[i], ctx.cu_seqlens_q[i + 1]);
+        ctx.logits_indices
+            .extend(rows.clone().map(|r| a + r as u32).filter(|&r| r < b));
     }
 }
 
@@ -163,12 +171,12 @@ mod tests {
     }
 
     #[test]
-    fn rows_are_laid_out_before_each_sampled_row() {
+    fn sampled_rows_lead_and_prompt_rows_follow() {
         let mut ctx = ForwardContext {
             cu_seqlens_q: vec![0, 1, 5, 8],
             ..Default::default()
         };
         lay_out_rows(&mut ctx, &[0..0, 0..3, 1..3], &[true, true, false]);
-        assert_eq!(ctx.logits_indices, [0, 1, 2, 3, 4, 6, 7]);
+        assert_eq!(ctx.logits_indices, [0, 4, 1, 2, 3, 6, 7]);
     }
 }

@@ -6,6 +6,11 @@
 //! the tiny models' bf16 tolerance (relative L2 over a prompt's logprobs),
 //! the same tokens, ranks near the CPU's and 5 alternatives each.
 //!
+//! The device scoring itself (prompt rows after the sampling rows of one
+//! `sample_full`) against the host's `prompt_logprob` on the same bf16
+//! logits: ranks and top ids exact, logprobs within 1e-5, one wait for the
+//! device, and the sampling rows' greedy tokens unchanged.
+//!
 //! Without a CUDA device or driver the test prints a notice and passes
 //! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
 #![cfg(feature = "cuda")]
@@ -14,10 +19,13 @@ mod cuda_common;
 
 use cuda_common::*;
 use pagoda_core::SamplingParams;
+use pagoda_engine::prompt_logprobs::prompt_logprob;
 use pagoda_engine::prompt_logprobs::PromptLogprob;
+use pagoda_engine::sampler::splitmix64;
 use pagoda_engine::{EngineRequest, LlmEngine, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
-use pagoda_kernels::Backend;
+use pagoda_kernels::cuda::testing::sampling_step;
+use pagoda_kernels::{Backend, PromptRow, SamplingOptions, SamplingRow};
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 use std::collections::HashMap;
@@ -117,6 +125,75 @@ fn prompt_logprobs_on_cuda_match_the_cpu_backend() {
             assert_eq!(x.top.len(), 5);
             let spread = (x.rank as f32 - y.rank as f32).abs() / cfg.vocab_size as f32;
             assert!(spread < 0.1, "prompt {i}: rank {} vs {}", x.rank, y.rank);
+        }
+    }
+}
+
+#[test]
+fn device_prompt_rows_match_the_host() {
+    let Some(g) = gpu() else { return };
+    let mut s = 0x9e37_u64;
+    for vocab in [32_000usize, 151_936] {
+        let (sampled, prompt) = (3usize, 6usize);
+        let rows = sampled + prompt;
+        let mut logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| bf(unit(&mut s) * 12.0 - 6.0))
+            .collect();
+        // Ties at the top of one prompt row and of one sampling row.
+        for r in [0usize, sampled + 1] {
+            let x = &mut logits[r * vocab..(r + 1) * vocab];
+            for t in [17usize, 5, 900] {
+                x[t] = 9.5;
+            }
+        }
+        let mut opts = SamplingOptions::default();
+        for (k, n) in [0u32, 1, 5, 20, 7, 3].into_iter().enumerate() {
+            let token = match k {
+                1 => 5,        // one of the tied top tokens
+                4 => u32::MAX, // outside the vocabulary
+                _ => (splitmix64(&mut s) % vocab as u64) as u32,
+            };
+            opts.prompt_rows.push(PromptRow { token, n });
+        }
+        let mut ctx = sampling_step(vec![SamplingRow::GREEDY; rows]);
+        ctx.sampling.truncate(sampled);
+        let t = g.tensor_from_host(rows, vocab, &logits).unwrap();
+        let step = g.begin_step_with(&ctx, &opts).unwrap();
+        let syncs = g.host_syncs();
+        let got = g.sample_full(&t, &step).unwrap();
+        assert_eq!(g.host_syncs() - syncs, 1, "one wait for the device");
+        assert_eq!(got.tokens.len(), sampled);
+        for (r, &tok) in got.tokens.iter().enumerate() {
+            let x = &logits[r * vocab..(r + 1) * vocab];
+            let best = (0..vocab).fold(0, |b, i| if x[i] > x[b] { i } else { b });
+            assert_eq!(tok as usize, best, "vocab {vocab}: sampling row {r}");
+        }
+        assert_eq!(got.prompt.len(), prompt);
+        for (k, (p, d)) in opts.prompt_rows.iter().zip(&got.prompt).enumerate() {
+            let r = sampled + k;
+            let want = prompt_logprob(&logits[r * vocab..(r + 1) * vocab], p.token, p.n as usize);
+            let what = format!("vocab {vocab}: prompt row {k}");
+            if p.token as usize >= vocab {
+                assert_eq!(d.logprob, f32::NEG_INFINITY, "{what}");
+            } else {
+                assert!(
+                    (d.logprob - want.logprob).abs() < 1e-5,
+                    "{what}: {} vs {}",
+                    d.logprob,
+                    want.logprob
+                );
+                assert_eq!(d.rank, want.rank, "{what}: rank");
+            }
+            let ids = |v: &[(u32, f32)]| v.iter().map(|e| e.0).collect::<Vec<_>>();
+            assert_eq!(ids(&d.top), ids(&want.top), "{what}: top ids");
+            for (a, b) in d.top.iter().zip(&want.top) {
+                assert!(
+                    (a.1 - b.1).abs() < 1e-5,
+                    "{what}: top logprob {} vs {}",
+                    a.1,
+                    b.1
+                );
+            }
         }
     }
 }

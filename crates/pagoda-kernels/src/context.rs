@@ -47,9 +47,10 @@ pub struct ForwardContext {
     pub num_decode_tokens: usize,
     /// Rows of the step whose logits are wanted (typically each sequence's last token).
     pub logits_indices: Vec<u32>,
-    /// How to sample each logits row on the device, one entry per
-    /// `logits_indices` entry; empty when the caller samples on the host
-    /// from the logits (see [`crate::Backend::sample`]).
+    /// How to sample each logits row on the device, one entry per leading
+    /// `logits_indices` entry (any rows after them are prompt-logprobs rows,
+    /// see [`crate::SamplingOptions::prompt_rows`]); empty when the caller
+    /// samples on the host from the logits (see [`crate::Backend::sample`]).
     pub sampling: Vec<SamplingRow>,
 }
 
@@ -144,8 +145,8 @@ impl ForwardContext {
         if self.logits_indices.iter().any(|&r| r as usize >= t) {
             return Err("logits index out of range".into());
         }
-        if !self.sampling.is_empty() && self.sampling.len() != self.logits_indices.len() {
-            return Err("sampling must be empty or have one row per logits index".into());
+        if self.sampling.len() > self.logits_indices.len() {
+            return Err("more sampling rows than logits indices".into());
         }
         Ok(())
     }

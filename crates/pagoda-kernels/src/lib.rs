@@ -32,5 +32,6 @@ pub use error::{KernelError, Result};
 pub use host::{GgmlType, HostData, HostTensor, QuantData};
 pub use logit_adjust::{LogitAdjustments, RowAdjust, MAX_LOGIT_ENTRIES};
 pub use sampling_options::{
-    DeviceSamples, RowLogprobs, RowOptions, SamplingOptions, TokenMasks, MAX_LOGPROBS,
+    DeviceSamples, PromptRow, PromptRowLogprobs, RowLogprobs, RowOptions, SamplingOptions,
+    TokenMasks, MAX_LOGPROBS,
 };

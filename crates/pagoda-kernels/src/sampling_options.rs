@@ -19,6 +19,12 @@
 //!   (probability descending, ties to the lower id; tokens of probability 0
 //!   never listed).
 //!
+//! Prompt logprobs (vLLM's `prompt_logprobs`) ride along as extra logits
+//! rows after the sampling rows ([`SamplingOptions::prompt_rows`]): for each,
+//! the raw log-softmax (no penalties, temperature or filters) of a given
+//! token, its rank (1 + the number of higher logits) and the `n` most likely
+//! tokens, returned in [`DeviceSamples::prompt`].
+//!
 //! A row's history is given as distinct `(token, output count)` pairs: a
 //! prompt-only token has count 0. The caller keeps them incrementally (one
 //! new token per step), so building a step's options is a copy.
@@ -59,6 +65,26 @@ impl RowOptions {
     }
 }
 
+/// A prompt-logprobs row: the logits row after the step's sampling rows
+/// whose distribution `token` is scored under, with `n` alternatives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptRow {
+    pub token: u32,
+    pub n: u32,
+}
+
+/// What a prompt-logprobs row gave (see [`PromptRow`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptRowLogprobs {
+    /// The row's token's logprob (-inf outside the vocabulary).
+    pub logprob: f32,
+    /// 1 + the number of tokens with a higher logit.
+    pub rank: u32,
+    /// The `n` most likely tokens with their logprobs, most likely first
+    /// (ties to the lower id).
+    pub top: Vec<(u32, f32)>,
+}
+
 /// Options of a step's sampling rows: empty (no row has any), or one
 /// [`RowOptions`] per leading entry of [`crate::ForwardContext::sampling`]
 /// (rows past the end, such as a graph's padding rows, have none).
@@ -71,18 +97,22 @@ pub struct SamplingOptions {
     /// Logit bias, bans and allowed lists (their own rows; may be given
     /// with `rows` empty).
     pub adjust: crate::LogitAdjustments,
+    /// One per logits row after the sampling rows, in order (may be given
+    /// with `rows` empty).
+    pub prompt_rows: Vec<PromptRow>,
 }
 
 impl SamplingOptions {
     /// No row asks for anything.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.adjust.is_empty()
+        self.rows.is_empty() && self.adjust.is_empty() && self.prompt_rows.is_empty()
     }
 
     pub fn clear(&mut self) {
         self.rows.clear();
         self.history.clear();
         self.adjust.clear();
+        self.prompt_rows.clear();
     }
 
     /// Whether any row has penalties.
@@ -100,6 +130,16 @@ impl SamplingOptions {
         // Token ranges against the vocabulary: the kernels skip what is
         // outside it; the engine refuses such requests before.
         self.adjust.validate(rows, usize::MAX)?;
+        if let Some(p) = self
+            .prompt_rows
+            .iter()
+            .find(|p| p.n as usize > MAX_LOGPROBS)
+        {
+            return Err(format!(
+                "a prompt row asks for {} top logprobs (at most {MAX_LOGPROBS})",
+                p.n
+            ));
+        }
         if self.rows.is_empty() {
             return Ok(());
         }
@@ -202,6 +242,8 @@ pub struct DeviceSamples {
     /// One entry per sampling row when any row asked for logprobs (`None`
     /// for rows that did not), else empty.
     pub logprobs: Vec<Option<RowLogprobs>>,
+    /// One per [`SamplingOptions::prompt_rows`] entry, in order.
+    pub prompt: Vec<PromptRowLogprobs>,
 }
 
 #[cfg(test)]

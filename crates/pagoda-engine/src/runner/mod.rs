@@ -452,7 +452,8 @@ impl<B: Backend> ModelRunner<B> {
             ));
         }
         debug_assert_eq!(ctx.validate(), Ok(()));
-        let sample = !ctx.sampling.is_empty();
+        // Prompt-logprobs rows are scored with the sampling, on the device.
+        let sample = !ctx.sampling.is_empty() || !opts.prompt_rows.is_empty();
         if !sample && !opts.is_empty() {
             return Err(EngineError::Internal(
                 "sampling options for a step sampled on the host".into(),
@@ -465,7 +466,7 @@ impl<B: Backend> ModelRunner<B> {
                 StepOutput::Logits(Vec::new())
             });
         }
-        if sample {
+        if sample && opts.prompt_rows.is_empty() {
             if let Some(samples) = self.replay_decode_graph(ctx, opts, masks)? {
                 return Ok(StepOutput::Samples(samples));
             }

@@ -167,6 +167,12 @@ pub(crate) fn replay(
         )));
     }
     let info = OptionsInfo::new(opts, ctx.sampling.len())?;
+    if info.prompt_rows > 0 {
+        return Err(KernelError::Shape {
+            op: "graph replay",
+            detail: "prompt-logprobs rows in a decode graph".into(),
+        });
+    }
     let stream = &b.dev.stream;
     stream
         .memcpy_htod(&g.packed, &mut *g.step.buf)
@@ -198,7 +204,10 @@ pub(crate) fn replay(
         opts_buf = Some((d, spans));
     }
     if let Some((d, _)) = &opts_buf {
-        launch_adjust(b, &logits, &adjust, |s| d.slice(s.start..s.start + s.len))?;
+        let rows = ctx.sampling.len();
+        launch_adjust(b, &logits, rows, &adjust, |s| {
+            d.slice(s.start..s.start + s.len)
+        })?;
     }
     let views = opts_buf.as_ref().map(|(d, (o, h))| {
         (

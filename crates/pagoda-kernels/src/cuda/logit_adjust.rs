@@ -97,14 +97,21 @@ fn shape_err(detail: String) -> KernelError {
 }
 
 /// Applies the packed adjustments (views of `spans` in one device buffer,
-/// given by `view`) to `logits` in place.
+/// given by `view`) to the leading `rows` rows of `logits` in place.
 pub(crate) fn launch_adjust<'a>(
     b: &CudaBackend,
     logits: &CudaTensor,
+    rows: usize,
     spans: &AdjustSpans,
     view: impl Fn(Span) -> CudaView<'a, i32>,
 ) -> Result<()> {
-    let (rows, vocab) = (logits.rows, logits.cols);
+    let vocab = logits.cols;
+    if logits.rows < rows {
+        return Err(shape_err(format!(
+            "{} logits rows for {rows} sampling rows",
+            logits.rows
+        )));
+    }
     if !spans.active() || rows == 0 || vocab == 0 {
         return Ok(());
     }

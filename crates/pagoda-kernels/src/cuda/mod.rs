@@ -590,7 +590,8 @@ impl Backend for CudaBackend {
     }
 
     fn sample_full(&self, logits: &CudaTensor, step: &CudaStep) -> Result<DeviceSamples> {
-        logit_adjust::launch_adjust(self, logits, &step.layout.adjust, |s| step.view(s))?;
+        let rows = step.ctx.sampling.len();
+        logit_adjust::launch_adjust(self, logits, rows, &step.layout.adjust, |s| step.view(s))?;
         let opts = step.opts.present.then(|| {
             (
                 step.view(step.layout.options),

@@ -48,8 +48,8 @@ fn shape_err(detail: String) -> KernelError {
     }
 }
 
-/// Queues the sampling of every row of `logits` with the step's sampling
-/// rows; the ids land in `out` (at least `logits.rows` elements), each row's
+/// Queues the sampling of the leading rows of `logits`, one per sampling
+/// row of the step; the ids land in `out` (at least one per row), each row's
 /// kept-prefix length and mass in `kept` (two u64 per row, for logprobs).
 pub(crate) fn launch_sample(
     b: &CudaBackend,
@@ -58,11 +58,12 @@ pub(crate) fn launch_sample(
     out: &mut DeviceBuf<i32>,
     kept: &mut DeviceBuf<i32>,
 ) -> Result<()> {
-    let (rows, vocab) = (logits.rows, logits.cols);
-    let params = step.ctx.sampling.len();
-    if params != rows {
+    // The sampling rows lead; prompt-logprobs rows may follow them.
+    let (rows, vocab) = (step.ctx.sampling.len(), logits.cols);
+    if logits.rows < rows {
         return Err(shape_err(format!(
-            "{rows} logits rows but {params} sampling rows in the step"
+            "{} logits rows but {rows} sampling rows in the step",
+            logits.rows
         )));
     }
     if step.layout.sampling.len != rows * SAMPLING_INTS {
@@ -108,7 +109,8 @@ pub(crate) fn launch_sample(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the kernel reads `rows * vocab` logits (the tensor holds them),
+    // SAFETY: the kernel reads `rows * vocab` logits (the tensor holds at
+    // least that many, checked above),
     // `6 * rows` ints of the step (checked above) and writes `rows` ids and
     // `2 * rows` u64 of `kept` (4 * rows ints, checked above; pool buffers
     // are 512-byte aligned).

@@ -1,6 +1,8 @@
 //! Device sampling of a step with its per-row options: penalties applied to
 //! the logits rows that ask (`penalize_bf16`), the draw (`sample_bf16`),
-//! then logprobs of the rows that ask (`logprobs_bf16`); the kernels are in
+//! then logprobs of the rows that ask (`logprobs_bf16`), and the prompt
+//! logprobs of the logits rows after the sampling rows
+//! (`prompt_logprobs_bf16`); the kernels are in
 //! `kernels/sampling_extras.cu` and `kernels/sampling.cu`, whose headers give
 //! the algorithms, and the semantics are [`crate::sampling_options`]'.
 //!
@@ -8,8 +10,9 @@
 //! then the history pairs; uploaded with the step's metadata, or on its own
 //! right after a graph's launch) and the one download of a step's results: the ids
 //! of every row, then 42 ints per row asking for logprobs (logprob, count,
-//! and up to 20 (id, logprob) pairs), in one device-to-host copy followed by
-//! the step's one wait for the device.
+//! and up to 20 (id, logprob) pairs), then 43 per prompt row (logprob, rank,
+//! count, pairs), in one device-to-host copy followed by the step's one wait
+//! for the device.
 //!
 //! Invariants: launches depend on (rows, vocab) and on whether any row has
 //! penalties or logprobs, never on other values; they run outside captured
@@ -30,7 +33,8 @@ use super::pool::DeviceBuf;
 use super::storage::{CudaStep, CudaTensor, Span};
 use super::{device_err, CudaBackend};
 use crate::{
-    DeviceSamples, KernelError, Result, RowLogprobs, RowOptions, SamplingOptions, MAX_LOGPROBS,
+    DeviceSamples, KernelError, PromptRowLogprobs, Result, RowLogprobs, RowOptions,
+    SamplingOptions, MAX_LOGPROBS,
 };
 use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 
@@ -38,6 +42,8 @@ use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
 pub(crate) const OPT_INTS: usize = 7;
 /// Ints of one logprobs result (the kernels' `SX_LP_INTS`).
 pub(crate) const LP_INTS: usize = 2 + 2 * MAX_LOGPROBS;
+/// Ints of one prompt-logprobs result (the kernels' `SX_PLP_INTS`).
+pub(crate) const PLP_INTS: usize = 3 + 2 * MAX_LOGPROBS;
 /// Threads per row of the penalty kernel (`SX_PEN_THREADS`).
 const PEN_THREADS: u32 = 256;
 /// Threads per row of the logprobs kernel (`SMP_THREADS`).
@@ -51,6 +57,8 @@ pub(crate) struct OptionsInfo {
     pub any_penalties: bool,
     /// Sampling rows asking for logprobs, in slot order (= row order).
     pub lp_rows: Vec<usize>,
+    /// Prompt-logprobs rows after the sampling rows.
+    pub prompt_rows: usize,
 }
 
 impl OptionsInfo {
@@ -71,8 +79,23 @@ impl OptionsInfo {
                 .filter(|(_, r)| r.logprobs.is_some())
                 .map(|(i, _)| i)
                 .collect(),
+            prompt_rows: opts.prompt_rows.len(),
         })
     }
+}
+
+/// Appends the prompt rows of `opts` as (token, n) pairs; returns their span.
+pub(crate) fn pack_prompt_rows(opts: &SamplingOptions, packed: &mut Vec<i32>) -> Span {
+    let span = Span {
+        start: packed.len(),
+        len: 2 * opts.prompt_rows.len(),
+    };
+    for p in &opts.prompt_rows {
+        // Ids past i32 are outside any vocabulary: the kernel scores -inf.
+        packed.extend([p.token.min(i32::MAX as u32) as i32, p.n as i32]);
+    }
+    packed.push(0);
+    span
 }
 
 /// Appends `opts` (validated for `rows` sampling rows) to `packed`, rows
@@ -138,12 +161,21 @@ pub(crate) fn sample_rows(
     opts: Option<(CudaView<'_, i32>, CudaView<'_, i32>)>,
     info: &OptionsInfo,
 ) -> Result<DeviceSamples> {
-    let (rows, vocab) = (logits.rows, logits.cols);
+    // The sampling rows lead; the prompt-logprobs rows follow them.
+    let (rows, vocab) = (step.ctx.sampling.len(), logits.cols);
     if info.present != opts.is_some() {
         return Err(shape_err("sampling options without their upload".into()));
     }
+    let n_prompt = info.prompt_rows;
+    if logits.rows != rows + n_prompt {
+        return Err(shape_err(format!(
+            "{} logits rows for {rows} sampling and {n_prompt} prompt rows",
+            logits.rows
+        )));
+    }
     let n_lp = info.lp_rows.len();
-    let total = rows + n_lp * LP_INTS;
+    let lp_end = rows + n_lp * LP_INTS;
+    let total = lp_end + n_prompt * PLP_INTS;
     // Room for every row's logprobs whenever any row asks, so the buffer's
     // size depends on the row count alone (two sizes per batch size).
     let room = if n_lp > 0 { rows * (1 + LP_INTS) } else { rows };
@@ -152,12 +184,15 @@ pub(crate) fn sample_rows(
     let mut kept = b.alloc_i32(4 * rows.max(1))?;
     if let Some((o, h)) = &opts {
         if info.any_penalties {
-            launch_penalties(b, logits, o, h)?;
+            launch_penalties(b, logits, rows, o, h)?;
         }
     }
     super::sampling::launch_sample(b, logits, step, &mut out, &mut kept)?;
     if let (Some((o, _)), true) = (&opts, n_lp > 0) {
-        launch_logprobs(b, logits, step, o, &kept, &mut out)?;
+        launch_logprobs(b, logits, rows, step, o, &kept, &mut out)?;
+    }
+    if n_prompt > 0 {
+        launch_prompt_logprobs(b, logits, rows, step, lp_end, &mut out)?;
     }
     let mut host = vec![0i32; total.max(1)];
     if total > 0 {
@@ -167,7 +202,27 @@ pub(crate) fn sample_rows(
             .map_err(|e| device_err("sample download", e))?;
     }
     b.synchronize()?;
-    Ok(read_results(&host, rows, vocab, &info.lp_rows))
+    let mut samples = read_results(&host, rows, vocab, &info.lp_rows);
+    samples.prompt = read_prompt_results(&host[lp_end..total], vocab);
+    Ok(samples)
+}
+
+/// Parses the prompt-logprobs results (`PLP_INTS` ints each).
+fn read_prompt_results(host: &[i32], vocab: usize) -> Vec<PromptRowLogprobs> {
+    host.chunks_exact(PLP_INTS)
+        .map(|r| {
+            let count = (r[2].max(0) as usize).min(MAX_LOGPROBS);
+            PromptRowLogprobs {
+                logprob: f32::from_bits(r[0] as u32),
+                rank: r[1].max(1) as u32,
+                top: r[3..3 + 2 * count]
+                    .chunks_exact(2)
+                    .filter(|p| (p[0] as usize) < vocab)
+                    .map(|p| (p[0] as u32, f32::from_bits(p[1] as u32)))
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// Parses the downloaded ids and logprob results.
@@ -192,7 +247,11 @@ fn read_results(host: &[i32], rows: usize, vocab: usize, lp_rows: &[usize]) -> D
             }
         }
     }
-    DeviceSamples { tokens, logprobs }
+    DeviceSamples {
+        tokens,
+        logprobs,
+        prompt: Vec::new(),
+    }
 }
 
 fn grid(rows: usize) -> Result<u32> {
@@ -206,10 +265,10 @@ fn grid(rows: usize) -> Result<u32> {
 fn launch_penalties(
     b: &CudaBackend,
     logits: &CudaTensor,
+    rows: usize,
     opts: &CudaView<'_, i32>,
     hist: &CudaView<'_, i32>,
 ) -> Result<()> {
-    let rows = logits.rows;
     if opts.len() != rows * OPT_INTS {
         return Err(shape_err(format!(
             "{} option ints for {rows} rows",
@@ -237,12 +296,12 @@ fn launch_penalties(
 fn launch_logprobs(
     b: &CudaBackend,
     logits: &CudaTensor,
+    rows: usize,
     step: &CudaStep,
     opts: &CudaView<'_, i32>,
     kept: &DeviceBuf<i32>,
     out: &mut DeviceBuf<i32>,
 ) -> Result<()> {
-    let rows = logits.rows;
     if opts.len() != rows * OPT_INTS {
         return Err(shape_err(format!(
             "{} option ints for {rows} rows",
@@ -271,6 +330,50 @@ fn launch_logprobs(
     // from the same options), `kept` two u64 per row, the sampling span six
     // ints per row (checked by the sample launch).
     unsafe { l.launch(cfg) }.map_err(|e| device_err("logprobs", e))?;
+    Ok(())
+}
+
+/// Writes the prompt-logprobs results of the logits rows after the `rows`
+/// sampling rows into `out` from int `at` on.
+fn launch_prompt_logprobs(
+    b: &CudaBackend,
+    logits: &CudaTensor,
+    rows: usize,
+    step: &CudaStep,
+    at: usize,
+    out: &mut DeviceBuf<i32>,
+) -> Result<()> {
+    let n = logits.rows - rows;
+    let span = step.layout.prompt;
+    if span.len != 2 * n || out.len() < at + n * PLP_INTS {
+        return Err(shape_err(format!(
+            "{n} prompt rows, {} packed ints, {} result ints",
+            span.len,
+            out.len()
+        )));
+    }
+    let first = i32::try_from(rows).map_err(|_| shape_err(format!("{rows} rows")))?;
+    let (at, v) = (at as i32, logits.cols as i32);
+    let targets = step.view(span);
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("prompt_logprobs_bf16")?);
+    l.arg(&mut *out)
+        .arg(&at)
+        .arg(logits.bf16("prompt logprobs")?)
+        .arg(&first)
+        .arg(&targets)
+        .arg(&v);
+    let cfg = LaunchConfig {
+        grid_dim: (grid(n)?, 1, 1),
+        block_dim: (LP_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: block `r` reads logits row `first + r` (< logits.rows, the
+    // tensor's), two ints of `targets` (2n, checked) and writes PLP_INTS ints
+    // at `at + r * PLP_INTS` (inside `out`, checked).
+    unsafe { l.launch(cfg) }.map_err(|e| device_err("prompt logprobs", e))?;
     Ok(())
 }
 

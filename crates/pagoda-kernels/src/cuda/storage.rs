@@ -233,6 +233,9 @@ pub struct Layout {
     /// Packed logit adjustments (see [`super::logit_adjust`]); inactive
     /// when the step has none. Not part of a captured graph's input either.
     pub(crate) adjust: super::logit_adjust::AdjustSpans,
+    /// Prompt-logprobs rows as (token, n) int pairs, one per logits row
+    /// after the sampling rows; empty when the step has none.
+    pub(crate) prompt: Span,
     /// Largest token id / position / block id the step reads (block ids:
     /// only the entries each sequence's length reaches).
     pub(crate) max_input_id: Option<u32>,
@@ -336,6 +339,7 @@ pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout
         options: empty,
         history: empty,
         adjust: Default::default(),
+        prompt: Span::default(),
         max_input_id: ctx.input_ids.iter().copied().max(),
         max_position: ctx.positions.iter().copied().max(),
         max_block,
@@ -385,6 +389,17 @@ impl CudaStep {
             layout.options = o;
             layout.history = h;
             layout.adjust = super::logit_adjust::pack_adjust(&opts.adjust, rows, &mut packed);
+            layout.prompt = super::sampling_extras::pack_prompt_rows(opts, &mut packed);
+        }
+        let extra = ctx.logits_indices.len() - ctx.sampling.len();
+        if !ctx.sampling.is_empty() && extra != info.prompt_rows {
+            return Err(crate::KernelError::Shape {
+                op: "begin_step",
+                detail: format!(
+                    "{extra} logits rows after the sampling rows but {} prompt rows",
+                    info.prompt_rows
+                ),
+            });
         }
         let mut buf = b.alloc_i32(packed.len())?;
         b.dev

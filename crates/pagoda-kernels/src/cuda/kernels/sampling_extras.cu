@@ -170,3 +170,106 @@ logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
         res[1] = count;
     }
 }
+
+// prompt_logprobs_bf16: one 1024-thread block per prompt-logprobs row, the
+// logits rows `first + r` after the sampling rows, each with a (token, n)
+// pair in `targets`. Raw logits (no penalties, temperature or filters), as
+// the host's prompt_logprob computes them: lse = max + ln(sum exp(x - max))
+// (differences in f32, exponentials and sum in f64), logprob(t) = x_t - lse
+// (-inf for a token outside the vocabulary or of logit -inf), rank = 1 + the
+// number of logits above x_t, and the top n by the packed rank key (logit
+// descending, id ascending; NaN ranks as -inf). Results: SX_PLP_INTS ints
+// per row from `out + at`: logprob (f32 bits), rank, count, then (id,
+// logprob bits) pairs.
+
+#define SX_PLP_INTS 43
+
+extern "C" __global__ void __launch_bounds__(SMP_THREADS)
+prompt_logprobs_bf16(int* __restrict__ out, int at, const bf16* __restrict__ logits,
+                     int first, const int* __restrict__ targets, int vocab) {
+    __shared__ smp_u64 red[SMP_WARPS];
+    __shared__ double dred[SMP_WARPS];
+    const int r = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int tok = targets[2 * r];
+    const int n_ask = targets[2 * r + 1];
+    const int n = n_ask < 0 ? 0 : (n_ask < SX_MAX_LOGPROBS ? n_ask : SX_MAX_LOGPROBS);
+    int* res = out + at + (long long)r * SX_PLP_INTS;
+    const bf16* x = logits + (long long)(first + r) * vocab;
+
+    smp_u64 kmax = 0;
+    for (int i = tid; i < vocab; i += SMP_THREADS) {
+        smp_u64 k = smp_key(x[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    kmax = smp_block_max(kmax, red);
+    const float vmax = smp_key_value((unsigned)kmax);
+
+    // sum exp(x - max) in f64, reduced in a fixed order.
+    double s = 0.0;
+    for (int i = tid; i < vocab; i += SMP_THREADS) {
+        const float v = bf2f(x[i]);
+        if (v == v && v != NEG_INF) {
+            s += exp((double)__fsub_rn(v, vmax));
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    }
+    __syncthreads();
+    if ((tid & 31) == 0) {
+        dred[tid >> 5] = s;
+    }
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < SMP_WARPS; w++) {
+        total += dred[w];
+    }
+    const bool any = kmax > SMP_KEY_NEG_INF && total > 0.0;
+    const float lse = any ? __fadd_rn(vmax, (float)log(total)) : 0.0f;
+
+    // The token's logit and rank.
+    const bool in_vocab = tok >= 0 && tok < vocab;
+    const float own = in_vocab ? bf2f(x[tok]) : NEG_INF;
+    smp_u64 above = 0;
+    if (in_vocab) {
+        for (int i = tid; i < vocab; i += SMP_THREADS) {
+            above += bf2f(x[i]) > own ? 1ull : 0ull;
+        }
+    }
+    above = smp_block_sum(above, red);
+    if (tid == 0) {
+        const bool finite = any && own == own && own != NEG_INF && own != -NEG_INF;
+        res[0] = __float_as_int(finite ? __fsub_rn(own, lse) : NEG_INF);
+        res[1] = in_vocab ? (int)(1ull + above) : vocab + 1;
+    }
+
+    // The top n, one block-wide maximum each.
+    smp_u64 prev = ~0ull;
+    int count = 0;
+    for (int k = 0; k < n; k++) {
+        smp_u64 best = 0;
+        for (int i = tid; i < vocab; i += SMP_THREADS) {
+            smp_u64 c = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
+            if (c < prev && c > best) {
+                best = c;
+            }
+        }
+        best = smp_block_max(best, red);
+        if (best == 0ull) {
+            break;
+        }
+        const int id = (int)(0xffffffffu - (unsigned)best);
+        const float v = bf2f(x[id]);
+        if (tid == 0) {
+            const bool finite = any && v == v && v != NEG_INF;
+            res[3 + 2 * count] = id;
+            res[4 + 2 * count] = __float_as_int(finite ? __fsub_rn(v, lse) : NEG_INF);
+        }
+        count += 1;
+        prev = best;
+    }
+    if (tid == 0) {
+        res[2] = count;
+    }
+}
