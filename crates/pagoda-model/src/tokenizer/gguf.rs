@@ -125,14 +125,28 @@ pub(super) fn parts(
     };
     let bos_token_id = check("BOS", spec.bos_token_id)?;
     let eos_token_id = check("EOS", spec.eos_token_id)?;
+    let arch = spec.architecture.as_deref();
+    // The family's end-of-turn tokens end generation too (control tokens
+    // of the vocabulary only).
+    let mut eos_token_ids: Vec<u32> = eos_token_id.into_iter().collect();
+    for text in super::builtin::end_of_turn_tokens(arch) {
+        let id = spec.tokens.iter().position(|t| t == text);
+        let control = |i: usize| spec.token_types.get(i) == Some(&TOKEN_TYPE_CONTROL);
+        if let Some(i) = id.filter(|&i| control(i)) {
+            eos_token_ids.push(i as u32);
+        }
+    }
     Ok(TokenizerParts {
         inner,
         vocab_size: n,
         bos_token_id,
-        eos_token_ids: eos_token_id.into_iter().collect(),
+        eos_token_ids,
         add_bos_token: spec.add_bos_token.unwrap_or(add_bos_by_default) && bos_token_id.is_some(),
         add_eos_token: spec.add_eos_token.unwrap_or(false) && eos_token_id.is_some(),
-        chat_template_source: spec.chat_template.clone(),
+        chat_template_source: spec
+            .chat_template
+            .clone()
+            .or_else(|| super::builtin::chat_template(arch).map(str::to_string)),
         normalizer: None,
     })
 }

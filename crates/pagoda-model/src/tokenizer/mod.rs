@@ -26,6 +26,7 @@
 //! merges are cached per word by `tokenizers`); decode is linear in the ids.
 
 mod bounds;
+pub mod builtin;
 pub mod chat_template;
 pub mod detokenizer;
 pub mod gguf;
