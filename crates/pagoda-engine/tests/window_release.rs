@@ -162,3 +162,23 @@ fn a_long_generation_holds_a_bounded_number_of_blocks() {
         })
         .is_err());
 }
+
+#[test]
+fn preemption_and_eviction_in_a_small_cache_change_nothing() {
+    let bound = max_blocks_in_window(8, BUDGET, BLOCK_SIZE);
+    let shared = prompt(11, 100);
+    let mut wave = Vec::new();
+    for i in 0..5u32 {
+        let mut p = shared.clone();
+        p.extend(prompt(20 + i, 10 + 25 * i as usize));
+        wave.push((p, 60 + 10 * i as usize));
+    }
+    let waves = [wave];
+    let mut kept = engine("mistral", 200, true, false);
+    let want = run(&mut kept, &waves, &mut |_| {});
+    // Room for two requests' windows: the others wait or are preempted.
+    let mut small = engine("mistral", 2 * bound + 1, true, true);
+    let got = run(&mut small, &waves, &mut |used| assert!(used <= 2 * bound + 1));
+    assert_eq!(got, want);
+    assert!(small.stats().counters.num_preemptions > 0, "no preemption happened");
+}
