@@ -22,6 +22,14 @@ use crate::error::{CoreError, Result};
 pub struct BlockId(pub u32);
 
 impl BlockId {
+    /// The entry of a block table whose block a sliding window released: its
+    /// positions are never read (see `kv_cache_manager`). Never allocated.
+    pub const NULL: BlockId = BlockId(u32::MAX);
+
+    pub fn is_null(self) -> bool {
+        self == BlockId::NULL
+    }
+
     pub fn index(self) -> usize {
         self.0 as usize
     }
@@ -47,7 +55,8 @@ pub struct BlockPool {
 impl BlockPool {
     /// A pool with every block free. `num_blocks` must fit in a `u32`.
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        let num_blocks = num_blocks.min(u32::MAX as usize);
+        // `BlockId::NULL` (u32::MAX) is never a real block.
+        let num_blocks = num_blocks.min(u32::MAX as usize - 1);
         BlockPool {
             block_size,
             ref_counts: vec![0; num_blocks],

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use crate::block_pool::BlockId;
+use crate::kv_cache_manager::first_read_position;
 use crate::radix_cache::NodeId;
 use crate::scheduler::Scheduler;
 use crate::sequence::SequenceStatus;
@@ -17,7 +18,9 @@ impl Scheduler {
 
     /// Checks that every block reference is accounted for (ref count = block
     /// tables, radix tree and pending copy sources; free exactly when 0), that
-    /// each running request holds one radix lock on its own prefix and no other
+    /// a sliding window released only blocks its next step never reads (as
+    /// leading `BlockId::NULL` entries), that each running request that
+    /// released none holds one radix lock on its own prefix and no other
     /// locks exist, that waiting and paused requests hold no cache state, and
     /// that queues, the paused count and states agree.
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -32,16 +35,43 @@ impl Scheduler {
         }
         let mut holds = HashMap::new();
         for seq in self.requests.values() {
-            for &b in &seq.block_table {
-                *refs.entry(b).or_default() += 1;
-            }
             let id = seq.request_id;
+            for (i, &b) in seq.block_table.iter().enumerate() {
+                if b.is_null() != (i < seq.num_released_blocks) {
+                    return Err(format!(
+                        "request {id}: entry {i} is {b} but {} entries are released",
+                        seq.num_released_blocks
+                    ));
+                }
+                if !b.is_null() {
+                    *refs.entry(b).or_default() += 1;
+                }
+            }
+            // Every block the next step may read is held.
+            let first_kept = match kv.window {
+                Some(w) => first_read_position(seq.num_computed_tokens, w) / self.config.block_size,
+                None => 0,
+            };
+            if seq.num_released_blocks > first_kept {
+                return Err(format!(
+                    "request {id}: {} blocks released but the window keeps blocks from {first_kept}",
+                    seq.num_released_blocks
+                ));
+            }
             if seq.num_computed_tokens > seq.block_table.len() * self.config.block_size {
                 return Err(format!("request {id}: computed tokens beyond its blocks"));
+            }
+            if seq.radix_cursor.is_some()
+                && (seq.radix_hold.is_some() || seq.num_released_blocks == 0)
+            {
+                return Err(format!(
+                    "request {id}: a radix cursor without released blocks"
+                ));
             }
             if seq.status != SequenceStatus::Running
                 && (!seq.block_table.is_empty()
                     || seq.radix_hold.is_some()
+                    || seq.radix_cursor.is_some()
                     || seq.num_computed_tokens > 0)
             {
                 return Err(format!("waiting or paused request {id} holds cache state"));
@@ -60,7 +90,10 @@ impl Scheduler {
                         "request {id}: radix hold is not its computed prefix"
                     ));
                 }
-            } else if seq.status == SequenceStatus::Running && kv.radix.is_some() {
+            } else if seq.status == SequenceStatus::Running
+                && kv.radix.is_some()
+                && seq.num_released_blocks == 0
+            {
                 return Err(format!("running request {id} without a radix hold"));
             }
         }

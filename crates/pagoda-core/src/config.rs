@@ -45,9 +45,9 @@ impl SchedulerConfig {
                 "{name} must be at least 1"
             )));
         }
-        if self.num_blocks > u32::MAX as usize {
+        if self.num_blocks >= u32::MAX as usize {
             return Err(CoreError::InvalidConfig(
-                "num_blocks must fit in u32".into(),
+                "num_blocks must be below u32::MAX".into(),
             ));
         }
         Ok(())

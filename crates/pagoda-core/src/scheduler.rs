@@ -26,7 +26,8 @@
 //! for prompt logprobs, whose chunks are cut to fit; such a request also
 //! takes no cached prefix until its prompt is computed.
 //!
-//! Liveness: a request is admitted only if it fits the whole cache on its own;
+//! Liveness: a request is admitted only if it fits the whole cache on its own
+//! (with a sliding window: one window of blocks and a step's chunk);
 //! the oldest running request can be preempted by no one (only paused, by its
 //! client's choice) and, once the others finish or are preempted, has the
 //! whole cache; so every request that is not paused finishes.
@@ -40,7 +41,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, Result};
-use crate::kv_cache_manager::KvCacheManager;
+use crate::kv_cache_manager::{max_blocks_in_window, KvCacheManager};
 use crate::output::{BlockCopy, RequestUpdate, ScheduledSequence, SchedulerOutput};
 use crate::sequence::{FinishReason, Request, RequestId, Sequence, SequenceStatus};
 use crate::stats::{SchedulerStats, StatCounters};
@@ -63,12 +64,26 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self> {
+        Self::with_sliding_window(config, None)
+    }
+
+    /// A scheduler for a model whose every attention layer sees only the
+    /// last `window` positions: running requests release the blocks the
+    /// window has passed (see [`crate::kv_cache_manager`]), and a request is
+    /// admitted when one window of blocks (plus a step's chunk) fits the cache.
+    pub fn with_sliding_window(config: SchedulerConfig, window: Option<usize>) -> Result<Self> {
         config.validate()?;
+        if window == Some(0) {
+            return Err(CoreError::InvalidConfig(
+                "the sliding window must be at least 1 token".into(),
+            ));
+        }
         Ok(Scheduler {
             kv: KvCacheManager::new(
                 config.num_blocks,
                 config.block_size,
                 config.enable_prefix_caching,
+                window,
             ),
             config,
             requests: HashMap::new(),
@@ -82,6 +97,26 @@ impl Scheduler {
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// The sliding window whose passed blocks are released, if any.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.kv.window
+    }
+
+    /// The most blocks a request reaching `num_tokens` tokens holds at once:
+    /// all of them, or (with a sliding window) one window of them plus a
+    /// step's chunk.
+    pub fn max_blocks_held(&self, num_tokens: usize) -> usize {
+        let all = self.config.blocks_for(num_tokens);
+        match self.kv.window {
+            Some(w) => all.min(max_blocks_in_window(
+                w,
+                self.config.max_num_batched_tokens,
+                self.config.block_size,
+            )),
+            None => all,
+        }
     }
 
     /// Queues a request, or refuses one that could never be served.
@@ -104,9 +139,7 @@ impl Scheduler {
         }
         let mut seq = Sequence::new(request);
         // The last token is never computed, so at most max_num_tokens - 1 K/V.
-        let needed = self
-            .config
-            .blocks_for(seq.max_num_tokens(max_model_len) - 1);
+        let needed = self.max_blocks_held(seq.max_num_tokens(max_model_len) - 1);
         if needed > self.config.num_blocks {
             return Err(CoreError::ExceedsKvCache {
                 id,

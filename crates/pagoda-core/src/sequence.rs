@@ -5,7 +5,8 @@
 //! where its prefix sits in the radix tree. Everything else is derived.
 //!
 //! Invariants: `num_computed_tokens <= token_ids.len()`; the block table covers
-//! at least `num_computed_tokens` tokens; a waiting sequence holds no blocks and
+//! at least `num_computed_tokens` tokens (its released leading entries are
+//! `BlockId::NULL`); a waiting sequence holds no blocks and
 //! no radix lock, and so does a paused one. Stop checks are O(stop ids + eos ids) per token.
 
 use std::fmt;
@@ -73,6 +74,16 @@ pub struct RadixHold {
     pub num_tokens: usize,
 }
 
+/// Where a sequence that gave up its radix lock (a sliding window released
+/// its first blocks) goes on caching: `node`, unlocked, ends at its first
+/// `num_tokens` tokens, valid while the tree's `removals()` is `removals`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RadixCursor {
+    pub node: NodeId,
+    pub num_tokens: usize,
+    pub removals: u64,
+}
+
 /// One request's state inside the scheduler.
 #[derive(Debug, Clone)]
 pub struct Sequence {
@@ -84,12 +95,20 @@ pub struct Sequence {
     pub num_computed_tokens: usize,
     /// Tokens taken from the prefix cache at the latest admission.
     pub num_cached_tokens: usize,
+    /// Indexed by block position; its first `num_released_blocks` entries
+    /// are [`BlockId::NULL`] (released out of a sliding window).
     pub block_table: Vec<BlockId>,
+    /// Leading block-table entries released because the sliding window has
+    /// passed them (0 without a window).
+    pub num_released_blocks: usize,
     pub status: SequenceStatus,
     pub sampling: SamplingParams,
     pub eos_token_ids: Vec<u32>,
-    /// Set while running with prefix caching on.
+    /// Set while running with prefix caching on, until the sliding window
+    /// first releases a block.
     pub radix_hold: Option<RadixHold>,
+    /// Set in place of `radix_hold` once a sliding window released blocks.
+    pub radix_cursor: Option<RadixCursor>,
     /// Order of arrival at the scheduler (set by it): a resumed request takes
     /// its place in the waiting queue by it.
     pub arrival: u64,
@@ -104,10 +123,12 @@ impl Sequence {
             num_computed_tokens: 0,
             num_cached_tokens: 0,
             block_table: Vec::new(),
+            num_released_blocks: 0,
             status: SequenceStatus::Waiting,
             sampling: request.sampling,
             eos_token_ids: request.eos_token_ids,
             radix_hold: None,
+            radix_cursor: None,
             arrival: 0,
         }
     }

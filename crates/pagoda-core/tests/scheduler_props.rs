@@ -1,6 +1,7 @@
 //! Property tests of the scheduler with small pools (so preemption and
 //! eviction happen all the time), driven by random adds, steps, aborts,
-//! finishes, pauses and resumes. A fake model runner keeps a simulated KV cache whose slots record
+//! finishes, pauses and resumes, with and without a sliding window (whose
+//! passed blocks the scheduler releases). A fake model runner keeps a simulated KV cache whose slots record
 //! which prefix they were computed for, so every reuse (shared blocks, block
 //! copies, recompute) is checked against the test's own record of each
 //! request's tokens. Paused requests must never be scheduled, hold no
@@ -8,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use pagoda_core::kv_cache_manager::{first_read_position, max_blocks_in_window, KV_READ_TILE};
 use pagoda_core::{
     BlockId, CoreError, FinishReason, Request, RequestId, SamplingParams, Scheduler,
     SchedulerConfig, SchedulerOutput,
@@ -34,8 +36,13 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    op_with(4, 28, 16)
+}
+
+/// Ops whose prompts draw from `vocab` ids, up to `max_prompt` long.
+fn op_with(vocab: u32, max_prompt: usize, max_out: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (prop::collection::vec(0u32..4, 1..28), 1usize..16, any::<bool>())
+        3 => (prop::collection::vec(0u32..vocab, 1..max_prompt), 1usize..max_out, any::<bool>())
             .prop_map(|(prompt, max_tokens, ignore_eos)| Op::Add { prompt, max_tokens, ignore_eos }),
         6 => (any::<u64>(), 0u64..30).prop_map(|(seed, eos_percent)| Op::Step { seed, eos_percent }),
         1 => any::<usize>().prop_map(Op::Abort),
@@ -68,6 +75,35 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         )
 }
 
+/// Longer sequences than the cache of a full-attention request could hold
+/// (a window keeps only `KV_READ_TILE`-aligned windows of blocks).
+fn windowed_config() -> impl Strategy<Value = (SchedulerConfig, usize)> {
+    (
+        1usize..9,
+        1usize..64,
+        1usize..5,
+        80usize..240,
+        any::<bool>(),
+        1usize..40,
+        0usize..24,
+    )
+        .prop_map(
+            |(block_size, budget, max_num_seqs, max_model_len, caching, window, spare)| {
+                let num_blocks =
+                    max_blocks_in_window(window, budget, block_size) + spare * (1 + 8 / block_size);
+                let cfg = SchedulerConfig {
+                    block_size,
+                    num_blocks,
+                    max_num_batched_tokens: budget,
+                    max_num_seqs,
+                    max_model_len,
+                    enable_prefix_caching: caching,
+                };
+                (cfg, window)
+            },
+        )
+}
+
 fn kv_of(prefix: &[u32]) -> u64 {
     prefix.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| {
         (h ^ (t as u64 + 1)).wrapping_mul(0x100_0000_01b3)
@@ -84,6 +120,7 @@ struct Live {
 
 struct Harness {
     cfg: SchedulerConfig,
+    window: Option<usize>,
     sched: Scheduler,
     live: BTreeMap<RequestId, Live>,
     /// Live requests paused now.
@@ -116,7 +153,12 @@ impl Harness {
         };
         let final_len =
             (prompt.len() + max_tokens).min(self.cfg.max_model_len.max(prompt.len() + 1));
-        let needed = (final_len - 1).div_ceil(self.cfg.block_size);
+        let mut needed = (final_len - 1).div_ceil(self.cfg.block_size);
+        if let Some(w) = self.window {
+            // Positions from an aligned window start to the end of a chunk.
+            let span = w + KV_READ_TILE - 1 + self.cfg.max_num_batched_tokens - 1;
+            needed = needed.min((span + self.cfg.block_size - 1).div_ceil(self.cfg.block_size));
+        }
         match self.sched.add_request(req) {
             Ok(()) => {
                 assert!(prompt.len() <= self.cfg.max_model_len && needed <= self.cfg.num_blocks);
@@ -183,7 +225,33 @@ impl Harness {
                 "tokens to compute"
             );
             assert_eq!(s.needs_logits, s.seq_len() == live.tokens.len());
-            for p in 0..s.context_len() {
+            // Every position the attention kernels read is present and right;
+            // only blocks wholly before it are released.
+            let first = self
+                .window
+                .map_or(0, |w| first_read_position(s.context_len(), w));
+            for (i, b) in s.block_table.iter().enumerate() {
+                let needed = (i + 1) * bs > first;
+                assert!(
+                    needed != b.is_null(),
+                    "block {i} of {:?} (first read {first})",
+                    s.block_table
+                );
+                if needed {
+                    assert!(
+                        self.sched.block_ref_count(*b) > 0,
+                        "a held block is allocated"
+                    );
+                }
+            }
+            if let Some(w) = self.window {
+                let held = s.block_table.iter().filter(|b| !b.is_null()).count();
+                assert!(
+                    held <= max_blocks_in_window(w, self.cfg.max_num_batched_tokens, bs),
+                    "holds {held} blocks under window {w}"
+                );
+            }
+            for p in first..s.context_len() {
                 assert_eq!(
                     self.kv[slot(&s.block_table, p)],
                     Some(kv_of(&live.tokens[..=p])),
@@ -238,7 +306,14 @@ impl Harness {
     /// Pauses live request `id` (again, if paused: a no-op).
     fn pause(&mut self, id: RequestId) {
         let used = self.sched.stats().num_blocks_used;
-        let held = self.sched.sequence(id).unwrap().block_table.len();
+        let held = self
+            .sched
+            .sequence(id)
+            .unwrap()
+            .block_table
+            .iter()
+            .filter(|b| !b.is_null())
+            .count();
         self.sched.pause(id).unwrap();
         self.paused.insert(id);
         assert!(self.sched.is_paused(id));
@@ -280,86 +355,125 @@ impl Harness {
     }
 }
 
+/// Runs `ops`, checking everything after each, then drains the queue and
+/// checks that no block leaked.
+fn run_ops(cfg: SchedulerConfig, window: Option<usize>, seed: u64, ops: Vec<Op>) {
+    let mut h = Harness {
+        sched: Scheduler::with_sliding_window(cfg.clone(), window).unwrap(),
+        window,
+        kv: vec![None; cfg.num_blocks * cfg.block_size],
+        cfg,
+        live: BTreeMap::new(),
+        paused: BTreeSet::new(),
+        next_id: 0,
+        rng: seed | 1,
+    };
+    for op in ops {
+        match op {
+            Op::Add {
+                prompt,
+                max_tokens,
+                ignore_eos,
+            } => h.add(prompt, max_tokens, ignore_eos),
+            Op::Step { seed, eos_percent } => {
+                h.rng ^= seed | 1;
+                h.step(eos_percent);
+            }
+            Op::Abort(i) => {
+                if let Some(id) = h.nth_live(i) {
+                    h.sched.abort(id).unwrap();
+                    h.live.remove(&id);
+                    h.paused.remove(&id);
+                }
+                assert_eq!(
+                    h.sched.abort(RequestId(u64::MAX)),
+                    Err(CoreError::UnknownRequest(RequestId(u64::MAX)))
+                );
+            }
+            Op::Finish(i) => {
+                if let Some(id) = h.nth_live(i) {
+                    h.sched.finish(id, FinishReason::Stop).unwrap();
+                    h.live.remove(&id);
+                    h.paused.remove(&id);
+                }
+            }
+            Op::Pause(i) => {
+                if let Some(id) = h.nth_live(i) {
+                    h.pause(id);
+                }
+                assert_eq!(
+                    h.sched.pause(RequestId(u64::MAX)),
+                    Err(CoreError::UnknownRequest(RequestId(u64::MAX)))
+                );
+            }
+            Op::Resume(i) => {
+                // A live request, paused or not (resuming a running or
+                // waiting one does nothing).
+                if let Some(id) = h.nth_live(i) {
+                    h.resume(id);
+                }
+            }
+        }
+        h.check();
+    }
+    // No new arrivals: everything not paused finishes within a bounded
+    // number of steps while the paused ones wait; then, resumed one by
+    // one, they finish too. Each step with something to schedule does
+    // some work.
+    let bound = 10
+        * h.live
+            .values()
+            .map(|l| l.max_tokens + l.tokens.len())
+            .sum::<usize>()
+        + 10;
+    let mut steps = 0;
+    let mut work: HashMap<RequestId, usize> = HashMap::new();
+    while !h.live.is_empty() {
+        if h.live.len() == h.paused.len() {
+            let id = *h.paused.iter().next().unwrap();
+            h.resume(id);
+            h.check();
+        }
+        let out = h.step(0);
+        assert!(
+            !out.is_empty(),
+            "a step with schedulable requests schedules something"
+        );
+        for s in &out.scheduled {
+            *work.entry(s.request_id).or_default() += s.query_len();
+        }
+        h.check();
+        steps += 1;
+        assert!(steps <= bound, "did not drain in {} steps", bound);
+    }
+    assert!(!h.sched.has_unfinished_requests());
+    h.sched.flush_prefix_cache().unwrap();
+    let stats = h.sched.stats();
+    assert_eq!(
+        stats.num_blocks_free, stats.num_blocks_total,
+        "no block leaks"
+    );
+    assert_eq!(stats.radix_cached_tokens, 0);
+    h.check();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
     fn scheduler_keeps_its_invariants_and_drains(cfg in config(), seed in any::<u64>(),
                                                  ops in prop::collection::vec(op(), 1..120)) {
-        let mut h = Harness {
-            sched: Scheduler::new(cfg.clone()).unwrap(),
-            kv: vec![None; cfg.num_blocks * cfg.block_size],
-            cfg,
-            live: BTreeMap::new(),
-            paused: BTreeSet::new(),
-            next_id: 0,
-            rng: seed | 1,
-        };
-        for op in ops {
-            match op {
-                Op::Add { prompt, max_tokens, ignore_eos } => h.add(prompt, max_tokens, ignore_eos),
-                Op::Step { seed, eos_percent } => {
-                    h.rng ^= seed | 1;
-                    h.step(eos_percent);
-                }
-                Op::Abort(i) => {
-                    if let Some(id) = h.nth_live(i) {
-                        h.sched.abort(id).unwrap();
-                        h.live.remove(&id);
-                        h.paused.remove(&id);
-                    }
-                    prop_assert_eq!(h.sched.abort(RequestId(u64::MAX)), Err(CoreError::UnknownRequest(RequestId(u64::MAX))));
-                }
-                Op::Finish(i) => {
-                    if let Some(id) = h.nth_live(i) {
-                        h.sched.finish(id, FinishReason::Stop).unwrap();
-                        h.live.remove(&id);
-                        h.paused.remove(&id);
-                    }
-                }
-                Op::Pause(i) => {
-                    if let Some(id) = h.nth_live(i) {
-                        h.pause(id);
-                    }
-                    prop_assert_eq!(h.sched.pause(RequestId(u64::MAX)), Err(CoreError::UnknownRequest(RequestId(u64::MAX))));
-                }
-                Op::Resume(i) => {
-                    // A live request, paused or not (resuming a running or
-                    // waiting one does nothing).
-                    if let Some(id) = h.nth_live(i) {
-                        h.resume(id);
-                    }
-                }
-            }
-            h.check();
-        }
-        // No new arrivals: everything not paused finishes within a bounded
-        // number of steps while the paused ones wait; then, resumed one by
-        // one, they finish too. Each step with something to schedule does
-        // some work.
-        let bound = 10 * h.live.values().map(|l| l.max_tokens + l.tokens.len()).sum::<usize>() + 10;
-        let mut steps = 0;
-        let mut work: HashMap<RequestId, usize> = HashMap::new();
-        while !h.live.is_empty() {
-            if h.live.len() == h.paused.len() {
-                let id = *h.paused.iter().next().unwrap();
-                h.resume(id);
-                h.check();
-            }
-            let out = h.step(0);
-            prop_assert!(!out.is_empty(), "a step with schedulable requests schedules something");
-            for s in &out.scheduled {
-                *work.entry(s.request_id).or_default() += s.query_len();
-            }
-            h.check();
-            steps += 1;
-            prop_assert!(steps <= bound, "did not drain in {} steps", bound);
-        }
-        prop_assert!(!h.sched.has_unfinished_requests());
-        h.sched.flush_prefix_cache().unwrap();
-        let stats = h.sched.stats();
-        prop_assert_eq!(stats.num_blocks_free, stats.num_blocks_total, "no block leaks");
-        prop_assert_eq!(stats.radix_cached_tokens, 0);
-        h.check();
+        run_ops(cfg, None, seed, ops);
+    }
+
+    /// With a sliding window: long prompts and outputs (past the window and
+    /// the aligned read tile), prefix hits over a small vocabulary.
+    #[test]
+    fn windowed_scheduler_releases_only_unread_blocks(
+        (cfg, window) in windowed_config(),
+        seed in any::<u64>(),
+        ops in prop::collection::vec(op_with(2, 200, 120), 1..80),
+    ) {
+        run_ops(cfg, Some(window), seed, ops);
     }
 }

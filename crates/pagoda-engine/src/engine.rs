@@ -118,12 +118,30 @@ pub struct LlmEngine<B: Backend> {
 }
 
 impl<B: Backend> LlmEngine<B> {
-    /// `config.block_size` and `config.num_blocks` must match the runner's cache.
+    /// `config.block_size` and `config.num_blocks` must match the runner's
+    /// cache. Where every attention layer has the same sliding window, running
+    /// requests release the KV blocks the window has passed.
     pub fn new(
         runner: ModelRunner<B>,
         tokenizer: Option<Arc<Tokenizer>>,
         config: SchedulerConfig,
     ) -> Result<Self> {
+        Self::with_window_release(runner, tokenizer, config, true)
+    }
+
+    /// As [`Self::new`]; `release_window_blocks: false` keeps every KV block
+    /// of a sliding-window model for the whole request (the reference the
+    /// release is checked against).
+    pub fn with_window_release(
+        runner: ModelRunner<B>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        config: SchedulerConfig,
+        release_window_blocks: bool,
+    ) -> Result<Self> {
+        let window = runner
+            .config()
+            .uniform_sliding_window()
+            .filter(|_| release_window_blocks);
         let kv = runner.kv_shape();
         if kv.block_size != config.block_size || kv.num_blocks != config.num_blocks {
             return Err(EngineError::Internal(
@@ -144,7 +162,7 @@ impl<B: Backend> LlmEngine<B> {
             .unwrap_or(0);
         Ok(LlmEngine {
             runner,
-            scheduler: Scheduler::new(config)?,
+            scheduler: Scheduler::with_sliding_window(config, window)?,
             tokenizer,
             eos_token_ids,
             states: HashMap::new(),
@@ -410,7 +428,12 @@ impl<B: Backend> LlmEngine<B> {
         self.tables.resize_with(plan.scheduled.len(), Vec::new);
         for (t, s) in self.tables.iter_mut().zip(&plan.scheduled) {
             t.clear();
-            t.extend(s.block_table.iter().map(|b| b.0));
+            // A block the sliding window released is never read: any valid id.
+            t.extend(
+                s.block_table
+                    .iter()
+                    .map(|b| if b.is_null() { 0 } else { b.0 }),
+            );
         }
         let seqs: Vec<ScheduledSeq<'_>> = plan
             .scheduled

@@ -16,6 +16,7 @@ pub mod context;
 pub mod engine;
 pub mod generate;
 pub mod handle;
+pub mod kv_footprint;
 pub mod logit_rules;
 pub mod prompt_logprobs;
 pub mod runner;

@@ -239,6 +239,24 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim()
     }
 
+    /// The sliding window when every attention layer applies the same one
+    /// (Mistral, Phi-3 with a window; Gemma with only local layers): then no
+    /// key before a query's window is ever read, so the KV cache may drop it.
+    /// `None` for full attention, mixed local/global layers, or an
+    /// architecture that does not apply its window.
+    pub fn uniform_sliding_window(&self) -> Option<usize> {
+        let window = self.sliding_window?;
+        match self.architecture {
+            Architecture::Llama | Architecture::Phi3 => Some(window),
+            Architecture::Gemma2 | Architecture::Gemma3 => self
+                .gemma
+                .as_ref()
+                .filter(|g| g.sliding_layers.iter().all(|&s| s))
+                .map(|_| window),
+            _ => None,
+        }
+    }
+
     /// Checks the relations model files rely on; loaders call it before returning.
     pub fn validate(&self) -> Result<(), String> {
         let nonzero = [

@@ -97,6 +97,9 @@ pub struct RadixCache {
     evictable: BTreeSet<(u64, NodeId)>,
     clock: u64,
     num_tokens: usize,
+    /// Nodes removed so far: a node id seen when this was `n` still names
+    /// the same node while it is `n`.
+    removals: u64,
 }
 
 fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
@@ -122,12 +125,19 @@ impl RadixCache {
             evictable: BTreeSet::new(),
             clock: 0,
             num_tokens: 0,
+            removals: 0,
         }
     }
 
     /// Tokens stored in the tree (each path token once).
     pub fn num_tokens(&self) -> usize {
         self.num_tokens
+    }
+
+    /// Nodes removed (evicted) so far; while unchanged, every node id seen
+    /// before still names the same node.
+    pub fn removals(&self) -> u64 {
+        self.removals
     }
 
     pub fn is_live(&self, id: NodeId) -> bool {
@@ -209,6 +219,9 @@ impl RadixCache {
     /// (the sequence's block table), walking down from `from`, a node on that
     /// sequence's path (the root, or a node it holds locked). Tokens beyond
     /// the blocks are ignored. The tree takes references on the blocks it keeps.
+    /// Entries that are [`BlockId::NULL`] (released by a sliding window) are
+    /// never taken: where the tree does not hold those positions already, the
+    /// insert stops before them (the returned node ends there).
     pub fn insert(
         &mut self,
         pool: &mut BlockPool,
@@ -230,7 +243,7 @@ impl RadixCache {
         }
         if let Some(&b) = blocks[..end.div_ceil(bs)]
             .iter()
-            .find(|&&b| pool.ref_count(b) == 0)
+            .find(|&&b| !b.is_null() && pool.ref_count(b) == 0)
         {
             return Err(CoreError::BlockNotAllocated(b));
         }
@@ -240,6 +253,14 @@ impl RadixCache {
         self.touch(cur, self.clock);
         while pos < end {
             let Some(&child) = self.n(cur).children.get(&tokens[pos]) else {
+                // Blocks a sliding window released cannot be cached: the
+                // insert stops where the tree no longer has them.
+                if blocks[pos / bs..end.div_ceil(bs)]
+                    .iter()
+                    .any(|b| b.is_null())
+                {
+                    break;
+                }
                 let tail = (!end.is_multiple_of(bs)).then(|| blocks[end / bs]);
                 let full = blocks[pos / bs..end / bs].to_vec();
                 for &b in full.iter().chain(&tail) {
@@ -286,6 +307,7 @@ impl RadixCache {
         // A leaf that lost its tail under memory pressure gets it back.
         let n = self.n(cur);
         if cur != NodeId::ROOT
+            && n.end() == end
             && !end.is_multiple_of(bs)
             && n.children.is_empty()
             && n.tail.is_none()

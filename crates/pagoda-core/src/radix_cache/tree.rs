@@ -134,6 +134,7 @@ impl RadixCache {
             return Ok(0);
         };
         self.free_slots.push(id.0);
+        self.removals += 1;
         self.num_tokens -= node.key.len();
         let parent = node.parent;
         self.n_mut(parent).children.remove(&node.key[0]);

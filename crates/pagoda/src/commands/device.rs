@@ -306,6 +306,16 @@ fn build_engine<B: KvBudget>(
         cache.block_size,
         num_blocks * cache.block_size
     );
+    let kv = pagoda_engine::kv_footprint::kv_footprint(
+        &cfg,
+        per_block / (cache.block_size * cfg.num_hidden_layers).max(1),
+        max_model_len,
+        cache.block_size,
+    );
+    tracing::info!(
+        "KV per sequence: {}",
+        pagoda_engine::kv_footprint::describe(&kv, "as cached")
+    );
     runner.resize_kv_cache(num_blocks)?;
     if !device.enforce_eager {
         let t = std::time::Instant::now();

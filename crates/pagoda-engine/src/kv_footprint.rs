@@ -1,0 +1,116 @@
+//! The KV-cache footprint of one sequence: bytes per token of context with
+//! every position kept, and with the blocks a sliding window has passed
+//! released (what the scheduler does where every attention layer has the
+//! same window, [`pagoda_model::ModelConfig::uniform_sliding_window`]).
+//!
+//! Pure arithmetic over the config; the figures `pagoda info` and the
+//! start-up log print, and BENCHMARKS.md quotes.
+
+use pagoda_core::kv_cache_manager::max_blocks_in_window;
+use pagoda_model::ModelConfig;
+use serde::Serialize;
+
+/// One sequence's KV bytes at a given context length.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct KvFootprint {
+    /// Bytes of K and V per position, all layers together.
+    pub bytes_per_token: usize,
+    /// The context length of the figures below.
+    pub context_len: usize,
+    /// Bytes a sequence of `context_len` tokens holds, every position kept.
+    pub bytes_full: usize,
+    /// Bytes it holds while decoding with passed blocks released (equal to
+    /// `bytes_full` without a uniform window).
+    pub bytes_released: usize,
+}
+
+impl KvFootprint {
+    /// `bytes_released` per token of context.
+    pub fn released_bytes_per_token(&self) -> f64 {
+        self.bytes_released as f64 / self.context_len.max(1) as f64
+    }
+}
+
+/// The footprint of one sequence of `context_len` tokens for `cfg`, whose
+/// layers take `layer_token_bytes` per position (K and V of one layer:
+/// `2 * kv_dim * element size`), in blocks of `block_size` positions. While
+/// decoding with a window `w`, a layer keeps at most
+/// `max_blocks_in_window(w, 1, block_size)` blocks.
+pub fn kv_footprint(
+    cfg: &ModelConfig,
+    layer_token_bytes: usize,
+    context_len: usize,
+    block_size: usize,
+) -> KvFootprint {
+    let layers = cfg.num_hidden_layers;
+    let bytes_per_token = layer_token_bytes * layers;
+    let full_positions = context_len.div_ceil(block_size) * block_size;
+    let held_positions = match cfg.uniform_sliding_window() {
+        Some(w) => full_positions.min(max_blocks_in_window(w, 1, block_size) * block_size),
+        None => full_positions,
+    };
+    KvFootprint {
+        bytes_per_token,
+        context_len,
+        bytes_full: full_positions * bytes_per_token,
+        bytes_released: held_positions * bytes_per_token,
+    }
+}
+
+/// A line for logs and `pagoda info`.
+pub fn describe(f: &KvFootprint, dtype: &str) -> String {
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    if f.bytes_released == f.bytes_full {
+        format!(
+            "{} bytes ({dtype}) per token of context; a {}-token sequence holds {:.1} MiB",
+            f.bytes_per_token,
+            f.context_len,
+            mib(f.bytes_full)
+        )
+    } else {
+        format!(
+            "{} bytes ({dtype}) per token of context kept; a {}-token sequence holds {:.1} MiB \
+             with every block kept, {:.1} MiB ({:.0} bytes per token) with the blocks its \
+             sliding window passed released",
+            f.bytes_per_token,
+            f.context_len,
+            mib(f.bytes_full),
+            mib(f.bytes_released),
+            f.released_bytes_per_token()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagoda_model::loader::hf_config::parse_hf_config;
+
+    fn mistral(window: Option<usize>) -> ModelConfig {
+        let w = window.map_or("null".to_string(), |w| w.to_string());
+        parse_hf_config(
+            &format!(
+                r#"{{"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "max_position_embeddings": 32768, "vocab_size": 32000, "sliding_window": {w}}}"#
+            ),
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn mistral_7b_keeps_one_window_per_layer() {
+        let layer_token = 2 * 8 * 128 * 2; // K and V, 8 kv heads of 128, bf16
+        let f = kv_footprint(&mistral(Some(4096)), layer_token, 32768, 16);
+        assert_eq!(f.bytes_per_token, 131072);
+        assert_eq!(f.bytes_full, 32768 * 131072);
+        // ceil((4096 + 64 + 1 + 16 - 3) / 16) = 261 blocks per layer.
+        assert_eq!(f.bytes_released, 261 * 16 * 131072);
+        let f = kv_footprint(&mistral(None), layer_token, 32768, 16);
+        assert_eq!(f.bytes_released, f.bytes_full);
+        // A context within the window keeps everything.
+        let f = kv_footprint(&mistral(Some(4096)), layer_token, 1000, 16);
+        assert_eq!(f.bytes_released, f.bytes_full);
+    }
+}
