@@ -17,6 +17,7 @@ pub mod engine;
 pub mod generate;
 pub mod handle;
 pub mod logit_rules;
+pub mod output_text;
 pub mod prompt_logprobs;
 pub mod runner;
 pub mod sampler;
@@ -30,6 +31,7 @@ pub use handle::{
     EngineHandle, EngineStats, HandleOptions, RequestStream, ShutdownMode, StreamItem,
     DEFAULT_PAUSE_BACKLOG,
 };
+pub use output_text::OutputText;
 pub use pagoda_core::{FinishReason, RequestId, SchedulerConfig};
 pub use runner::{ModelRunner, StepOutput};
 
