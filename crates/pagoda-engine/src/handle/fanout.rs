@@ -148,3 +148,109 @@ mod tests {
         );
     }
 }
+
+/// The engine thread's time per step for 256 streams whose readers wait on
+/// other threads: text decoded and one channel send per request (the old
+/// hand-over) against one batch into the outbox. Run with
+/// `cargo test --release -p pagoda-engine --lib handover_cost -- --ignored --nocapture`.
+#[cfg(test)]
+mod measure {
+    use super::*;
+    use crate::engine::RequestOutput;
+    use crate::output_text::OutputText;
+    use pagoda_core::{RequestId, SamplingParams};
+    use pagoda_model::tokenizer::Tokenizer;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const STREAMS: usize = 256;
+    const STEPS: usize = 200;
+
+    fn out(i: usize, step: usize) -> RequestOutput {
+        RequestOutput {
+            request_id: RequestId(i as u64),
+            token_id: (300 + (i * 7 + step * 13) % 20000) as u32,
+            logprobs: None,
+            text_delta: String::new(),
+            finish_reason: None,
+            stop_token: false,
+            num_prompt_tokens: 4,
+            num_output_tokens: step + 1,
+            num_cached_tokens: 0,
+            prompt_logprobs: None,
+        }
+    }
+
+    /// Readers on their own threads; returns the senders and the joins.
+    fn readers() -> (
+        Vec<mpsc::UnboundedSender<StreamItem>>,
+        Vec<std::thread::JoinHandle<usize>>,
+    ) {
+        (0..STREAMS)
+            .map(|_| {
+                let (tx, mut rx) = mpsc::unbounded_channel::<StreamItem>();
+                let t = std::thread::spawn(move || {
+                    let mut n = 0;
+                    while rx.blocking_recv().is_some() {
+                        n += 1;
+                    }
+                    n
+                });
+                (tx, t)
+            })
+            .unzip()
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn handover_cost() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let tok = Arc::new(
+            Tokenizer::from_hf_file(root.join("tests/golden/smollm2-tokenizer/tokenizer.json"))
+                .unwrap(),
+        );
+        let params = SamplingParams {
+            stop: vec!["\n\nUser:".into()],
+            ..SamplingParams::greedy(STEPS)
+        };
+        // Old: text and one send per request on the engine thread.
+        let (txs, joins) = readers();
+        let mut texts: Vec<OutputText> = (0..STREAMS)
+            .map(|_| OutputText::new(tok.clone(), &params, &[1, 2, 3, 4]).unwrap())
+            .collect();
+        let t = Instant::now();
+        for step in 0..STEPS {
+            for (i, (tx, text)) in txs.iter().zip(&mut texts).enumerate() {
+                let mut o = out(i, step);
+                text.apply(&mut o).unwrap();
+                let _ = tx.send(Ok(o));
+            }
+        }
+        let old = t.elapsed().as_secs_f64() / STEPS as f64;
+        drop(txs);
+        let n: usize = joins.into_iter().map(|j| j.join().unwrap()).sum();
+        assert_eq!(n, STREAMS * STEPS);
+        // New: one batch per step.
+        let (txs, joins) = readers();
+        let (mut outbox, fan) = spawn().unwrap();
+        let t = Instant::now();
+        for step in 0..STEPS {
+            for (i, tx) in txs.iter().enumerate() {
+                outbox.push(tx, Ok(out(i, step)));
+            }
+            outbox.flush();
+        }
+        let new = t.elapsed().as_secs_f64() / STEPS as f64;
+        drop(outbox);
+        fan.join().unwrap();
+        drop(txs);
+        let n: usize = joins.into_iter().map(|j| j.join().unwrap()).sum();
+        assert_eq!(n, STREAMS * STEPS);
+        println!(
+            "engine-thread time per step, {STREAMS} streams: text + a send each {:.1} us, \
+             one batch {:.1} us",
+            old * 1e6,
+            new * 1e6
+        );
+    }
+}
