@@ -109,10 +109,7 @@ async fn stop_strings_across_tokens_end_the_text_the_same_streamed_or_not() {
     }
     let stats = s.handle.stats().await.unwrap();
     assert_eq!(stats.num_in_flight, 0, "{stats:?}");
-    assert_eq!(
-        stats.scheduler.num_running + stats.scheduler.num_waiting,
-        0
-    );
+    assert_eq!(stats.scheduler.num_running + stats.scheduler.num_waiting, 0);
     // The plain request ran to its length; the eight others stopped.
     assert_eq!(stats.counters.num_finished_stop, 8, "{stats:?}");
     assert_eq!(stats.counters.num_aborted, 0, "{stats:?}");
