@@ -5,8 +5,10 @@
 # weights and SmolLM2's tokenizer (the shape's vocabulary set to its 49,152
 # tokens, as structured-bench.sh does). Offline runs twice: without a
 # tokenizer (no detokenization) and with it (text decoded on the engine
-# thread, as the server does). The server is loaded by `pagoda bench serve`
-# (TTFT, ITL) and stopped with SIGINT.
+# thread, as `pagoda generate` does; the server decodes on each stream's
+# task). The server is loaded by `pagoda bench serve` (TTFT, ITL) and
+# stopped with SIGINT, once with the default mixed-step prefill budget and
+# once without one.
 # Logs land in $OUT/serve.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,15 +29,21 @@ echo "== offline, no tokenizer" | tee -a "$LOG"
 $PAGODA bench "${common[@]}" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 echo "== offline, with the tokenizer" | tee -a "$LOG"
 $PAGODA bench "${common[@]}" --tokenizer "$tok" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
-echo "== serve, 256 concurrent streams" | tee -a "$LOG"
-$PAGODA serve "${common[@]}" --tokenizer "$tok" --port 8124 2>>"$OUT/serve-stderr.txt" &
-srv=$!
-for _ in $(seq 240); do
-    curl -sf http://127.0.0.1:8124/health >/dev/null 2>&1 && break
-    sleep 0.5
+# The second server run lifts the mixed-step prefill budget (as before it
+# existed), for the inter-token latency's tail with and without it.
+for budget in default 0; do
+    extra=()
+    [ "$budget" = default ] || extra=(--mixed-prefill-budget "$budget")
+    echo "== serve, 256 concurrent streams, mixed-step prefill budget $budget" | tee -a "$LOG"
+    $PAGODA serve "${common[@]}" "${extra[@]}" --tokenizer "$tok" --port 8124 2>>"$OUT/serve-stderr.txt" &
+    srv=$!
+    for _ in $(seq 240); do
+        curl -sf http://127.0.0.1:8124/health >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+    $PAGODA bench serve --url http://127.0.0.1:8124 --num-prompts 1024 --max-concurrency 256 \
+        --input-len 512 --output-len 256 --range-ratio 0 --max-token-id 49152 --temperature 0.6 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    kill -INT $srv
+    wait $srv
+    echo "server exit $?" | tee -a "$LOG"
 done
-$PAGODA bench serve --url http://127.0.0.1:8124 --num-prompts 1024 --max-concurrency 256 \
-    --input-len 512 --output-len 256 --range-ratio 0 --max-token-id 49152 --temperature 0.6 2>>"$OUT/stderr.txt" | tee -a "$LOG"
-kill -INT $srv
-wait $srv
-echo "server exit $?" | tee -a "$LOG"

@@ -5,6 +5,11 @@
 //! chunks of running requests, then new requests from the waiting queue (FIFO)
 //! until the budget, `max_num_seqs` or the free blocks run out. A prompt longer
 //! than what is left of the budget is cut into chunks over several steps.
+//! With a mixed-step prefill budget ([`Scheduler::set_mixed_prefill_budget`])
+//! a step that carries decodes takes at most that many prompt tokens, so
+//! prompts arriving while others decode lengthen each decode step by a
+//! bounded amount (the inter-token latency's tail); steps with no decode
+//! still take the whole budget.
 //!
 //! When a running request cannot get a block, the radix cache is evicted
 //! first; then the newest running requests not yet scheduled in this step, and
@@ -60,6 +65,9 @@ pub struct Scheduler {
     /// The next request's `arrival`.
     next_arrival: u64,
     pub(crate) counters: StatCounters,
+    /// Most prompt tokens of a step that carries decodes (`None`: the
+    /// whole budget).
+    mixed_prefill_budget: Option<usize>,
 }
 
 impl Scheduler {
@@ -92,7 +100,14 @@ impl Scheduler {
             num_paused: 0,
             next_arrival: 0,
             counters: StatCounters::default(),
+            mixed_prefill_budget: None,
         })
+    }
+
+    /// Caps the prompt tokens of a step that also carries decodes at
+    /// `tokens` (at least 1); `None` (the default): the step's whole budget.
+    pub fn set_mixed_prefill_budget(&mut self, tokens: Option<usize>) {
+        self.mixed_prefill_budget = tokens.map(|t| t.max(1));
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -247,6 +262,12 @@ impl Scheduler {
         let mut rows = 0;
         // 1. Running requests: decodes (one token left), then prompt chunks.
         for decodes in [true, false] {
+            if let (false, Some(cap)) = (decodes, self.mixed_prefill_budget) {
+                if !out.scheduled.is_empty() {
+                    // Decodes are in this step: bound the prompt tokens.
+                    budget = budget.min(cap);
+                }
+            }
             for i in 0..order.len() {
                 let seq = &self.requests[&order[i]];
                 let left = seq.num_uncomputed_tokens();

@@ -466,3 +466,56 @@ fn identical_prompts_admitted_together_end_up_sharing_blocks() {
     );
     sched.check_invariants().unwrap();
 }
+
+#[test]
+fn mixed_prefill_budget_bounds_prompt_tokens_only_in_steps_with_decodes() {
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 512,
+        ..SchedulerConfig::default()
+    };
+    let mut sched = Scheduler::new(config).unwrap();
+    sched.set_mixed_prefill_budget(Some(100));
+    sched
+        .add_request(request(0, (0..300).map(|i| 1000 + i).collect(), 100))
+        .unwrap();
+    // No decode yet: the whole budget goes to the prompt.
+    let s1 = sched.schedule().unwrap();
+    assert_eq!(shape(&s1), vec![(0, 300, 0, 300, true)]);
+    sched.update_from_output(&s1, &sample_all(&s1, 7)).unwrap();
+
+    sched
+        .add_request(request(1, (0..250).map(|i| 5000 + i).collect(), 100))
+        .unwrap();
+    // Request 0 decodes: request 1's prompt comes 100 tokens a step.
+    for (step, done) in [(2, 0), (3, 100), (4, 200)] {
+        let s = sched.schedule().unwrap();
+        let chunk = (250 - done).min(100);
+        assert_eq!(
+            shape(&s),
+            vec![
+                (0, 1, 298 + step, 299 + step, true),
+                (1, chunk, done, done + chunk, done + chunk == 250)
+            ],
+            "step {step}"
+        );
+        assert_eq!((s.num_prefill_tokens, s.num_decode_tokens), (chunk, 1));
+        sched.update_from_output(&s, &sample_all(&s, 8)).unwrap();
+    }
+    let s5 = sched.schedule().unwrap();
+    assert_eq!((s5.num_prefill_tokens, s5.num_decode_tokens), (0, 2));
+    sched.update_from_output(&s5, &sample_all(&s5, 9)).unwrap();
+
+    // Back to no cap: the rest of the budget again.
+    sched.set_mixed_prefill_budget(None);
+    sched
+        .add_request(request(2, (0..400).map(|i| 9000 + i).collect(), 100))
+        .unwrap();
+    let s6 = sched.schedule().unwrap();
+    assert_eq!(
+        (s6.num_prefill_tokens, s6.num_decode_tokens),
+        (400, 2),
+        "{:?}",
+        shape(&s6)
+    );
+    sched.check_invariants().unwrap();
+}

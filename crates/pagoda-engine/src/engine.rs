@@ -14,10 +14,10 @@
 
 use crate::context::{build_forward_context, ScheduledSeq};
 use crate::logit_rules::LogitRules;
+use crate::output_text::OutputText;
 use crate::prompt_logprobs::{self as plp, PromptLogprob, PromptLogprobsState};
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
-use crate::stop::{find_stop, StopOptions};
 use crate::structured::step::{PendingMasks, StructuredEngine};
 use crate::structured::{apply_mask, Guide, MaskStats};
 use crate::token_history::TokenHistory;
@@ -30,7 +30,7 @@ use pagoda_kernels::{
     Backend, BlockCopyOp, DeviceSamples, ForwardContext, KernelError, PromptRow, RowOptions,
     SamplingOptions, SamplingRow, TokenMasks, MAX_LOGPROBS,
 };
-use pagoda_model::tokenizer::{IncrementalDetokenizer, Tokenizer};
+use pagoda_model::tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -52,10 +52,16 @@ pub struct RequestOutput {
     /// Its logprobs, when asked for.
     pub logprobs: Option<TokenLogprobs>,
     /// New text, never splitting a character and never holding a stop string
-    /// (text that might start one is held back until it is decided).
+    /// (text that might start one is held back until it is decided). Empty
+    /// from an engine that leaves text to its caller
+    /// ([`LlmEngine::set_detokenize`]), which applies [`OutputText`].
     pub text_delta: String,
     /// Set on the request's last output.
     pub finish_reason: Option<FinishReason>,
+    /// The scheduler ended the request on this token as a stop token (EOS or
+    /// a stop token id): its text is shown only with
+    /// `include_stop_str_in_output`.
+    pub stop_token: bool,
     pub num_prompt_tokens: usize,
     pub num_output_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
@@ -68,8 +74,8 @@ pub struct RequestOutput {
 /// Engine-side state of a request the scheduler is running.
 struct RequestState {
     rng: RequestRng,
-    detok: Option<IncrementalDetokenizer<Arc<Tokenizer>>>,
-    stop: Vec<String>,
+    /// Text and stop strings, where the engine decodes text.
+    text: Option<OutputText>,
     logprobs: Option<usize>,
     /// Distinct prompt + output tokens with output counts, for device
     /// penalties (made at the first device-sampled step of a request with
@@ -78,14 +84,8 @@ struct RequestState {
     /// The structured-output matcher, advanced with each output token.
     guide: Option<Guide>,
     num_prompt_tokens: usize,
-    /// All text decoded so far (cut at a stop string when one is found).
-    text: String,
-    /// Bytes of `text` already handed out.
-    emitted: usize,
     /// Logit bias, allowed tokens, bad words and min_tokens bans, if any.
     rules: Option<LogitRules>,
-    /// `min_tokens` and `include_stop_str_in_output`.
-    stop_opts: StopOptions,
     /// Prompt logprobs collected so far, until handed out.
     prompt_lp: Option<PromptLogprobsState>,
 }
@@ -95,6 +95,9 @@ pub struct LlmEngine<B: Backend> {
     runner: ModelRunner<B>,
     scheduler: Scheduler,
     tokenizer: Option<Arc<Tokenizer>>,
+    /// Decode text and look for stop strings in [`Self::step`] (else the
+    /// caller does, with [`OutputText`]).
+    detokenize: bool,
     eos_token_ids: Vec<u32>,
     states: HashMap<RequestId, RequestState>,
     next_id: u64,
@@ -164,6 +167,7 @@ impl<B: Backend> LlmEngine<B> {
             runner,
             scheduler: Scheduler::with_sliding_window(config, window)?,
             tokenizer,
+            detokenize: true,
             eos_token_ids,
             states: HashMap::new(),
             next_id: 0,
@@ -189,6 +193,31 @@ impl<B: Backend> LlmEngine<B> {
 
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
         self.tokenizer.as_ref()
+    }
+
+    /// Whether [`Self::step`] decodes text and ends requests on stop strings
+    /// (the default). Off, outputs carry tokens only and the caller applies
+    /// an [`OutputText`] per request, ending a request in the engine
+    /// ([`Self::finish_on_stop_string`]) when it finds a stop string; the
+    /// threaded handle does this on its streams. Set before any request.
+    pub fn set_detokenize(&mut self, on: bool) {
+        self.detokenize = on;
+    }
+
+    /// Ends a request whose stop string its caller found (see
+    /// [`Self::set_detokenize`]); its blocks are released at once. Unknown
+    /// or finished ids are ignored.
+    pub fn finish_on_stop_string(&mut self, id: RequestId) -> Result<()> {
+        if self.states.remove(&id).is_some() {
+            self.scheduler.finish(id, FinishReason::Stop)?;
+        }
+        Ok(())
+    }
+
+    /// Caps the prompt tokens of a step that also carries decodes (see
+    /// [`Scheduler::set_mixed_prefill_budget`]); `None`: no cap.
+    pub fn set_mixed_prefill_budget(&mut self, tokens: Option<usize>) {
+        self.scheduler.set_mixed_prefill_budget(tokens);
     }
 
     pub fn scheduler_config(&self) -> &SchedulerConfig {
@@ -261,29 +290,18 @@ impl<B: Backend> LlmEngine<B> {
         };
         let id = RequestId(self.next_id);
         let seed = r.params.seed.unwrap_or_else(|| self.seed_source.next_u64());
-        let detok = match &self.tokenizer {
-            Some(t) => Some(IncrementalDetokenizer::with_prompt(
-                t.clone(),
-                r.params.skip_special_tokens,
-                &r.prompt_token_ids,
-            )?),
-            None => None,
+        let text = match (&self.tokenizer, self.detokenize) {
+            (Some(t), true) => Some(OutputText::new(t.clone(), &r.params, &r.prompt_token_ids)?),
+            _ => None,
         };
         let state = RequestState {
             rng: RequestRng::new(seed),
-            detok,
-            stop: r.params.stop.clone(),
+            text,
             logprobs: r.logprobs,
             history: None,
             guide,
             num_prompt_tokens: r.prompt_token_ids.len(),
-            text: String::new(),
-            emitted: 0,
             rules,
-            stop_opts: StopOptions {
-                min_tokens: r.params.min_tokens,
-                include_stop_str: r.params.include_stop_str_in_output,
-            },
             prompt_lp: r.params.prompt_logprobs.map(|n| PromptLogprobsState {
                 n,
                 entries: Vec::new(),
@@ -818,50 +836,27 @@ impl<B: Backend> LlmEngine<B> {
                     finish = Some(FinishReason::Stop);
                 }
             }
-            let opts = state.stop_opts;
-            if let (Some(d), false) = (
-                state.detok.as_mut(),
-                is_stop_token && !opts.include_stop_str,
-            ) {
-                let delta = d.step(u.token_id)?;
-                state.text.push_str(&delta);
-                if finish.is_some() {
-                    state.text.push_str(&d.finish()?);
-                }
-                let checked = opts.checks_stop_strings(u.num_output_tokens);
-                let found = checked
-                    .then(|| find_stop(&state.text, delta.len(), &state.stop))
-                    .flatten();
-                if let (Some(m), false) = (found, is_stop_token) {
-                    state.text.truncate(opts.cut_at(m));
-                    if finish.is_none() {
-                        self.scheduler.finish(u.request_id, FinishReason::Stop)?;
-                    }
-                    finish = Some(FinishReason::Stop);
-                }
-            }
-            let visible = match finish {
-                Some(_) => state.text.len(),
-                None => state.text.len() - opts.held_back(&state.text, &state.stop),
-            };
-            let text_delta = state.text[state.emitted.min(visible)..visible].to_string();
-            state.emitted = state.emitted.max(visible);
-            let num_prompt_tokens = state.num_prompt_tokens;
-            let prompt_logprobs = state.prompt_lp.take().map(|p| p.entries);
-            outputs.push(RequestOutput {
+            let mut out = RequestOutput {
                 request_id: u.request_id,
                 token_id: u.token_id,
                 logprobs: logprobs.remove(&u.request_id),
-                text_delta,
+                text_delta: String::new(),
                 finish_reason: finish,
-                num_prompt_tokens,
+                stop_token: is_stop_token,
+                num_prompt_tokens: state.num_prompt_tokens,
                 num_output_tokens: u.num_output_tokens,
                 num_cached_tokens: u.num_cached_tokens,
-                prompt_logprobs,
-            });
-            if finish.is_some() {
+                prompt_logprobs: state.prompt_lp.take().map(|p| p.entries),
+            };
+            if let Some(text) = state.text.as_mut() {
+                if text.apply(&mut out)? && finish.is_none() {
+                    self.scheduler.finish(u.request_id, FinishReason::Stop)?;
+                }
+            }
+            if out.finish_reason.is_some() {
                 self.states.remove(&u.request_id);
             }
+            outputs.push(out);
         }
         Ok(outputs)
     }

@@ -18,6 +18,7 @@ pub mod generate;
 pub mod handle;
 pub mod kv_footprint;
 pub mod logit_rules;
+pub mod output_text;
 pub mod prompt_logprobs;
 pub mod runner;
 pub mod sampler;
@@ -31,6 +32,7 @@ pub use handle::{
     EngineHandle, EngineStats, HandleOptions, RequestStream, ShutdownMode, StreamItem,
     DEFAULT_PAUSE_BACKLOG,
 };
+pub use output_text::OutputText;
 pub use pagoda_core::{FinishReason, RequestId, SchedulerConfig};
 pub use runner::{ModelRunner, StepOutput};
 

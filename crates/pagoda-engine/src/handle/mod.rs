@@ -7,10 +7,19 @@
 //!
 //! Commands go to the thread over one tokio unbounded mpsc channel; replies
 //! come back over oneshot channels, and each request's outputs over its own
-//! unbounded mpsc channel wrapped in a [`RequestStream`]. tokio's channels work
+//! unbounded mpsc channel wrapped in a [`RequestStream`]. The engine thread
+//! hands a step's outputs over in one batch to a `pagoda-fanout` thread,
+//! which sends them on to the streams (see [`fanout`]). tokio's channels work
 //! from async and blocking code alike and need no runtime on the engine side,
 //! so the engine thread stays a plain loop and offline callers can use the
 //! `blocking_*` methods without any runtime.
+//!
+//! The engine thread computes tokens only: each [`RequestStream`] decodes its
+//! request's text and looks for its stop strings as its reader takes the
+//! outputs ([`OutputText`], in the reader's task), so the outputs are the
+//! ones [`LlmEngine::step`] gives offline. A stream that finds a stop string
+//! ends there and tells the thread, which ends the request (tokens computed
+//! meanwhile are dropped with the stream's channel).
 //!
 //! Invariants:
 //! - a request is live on the engine thread exactly while its stream can still
@@ -35,15 +44,18 @@
 //! thread, served between steps (so it waits for at most one step).
 
 mod backlog;
+mod fanout;
 mod stats_log;
 mod worker;
 
 use backlog::Backlog;
 
 use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
+use crate::output_text::OutputText;
 use crate::{EngineError, Result};
 use pagoda_core::{FinishReason, RequestId, SchedulerStats};
 use pagoda_kernels::Backend;
+use pagoda_model::tokenizer::Tokenizer;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
@@ -114,8 +126,12 @@ pub struct EngineCounters {
     pub prompt_tokens: u64,
     /// Of those, tokens whose KV came from the prefix cache.
     pub cached_prompt_tokens: u64,
-    /// Tokens generated (one per output).
+    /// Tokens generated (one per output; of a request its stream ended on a
+    /// stop string, those up to the stop).
     pub generation_tokens: u64,
+    /// Batches of outputs handed from the engine thread to the streams: at
+    /// most one per step (plus one per burst of errors outside a step).
+    pub num_handovers: u64,
 }
 
 impl EngineCounters {
@@ -144,8 +160,9 @@ pub struct EngineStats {
 
 type SubmitReply = oneshot::Receiver<Result<RequestId>>;
 type OutputReceiver = mpsc::UnboundedReceiver<StreamItem>;
-/// A stream's side of a submission: its outputs and their unread count.
-type StreamEnd = (OutputReceiver, Arc<Backlog>);
+/// A stream's side of a submission: its outputs, their unread count, and its
+/// text state (where there is a tokenizer).
+type StreamEnd = (OutputReceiver, Arc<Backlog>, Option<OutputText>);
 
 /// What the handle asks of the engine thread.
 pub(crate) enum Command {
@@ -158,6 +175,15 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Result<RequestId>>,
     },
     Abort(RequestId),
+    /// The stream found a stop string in its `num_outputs`-th output: the
+    /// request ended there (whether or not the engine ended it since).
+    StopString {
+        id: RequestId,
+        num_outputs: usize,
+    },
+    /// The stream of a request with stop strings read the engine's last
+    /// output without finding one: the engine's count of it stands.
+    Settled(RequestId),
     /// The stream of a paused request was read down: resume it.
     Resume(RequestId),
     Stats(oneshot::Sender<EngineStats>),
@@ -173,6 +199,8 @@ pub struct EngineHandle {
     commands: mpsc::UnboundedSender<Command>,
     /// [`HandleOptions::pause_backlog`], for each stream's [`Backlog`].
     pause_backlog: Option<usize>,
+    /// The engine's tokenizer, for each stream's text.
+    tokenizer: Option<Arc<Tokenizer>>,
     /// Taken by the first [`EngineHandle::shutdown`] to join the thread.
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
@@ -194,11 +222,13 @@ impl EngineHandle {
     /// Starts the engine thread. Fails only if the OS refuses a thread.
     pub fn spawn_with<B: Backend>(engine: LlmEngine<B>, options: HandleOptions) -> Result<Self> {
         let (commands, rx) = mpsc::unbounded_channel();
+        let tokenizer = engine.tokenizer().cloned();
         let thread = worker::spawn(engine, rx, options)
             .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
         Ok(EngineHandle {
             commands,
             pause_backlog: options.pause_backlog,
+            tokenizer,
             thread: Arc::new(Mutex::new(Some(thread))),
         })
     }
@@ -287,6 +317,14 @@ impl EngineHandle {
 
     /// Sends a submission; returns where its reply and its outputs arrive.
     fn send_submit(&self, request: EngineRequest) -> Result<(SubmitReply, StreamEnd)> {
+        let text = match &self.tokenizer {
+            Some(t) => Some(OutputText::new(
+                t.clone(),
+                &request.params,
+                &request.prompt_token_ids,
+            )?),
+            None => None,
+        };
         let (output, outputs) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
         let backlog = Arc::new(Backlog::new(self.pause_backlog));
@@ -296,14 +334,16 @@ impl EngineHandle {
             backlog: backlog.clone(),
             reply,
         })?;
-        Ok((rx, (outputs, backlog)))
+        Ok((rx, (outputs, backlog, text)))
     }
 
-    fn stream(&self, id: RequestId, (outputs, backlog): StreamEnd) -> RequestStream {
+    fn stream(&self, id: RequestId, (outputs, backlog, text): StreamEnd) -> RequestStream {
         RequestStream {
             request_id: id,
             outputs,
             backlog,
+            text,
+            num_read: 0,
             commands: self.commands.clone(),
             ended: false,
         }
@@ -317,6 +357,11 @@ pub struct RequestStream {
     outputs: OutputReceiver,
     /// Counted down as outputs are handed out; may ask for a resume.
     backlog: Arc<Backlog>,
+    /// Decodes the text and finds the stop strings (none without a
+    /// tokenizer: outputs carry no text).
+    text: Option<OutputText>,
+    /// Outputs received so far.
+    num_read: usize,
     commands: mpsc::UnboundedSender<Command>,
     /// Seen a last output, an error, or the end of the channel.
     ended: bool,
@@ -342,8 +387,7 @@ impl RequestStream {
             return None;
         }
         let item = self.outputs.recv().await;
-        self.observe(&item);
-        item
+        self.observe(item)
     }
 
     /// [`Self::next`] for code outside an async runtime (panics inside one).
@@ -352,8 +396,7 @@ impl RequestStream {
             return None;
         }
         let item = self.outputs.blocking_recv();
-        self.observe(&item);
-        item
+        self.observe(item)
     }
 
     /// Whether the request has ended (last output, error, or closed stream).
@@ -361,15 +404,51 @@ impl RequestStream {
         self.ended
     }
 
-    fn observe(&mut self, item: &Option<StreamItem>) {
-        self.ended = match item {
+    /// Accounts for a received item and decodes its text.
+    fn observe(&mut self, item: Option<StreamItem>) -> Option<StreamItem> {
+        let item = match item {
+            Some(Ok(out)) => Some(self.take_output(out)),
+            other => other,
+        };
+        self.ended = match &item {
             None | Some(Err(_)) => true,
             Some(Ok(out)) => out.finish_reason.is_some(),
         };
-        // Only outputs are counted in (errors are not).
-        if matches!(item, Some(Ok(_))) && self.backlog.read() && !self.ended {
+        item
+    }
+
+    /// Counts out an output and decodes its text; a stop string ends the
+    /// request in the engine, a decoding error aborts it.
+    fn take_output(&mut self, mut out: RequestOutput) -> StreamItem {
+        self.num_read += 1;
+        let ends = out.finish_reason.is_some();
+        if self.backlog.read() && !ends {
             // The engine may be gone; then there is nothing to resume.
             let _ = self.commands.send(Command::Resume(self.request_id));
+        }
+        let Some(text) = self.text.as_mut() else {
+            return Ok(out);
+        };
+        // The engine may be gone below; then there is nothing to end.
+        match text.apply(&mut out) {
+            Ok(false) if ends && text.has_stop_strings() => {
+                let _ = self.commands.send(Command::Settled(self.request_id));
+                Ok(out)
+            }
+            Ok(true) => {
+                let _ = self.commands.send(Command::StopString {
+                    id: self.request_id,
+                    num_outputs: self.num_read,
+                });
+                Ok(out)
+            }
+            Ok(false) => Ok(out),
+            Err(e) => {
+                if !ends {
+                    let _ = self.commands.send(Command::Abort(self.request_id));
+                }
+                Err(e)
+            }
         }
     }
 }

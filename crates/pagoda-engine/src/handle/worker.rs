@@ -4,10 +4,21 @@
 //! channel, so an idle engine costs no CPU (a paused request comes back
 //! through a `Resume` command from its stream). Busy: take every pending
 //! command without blocking, abort requests whose output channel is closed,
-//! run one [`LlmEngine::step`], send each output to its request's channel,
-//! and pause each request that got one and now has
+//! run one [`LlmEngine::step`], queue each output for its request's stream,
+//! pause each request that got one and now has
 //! [`HandleOptions::pause_backlog`] outputs unread (O(batch): only requests
-//! that got an output can have crossed the mark).
+//! that got an output can have crossed the mark), and hand the step's outputs
+//! over in one batch (see `fanout`).
+//!
+//! The engine runs with text decoding off ([`LlmEngine::set_detokenize`]):
+//! outputs carry token ids and logprobs; each stream decodes its own text and
+//! looks for its stop strings, and reports a stop string with a
+//! `StopString` command, which ends the request here (counted as finished on
+//! `stop`, its generated tokens counted up to the stop). A request with stop
+//! strings that the engine ends is counted by the engine's reason and kept
+//! in `settling` until its stream says how it ended: a stop string found
+//! later moves it to `stop` (and its tokens past the stop out of the count);
+//! a `Settled` command, or an abort from a stream dropped early, forgets it.
 //!
 //! A step that returns an error fails every request in flight with an
 //! [`EngineError::StepFailed`] item (the scheduler does not say which requests
@@ -25,6 +36,7 @@
 //! before the shutdown callers are told.
 
 use super::backlog::Backlog;
+use super::fanout::{self, Outbox};
 use super::stats_log::StatsLog;
 use super::{Command, EngineCounters, EngineStats, HandleOptions, ShutdownMode, StreamItem};
 use crate::engine::{EngineRequest, LlmEngine, RequestOutput};
@@ -38,15 +50,21 @@ use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
 
 /// Starts the thread named `pagoda-engine` that owns `engine`.
+/// Starts the thread named `pagoda-engine` that owns `engine` (with text
+/// decoding off), and its `pagoda-fanout` thread.
 pub(super) fn spawn<B: Backend>(
-    engine: LlmEngine<B>,
+    mut engine: LlmEngine<B>,
     commands: mpsc::UnboundedReceiver<Command>,
     options: HandleOptions,
 ) -> std::io::Result<JoinHandle<()>> {
+    engine.set_detokenize(false);
+    let (outbox, fanout) = fanout::spawn()?;
     std::thread::Builder::new()
         .name("pagoda-engine".into())
         .spawn(move || {
-            let waiters = Worker::new(engine, commands, options).run();
+            let waiters = Worker::new(engine, commands, outbox, options).run();
+            // Every output is in its stream before shutdown returns.
+            let _ = fanout.join();
             for w in waiters {
                 let _ = w.send(());
             }
@@ -62,6 +80,10 @@ struct Live {
     paused: bool,
     /// Produced a token already (its prompt is counted).
     started: bool,
+    /// Outputs handed to its stream.
+    sent: usize,
+    /// Its stream looks for stop strings (it may end it on one).
+    stop_strings: bool,
 }
 
 /// The engine's state on its thread.
@@ -70,6 +92,9 @@ struct Worker<B: Backend> {
     commands: mpsc::UnboundedReceiver<Command>,
     max_waiting: Option<usize>,
     live: HashMap<RequestId, Live>,
+    /// Requests with stop strings the engine ended, until their streams
+    /// confirm: the reason counted and the outputs sent.
+    settling: HashMap<RequestId, (FinishReason, usize)>,
     /// Live requests paused now.
     num_paused: usize,
     /// False once a drain shutdown was asked: requests then run to their end.
@@ -83,6 +108,8 @@ struct Worker<B: Backend> {
     shutdown_waiters: Vec<oneshot::Sender<()>>,
     /// The periodic status line.
     stats_log: StatsLog,
+    /// Items for the streams, handed over once per loop turn.
+    outbox: Outbox,
 }
 
 /// The engine can no longer be trusted; the loop must stop.
@@ -92,6 +119,7 @@ impl<B: Backend> Worker<B> {
     fn new(
         engine: LlmEngine<B>,
         commands: mpsc::UnboundedReceiver<Command>,
+        outbox: Outbox,
         options: HandleOptions,
     ) -> Self {
         Worker {
@@ -99,6 +127,7 @@ impl<B: Backend> Worker<B> {
             commands,
             max_waiting: options.max_waiting,
             live: HashMap::new(),
+            settling: HashMap::new(),
             num_paused: 0,
             pausing: true,
             counters: EngineCounters::default(),
@@ -106,6 +135,7 @@ impl<B: Backend> Worker<B> {
             commands_closed: false,
             shutdown_waiters: Vec::new(),
             stats_log: StatsLog::new(options.log_interval),
+            outbox,
         }
     }
 
@@ -116,9 +146,10 @@ impl<B: Backend> Worker<B> {
             tracing::error!(%message, "engine thread stopping");
             let error = || EngineError::StepFailed(message.clone());
             for (_, live) in self.live.drain() {
-                let _ = live.output.send(Err(error()));
+                self.outbox.push(&live.output, Err(error()));
                 self.counters.num_failed += 1;
             }
+            self.outbox.flush();
         }
         tracing::debug!(counters = ?self.counters, "engine thread stopped");
         std::mem::take(&mut self.shutdown_waiters)
@@ -126,6 +157,7 @@ impl<B: Backend> Worker<B> {
 
     fn serve(&mut self) -> Result<(), Fatal> {
         loop {
+            self.outbox.flush();
             if !self.engine.has_schedulable_requests() {
                 let idle = !self.engine.has_unfinished_requests();
                 if idle && (!self.accepting || self.commands_closed) {
@@ -142,24 +174,20 @@ impl<B: Backend> Worker<B> {
                     self.stats_log.restart(&self.counters, &self.engine.stats());
                 }
             }
-            loop {
-                match self.commands.try_recv() {
-                    Ok(command) => self.handle(command)?,
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        self.commands_closed = true;
-                        break;
-                    }
-                }
-            }
+            self.take_commands()?;
             let closed: Vec<RequestId> = self
                 .live
                 .iter()
                 .filter(|(_, l)| l.output.is_closed())
                 .map(|(&id, _)| id)
                 .collect();
-            for id in closed {
-                self.abort(id)?;
+            if !closed.is_empty() {
+                // A stream that ended on a stop string said so before it
+                // closed: take that first, so it is not counted an abort.
+                self.take_commands()?;
+                for id in closed {
+                    self.abort(id)?;
+                }
             }
             if self.engine.has_schedulable_requests() {
                 self.step()?;
@@ -167,6 +195,20 @@ impl<B: Backend> Worker<B> {
             if self.stats_log.due() {
                 let sched = self.engine.stats();
                 self.stats_log.take(&self.counters, &sched).log();
+            }
+        }
+    }
+
+    /// Handles every pending command without blocking.
+    fn take_commands(&mut self) -> Result<(), Fatal> {
+        loop {
+            match self.commands.try_recv() {
+                Ok(command) => self.handle(command)?,
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(()),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.commands_closed = true;
+                    return Ok(());
+                }
             }
         }
     }
@@ -191,11 +233,18 @@ impl<B: Backend> Worker<B> {
                 }
             },
             Command::Abort(id) => self.abort(id)?,
+            Command::StopString { id, num_outputs } => self.stop_string(id, num_outputs)?,
+            Command::Settled(id) => {
+                self.settling.remove(&id);
+            }
             Command::Resume(id) => self.resume(id)?,
             Command::Stats(reply) => {
                 let _ = reply.send(EngineStats {
                     scheduler: self.engine.stats(),
-                    counters: self.counters,
+                    counters: EngineCounters {
+                        num_handovers: self.outbox.handovers(),
+                        ..self.counters
+                    },
                     num_in_flight: self.live.len(),
                     num_paused: self.num_paused,
                 });
@@ -224,7 +273,7 @@ impl<B: Backend> Worker<B> {
                     let ids: Vec<RequestId> = self.live.keys().copied().collect();
                     for id in ids {
                         if let Some(live) = self.live.get(&id) {
-                            let _ = live.output.send(Err(EngineError::Shutdown));
+                            self.outbox.push(&live.output, Err(EngineError::Shutdown));
                         }
                         self.abort(id)?;
                     }
@@ -252,6 +301,7 @@ impl<B: Backend> Worker<B> {
                 });
             }
         }
+        let stop_strings = !request.params.stop.is_empty() && self.engine.tokenizer().is_some();
         let id = self.engine.add_request(request)?;
         self.live.insert(
             id,
@@ -260,6 +310,8 @@ impl<B: Backend> Worker<B> {
                 backlog,
                 paused: false,
                 started: false,
+                sent: 0,
+                stop_strings,
             },
         );
         self.counters.num_requests_admitted += 1;
@@ -268,6 +320,7 @@ impl<B: Backend> Worker<B> {
 
     /// Drops a live request from the engine; unknown ids are ignored.
     fn abort(&mut self, id: RequestId) -> Result<(), Fatal> {
+        self.settling.remove(&id);
         if self.remove(id).is_none() {
             return Ok(());
         }
@@ -275,6 +328,35 @@ impl<B: Backend> Worker<B> {
         self.engine
             .abort(id)
             .map_err(|e| Fatal(format!("aborting request {id} failed: {e}")))
+    }
+
+    /// Its stream found a stop string in its `num_outputs`-th output: ends
+    /// the request, or recounts it if the engine ended it meanwhile.
+    fn stop_string(&mut self, id: RequestId, num_outputs: usize) -> Result<(), Fatal> {
+        let sent = match (self.remove(id), self.settling.remove(&id)) {
+            (Some(live), _) => {
+                self.engine.finish_on_stop_string(id).map_err(|e| {
+                    Fatal(format!(
+                        "ending request {id} on its stop string failed: {e}"
+                    ))
+                })?;
+                live.sent
+            }
+            (None, Some((counted, sent))) => {
+                let c = &mut self.counters;
+                match counted {
+                    FinishReason::Stop => c.num_finished_stop -= 1,
+                    FinishReason::Length => c.num_finished_length -= 1,
+                    FinishReason::Abort => c.num_aborted -= 1,
+                }
+                sent
+            }
+            (None, None) => return Ok(()),
+        };
+        self.counters.num_finished_stop += 1;
+        let unread = sent.saturating_sub(num_outputs) as u64;
+        self.counters.generation_tokens = self.counters.generation_tokens.saturating_sub(unread);
+        Ok(())
     }
 
     /// Takes a request off the live set (keeping the paused count true).
@@ -341,9 +423,8 @@ impl<B: Backend> Worker<B> {
                 );
                 for id in ids {
                     if let Some(live) = self.remove(id) {
-                        let _ = live
-                            .output
-                            .send(Err(EngineError::StepFailed(message.clone())));
+                        let error = Err(EngineError::StepFailed(message.clone()));
+                        self.outbox.push(&live.output, error);
                         self.counters.num_failed += 1;
                     }
                     self.engine
@@ -378,17 +459,21 @@ impl<B: Backend> Worker<B> {
             self.counters.generation_tokens += 1;
             let finish = out.finish_reason;
             live.backlog.sent();
-            let sent = live.output.send(Ok(out)).is_ok();
+            live.sent += 1;
+            self.outbox.push(&live.output, Ok(out));
             match finish {
                 Some(reason) => {
-                    self.remove(id);
+                    if let Some(live) = self.remove(id).filter(|l| l.stop_strings) {
+                        self.settling.insert(id, (reason, live.sent));
+                    }
                     match reason {
                         FinishReason::Stop => self.counters.num_finished_stop += 1,
                         FinishReason::Length => self.counters.num_finished_length += 1,
                         FinishReason::Abort => self.counters.num_aborted += 1,
                     }
                 }
-                None if !sent => self.abort(id)?,
+                // A closed stream is aborted at the next turn, after the
+                // commands (its stop string, if it found one).
                 None => self.maybe_pause(id)?,
             }
         }

@@ -95,6 +95,12 @@ pub struct CacheArgs {
     /// the rest (default: 2048 on the CPU, 8192 on CUDA).
     #[arg(long, value_name = "N")]
     pub max_num_batched_tokens: Option<usize>,
+    /// Most prompt tokens in a step that also decodes: bounds how much
+    /// arriving prompts slow the tokens of running requests (the
+    /// inter-token latency's tail); 0: no cap beyond the step budget
+    /// (default: none on the CPU, 2048 on CUDA).
+    #[arg(long, value_name = "N")]
+    pub mixed_prefill_budget: Option<usize>,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_num_seqs: usize,
