@@ -24,10 +24,11 @@ use rayon::prelude::*;
 /// faster than widening the weights and running a GEMM up to here.
 const GEMV_MAX_ROWS: usize = 16;
 
-/// Most rows computed by the quantized block kernels; more rows dequantize
-/// tiles to f32 for the GEMM, which is faster per row once the weights are
-/// reused enough.
-const QUANT_MAX_ROWS: usize = 16;
+/// Most rows computed by the quantized block kernels (which unpack each
+/// block once per group of rows); more rows dequantize tiles to f32 for the
+/// GEMM, which is faster per row once the weights are reused enough. A
+/// batched decode step of up to this many sequences stays on the blocks.
+pub(crate) const QUANT_MAX_ROWS: usize = 64;
 
 /// Size of the per-thread buffer narrow weights are widened into.
 const SCRATCH_BYTES: usize = 8 << 20;

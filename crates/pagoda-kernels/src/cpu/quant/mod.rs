@@ -11,7 +11,8 @@
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call.
 //! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
-//!   ([`dequantize`]) and runs the f32 GEMM, as for f16 weights.
+//!   ([`dequantize`], with SIMD for Q4_1, Q4_K and Q6_K: [`widen`]) and runs
+//!   the f32 GEMM, as for f16 weights.
 //! - Dispatch ([`Isa`]): AVX-512 VNNI, AVX2 or portable scalar, detected at
 //!   run time ([`Isa::detect`]); each path is a table of per-type row dot
 //!   products ([`scalar`], [`x86`]). Tests force each path ([`matmul_t`]
@@ -21,6 +22,7 @@ pub mod act;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
+mod widen;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -102,13 +104,16 @@ pub fn row_bytes(ty: GgmlType, cols: usize) -> usize {
     cols / ty.block_size() * ty.type_size()
 }
 
-/// Dequantizes whole blocks of `ty` into `out`.
+/// Dequantizes whole blocks of `ty` into `out`, with SIMD on `isa` where
+/// [`widen`] has it (bitwise the same values as the portable dequantizers).
+pub fn dequantize_on(ty: GgmlType, bytes: &[u8], out: &mut [f32], isa: Isa) {
+    let ok = widen::widen(ty, bytes, out, isa != Isa::Scalar && isa.is_available());
+    debug_assert!(ok, "{ty:?} is stored only when it can be dequantized");
+}
+
+/// [`dequantize_on`] the fastest path here.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    let r = pagoda_gguf::dequant::dequantize_into(ty, bytes, out);
-    debug_assert!(
-        r.is_ok(),
-        "{ty:?} is stored only when it can be dequantized"
-    );
+    dequantize_on(ty, bytes, out, Isa::detect())
 }
 
 /// `out[r] = dot(w, a[r])` for the `rows` quantized x rows in `a`.
