@@ -160,7 +160,7 @@ fn bench_linear(threads: usize, quick: bool) {
                     let mut y = vec![0f32; rows * n];
                     let isa = quant::Isa::detect();
                     let (t, best) = timed(runs, || {
-                        quant::matmul_t(xs, rows, k, ty, bytes, &mut y, threads, isa);
+                        quant::matmul(xs, rows, k, ty, bytes, &mut y, threads, isa);
                     });
                     println!(
                         "  {:>6} {:>5} {:>12} {:>10.3} {:>14} {:>14}",

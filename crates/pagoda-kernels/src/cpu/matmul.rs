@@ -96,19 +96,7 @@ pub(crate) fn linear_into(
     if let ViewData::Quant(ty, bytes) = w.data {
         if rows <= QUANT_MAX_ROWS {
             let isa = quant::Isa::detect();
-            let done = if rows == 1 {
-                quant::matmul_t(x, 1, k, ty, bytes, y, threads, isa)
-            } else {
-                let mut t = vec![0f32; n * rows];
-                let done = quant::matmul_t(x, rows, k, ty, bytes, &mut t, threads, isa);
-                for (j, col) in t.chunks_exact(rows).enumerate() {
-                    for (r, v) in col.iter().enumerate() {
-                        y[r * n + j] = *v;
-                    }
-                }
-                done
-            };
-            if done {
+            if quant::matmul(x, rows, k, ty, bytes, y, threads, isa) {
                 add_bias(y, n, bias);
                 return;
             }

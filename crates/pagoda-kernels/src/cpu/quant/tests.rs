@@ -76,7 +76,7 @@ fn dequant(ty: GgmlType, b: &[u8], elements: usize) -> Vec<f32> {
     out
 }
 
-/// For every type and path: `matmul_t` against the f64 product of the
+/// For every type and path: `matmul` against the f64 product of the
 /// dequantized weights, within the bound of the activation rounding.
 fn check(exact_activations: bool) {
     let mut rng = Rng(0x9E3779B97F4A7C15);
@@ -105,8 +105,8 @@ fn check(exact_activations: bool) {
             };
             let mut want = Vec::new();
             let mut bound = Vec::new();
-            for j in 0..n {
-                for r in 0..rows {
+            for r in 0..rows {
+                for j in 0..n {
                     let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
                     let y: f64 = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
                     let mag: f64 = xr.iter().zip(wr).map(|(&a, &b)| (a * b).abs() as f64).sum();
@@ -124,7 +124,7 @@ fn check(exact_activations: bool) {
             }
             for isa in Isa::available() {
                 let mut got = vec![f32::NAN; n * rows];
-                assert!(matmul_t(&x, rows, k, ty, &w, &mut got, 2, isa));
+                assert!(matmul(&x, rows, k, ty, &w, &mut got, 2, isa));
                 for (i, (&g, (&y, &e))) in got.iter().zip(want.iter().zip(&bound)).enumerate() {
                     assert!(
                         (g as f64 - y).abs() <= e,
@@ -154,10 +154,10 @@ fn simd_paths_agree_with_the_portable_one() {
         let w = random_blocks(ty, n, k, &mut rng);
         let x: Vec<f32> = (0..2 * k).map(|_| rng.f()).collect();
         let mut base = vec![0f32; n * 2];
-        assert!(matmul_t(&x, 2, k, ty, &w, &mut base, 1, Isa::Scalar));
+        assert!(matmul(&x, 2, k, ty, &w, &mut base, 1, Isa::Scalar));
         for isa in Isa::available() {
             let mut got = vec![0f32; n * 2];
-            assert!(matmul_t(&x, 2, k, ty, &w, &mut got, 1, isa));
+            assert!(matmul(&x, 2, k, ty, &w, &mut got, 1, isa));
             for (g, b) in got.iter().zip(&base) {
                 // Same integer sums; only the order of f32 additions differs.
                 assert!(
@@ -175,7 +175,7 @@ fn detected_path_is_available_and_unknown_types_have_no_kernel() {
     assert!(Isa::available().contains(&Isa::Scalar));
     assert!(!supported(GgmlType::IQ2_XXS));
     let mut out = [0f32; 1];
-    assert!(!matmul_t(
+    assert!(!matmul(
         &[0.0; 256],
         1,
         256,

@@ -4,8 +4,7 @@
 //! crate's minimum Rust version needs no AVX-512 intrinsics).
 //!
 //! Both sets come from one macro. Every weight block is unpacked once per
-//! group of x rows (up to 4 rows for the 32-block types, up to 8 for the
-//! k-quants) and dotted with each row of the group, so that decoding many
+//! group of up to 8 x rows and dotted with each row of the group, so that decoding many
 //! sequences at once pays the unpacking once per block rather than once per
 //! row:
 //! - 32-block types: 32 unsigned quants per register (nibbles, plus fifth
@@ -406,7 +405,7 @@ macro_rules! kernels {
                 0.0
             ));
 
-            /// Rows in groups of up to 4, each group one pass over the blocks.
+            /// Rows in groups of up to 8, each group one pass over the blocks.
             macro_rules! grouped {
                 ($fname:ident, $inner:ident) => {
                     #[target_feature(enable = "avx2,fma,f16c")]
@@ -414,13 +413,17 @@ macro_rules! kernels {
                         let nb = a.len() / rows;
                         let mut r0 = 0;
                         while r0 < rows {
-                            let g = (rows - r0).min(4);
+                            let g = (rows - r0).min(8);
                             let (a, o) = (&a[r0 * nb..(r0 + g) * nb], &mut out[r0..r0 + g]);
                             match g {
                                 1 => $inner::<1>(w, a, o),
                                 2 => $inner::<2>(w, a, o),
                                 3 => $inner::<3>(w, a, o),
-                                _ => $inner::<4>(w, a, o),
+                                4 => $inner::<4>(w, a, o),
+                                5 => $inner::<5>(w, a, o),
+                                6 => $inner::<6>(w, a, o),
+                                7 => $inner::<7>(w, a, o),
+                                _ => $inner::<8>(w, a, o),
                             }
                             r0 += g;
                         }
