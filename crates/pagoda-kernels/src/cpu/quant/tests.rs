@@ -306,3 +306,28 @@ fn simd_widening_equals_the_portable_dequantizers() {
         }
     }
 }
+
+/// The SIMD activation quantizer gives the portable one's values (no value
+/// of random data lies exactly halfway between two integers).
+#[test]
+fn simd_activation_quantization_matches_the_portable_rounding() {
+    let mut rng = Rng(31337);
+    let x: Vec<f32> = (0..4 * 256).map(|i| rng.f() * (1 + i % 5) as f32).collect();
+    let mut got = vec![act::BlockQ8K::default(); 4];
+    act::quantize_q8k(&x, &mut got);
+    for (b, xs) in got.iter().zip(x.chunks_exact(256)) {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(b.d, amax / 127.0);
+        for (q, v) in b.q.iter().zip(xs) {
+            let want = (v / b.d).round().clamp(-127.0, 127.0) as i8;
+            assert!(
+                (*q as i32 - want as i32).abs() <= 1,
+                "{v} -> {q}, want {want}"
+            );
+            assert!((*q as f32 * b.d - v).abs() <= b.d * 0.5001);
+        }
+        for (s, q) in b.bsums.iter().zip(b.q.chunks_exact(16)) {
+            assert_eq!(*s, q.iter().map(|&v| v as i16).sum::<i16>());
+        }
+    }
+}
