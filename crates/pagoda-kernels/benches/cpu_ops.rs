@@ -4,7 +4,7 @@
 //! Prints, as the median of several runs:
 //! - `linear` for rows 1, 4, 8, 16, 32, 64 (GB/s of weights streamed) and
 //!   512 (GFLOP/s) with f32 and f16 weights, and Q4_1 / Q8_0 / Q4_K / Q6_K
-//!   blocks kept quantized (random blocks); at 32 and 64 rows also the block
+//!   blocks kept quantized (random blocks); at 32, 64 and 512 rows also the block
 //!   kernels forced (label suffix `b`), against the backend's choice;
 //! - attention for a 512-token prefill and a decode token at context 512;
 //! - a synthetic SmolLM2-shaped forward pass (random weights, the op sequence
@@ -154,7 +154,7 @@ fn bench_linear(threads: usize, quick: bool) {
                     rate(t),
                     rate(best)
                 );
-                if let (Some(ty), 32 | 64) = (quant, rows) {
+                if let (Some(ty), 32 | 64 | 512) = (quant, rows) {
                     // The block kernels forced at batched-decode widths.
                     let (xs, bytes) = (x.data(), w.quant_bytes().expect("kept quantized"));
                     let mut y = vec![0f32; rows * n];
