@@ -2,9 +2,10 @@
 //! heads, head_dim 64, intermediate 1536, vocab 49152, 30 layers).
 //!
 //! Prints, as the median of several runs:
-//! - `linear` for rows 1, 4, 8, 16 (GB/s of weights streamed) and 512
-//!   (GFLOP/s) with f32 and f16 weights, and Q4_1 / Q8_0 / Q4_K / Q6_K
-//!   blocks kept quantized (random blocks);
+//! - `linear` for rows 1, 4, 8, 16, 32, 64 (GB/s of weights streamed) and
+//!   512 (GFLOP/s) with f32 and f16 weights, and Q4_1 / Q8_0 / Q4_K / Q6_K
+//!   blocks kept quantized (random blocks); at 32, 64 and 512 rows also the block
+//!   kernels forced (label suffix `b`), against the backend's choice;
 //! - attention for a 512-token prefill and a decode token at context 512;
 //! - a synthetic SmolLM2-shaped forward pass (random weights, the op sequence
 //!   of a Llama model): prefill 512 tokens and decode tokens/s.
@@ -13,7 +14,7 @@
 //! with SECTION one of linear, attention, model (or decode: the model's
 //! decode alone, for profiling).
 
-use pagoda_kernels::cpu::{CpuBackend, CpuOptions, CpuTensor, CpuWeight, WeightDtype};
+use pagoda_kernels::cpu::{quant, CpuBackend, CpuOptions, CpuTensor, CpuWeight, WeightDtype};
 use pagoda_kernels::{
     AttentionParams, Backend, ForwardContext, GgmlType, HostData, HostTensor, KvCacheShape,
     QuantData, RopeStyle,
@@ -124,7 +125,7 @@ fn bench_linear(threads: usize, quick: bool) {
                 None => matrix(&b, &mut rng, n, k),
                 Some(t) => quant_matrix(&b, &mut rng, t, n, k),
             };
-            for rows in [1usize, 4, 8, 16, 512] {
+            for rows in [1usize, 4, 8, 16, 32, 64, 512] {
                 let x = b
                     .tensor_from_host(rows, k, &rng.vec(rows * k, 1.0))
                     .unwrap();
@@ -153,6 +154,24 @@ fn bench_linear(threads: usize, quick: bool) {
                     rate(t),
                     rate(best)
                 );
+                if let (Some(ty), 32 | 64 | 512) = (quant, rows) {
+                    // The block kernels forced at batched-decode widths.
+                    let (xs, bytes) = (x.data(), w.quant_bytes().expect("kept quantized"));
+                    let mut y = vec![0f32; rows * n];
+                    let isa = quant::Isa::detect();
+                    let (t, best) = timed(runs, || {
+                        quant::matmul(xs, rows, k, ty, bytes, &mut y, threads, isa);
+                    });
+                    println!(
+                        "  {:>6} {:>5} {:>12} {:>10.3} {:>14} {:>14}",
+                        format!("{label}b"),
+                        rows,
+                        format!("[{n}, {k}]"),
+                        t * 1e3,
+                        rate(t),
+                        rate(best)
+                    );
+                }
             }
         }
     }

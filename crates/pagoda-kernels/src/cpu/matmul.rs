@@ -24,10 +24,11 @@ use rayon::prelude::*;
 /// faster than widening the weights and running a GEMM up to here.
 const GEMV_MAX_ROWS: usize = 16;
 
-/// Most rows computed by the quantized block kernels; more rows dequantize
-/// tiles to f32 for the GEMM, which is faster per row once the weights are
-/// reused enough.
-const QUANT_MAX_ROWS: usize = 16;
+/// Most rows computed by the quantized block kernels (which unpack each
+/// block once per group of rows); more rows dequantize tiles to f32 for the
+/// GEMM, which is faster per row once the weights are reused enough. A
+/// batched decode step of up to this many sequences stays on the blocks.
+pub(crate) const QUANT_MAX_ROWS: usize = 64;
 
 /// Size of the per-thread buffer narrow weights are widened into.
 const SCRATCH_BYTES: usize = 8 << 20;
@@ -95,19 +96,7 @@ pub(crate) fn linear_into(
     if let ViewData::Quant(ty, bytes) = w.data {
         if rows <= QUANT_MAX_ROWS {
             let isa = quant::Isa::detect();
-            let done = if rows == 1 {
-                quant::matmul_t(x, 1, k, ty, bytes, y, threads, isa)
-            } else {
-                let mut t = vec![0f32; n * rows];
-                let done = quant::matmul_t(x, rows, k, ty, bytes, &mut t, threads, isa);
-                for (j, col) in t.chunks_exact(rows).enumerate() {
-                    for (r, v) in col.iter().enumerate() {
-                        y[r * n + j] = *v;
-                    }
-                }
-                done
-            };
-            if done {
+            if quant::matmul(x, rows, k, ty, bytes, y, threads, isa) {
                 add_bias(y, n, bias);
                 return;
             }

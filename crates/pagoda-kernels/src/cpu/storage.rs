@@ -168,6 +168,14 @@ impl CpuWeight {
         }
     }
 
+    /// The blocks of a quantized weight, row after row.
+    pub fn quant_bytes(&self) -> Option<&[u8]> {
+        match &self.data {
+            WeightData::Quant(q) => Some(&q.bytes),
+            _ => None,
+        }
+    }
+
     /// Bytes of storage.
     pub fn bytes(&self) -> usize {
         match &self.data {

@@ -23,8 +23,8 @@
 //! prompt processing of `--prompt-tokens` random tokens in one step (pp), then
 //! `--gen-tokens` greedy decode steps (tg), each repeated `--repeats` times;
 //! prints the median tokens/s of each as one JSON line, with the process's
-//! resident memory at the end (`rss_mib`, Linux only: weights + KV cache +
-//! activations).
+//! resident memory once loaded (`rss_after_load_mib`: weights + KV cache +
+//! runtime) and at the end (`rss_mib`, adding activations), Linux only.
 
 use super::device::Device;
 use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
@@ -145,6 +145,8 @@ struct SingleResult {
     repeats: usize,
     pp_tok_per_s: f64,
     tg_tok_per_s: f64,
+    /// Resident MiB once the model is loaded and the KV cache allocated.
+    rss_after_load_mib: Option<f64>,
     rss_mib: Option<f64>,
 }
 
@@ -422,6 +424,7 @@ impl EngineTask for Single<'_> {
 
     fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<SingleResult> {
         let (a, name) = (self.args, self.name);
+        let rss_after_load_mib = rss_mib();
         let block_size = engine.scheduler_config().block_size;
         let vocab = engine.runner().config().vocab_size as u32;
         let total = a.prompt_tokens.max(a.gen_tokens + 1);
@@ -496,6 +499,7 @@ impl EngineTask for Single<'_> {
             repeats: a.repeats,
             pp_tok_per_s: median(pp),
             tg_tok_per_s: median(tg),
+            rss_after_load_mib,
             rss_mib: rss_mib(),
         };
         Ok(result)

@@ -7,6 +7,8 @@
 //!   scale per 256 values and the sums of each 16 `q` (`bsums`), which the
 //!   k-quants' minimums and offsets need.
 //!
+//! With AVX2 the scale and rounding take 32 values at a time.
+//!
 //! Rounding each value to the nearest multiple of `d` errs by at most
 //! `d / 2 = max|x| / 254` per element: this is the tolerance the kernel tests
 //! derive their bounds from.
@@ -53,8 +55,15 @@ impl Default for BlockQ8K {
     }
 }
 
-/// Quantizes `x` to `q` with one scale; returns the scale.
+/// Quantizes `x` to `q` with one scale; returns the scale. With AVX2 (32
+/// values at a time) ties round to even rather than away from zero, which
+/// only moves a value that is exactly halfway, within the same `d / 2`.
 fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(32) && q.len() == x.len() && crate::cpu::simd::has_avx2_f16c() {
+        // SAFETY: AVX2 detected; `x` and `q` are whole groups of 32.
+        return unsafe { x86::quantize(x, q) };
+    }
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -81,5 +90,48 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
         for (s, q) in b.bsums.iter_mut().zip(b.q.chunks_exact(16)) {
             *s = q.iter().map(|&v| v as i16).sum();
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The 8 values at `p` times `id`, rounded to the nearest integer.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn round8(p: *const f32, id: __m256) -> __m256i {
+        let v = _mm256_mul_ps(_mm256_loadu_ps(p), id);
+        _mm256_cvtps_epi32(_mm256_round_ps(
+            v,
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        ))
+    }
+
+    /// [`super::quantize`] with AVX2; `x.len() == q.len()`, a multiple of 32.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for c in x.chunks_exact(8) {
+            // max(|x|, m) keeps m when x is NaN, as the portable fold does.
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(c.as_ptr())), m);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let amax = lanes.iter().fold(0f32, |a, &v| a.max(v));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        for (c, o) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+            let p = c.as_ptr();
+            let (a, b) = (round8(p, id), round8(p.add(8), id));
+            let (cc, dd) = (round8(p.add(16), id), round8(p.add(24), id));
+            // packs work per 128-bit lane: restore the element order after.
+            let v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(cc, dd));
+            let v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let v = _mm256_max_epi8(v, _mm256_set1_epi8(-127));
+            _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, v);
+        }
+        d
     }
 }

@@ -5,22 +5,25 @@
 //!   block_size` whole blocks in the file's layout (see
 //!   [`super::storage::CpuWeight`]); [`supported`] lists the types with
 //!   kernels, others are dequantized at load.
-//! - Few rows (decode, [`matmul_t`]): each x row is quantized once per call
+//! - Few rows (decode, [`matmul`]; up to 64 rows, so batched decode too):
+//!   each x row is quantized once per call
 //!   ([`act`]: 32-blocks for Q4_0..Q8_0 and IQ4_NL, 256-blocks with 16-sums
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call.
 //! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
-//!   ([`dequantize`]) and runs the f32 GEMM, as for f16 weights.
+//!   ([`dequantize`], with SIMD for Q4_1, Q4_K and Q6_K: [`widen`]) and runs
+//!   the f32 GEMM, as for f16 weights.
 //! - Dispatch ([`Isa`]): AVX-512 VNNI, AVX2 or portable scalar, detected at
 //!   run time ([`Isa::detect`]); each path is a table of per-type row dot
-//!   products ([`scalar`], [`x86`]). Tests force each path ([`matmul_t`]
+//!   products ([`scalar`], [`x86`]). Tests force each path ([`matmul`]
 //!   takes the `Isa`).
 
 pub mod act;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
+mod widen;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -102,13 +105,16 @@ pub fn row_bytes(ty: GgmlType, cols: usize) -> usize {
     cols / ty.block_size() * ty.type_size()
 }
 
-/// Dequantizes whole blocks of `ty` into `out`.
+/// Dequantizes whole blocks of `ty` into `out`, with SIMD on `isa` where
+/// [`widen`] has it (bitwise the same values as the portable dequantizers).
+pub fn dequantize_on(ty: GgmlType, bytes: &[u8], out: &mut [f32], isa: Isa) {
+    let ok = widen::widen(ty, bytes, out, isa != Isa::Scalar && isa.is_available());
+    debug_assert!(ok, "{ty:?} is stored only when it can be dequantized");
+}
+
+/// [`dequantize_on`] the fastest path here.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    let r = pagoda_gguf::dequant::dequantize_into(ty, bytes, out);
-    debug_assert!(
-        r.is_ok(),
-        "{ty:?} is stored only when it can be dequantized"
-    );
+    dequantize_on(ty, bytes, out, Isa::detect())
 }
 
 /// `out[r] = dot(w, a[r])` for the `rows` quantized x rows in `a`.
@@ -173,17 +179,17 @@ fn dot_fn(ty: GgmlType, isa: Isa) -> Option<Dot> {
     })
 }
 
-/// `out_t[j * rows + r] = dot(x[r], w[j])` for the `n` rows of `w` (blocks
-/// of `ty`, `k` columns); `x` is `[rows, k]`, `out_t` `[n, rows]`.
+/// `y[r * n + j] = dot(x[r], w[j])` for the `n` rows of `w` (blocks of
+/// `ty`, `k` columns); `x` is `[rows, k]`, `y` `[rows, n]`.
 /// Returns false (computing nothing) when `ty` has no kernel on `isa`.
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_t(
+pub fn matmul(
     x: &[f32],
     rows: usize,
     k: usize,
     ty: GgmlType,
     w: &[u8],
-    out_t: &mut [f32],
+    y: &mut [f32],
     threads: usize,
     isa: Isa,
 ) -> bool {
@@ -192,48 +198,67 @@ pub fn matmul_t(
     };
     let rb = row_bytes(ty, k);
     assert!(k.is_multiple_of(ty.block_size()) && x.len() == rows * k);
-    assert!(rows > 0 && out_t.len().is_multiple_of(rows) && w.len() >= out_t.len() / rows * rb);
+    assert!(rows > 0 && y.len().is_multiple_of(rows) && w.len() >= y.len() / rows * rb);
     match dot {
         Dot::Q8(f) => {
             let mut a = vec![BlockQ8::default(); x.len() / 32];
             act::quantize_q8(x, &mut a);
-            run(w, rb, &a, rows, out_t, threads, f);
+            run(w, rb, &a, rows, y, threads, f);
         }
         Dot::Q8K(f) => {
             let mut a = vec![BlockQ8K::default(); x.len() / 256];
             act::quantize_q8k(x, &mut a);
-            run(w, rb, &a, rows, out_t, threads, f);
+            run(w, rb, &a, rows, y, threads, f);
         }
     }
     true
 }
 
+/// Most x rows one weight row is dotted with per kernel call (the results
+/// go through a stack buffer of this many values).
+const ROWS_PER_CALL: usize = 64;
+
+/// `y`, written from several tasks at once, each at its own elements.
+struct SharedOut(*mut f32);
+// SAFETY: only used by `run`, whose tasks write disjoint columns of `y`.
+unsafe impl Sync for SharedOut {}
+
 /// Runs `f` over every (weight row, x row) pair, in parallel over chunks of
-/// weight rows; `a` holds `rows` rows of quantized activations.
+/// weight rows; `a` holds `rows` rows of quantized activations, `y` is
+/// `[rows, n]`. Each task writes only its own columns of `y`.
 fn run<A: Sync>(
     w: &[u8],
     rb: usize,
     a: &[A],
     rows: usize,
-    out_t: &mut [f32],
+    y: &mut [f32],
     threads: usize,
     f: unsafe fn(&[u8], &[A], usize, &mut [f32]),
 ) {
-    let n = out_t.len() / rows;
+    let n = y.len() / rows;
+    let nb = a.len() / rows;
     // About 32 KiB of weights per task, at least 8 tasks per thread when n allows.
     let by_bytes = (32 * 1024 / rb.max(1)).max(4);
     let by_tasks = n.div_ceil(threads.max(1) * 8).max(4);
     let chunk = by_bytes.min(by_tasks);
-    out_t
-        .par_chunks_mut(chunk * rows)
-        .enumerate()
-        .for_each(|(c, out)| {
-            let j0 = c * chunk;
-            for (jj, o) in out.chunks_exact_mut(rows).enumerate() {
-                let wrow = &w[(j0 + jj) * rb..(j0 + jj + 1) * rb];
+    let out = SharedOut(y.as_mut_ptr());
+    let out = &out;
+    (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        let mut tmp = [0f32; ROWS_PER_CALL];
+        for j in c * chunk..((c + 1) * chunk).min(n) {
+            let wrow = &w[j * rb..(j + 1) * rb];
+            for r0 in (0..rows).step_by(ROWS_PER_CALL) {
+                let g = (rows - r0).min(ROWS_PER_CALL);
+                let ag = &a[r0 * nb..(r0 + g) * nb];
                 // SAFETY: `f` came from `dot_fn`, which hands out only paths
-                // this machine runs; `wrow` holds `a.len() / rows` whole blocks.
-                unsafe { f(wrow, a, rows, o) };
+                // this machine runs; `wrow` holds `nb` whole blocks.
+                unsafe { f(wrow, ag, g, &mut tmp[..g]) };
+                for (r, v) in tmp[..g].iter().enumerate() {
+                    // SAFETY: `(r0 + r) * n + j < rows * n == y.len()`, and
+                    // column `j` belongs to this task alone.
+                    unsafe { *out.0.add((r0 + r) * n + j) = *v };
+                }
             }
-        });
+        }
+    });
 }

@@ -3,7 +3,9 @@
 //!
 //! These are the reference for the SIMD kernels (same integer sums, so they
 //! differ only in the order of the f32 additions) and the path on machines
-//! without AVX2. Layouts follow ggml's `ggml-common.h` (see
+//! without AVX2. On that path ([`rows`]) the k-quants unpack each block once
+//! per group of up to 8 x rows ([`KBlock`]), with the same integer sums as
+//! the one-row functions. Layouts follow ggml's `ggml-common.h` (see
 //! `pagoda_gguf::dequant`, whose dequantizers they must agree with).
 
 // The loops index several arrays with ggml's offset arithmetic, kept
@@ -269,8 +271,157 @@ pub fn q3_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     acc
 }
 
+/// One k-quant block unpacked for the multi-row products (the layout of
+/// the SIMD kernels' `KBlock`): the unsigned quants in element order, a
+/// scale per 16 elements, and a factor per 16 elements for the activation
+/// sums. Against activations `a` the block is worth `d a.d (sum_g sc[g] (u .
+/// a)_g [+ mg . bsums]) [+ dm a.d (mg . bsums)]`, the bracketed term folded
+/// into the integer sum when the type's factor is `d` (`fold`).
+struct KBlock {
+    u: [u8; 256],
+    sc: [i32; 16],
+    mg: [i32; 16],
+    d: f32,
+    dm: f32,
+}
+
+impl KBlock {
+    fn new() -> Self {
+        KBlock {
+            u: [0; 256],
+            sc: [0; 16],
+            mg: [0; 16],
+            d: 0.0,
+            dm: 0.0,
+        }
+    }
+}
+
+/// Q4_K / Q5_K (`five`) into `k`.
+fn unpack_q45_k(b: &[u8], five: bool, k: &mut KBlock) {
+    let scales = &b[4..16];
+    let (qh, qs) = if five {
+        (&b[16..48], &b[48..176])
+    } else {
+        (&b[0..0], &b[16..144])
+    };
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, scales);
+        k.sc[2 * j..2 * j + 2].fill(sc);
+        k.mg[2 * j..2 * j + 2].fill(m);
+        let (i, half) = (j / 2, j % 2);
+        for l in 0..32 {
+            let mut q = (qs[32 * i + l] >> (4 * half)) & 0x0F;
+            if five {
+                q |= ((qh[l] >> j) & 1) << 4;
+            }
+            k.u[32 * j + l] = q;
+        }
+    }
+    k.d = f16_at(b, 0);
+    k.dm = -f16_at(b, 2);
+}
+
+fn unpack_q4_k(b: &[u8], k: &mut KBlock) {
+    unpack_q45_k(b, false, k)
+}
+
+fn unpack_q5_k(b: &[u8], k: &mut KBlock) {
+    unpack_q45_k(b, true, k)
+}
+
+/// Q6_K into `k`, the `-32` offset folded into `mg`.
+fn unpack_q6_k(b: &[u8], k: &mut KBlock) {
+    let sc = &b[192..208];
+    for half in 0..2 {
+        let ql = &b[64 * half..64 * half + 64];
+        let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+        for l in 0..32 {
+            let u = &mut k.u[128 * half..];
+            u[l] = (ql[l] & 0x0F) | ((qh[l] & 3) << 4);
+            u[l + 32] = (ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4);
+            u[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            u[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    for g in 0..16 {
+        k.sc[g] = sc[g] as i8 as i32;
+        k.mg[g] = -32 * k.sc[g];
+    }
+    k.d = f16_at(b, 208);
+}
+
+/// Q3_K into `k`, the `-4` offset folded into `mg`.
+fn unpack_q3_k(b: &[u8], k: &mut KBlock) {
+    let (hmask, qs) = (&b[0..32], &b[32..96]);
+    k.sc = q3_k_scales(&b[96..108]);
+    for pos in 0..256 {
+        let (half, j, l) = (pos / 128, (pos % 128) / 32, pos % 32);
+        let low = (qs[32 * half + l] >> (2 * j)) & 3;
+        let hbit = (hmask[l] >> (4 * half + j)) & 1;
+        k.u[pos] = low | (hbit << 2);
+    }
+    for g in 0..16 {
+        k.mg[g] = -4 * k.sc[g];
+    }
+    k.d = f16_at(b, 108);
+}
+
+/// Q2_K into `k`.
+fn unpack_q2_k(b: &[u8], k: &mut KBlock) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    for pos in 0..256 {
+        let (half, j, l) = (pos / 128, (pos % 128) / 32, pos % 32);
+        k.u[pos] = (qs[32 * half + l] >> (2 * j)) & 3;
+    }
+    for g in 0..16 {
+        k.sc[g] = (scales[g] & 0x0F) as i32;
+        k.mg[g] = (scales[g] >> 4) as i32;
+    }
+    k.d = f16_at(b, 80);
+    k.dm = -f16_at(b, 82);
+}
+
+/// A k-quant weight row (blocks of `bytes`, unpacked by `unpack`) against
+/// `rows` x rows, in groups of up to 8 rows that share each unpacked block.
+fn k_rows(
+    w: &[u8],
+    a: &[BlockQ8K],
+    rows: usize,
+    out: &mut [f32],
+    bytes: usize,
+    fold: bool,
+    unpack: fn(&[u8], &mut KBlock),
+) {
+    let nb = a.len() / rows;
+    let mut k = KBlock::new();
+    for r0 in (0..rows).step_by(8) {
+        let g = (rows - r0).min(8);
+        let mut acc = [0f32; 8];
+        for (i, b) in w.chunks_exact(bytes).take(nb).enumerate() {
+            unpack(b, &mut k);
+            for (r, acc) in acc[..g].iter_mut().enumerate() {
+                let a = &a[(r0 + r) * nb + i];
+                let mut sumi = 0i32;
+                for (gi, (u, q)) in k.u.chunks_exact(16).zip(a.q.chunks_exact(16)).enumerate() {
+                    let s: i32 = u.iter().zip(q).map(|(&u, &q)| u as i32 * q as i32).sum();
+                    sumi += k.sc[gi] * s;
+                }
+                let mins: i32 = k.mg.iter().zip(&a.bsums).map(|(&m, &s)| m * s as i32).sum();
+                *acc += if fold {
+                    k.d * a.d * (sumi + mins) as f32
+                } else {
+                    a.d * (k.d * sumi as f32 + k.dm * mins as f32)
+                };
+            }
+        }
+        out[r0..r0 + g].copy_from_slice(&acc[..g]);
+    }
+}
+
 /// The dot products above over `rows` x rows (`a` holds them one after
-/// another), the signature the dispatch in [`super`] takes.
+/// another), the signature the dispatch in [`super`] takes: the 32-block
+/// types and IQ4_XS row by row, the k-quants through [`k_rows`].
 pub mod rows {
     use super::super::act::{BlockQ8, BlockQ8K};
 
@@ -286,6 +437,21 @@ pub mod rows {
     }
 
     rows!(q4_0: BlockQ8, q4_1: BlockQ8, q5_0: BlockQ8, q5_1: BlockQ8, q8_0: BlockQ8);
-    rows!(q2_k: BlockQ8K, q3_k: BlockQ8K, q4_k: BlockQ8K, q5_k: BlockQ8K, q6_k: BlockQ8K);
     rows!(iq4_nl: BlockQ8, iq4_xs: BlockQ8K);
+
+    macro_rules! k_rows {
+        ($($name:ident: $bytes:expr, $fold:expr, $unpack:ident);*) => {$(
+            pub fn $name(w: &[u8], a: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+                super::k_rows(w, a, rows, out, $bytes, $fold, super::$unpack)
+            }
+        )*};
+    }
+
+    k_rows!(
+        q2_k: 84, false, unpack_q2_k;
+        q3_k: 110, true, unpack_q3_k;
+        q4_k: 144, false, unpack_q4_k;
+        q5_k: 176, false, unpack_q5_k;
+        q6_k: 210, true, unpack_q6_k
+    );
 }

@@ -1,16 +1,25 @@
 //! x86-64 block dot products, one set per instruction set: [`avx2`]
-//! (`vpmaddubsw` + `vpmaddwd`) and [`vnni`] (AVX-512 VNNI `vpdpbusd` on
-//! 256-bit registers, through inline assembly so that the crate's minimum
-//! Rust version needs no AVX-512 intrinsics).
+//! (`vpmaddubsw` + `vpmaddwd`) and [`vnni`] (AVX-512 VNNI `vpdpbusd` /
+//! `vpdpwssd` on 256-bit registers, through inline assembly so that the
+//! crate's minimum Rust version needs no AVX-512 intrinsics).
 //!
-//! Both sets come from one macro: every format unpacks a block to 32 unsigned
-//! quants per register (nibbles, plus fifth or high bits; the 32-block types
-//! once for up to 4 x rows, the k-quants once per x row), multiplies them
-//! with 32 signed 8-bit activations into 8 i32 lanes (`udot`), scales per
-//! block in f32 (32-blocks) or per sub-block in i32 (k-quants, `sdot`), and
-//! adds the offset or minimum terms from the activation sums in scalar code.
-//! IQ4_NL and IQ4_XS look their nibbles up in the 16-entry table
-//! (`vpshufb`) and then take the signed path of Q8_0.
+//! Both sets come from one macro. Every weight block is unpacked once per
+//! group of up to 8 x rows and dotted with each row of the group, so that decoding many
+//! sequences at once pays the unpacking once per block rather than once per
+//! row:
+//! - 32-block types: 32 unsigned quants per register (nibbles, plus fifth
+//!   bits), multiplied with 32 signed 8-bit activations into 8 i32 lanes
+//!   (`udot`), scaled per block in f32; offsets and minimums come from the
+//!   activation sums in scalar code.
+//! - k-quants ([`KBlock`]): eight registers of unsigned quants and their
+//!   16-bit scales, multiplied pairwise into 16-bit sums (`vpmaddubsw`, no
+//!   saturation for quants below 64) and scaled into i32 (`kdot`); the
+//!   minimum or offset term is the activations' 16-sums (`bsums`) times one
+//!   16-bit factor per 16 elements.
+//! - IQ4_NL and IQ4_XS look their nibbles up in the 16-entry table
+//!   (`vpshufb`) and then take the signed path of Q8_0 (IQ4_XS one row at a
+//!   time).
+//!
 //! The integer sums equal the portable kernels' ([`super::scalar`]) exactly.
 //!
 //! Safety: every function needs AVX2, FMA and F16C (and the VNNI set AVX-512
@@ -18,7 +27,7 @@
 //! weight row of `a.len() / rows` whole blocks.
 
 use super::act::{BlockQ8, BlockQ8K};
-use super::scalar::{bsum32, q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
+use super::scalar::{q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
 use pagoda_gguf::dequant::iquants::iq4_xs_scale;
 use std::arch::x86_64::*;
 
@@ -90,6 +99,158 @@ unsafe fn bits(v: __m256i, n: i32, mask: i8) -> __m256i {
     )
 }
 
+/// 16-bit scales for [`avx2_ops::sdot`]-style products: `lo` for bytes
+/// 0..16, `hi` for 16..32.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn scales16(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// One k-quant block unpacked for the multi-row products: register `j`
+/// holds the unsigned quants of elements `32 j..32 j + 32` (matching 32
+/// activation bytes at offset `32 j`) and `sc[j]` their 16-bit scales (one
+/// per 16 elements); `mg` holds one 16-bit factor per 16 elements for the
+/// activation sums (`bsums`). The block's value against activations `a` is
+/// `d * a.d * (sum_j sc[j] (u[j] . a[j]) [+ mg . bsums]) [+ dm * a.d * (mg . bsums)]`,
+/// the bracketed term folded into the integer sum when `dm` is unused.
+struct KBlock {
+    u: [__m256i; 8],
+    sc: [__m256i; 8],
+    mg: __m256i,
+    d: f32,
+    dm: f32,
+}
+
+/// Q4_K (`FIVE` = false, 144 bytes) and Q5_K (176 bytes): `x = d sc q - dmin m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
+    let sb = std::slice::from_raw_parts(b.add(4), 12);
+    let qs = if FIVE { b.add(48) } else { b.add(16) };
+    let qh = if FIVE {
+        load(b.add(16))
+    } else {
+        _mm256_setzero_si256()
+    };
+    let zero = _mm256_setzero_si256();
+    let (mut u, mut sc, mut m) = ([zero; 8], [zero; 8], [0i16; 16]);
+    for j in 0..4 {
+        let q = load(qs.add(32 * j));
+        let mut lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+        let mut hi = bits(q, 4, 0x0F);
+        if FIVE {
+            let h1 = bits(qh, 2 * j as i32, 1);
+            let h2 = bits(qh, 2 * j as i32 + 1, 1);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
+        }
+        let (s1, m1) = scale_min_k4(2 * j, sb);
+        let (s2, m2) = scale_min_k4(2 * j + 1, sb);
+        (u[2 * j], u[2 * j + 1]) = (lo, hi);
+        (sc[2 * j], sc[2 * j + 1]) = (scales16(s1, s1), scales16(s2, s2));
+        m[4 * j..4 * j + 4].copy_from_slice(&[m1 as i16, m1 as i16, m2 as i16, m2 as i16]);
+    }
+    KBlock {
+        u,
+        sc,
+        mg: load(m.as_ptr() as *const u8),
+        d: fp16(b),
+        dm: -fp16(b.add(2)),
+    }
+}
+
+/// Q6_K (210 bytes): `x = d sc (q - 32)`; the `-32` folded into `mg`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn unpack_q6_k(b: *const u8) -> KBlock {
+    let sb = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+    let zero = _mm256_setzero_si256();
+    let (mut u, mut sc) = ([zero; 8], [zero; 8]);
+    let m4 = _mm256_set1_epi8(0x0F);
+    for h in 0..2 {
+        let ql0 = load(b.add(64 * h));
+        let ql1 = load(b.add(64 * h + 32));
+        let qh = load(b.add(128 + 32 * h));
+        let q = [
+            (_mm256_and_si256(ql0, m4), bits(qh, 0, 3)),
+            (_mm256_and_si256(ql1, m4), bits(qh, 2, 3)),
+            (bits(ql0, 4, 0x0F), bits(qh, 4, 3)),
+            (bits(ql1, 4, 0x0F), bits(qh, 6, 3)),
+        ];
+        for (r, (lo, hi)) in q.into_iter().enumerate() {
+            u[4 * h + r] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            let g = 8 * h + 2 * r;
+            sc[4 * h + r] = scales16(sb[g] as i32, sb[g + 1] as i32);
+        }
+    }
+    let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+    KBlock {
+        u,
+        sc,
+        mg: _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32)),
+        d: fp16(b.add(208)),
+        dm: 0.0,
+    }
+}
+
+/// Q3_K (110 bytes): `x = d sc (q - 4)`, `q = low | hbit << 2`; the `-4`
+/// folded into `mg`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn unpack_q3_k(b: *const u8) -> KBlock {
+    let s = q3_k_scales(std::slice::from_raw_parts(b.add(96), 12));
+    let hm = load(b);
+    let zero = _mm256_setzero_si256();
+    let (mut u, mut sc) = ([zero; 8], [zero; 8]);
+    for h in 0..2 {
+        let q = load(b.add(32 + 32 * h));
+        for j in 0..4 {
+            let low = bits(q, 2 * j as i32, 3);
+            let hb = bits(hm, (4 * h + j) as i32, 1);
+            u[4 * h + j] = _mm256_or_si256(low, _mm256_slli_epi16(hb, 2));
+            let g = 8 * h + 2 * j;
+            sc[4 * h + j] = scales16(s[g], s[g + 1]);
+        }
+    }
+    let mut m = [0i16; 16];
+    for (m, s) in m.iter_mut().zip(s) {
+        *m = (-4 * s) as i16;
+    }
+    KBlock {
+        u,
+        sc,
+        mg: load(m.as_ptr() as *const u8),
+        d: fp16(b.add(108)),
+        dm: 0.0,
+    }
+}
+
+/// Q2_K (84 bytes): `x = d sc q - dmin m`, 16 elements per (sc, m) nibble pair.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn unpack_q2_k(b: *const u8) -> KBlock {
+    let sb = std::slice::from_raw_parts(b, 16);
+    let zero = _mm256_setzero_si256();
+    let (mut u, mut sc) = ([zero; 8], [zero; 8]);
+    for h in 0..2 {
+        let q = load(b.add(16 + 32 * h));
+        for j in 0..4 {
+            u[4 * h + j] = bits(q, 2 * j as i32, 3);
+            let g = 8 * h + 2 * j;
+            sc[4 * h + j] = scales16((sb[g] & 0x0F) as i32, (sb[g + 1] & 0x0F) as i32);
+        }
+    }
+    let s16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(b as *const __m128i));
+    KBlock {
+        u,
+        sc,
+        mg: _mm256_srli_epi16(s16, 4),
+        d: fp16(b.add(80)),
+        dm: -fp16(b.add(82)),
+    }
+}
+
 /// The AVX2 integer dot steps.
 mod avx2_ops {
     use std::arch::x86_64::*;
@@ -114,6 +275,14 @@ mod avx2_ops {
     #[inline]
     pub unsafe fn sdot(u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc)
+    }
+
+    /// `acc + ` the pairwise `u . s` sums (16-bit, no saturation for `u <=
+    /// 64`) times the 16-bit scales `sc16` ([`super::scales16`]).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn kdot(acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, sdot(u, s, sc16))
     }
 }
 
@@ -150,12 +319,28 @@ mod vnni_ops {
     pub unsafe fn sdot(u: __m256i, s: __m256i, sc: __m256i) -> __m256i {
         _mm256_mullo_epi32(udot(u, s), sc)
     }
+
+    /// `acc + ` the pairwise `u . s` sums (16-bit, no saturation for `u <=
+    /// 64`) times the 16-bit scales `sc16` (`vpdpwssd`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn kdot(mut acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
+        let p = _mm256_maddubs_epi16(u, s);
+        asm!(
+            "vpdpwssd {a}, {p}, {c}",
+            a = inout(ymm_reg) acc,
+            p = in(ymm_reg) p,
+            c = in(ymm_reg) sc16,
+            options(pure, nomem, nostack)
+        );
+        acc
+    }
 }
 
 macro_rules! kernels {
     ($name:ident, $ops:ident) => {
         pub mod $name {
-            use super::$ops::{scales, sdot, udot};
+            use super::$ops::{kdot, scales, sdot, udot};
             use super::*;
 
             /// A 32-block format over `R` x rows at once (each block is
@@ -220,7 +405,7 @@ macro_rules! kernels {
                 0.0
             ));
 
-            /// Rows in groups of up to 4, each group one pass over the blocks.
+            /// Rows in groups of up to 8, each group one pass over the blocks.
             macro_rules! grouped {
                 ($fname:ident, $inner:ident) => {
                     #[target_feature(enable = "avx2,fma,f16c")]
@@ -228,13 +413,17 @@ macro_rules! kernels {
                         let nb = a.len() / rows;
                         let mut r0 = 0;
                         while r0 < rows {
-                            let g = (rows - r0).min(4);
+                            let g = (rows - r0).min(8);
                             let (a, o) = (&a[r0 * nb..(r0 + g) * nb], &mut out[r0..r0 + g]);
                             match g {
                                 1 => $inner::<1>(w, a, o),
                                 2 => $inner::<2>(w, a, o),
                                 3 => $inner::<3>(w, a, o),
-                                _ => $inner::<4>(w, a, o),
+                                4 => $inner::<4>(w, a, o),
+                                5 => $inner::<5>(w, a, o),
+                                6 => $inner::<6>(w, a, o),
+                                7 => $inner::<7>(w, a, o),
+                                _ => $inner::<8>(w, a, o),
                             }
                             r0 += g;
                         }
@@ -273,172 +462,81 @@ macro_rules! kernels {
                 hsum(acc)
             }
 
-            /// Q4_K (`five` = false) and Q5_K.
+            /// IQ4_XS, one x row at a time (the weight row stays in L1).
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn q45_k<const FIVE: bool>(w: &[u8], a: &[BlockQ8K]) -> f32 {
-                let bytes = if FIVE { 176 } else { 144 };
-                assert!(w.len() >= a.len() * bytes);
-                let mut acc = _mm256_setzero_ps();
-                let mut corr = 0f32;
-                for (i, a) in a.iter().enumerate() {
-                    let b = w.as_ptr().add(i * bytes);
-                    let sc = std::slice::from_raw_parts(b.add(4), 12);
-                    let qs = if FIVE { b.add(48) } else { b.add(16) };
-                    let qh = load(b.add(16));
-                    let aq = a.q.as_ptr() as *const u8;
-                    let mut sumi = _mm256_setzero_si256();
-                    let mut summ = 0i32;
-                    for j in 0..4 {
-                        let q = load(qs.add(32 * j));
-                        let mut lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-                        let mut hi = bits(q, 4, 0x0F);
-                        if FIVE {
-                            let h1 = bits(qh, 2 * j as i32, 1);
-                            let h2 = bits(qh, 2 * j as i32 + 1, 1);
-                            lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
-                            hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
-                        }
-                        let (sc1, m1) = scale_min_k4(2 * j, sc);
-                        let (sc2, m2) = scale_min_k4(2 * j + 1, sc);
-                        let p1 = sdot(lo, load(aq.add(64 * j)), scales(sc1, sc1));
-                        let p2 = sdot(hi, load(aq.add(64 * j + 32)), scales(sc2, sc2));
-                        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
-                        summ += m1 * bsum32(a, 2 * j) + m2 * bsum32(a, 2 * j + 1);
-                    }
-                    let d = _mm256_set1_ps(fp16(b) * a.d);
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-                    corr -= fp16(b.add(2)) * a.d * summ as f32;
+            pub unsafe fn iq4_xs(w: &[u8], a: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+                let nb = a.len() / rows;
+                for (r, o) in out[..rows].iter_mut().enumerate() {
+                    *o = iq4_xs_1(w, &a[r * nb..(r + 1) * nb]);
                 }
-                hsum(acc) + corr
             }
 
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn q4_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
-                q45_k::<false>(w, a)
-            }
-
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn q5_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
-                q45_k::<true>(w, a)
-            }
-
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn q6_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
-                assert!(w.len() >= a.len() * 210);
-                let mut acc = _mm256_setzero_ps();
-                for (i, a) in a.iter().enumerate() {
-                    let b = w.as_ptr().add(i * 210);
-                    let sc = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
-                    let aq = a.q.as_ptr() as *const u8;
-                    let mut sumi = _mm256_setzero_si256();
-                    for h in 0..2 {
-                        let ql0 = load(b.add(64 * h));
-                        let ql1 = load(b.add(64 * h + 32));
-                        let qh = load(b.add(128 + 32 * h));
-                        let m4 = _mm256_set1_epi8(0x0F);
-                        let q = [
-                            (_mm256_and_si256(ql0, m4), bits(qh, 0, 3)),
-                            (_mm256_and_si256(ql1, m4), bits(qh, 2, 3)),
-                            (bits(ql0, 4, 0x0F), bits(qh, 4, 3)),
-                            (bits(ql1, 4, 0x0F), bits(qh, 6, 3)),
-                        ];
-                        for (r, (lo, hi)) in q.into_iter().enumerate() {
-                            let u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                            let g = 8 * h + 2 * r;
-                            let s = scales(sc[g] as i32, sc[g + 1] as i32);
-                            let p = sdot(u, load(aq.add(128 * h + 32 * r)), s);
-                            sumi = _mm256_add_epi32(sumi, p);
-                        }
-                    }
-                    let corr: i32 = (0..16).map(|g| sc[g] as i32 * a.bsums[g] as i32).sum();
-                    let sumi =
-                        _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
-                    let d = _mm256_set1_ps(fp16(b.add(208)) * a.d);
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-                }
-                hsum(acc)
-            }
-
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn q2_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
-                assert!(w.len() >= a.len() * 84);
-                let mut acc = _mm256_setzero_ps();
-                let mut corr = 0f32;
-                for (i, a) in a.iter().enumerate() {
-                    let b = w.as_ptr().add(i * 84);
-                    let sc = std::slice::from_raw_parts(b, 16);
-                    let aq = a.q.as_ptr() as *const u8;
-                    let mut sumi = _mm256_setzero_si256();
-                    for h in 0..2 {
-                        let q = load(b.add(16 + 32 * h));
-                        for j in 0..4 {
-                            let u = bits(q, 2 * j as i32, 3);
-                            let g = 8 * h + 2 * j;
-                            let s = scales((sc[g] & 0x0F) as i32, (sc[g + 1] & 0x0F) as i32);
-                            let p = sdot(u, load(aq.add(128 * h + 32 * j)), s);
-                            sumi = _mm256_add_epi32(sumi, p);
-                        }
-                    }
-                    let summ: i32 = (0..16)
-                        .map(|g| (sc[g] >> 4) as i32 * a.bsums[g] as i32)
-                        .sum();
-                    let d = _mm256_set1_ps(fp16(b.add(80)) * a.d);
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-                    corr -= fp16(b.add(82)) * a.d * summ as f32;
-                }
-                hsum(acc) + corr
-            }
-
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn q3_k_1(w: &[u8], a: &[BlockQ8K]) -> f32 {
-                assert!(w.len() >= a.len() * 110);
-                let mut acc = _mm256_setzero_ps();
-                for (i, a) in a.iter().enumerate() {
-                    let b = w.as_ptr().add(i * 110);
-                    let sc = q3_k_scales(std::slice::from_raw_parts(b.add(96), 12));
-                    let hm = load(b);
-                    let aq = a.q.as_ptr() as *const u8;
-                    let mut sumi = _mm256_setzero_si256();
-                    for h in 0..2 {
-                        let q = load(b.add(32 + 32 * h));
-                        for j in 0..4 {
-                            let low = bits(q, 2 * j as i32, 3);
-                            let hb = bits(hm, (4 * h + j) as i32, 1);
-                            let u = _mm256_or_si256(low, _mm256_slli_epi16(hb, 2));
-                            let g = 8 * h + 2 * j;
-                            let p =
-                                sdot(u, load(aq.add(128 * h + 32 * j)), scales(sc[g], sc[g + 1]));
-                            sumi = _mm256_add_epi32(sumi, p);
-                        }
-                    }
-                    let corr: i32 = (0..16).map(|g| sc[g] * a.bsums[g] as i32).sum();
-                    let sumi =
-                        _mm256_sub_epi32(sumi, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
-                    let d = _mm256_set1_ps(fp16(b.add(108)) * a.d);
-                    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-                }
-                hsum(acc)
-            }
-
-            /// The k-quants, one x row at a time (the weight row stays in L1).
-            macro_rules! per_row {
-                ($fname:ident, $one:ident) => {
+            /// A k-quant over rows in groups of up to 8: each block is
+            /// unpacked once ([`KBlock`]) per group, then dotted with every
+            /// row's 256 activations; with `$fold` the minimum term is added
+            /// to the integer sum (its factor is `d`), else scaled by `dm`.
+            macro_rules! k_grouped {
+                ($fname:ident, $bytes:expr, $fold:expr, $unpack:expr) => {
                     #[target_feature(enable = "avx2,fma,f16c")]
                     pub unsafe fn $fname(w: &[u8], a: &[BlockQ8K], rows: usize, out: &mut [f32]) {
+                        #[target_feature(enable = "avx2,fma,f16c")]
+                        unsafe fn group<const R: usize>(w: &[u8], a: &[BlockQ8K], out: &mut [f32]) {
+                            let nb = a.len() / R;
+                            assert!(w.len() >= nb * $bytes && out.len() >= R);
+                            let mut acc = [_mm256_setzero_ps(); R];
+                            for i in 0..nb {
+                                let k: KBlock = $unpack(w.as_ptr().add(i * $bytes));
+                                for r in 0..R {
+                                    let a = &a[r * nb + i];
+                                    let aq = a.q.as_ptr() as *const u8;
+                                    let mut sumi = _mm256_setzero_si256();
+                                    for j in 0..8 {
+                                        sumi = kdot(sumi, k.u[j], load(aq.add(32 * j)), k.sc[j]);
+                                    }
+                                    let bs = load(a.bsums.as_ptr() as *const u8);
+                                    let mins = _mm256_madd_epi16(k.mg, bs);
+                                    if $fold {
+                                        sumi = _mm256_add_epi32(sumi, mins);
+                                    }
+                                    let p = _mm256_cvtepi32_ps(sumi);
+                                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(k.d * a.d), p, acc[r]);
+                                    if !$fold {
+                                        let m = _mm256_cvtepi32_ps(mins);
+                                        let dm = _mm256_set1_ps(k.dm * a.d);
+                                        acc[r] = _mm256_fmadd_ps(dm, m, acc[r]);
+                                    }
+                                }
+                            }
+                            for r in 0..R {
+                                out[r] = hsum(acc[r]);
+                            }
+                        }
                         let nb = a.len() / rows;
-                        for (r, o) in out[..rows].iter_mut().enumerate() {
-                            *o = $one(w, &a[r * nb..(r + 1) * nb]);
+                        let mut r0 = 0;
+                        while r0 < rows {
+                            let g = (rows - r0).min(8);
+                            let (a, o) = (&a[r0 * nb..(r0 + g) * nb], &mut out[r0..r0 + g]);
+                            match g {
+                                1 => group::<1>(w, a, o),
+                                2 => group::<2>(w, a, o),
+                                3 => group::<3>(w, a, o),
+                                4 => group::<4>(w, a, o),
+                                5 => group::<5>(w, a, o),
+                                6 => group::<6>(w, a, o),
+                                7 => group::<7>(w, a, o),
+                                _ => group::<8>(w, a, o),
+                            }
+                            r0 += g;
                         }
                     }
                 };
             }
 
-            per_row!(q2_k, q2_k_1);
-            per_row!(q3_k, q3_k_1);
-            per_row!(q4_k, q4_k_1);
-            per_row!(q5_k, q5_k_1);
-            per_row!(q6_k, q6_k_1);
-            per_row!(iq4_xs, iq4_xs_1);
+            k_grouped!(q2_k, 84, false, unpack_q2_k);
+            k_grouped!(q3_k, 110, true, unpack_q3_k);
+            k_grouped!(q4_k, 144, false, unpack_q45_k::<false>);
+            k_grouped!(q5_k, 176, false, unpack_q45_k::<true>);
+            k_grouped!(q6_k, 210, true, unpack_q6_k);
         }
     };
 }
