@@ -10,8 +10,8 @@
 //! times should stay flat). Each figure is the median of several timed
 //! repeats (host clock around a device synchronization, after a warm-up);
 //! inputs are random, never zeros. Last, the mixture-of-experts MLPs of one
-//! Qwen3-30B-A3B layer at 1 to 256 rows, on the GEMV and the grouped path
-//! (and which one the shape picks), against the floor: the time to read
+//! Qwen3-30B-A3B layer at 1 to 256 rows, on the GEMV, the grouped and the
+//! grouped-GEMV path (and which one the shape picks), against the floor: the time to read
 //! the experts they touch.
 #![cfg(feature = "cuda")]
 
@@ -297,7 +297,7 @@ fn moe_timings() {
             floor * 1e6,
             route_secs * 1e6
         );
-        for path in [MoePath::Gemv, MoePath::Grouped] {
+        for path in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
             let secs = time(&g, 20, || {
                 for _ in 0..10 {
                     let _ = g

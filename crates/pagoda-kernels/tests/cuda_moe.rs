@@ -12,8 +12,10 @@
 //! routes and shapes as errors; a captured graph replayed with new routes,
 //! on both paths. The GEMV path (few rows) at 1, 2, 4, 8 and 16 rows and
 //! just past the switch-over, odd top_k and repeated experts, against the
-//! f64 reference, the CPU backend and the grouped path forced on the same
-//! inputs. The shared-expert gate (`sigmoid_gate_rows`) against the CPU.
+//! f64 reference, the CPU backend and the grouped and grouped-GEMV paths
+//! forced on the same inputs (the grouped GEMV, a timing-only path, also
+//! past one chunk and at 64 rows of Qwen3-30B-A3B). The shared-expert gate
+//! (`sigmoid_gate_rows`) against the CPU.
 //! Outputs are NaN-poisoned before each op, so an unwritten element fails.
 //!
 //! Without a CUDA device or driver every test prints a notice and passes
@@ -450,6 +452,12 @@ fn rows_past_one_chunk() {
     let x = rvec(&mut rng, rows * hidden, 1.0);
     let (ids, w) = random_routes(&mut rng, rows, e, k);
     case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, "two chunks");
+    check_rel(
+        "two chunks, grouped GEMV vs f64",
+        &run_on(&g, &l, &gw, &x, &ids, &w, k, MoePath::GroupedGemv),
+        &l.reference(&x, &ids, &w, k),
+        1e-2,
+    );
 }
 
 #[test]
@@ -477,6 +485,14 @@ fn qwen3_30b_a3b_sizes() {
             k,
             &format!("qwen3-30b-a3b rows {rows}"),
         );
+        if rows == 64 {
+            check_rel(
+                "qwen3-30b-a3b rows 64 grouped GEMV vs f64",
+                &run_on(&g, &l, &gw, &x, &ids, &w, k, MoePath::GroupedGemv),
+                &l.reference(&x, &ids, &w, k),
+                1e-2,
+            );
+        }
     }
     // Routing on the device end to end: router logits -> routes -> experts.
     let rows = 64;
@@ -669,7 +685,7 @@ fn gemv_path_at_small_batches_and_the_switch_over() {
             let label = format!("E{e} H{hidden} I{inter} k{k} rows{rows} ({path:?})");
             let auto = case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, &label);
             let want = l.reference(&x, &ids, &w, k);
-            for p in [MoePath::Gemv, MoePath::Grouped] {
+            for p in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
                 let got = run_on(&g, &l, &gw, &x, &ids, &w, k, p);
                 check_rel(&format!("{label} forced {p:?} vs f64"), &got, &want, 1e-2);
                 if p == path {

@@ -118,6 +118,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "moe_combine_bf16",
     "moe_gemv_gate_up",
     "moe_gemv_down",
+    "moe_ggemv_gate_up",
+    "moe_ggemv_down",
     "moe_sigmoid_gate_bf16",
     "moe_sigmoid_gate_f32",
 ];

@@ -13,7 +13,9 @@
 //!   routing weights, summed in k order in f32 and rounded once). Decode at
 //!   small batch is a pass over the chosen experts' weights; this path
 //!   streams them without padding or grouping.
-//! - Grouped, per chunk of at most [`CHUNK_ROWS`] rows, four launches:
+//! - Grouped, per chunk of at most [`CHUNK_ROWS`] rows, four launches
+//!   ([`MoePath::GroupedGemv`], for timing, swaps the two GEMMs for warps
+//!   streaming each expert's rows once per tile of 8 slots):
 //!   `moe_group` (pairs grouped by expert on the device, tiles padded to the
 //!   GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused
 //!   (`[slots, inter]`), the down GEMM with the routing weight folded in
@@ -60,6 +62,8 @@ const GEMV_WARPS: usize = 8;
 /// Most rows the GEMV path takes (with at most one pair per expert on
 /// average: past that the grouped GEMMs share each expert's weights).
 pub const GEMV_MAX_ROWS: usize = 16;
+/// Slots of a grouped-GEMV tile (`MV_BM`).
+const GGEMV_BM: usize = 8;
 /// Threads of a GEMM block (`MOE_THREADS`) and its column tile (BN).
 const GEMM_THREADS: u32 = 128;
 const GEMM_BN: usize = 64;
@@ -292,7 +296,8 @@ fn check(
     }
     // Every index the kernels form: slots * width and weight rows * width
     // are 64-bit there; counts and widths must fit in 32 bits.
-    let (_, slots) = capacity(rows, routes.top_k, n_exp);
+    // (The grouped GEMV's 8-slot tiles never need more slots than 16-slot ones.)
+    let (_, slots) = capacity(rows, routes.top_k, n_exp, false);
     for v in [
         rows * routes.top_k,
         slots,
@@ -343,9 +348,14 @@ struct ChunkPlan {
     tiles: usize,
 }
 
-fn plan(n: usize, top_k: usize, n_exp: usize) -> ChunkPlan {
+/// `tile_gemv`: the grouped GEMV's tiles of [`GGEMV_BM`] slots.
+fn plan(n: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> ChunkPlan {
     let pairs = n * top_k;
-    let bm = tile_rows(pairs, n_exp);
+    let bm = if tile_gemv {
+        GGEMV_BM
+    } else {
+        tile_rows(pairs, n_exp)
+    };
     ChunkPlan {
         pairs,
         bm,
@@ -355,9 +365,9 @@ fn plan(n: usize, top_k: usize, n_exp: usize) -> ChunkPlan {
 
 /// Scratch that serves every chunk of `rows` rows: `(meta ints, slots)`,
 /// the largest over the full chunk and the remainder (the only two shapes).
-fn capacity(rows: usize, top_k: usize, n_exp: usize) -> (usize, usize) {
-    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp);
-    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp);
+fn capacity(rows: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> (usize, usize) {
+    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp, tile_gemv);
+    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp, tile_gemv);
     (
         1 + full.tiles.max(rest.tiles),
         (full.tiles * full.bm).max(rest.tiles * rest.bm),
@@ -371,6 +381,11 @@ pub enum MoePath {
     Gemv,
     /// Pairs grouped by expert, tensor-core GEMMs, then the combine.
     Grouped,
+    /// Pairs grouped by expert in tiles of [`GGEMV_BM`], each expert's rows
+    /// streamed once per tile by warps (no tensor cores), then the combine.
+    /// Never chosen by the shape yet: for timing against `Grouped` at
+    /// batches with a few pairs per expert.
+    GroupedGemv,
 }
 
 impl MoePath {
@@ -423,11 +438,11 @@ pub(crate) fn experts_on(
     let path = path.unwrap_or(MoePath::for_shape(
         d.rows, d.top_k, n_exp, d.hidden, d.inter,
     ));
-    if path == MoePath::Gemv && !(d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8)) {
+    if path != MoePath::Grouped && !(d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8)) {
         return Err(shape_err(
             op,
             format!(
-                "the GEMV path needs hidden ({}) and inter ({}) multiples of 8",
+                "the {path:?} path needs hidden ({}) and inter ({}) multiples of 8",
                 d.hidden, d.inter
             ),
         ));
@@ -446,7 +461,8 @@ pub(crate) fn experts_on(
         return Ok(out);
     }
     // Scratch for every chunk, reused by the next (stream order).
-    let (meta, slots) = capacity(d.rows, d.top_k, n_exp);
+    let tile_gemv = path == MoePath::GroupedGemv;
+    let (meta, slots) = capacity(d.rows, d.top_k, n_exp, tile_gemv);
     let mut s = Scratch {
         meta: b.alloc_i32(meta)?,
         slot_pair: b.alloc_i32(slots)?,
@@ -457,7 +473,9 @@ pub(crate) fn experts_on(
     let mut r0 = 0;
     while r0 < d.rows {
         let n = CHUNK_ROWS.min(d.rows - r0);
-        run_chunk(b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n)?;
+        run_chunk(
+            b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n, tile_gemv,
+        )?;
         r0 += n;
     }
     Ok(out)
@@ -589,16 +607,17 @@ fn run_chunk(
     s: &mut Scratch,
     r0: usize,
     n: usize,
+    tile_gemv: bool,
 ) -> Result<()> {
     let op = "moe_experts";
-    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp);
+    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp, tile_gemv);
     let (p_i, e_i, bm_i, k_i) = (
         i32_of(pairs, op)?,
         i32_of(d.n_exp, op)?,
         bm as i32,
         d.top_k as i32,
     );
-    let (hid_i, int_i, rows_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, i32_of(n, op)?);
+    let (hid_i, rows_i) = (i32_of(d.hidden, op)?, i32_of(n, op)?);
     let q0 = r0 * d.top_k;
     let ids = routes.ids.slice(q0..q0 + pairs);
     let weights = routes.weights.slice(q0..q0 + pairs);
@@ -627,6 +646,48 @@ fn run_chunk(
         unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     }
 
+    if tile_gemv {
+        grouped_gemv(b, d, x, gate_up, down, s, &weights, r0, n, tiles)?;
+    } else {
+        grouped_gemm(b, d, x, gate_up, down, s, &weights, r0, n, bm, tiles)?;
+    }
+    // Combine the k outputs of each row.
+    {
+        let mut od = out
+            .bf16_mut(op)?
+            .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
+        let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
+        l.arg(&mut od)
+            .arg(&s.y)
+            .arg(&s.pair_slot)
+            .arg(&rows_i)
+            .arg(&k_i)
+            .arg(&hid_i);
+        // SAFETY: writes n * hidden outputs (the view holds them), reads
+        // pair_slot below `pairs` and y rows below tiles * bm.
+        unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
+    }
+    Ok(())
+}
+
+/// The grouped path's two tensor-core GEMMs of rows `r0 .. r0 + n`.
+#[allow(clippy::too_many_arguments)]
+fn grouped_gemm(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    s: &mut Scratch,
+    weights: &cudarc::driver::CudaView<'_, f32>,
+    r0: usize,
+    n: usize,
+    bm: usize,
+    tiles: usize,
+) -> Result<()> {
+    let op = "moe_experts";
+    let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
+    let stream = &b.dev.stream;
     let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
     let (gu_name, dn_name) = if bm == 16 {
         ("moe_gemm_gate_up_m16", "moe_gemm_down_m16")
@@ -648,7 +709,7 @@ fn run_chunk(
             .arg(gate_up.bf16(op)?)
             .arg(&s.meta)
             .arg(&s.slot_pair)
-            .arg(&weights)
+            .arg(weights)
             .arg(&k_i)
             .arg(&int_i)
             .arg(&hid_i)
@@ -669,7 +730,7 @@ fn run_chunk(
             .arg(down.bf16(op)?)
             .arg(&s.meta)
             .arg(&s.slot_pair)
-            .arg(&weights)
+            .arg(weights)
             .arg(&k_i)
             .arg(&hid_i)
             .arg(&int_i)
@@ -678,21 +739,68 @@ fn run_chunk(
         // below tiles * bm, weights read at pair indices below `pairs`.
         unsafe { l.launch(gemm_cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
     }
-    // Combine the k outputs of each row.
+    Ok(())
+}
+
+/// The grouped GEMV's two launches of rows `r0 .. r0 + n` (tiles of
+/// [`GGEMV_BM`] slots; widths multiples of 8).
+#[allow(clippy::too_many_arguments)]
+fn grouped_gemv(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    s: &mut Scratch,
+    weights: &cudarc::driver::CudaView<'_, f32>,
+    r0: usize,
+    n: usize,
+    tiles: usize,
+) -> Result<()> {
+    let op = "moe_experts";
+    if tiles > 65535 {
+        return Err(shape_err(
+            op,
+            format!("{tiles} tiles: too many for the grouped GEMV path"),
+        ));
+    }
+    let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
+    let stream = &b.dev.stream;
+    let cfg = |cols: usize| LaunchConfig {
+        grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, tiles as u32, 1),
+        block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     {
-        let mut od = out
-            .bf16_mut(op)?
-            .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
-        l.arg(&mut od)
-            .arg(&s.y)
-            .arg(&s.pair_slot)
-            .arg(&rows_i)
+        let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
+        let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_gate_up")?);
+        l.arg(&mut s.h)
+            .arg(&xd)
+            .arg(gate_up.bf16(op)?)
+            .arg(&s.meta)
+            .arg(&s.slot_pair)
             .arg(&k_i)
+            .arg(&int_i)
             .arg(&hid_i);
-        // SAFETY: writes n * hidden outputs (the view holds them), reads
-        // pair_slot below `pairs` and y rows below tiles * bm.
-        unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
+        // SAFETY: as for the grouped GEMMs: tiles below meta[0] name experts
+        // below E, slots below tiles * GGEMV_BM (the scratch holds them),
+        // x rows pair / top_k < n; rows are 16-byte aligned (widths are
+        // multiples of 8, buffers 512-byte aligned).
+        unsafe { l.launch(cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
+    }
+    {
+        let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_down")?);
+        l.arg(&mut s.y)
+            .arg(&s.h)
+            .arg(down.bf16(op)?)
+            .arg(&s.meta)
+            .arg(&s.slot_pair)
+            .arg(weights)
+            .arg(&hid_i)
+            .arg(&int_i);
+        // SAFETY: down rows below E * hidden, h and y rows below tiles *
+        // GGEMV_BM, weights read at pair indices below `pairs`.
+        unsafe { l.launch(cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
     }
     Ok(())
 }
@@ -741,11 +849,11 @@ mod tests {
     fn capacity_serves_every_chunk() {
         for rows in [1, 7, 300, 4095, 4096, 4097, 8192, 8200, 20000] {
             for (top_k, n_exp) in [(1, 8), (2, 64), (8, 128), (8, 1024)] {
-                let (meta, slots) = capacity(rows, top_k, n_exp);
+                let (meta, slots) = capacity(rows, top_k, n_exp, false);
                 let mut r0 = 0;
                 while r0 < rows {
                     let n = CHUNK_ROWS.min(rows - r0);
-                    let p = plan(n, top_k, n_exp);
+                    let p = plan(n, top_k, n_exp, false);
                     assert!(p.tiles < meta && p.tiles * p.bm <= slots);
                     r0 += n;
                 }
@@ -772,9 +880,9 @@ mod tests {
 
     #[test]
     fn tile_height_follows_pairs_per_expert() {
-        assert_eq!(plan(1, 8, 128).bm, 16);
-        assert_eq!(plan(256, 8, 128).bm, 16);
-        assert_eq!(plan(512, 8, 128).bm, 64);
-        assert_eq!(plan(300, 2, 8).bm, 64);
+        assert_eq!(plan(1, 8, 128, false).bm, 16);
+        assert_eq!(plan(256, 8, 128, false).bm, 16);
+        assert_eq!(plan(512, 8, 128, false).bm, 64);
+        assert_eq!(plan(300, 2, 8, false).bm, 64);
     }
 }

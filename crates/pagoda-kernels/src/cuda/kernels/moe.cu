@@ -65,6 +65,16 @@
 // Requires hidden % 8 == 0 and inter % 8 == 0 (16-byte rows; the host
 // checks, and takes the grouped path otherwise).
 //
+// moe_ggemv_{gate_up,down}: the grouped GEMV, for steps with a few pairs
+// per expert: moe_group's tiles of MV_BM slots (one expert each), grid
+// (ceil(N / MV_WARPS), max_tiles), blocks past meta[0] exit. Warp n of tile
+// t streams expert meta[1 + t]'s weight row(s) n once (16-byte loads, as
+// above) against the MV_BM slots' activation rows (x[pair / top_k] or
+// h[slot], from L1/L2), MV_BM f32 sums each, and writes
+//   gate_up: h[slot, n] = bf16(silu(g) * u);
+//   down:    y[slot, n] = bf16(weight[pair] * acc);
+// then moe_combine_bf16 as in the grouped path. Padding slots write nothing.
+//
 // moe_sigmoid_gate_{bf16,f32}: a shared expert's gate (Qwen2-MoE),
 // x[r, c] = bf16(x[r, c] * sigmoid(gate[r * gate_cols])) in f32;
 // grid-stride over rows * cols.
@@ -76,6 +86,7 @@
 #define MOE_BK 32
 #define MOE_LD (MOE_BK + 8)
 #define MV_WARPS 8
+#define MV_BM 8
 
 // Waits until at most N committed cp.async groups are still in flight.
 template <int N>
@@ -619,4 +630,129 @@ extern "C" __global__ void moe_sigmoid_gate_f32(bf16* __restrict__ x,
                                                 const float* __restrict__ gate, int rows,
                                                 int cols, int gate_cols) {
     moe_sigmoid_gate(x, gate, rows, cols, gate_cols);
+}
+
+// Lane's share of the MV_BM dot products of weight rows w0 and w1 against
+// the activation rows rows[s] (nullptr: skipped, sums 0).
+__device__ __forceinline__ void mv_tile_dots(const uint4* __restrict__ w0,
+                                             const uint4* __restrict__ w1,
+                                             const bf16* const* rows, int chunks, int lane,
+                                             float (&s0)[MV_BM], float (&s1)[MV_BM]) {
+    for (int c = lane; c < chunks; c += 32) {
+        float f0[8], f1[8];
+        bf16x8_to_f32(__ldcs(w0 + c), f0);
+        bf16x8_to_f32(__ldcs(w1 + c), f1);
+#pragma unroll
+        for (int s = 0; s < MV_BM; s++) {
+            if (rows[s] == nullptr) {
+                continue;
+            }
+            float a[8];
+            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(rows[s]) + c), a);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                s0[s] = fmaf(f0[i], a[i], s0[s]);
+                s1[s] = fmaf(f1[i], a[i], s1[s]);
+            }
+        }
+    }
+}
+
+// h [slots, inter]; x [rows, hidden]; w the stacked gate_up.
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
+moe_ggemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                  const int* __restrict__ meta, const int* __restrict__ slot_pair, int top_k,
+                  int inter, int hidden) {
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) {
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (n >= inter) {
+        return;
+    }
+    const int e = meta[1 + tile];
+    const long long slot0 = (long long)tile * MV_BM;
+    const bf16* rows[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        int p = slot_pair[slot0 + s];
+        rows[s] = p >= 0 ? x + (long long)(p / top_k) * hidden : nullptr;
+    }
+    const bf16* gate = w + ((long long)e * 2 * inter + n) * hidden;
+    float g[MV_BM], u[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        g[s] = u[s] = 0.0f;
+    }
+    mv_tile_dots(reinterpret_cast<const uint4*>(gate),
+                 reinterpret_cast<const uint4*>(gate + (long long)inter * hidden), rows,
+                 hidden >> 3, lane, g, u);
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        if (rows[s] == nullptr) {
+            continue;
+        }
+        float gs = warp_sum(g[s]);
+        float us = warp_sum(u[s]);
+        if (lane == 0) {
+            h[(slot0 + s) * inter + n] = f2bf(silu(gs) * us);
+        }
+    }
+}
+
+// y [slots, hidden]; h [slots, inter]; w the stacked down.
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
+moe_ggemv_down(bf16* __restrict__ y, const bf16* __restrict__ h, const bf16* __restrict__ w,
+               const int* __restrict__ meta, const int* __restrict__ slot_pair,
+               const float* __restrict__ route_w, int hidden, int inter) {
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) {
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (n >= hidden) {
+        return;
+    }
+    const int e = meta[1 + tile];
+    const long long slot0 = (long long)tile * MV_BM;
+    const bf16* rows[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        rows[s] = slot_pair[slot0 + s] >= 0 ? h + (slot0 + s) * inter : nullptr;
+    }
+    const uint4* row = reinterpret_cast<const uint4*>(w + ((long long)e * hidden + n) * inter);
+    float acc[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        acc[s] = 0.0f;
+    }
+    for (int c = lane; c < (inter >> 3); c += 32) {
+        float f[8];
+        bf16x8_to_f32(__ldcs(row + c), f);
+#pragma unroll
+        for (int s = 0; s < MV_BM; s++) {
+            if (rows[s] == nullptr) {
+                continue;
+            }
+            float a[8];
+            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(rows[s]) + c), a);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                acc[s] = fmaf(f[i], a[i], acc[s]);
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        if (rows[s] == nullptr) {
+            continue;
+        }
+        float a = warp_sum(acc[s]);
+        if (lane == 0) {
+            y[(slot0 + s) * hidden + n] = f2bf(route_w[slot_pair[slot0 + s]] * a);
+        }
+    }
 }
