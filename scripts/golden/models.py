@@ -17,7 +17,7 @@ What is written:
   transformers to float32). Greedy continuations (argmax each step, EOS not treated
   specially) with per-step top-5 ids/logits, and for the first prompt the logits of
   a fixed list of 64 ids at each of the first 10 steps.
-- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2,mistral,mistral-v03,phi3,qwen3-moe,mixtral}/config.json: the transformers config
+- tests/golden/tiny-{llama,llama-attnbias,qwen2,qwen3,opt,gemma3,gemma2,mistral,mistral-v03,phi3,qwen3-moe,mixtral,qwen2-moe}/config.json: the transformers config
   (save_pretrained output, plus the legacy "rope_theta"/"rope_scaling"/"torch_dtype"
   keys that real checkpoints carry; transformers reads both forms to the same config),
   and generation_config.json.
@@ -198,6 +198,7 @@ PROMPT_SEEDS = {
     "phi3": 0,
     "qwen3-moe": 1,
     "mixtral": 0,
+    "qwen2-moe": 4,
 }
 # Mixture-of-experts models: every routing decision (the k-th against the
 # (k+1)-th router logit of a token) must be this clear too, or float32
@@ -414,6 +415,31 @@ def tiny_configs():
                 rms_norm_eps=1e-6,
                 rope_theta=1000000.0,
                 attention_bias=False,
+                tie_word_embeddings=False,
+                use_sliding_window=False,
+            ),
+            {"rope_theta": 1000000.0, "rope_scaling": None},
+        ),
+        # Qwen2-MoE: 8 experts, top-2, weights not renormalized, a shared
+        # expert (gated by sigmoid(x . shared_expert_gate)) in every sparse
+        # layer, layer 1 dense (mlp_only_layers), q/k/v biases.
+        "qwen2-moe": (
+            T.Qwen2MoeForCausalLM,
+            T.Qwen2MoeConfig(
+                **common,
+                intermediate_size=96,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=False,
+                decoder_sparse_step=1,
+                mlp_only_layers=[1],
+                num_hidden_layers=3,
+                num_key_value_heads=2,
+                rms_norm_eps=1e-6,
+                rope_theta=1000000.0,
+                qkv_bias=True,
                 tie_word_embeddings=False,
                 use_sliding_window=False,
             ),

@@ -1,11 +1,13 @@
 //! The tiny mixture-of-experts goldens (tests/golden/tiny-qwen3-moe,
-//! tiny-mixtral; transformers' logits and greedy tokens) in the forms real
-//! checkpoints come in: Hugging Face directories with one tensor per expert
-//! (`mlp.experts.{e}.gate_proj` for Qwen, `block_sparse_moe.experts.{e}.w1`
-//! for Mixtral), and a Mixtral GGUF (llama architecture with experts:
-//! stacked `ffn_*_exps`, q/k rows permuted as llama.cpp stores them) in f32
-//! and in Q8_0 blocks kept quantized; a qwen3moe GGUF against the same
-//! weights from the dummy source. Also: f16 weights (the CLI's default) and
+//! tiny-mixtral, tiny-qwen2-moe; transformers' logits and greedy tokens) in
+//! the forms real checkpoints come in: Hugging Face directories with one
+//! tensor per expert (`mlp.experts.{e}.gate_proj` for Qwen,
+//! `block_sparse_moe.experts.{e}.w1` for Mixtral), a Mixtral GGUF (llama
+//! architecture with experts: stacked `ffn_*_exps`, q/k rows permuted as
+//! llama.cpp stores them) and a qwen2moe GGUF (shared expert `ffn_*_shexp`,
+//! its gate `ffn_gate_inp_shexp` as a vector) in f32 and in Q8_0 blocks kept
+//! quantized; a qwen3moe GGUF against the same weights from the dummy
+//! source. Also: f16 weights (the CLI's default) and
 //! the refusals of GGUF layouts pagoda does not implement.
 
 mod common;
@@ -141,7 +143,7 @@ impl WeightSource for PerExpert {
 
 #[test]
 fn per_expert_safetensors_directories_match_transformers() {
-    for arch in ["qwen3-moe", "mixtral"] {
+    for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
         let (cfg, golden) = load(arch);
         let src = PerExpert::new(&cfg);
         assert!(src.names.iter().any(|n| n.contains(".experts.7.")));
@@ -172,7 +174,7 @@ fn per_expert_safetensors_directories_match_transformers() {
 
 #[test]
 fn f16_weights_stay_close_to_transformers() {
-    for arch in ["qwen3-moe", "mixtral"] {
+    for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
         let (cfg, golden) = load(arch);
         let src = DummySource::new(&cfg).unwrap();
         let mut runner = cpu_runner(&cfg, &src, WeightDtype::F16, 64);
@@ -238,12 +240,17 @@ fn moe_gguf(cfg: &ModelConfig, arch: &str, q8: bool, skip: &str) -> GgufWriter {
             &k("expert_feed_forward_length"),
             u32v(m.moe_intermediate_size),
         );
+    if let Some(si) = m.shared_expert_intermediate_size {
+        w.add_metadata(&k("expert_shared_feed_forward_length"), u32v(si));
+    }
     let permute = arch == "llama";
     let add = |w: &mut GgufWriter, name: &str, shape: &[usize], v: &[f32]| {
         if name == skip {
             return;
         }
-        let matrix = shape.len() >= 2 && !name.ends_with("ffn_gate_inp.weight");
+        let matrix = shape.len() >= 2
+            && !name.ends_with("ffn_gate_inp.weight")
+            && !name.ends_with("ffn_gate_inp_shexp.weight");
         if q8 && matrix {
             w.add_q8_0(name, shape, v).unwrap();
         } else {
@@ -283,6 +290,12 @@ fn moe_gguf(cfg: &ModelConfig, arch: &str, q8: bool, skip: &str) -> GgufWriter {
             continue;
         }
         let gguf = hf_to_gguf_name(name).unwrap_or_else(|| panic!("no GGUF name for {name}"));
+        // llama.cpp's qwen2moe keeps the shared expert's gate as a vector.
+        let shape = if name.ends_with("shared_expert_gate.weight") {
+            vec![h]
+        } else {
+            shape
+        };
         let v = if permute && name.contains("self_attn.q_proj") {
             permute_forward(&v, h, cfg.num_attention_heads)
         } else if permute && name.contains("self_attn.k_proj") {
@@ -346,6 +359,38 @@ fn qwen3_moe_gguf_loads_like_the_dummy_weights() {
         for (g, w) in got.iter().zip(&want) {
             assert!(rel_err(g, w) < 1e-5);
         }
+    }
+}
+
+/// A qwen2moe GGUF (shared experts, q/k/v biases, routing weights not
+/// renormalized, layer 1 dense) matches transformers, in f32 and as Q8_0
+/// blocks kept quantized; a missing shared-expert tensor is named.
+#[test]
+fn qwen2_moe_gguf_matches_transformers() {
+    let (cfg, golden) = load("qwen2-moe");
+    let (gcfg, src) = open_gguf(&moe_gguf(&cfg, "qwen2moe", false, "")).unwrap();
+    assert_eq!(gcfg.architecture, pagoda_model::Architecture::Qwen2Moe);
+    assert_eq!(gcfg.moe, cfg.moe);
+    assert!(gcfg.attention_bias);
+    let mut f32_runner = cpu_runner(&gcfg, &src, WeightDtype::F32, 64);
+    check("qwen2moe gguf f32", &mut f32_runner, &golden, 1e-4, true);
+
+    let (gcfg, src) = open_gguf(&moe_gguf(&cfg, "qwen2moe", true, "")).unwrap();
+    let backend = CpuBackend::new(CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F16,
+    })
+    .unwrap()
+    .with_quantized_weights(true);
+    let mut kept = runner(backend, &gcfg, &src, 64);
+    check("qwen2moe gguf q8_0 kept", &mut kept, &golden, 5e-2, false);
+
+    for skip in [
+        "blk.2.ffn_down_shexp.weight",
+        "blk.0.ffn_gate_inp_shexp.weight",
+    ] {
+        let msg = config_err(&moe_gguf(&cfg, "qwen2moe", false, skip));
+        assert!(msg.contains(skip), "{msg}");
     }
 }
 

@@ -5,8 +5,9 @@
 //! on every layer, prompts up to 40 tokens) and Mistral v0.3 (no window, a
 //! 32768-token vocabulary, head_dim 32 != 64 / 4) and Phi-3 (fused qkv and
 //! gate/up, 12 of 16 head dimensions rotated, LongRoPE, window 8),
-//! Qwen3-MoE (8 experts, top-2, one dense layer) and Mixtral (8 experts,
-//! top-2 renormalized) models
+//! Qwen3-MoE (8 experts, top-2, one dense layer), Mixtral (8 experts,
+//! top-2 renormalized) and Qwen2-MoE (8 experts, top-2, a gated shared
+//! expert, one dense layer) models
 //! against Hugging Face transformers (tests/golden/tiny-*/, made by
 //! scripts/golden/models.py with pagoda's dummy-weight spec): last-prompt
 //! logits, 16 greedy tokens with their top-5, alone and batched, from dummy
@@ -25,7 +26,7 @@ use pagoda_model::loader::WeightSource;
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::ModelConfig;
 
-const ARCHS: [&str; 12] = [
+const ARCHS: [&str; 13] = [
     "llama",
     "llama-attnbias",
     "qwen2",
@@ -38,6 +39,7 @@ const ARCHS: [&str; 12] = [
     "phi3",
     "qwen3-moe",
     "mixtral",
+    "qwen2-moe",
 ];
 
 fn load(arch: &str) -> (ModelConfig, serde_json::Value) {

@@ -339,6 +339,16 @@ pub trait Backend: Send + Sync + 'static {
             "mixture-of-experts MLPs on this backend".into(),
         ))
     }
+    /// A shared expert's gate (Qwen2-MoE): `x[r, :] *= sigmoid(gate[r, 0])`
+    /// for each row, `gate: [rows, c]` with `c >= 1` (only column 0 is
+    /// read; a model may pad its gate weight so the product has aligned
+    /// rows). `x` is an activation of the backend's compute precision.
+    fn sigmoid_gate_rows(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<()> {
+        let _ = (x, gate);
+        Err(crate::KernelError::Unsupported(
+            "shared-expert gates on this backend".into(),
+        ))
+    }
 
     /// Ends the warm-up of a device's step memory: from now on every step
     /// takes its activations and scratch from a fixed reservation sized by

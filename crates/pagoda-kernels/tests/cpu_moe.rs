@@ -2,7 +2,8 @@
 //! reference on seeded random data: routing (softmax, top-k with ties to the
 //! lower index, renormalization) and the expert MLPs over stacked weights in
 //! every storage (f32, f16, bf16, kept Q8_0 blocks), with experts that get no
-//! rows, every row on one expert, decode-sized and prefill-sized row counts.
+//! rows, every row on one expert, decode-sized and prefill-sized row counts;
+//! the shared-expert gate (`sigmoid_gate_rows`).
 
 mod common;
 
@@ -373,4 +374,34 @@ fn kept_quantized_experts_equal_per_expert_linears() {
         let (want, scale) = experts_ref(&x, hidden, inter, &ids, &ws, top_k, &gu_r, &d_r);
         assert_close(&what, &got, &want, &scale, 1e-4, 3e-2);
     }
+}
+
+#[test]
+fn sigmoid_gate_rows_scales_each_row_by_its_gate() {
+    let b = backend(2, WeightDtype::F32);
+    let mut rng = Rng::new(11);
+    let (rows, cols, gate_cols) = (5, 24, 8);
+    let x = rvec_f32(&mut rng, rows * cols, 2.0);
+    let mut gate = rvec_f32(&mut rng, rows * gate_cols, 6.0);
+    gate[0] = 0.0; // sigmoid(0) = 1/2 exactly
+    let mut t = tensor(&b, rows, cols, &x);
+    b.sigmoid_gate_rows(&mut t, &tensor(&b, rows, gate_cols, &gate))
+        .unwrap();
+    let got = b.tensor_to_host(&t).unwrap();
+    let want: Vec<f64> = (0..rows * cols)
+        .map(|i| {
+            let g = gate[(i / cols) * gate_cols] as f64;
+            x[i] as f64 / (1.0 + (-g).exp())
+        })
+        .collect();
+    assert_close_rel("sigmoid gate", &got, &want, 1e-7, 1e-6);
+    assert_eq!(got[0], x[0] * 0.5);
+    // A gate for another row count, or with no columns, is an error.
+    let mut t = tensor(&b, rows, cols, &x);
+    assert!(b
+        .sigmoid_gate_rows(&mut t, &tensor(&b, rows - 1, 1, &gate[..rows - 1]))
+        .is_err());
+    assert!(b
+        .sigmoid_gate_rows(&mut t, &tensor(&b, rows, 0, &[]))
+        .is_err());
 }

@@ -10,8 +10,9 @@
 //! times should stay flat). Each figure is the median of several timed
 //! repeats (host clock around a device synchronization, after a warm-up);
 //! inputs are random, never zeros. Last, the mixture-of-experts MLPs of one
-//! Qwen3-30B-A3B layer at 1, 64 and 256 rows against the time to read the
-//! experts they touch.
+//! Qwen3-30B-A3B layer at 1 to 256 rows, on the GEMV, the grouped and the
+//! grouped-GEMV path (and which one the shape picks), against the floor: the time to read
+//! the experts they touch.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -21,7 +22,7 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cuda::testing::gpu;
-use pagoda_kernels::cuda::{CudaBackend, CudaKvCache};
+use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, MoePath};
 use pagoda_kernels::{AttentionParams, Backend, HostTensor, KvCacheShape, SamplingRow};
 
 /// Median seconds of `reps` timed runs of `f`.
@@ -266,7 +267,7 @@ fn moe_timings() {
         ))
         .unwrap();
     let expert_bytes = (3 * hidden * inter * 2) as f64;
-    for rows in [1usize, 64, 256] {
+    for rows in [1usize, 2, 4, 8, 16, 64, 256] {
         let x = g
             .tensor_from_host(rows, hidden, &rvec_f32(&mut rng, rows * hidden, 1.0))
             .unwrap();
@@ -284,25 +285,34 @@ fn moe_timings() {
                 let _ = g.moe_route(&logits, k, true).unwrap();
             }
         }) / 10.0;
-        let secs = time(&g, 20, || {
-            for _ in 0..10 {
-                let _ = g.moe_experts(&x, &routes, &gate_up, &down, e).unwrap();
-            }
-        }) / 10.0;
         let bytes = used.len() as f64 * expert_bytes;
         let floor = bytes / HBM_BYTES_PER_S;
         let flops = 2.0 * (rows * k) as f64 * 3.0 * (hidden * inter) as f64;
+        let auto = MoePath::for_shape(rows, k, e, hidden, inter);
         eprintln!(
-            "bench: moe_experts qwen3-30b-a3b rows {rows}: {:.1} us, {} experts touched \
-             ({:.0} MB), floor {:.1} us at 3.35 TB/s = {:.0}% of floor, {:.1} TFLOP/s; \
-             moe_route {:.1} us",
-            secs * 1e6,
+            "bench: moe_experts qwen3-30b-a3b rows {rows}: {} experts touched ({:.0} MB), \
+             floor {:.1} us at 3.35 TB/s; moe_route {:.1} us; auto path {auto:?}",
             used.len(),
             bytes / 1e6,
             floor * 1e6,
-            100.0 * floor / secs,
-            flops / secs / 1e12,
             route_secs * 1e6
         );
+        for path in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
+            let secs = time(&g, 20, || {
+                for _ in 0..10 {
+                    let _ = g
+                        .moe_experts_on(&x, &routes, &gate_up, &down, e, path)
+                        .unwrap();
+                }
+            }) / 10.0;
+            eprintln!(
+                "bench: moe_experts qwen3-30b-a3b rows {rows} {path:?}: {:.1} us = {:.0}% of \
+                 floor ({:.1}x), {:.1} TFLOP/s",
+                secs * 1e6,
+                100.0 * floor / secs,
+                secs / floor,
+                flops / secs / 1e12,
+            );
+        }
     }
 }

@@ -9,7 +9,13 @@
 //! tokens, one expert for every token, rows 1 / 7 / 64 / 300 / past one
 //! chunk, widths that are not tile multiples (and not multiples of 8), and
 //! Qwen3-30B-A3B's sizes; bitwise determinism and batch independence; bad
-//! routes and shapes as errors; a captured graph replayed with new routes.
+//! routes and shapes as errors; a captured graph replayed with new routes,
+//! on both paths. The GEMV path (few rows) at 1, 2, 4, 8 and 16 rows and
+//! just past the switch-over, odd top_k and repeated experts, against the
+//! f64 reference, the CPU backend and the grouped and grouped-GEMV paths
+//! forced on the same inputs (the grouped GEMV, a timing-only path, also
+//! past one chunk and at 64 rows of Qwen3-30B-A3B). The shared-expert gate
+//! (`sigmoid_gate_rows`) against the CPU.
 //! Outputs are NaN-poisoned before each op, so an unwritten element fails.
 //!
 //! Without a CUDA device or driver every test prints a notice and passes
@@ -24,7 +30,7 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuWeight, WeightDtype};
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2, sampling_step};
-use pagoda_kernels::cuda::{CudaBackend, CudaWeight};
+use pagoda_kernels::cuda::{CudaBackend, CudaWeight, MoePath, MOE_GEMV_MAX_ROWS};
 use pagoda_kernels::{Backend, HostTensor, KernelError, SamplingRow};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -446,6 +452,12 @@ fn rows_past_one_chunk() {
     let x = rvec(&mut rng, rows * hidden, 1.0);
     let (ids, w) = random_routes(&mut rng, rows, e, k);
     case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, "two chunks");
+    check_rel(
+        "two chunks, grouped GEMV vs f64",
+        &run_on(&g, &l, &gw, &x, &ids, &w, k, MoePath::GroupedGemv),
+        &l.reference(&x, &ids, &w, k),
+        1e-2,
+    );
 }
 
 #[test]
@@ -456,7 +468,8 @@ fn qwen3_30b_a3b_sizes() {
     let (e, hidden, inter, k) = (128, 2048, 768, 8);
     let l = Layer::random(&mut rng, e, hidden, inter);
     let (gw, cw) = (l.gpu(&g), l.cpu(&c));
-    // Rows 1 and 64 take the 16-row tiles, 600 (4,800 pairs) the 64-row ones.
+    // Row 1 takes the GEMV path, 64 the 16-row tiles, 600 (4,800 pairs) the
+    // 64-row ones.
     for rows in [1, 64, 600] {
         let x = rvec(&mut rng, rows * hidden, 1.0);
         let (ids, w) = random_routes(&mut rng, rows, e, k);
@@ -472,6 +485,14 @@ fn qwen3_30b_a3b_sizes() {
             k,
             &format!("qwen3-30b-a3b rows {rows}"),
         );
+        if rows == 64 {
+            check_rel(
+                "qwen3-30b-a3b rows 64 grouped GEMV vs f64",
+                &run_on(&g, &l, &gw, &x, &ids, &w, k, MoePath::GroupedGemv),
+                &l.reference(&x, &ids, &w, k),
+                1e-2,
+            );
+        }
     }
     // Routing on the device end to end: router logits -> routes -> experts.
     let rows = 64;
@@ -520,29 +541,44 @@ fn outputs_are_deterministic_and_independent_of_the_batch() {
     let gw = l.gpu(&g);
     let x = rvec(&mut rng, rows * hidden, 1.0);
     let (ids, w) = random_routes(&mut rng, rows, e, k);
-    let run = |x: &[f32], ids: &[u32], w: &[f32]| {
+    let run = |x: &[f32], ids: &[u32], w: &[f32], path: MoePath| {
         let n = x.len() / hidden;
         let xt = g.tensor_from_host(n, hidden, x).unwrap();
         let r = g.moe_routes_from_host(ids, w, k).unwrap();
-        let y = g.moe_experts(&xt, &r, &gw.0, &gw.1, e).unwrap();
+        let y = g.moe_experts_on(&xt, &r, &gw.0, &gw.1, e, path).unwrap();
         g.tensor_to_host(&y).unwrap()
     };
-    let a = run(&x, &ids, &w);
-    let b = run(&x, &ids, &w);
+    assert_eq!(
+        MoePath::for_shape(rows, k, e, hidden, inter),
+        MoePath::Grouped
+    );
+    let a = run(&x, &ids, &w, MoePath::Grouped);
+    let b = run(&x, &ids, &w, MoePath::Grouped);
     assert!(a == b, "two runs of the same batch differ");
-    // A row alone (16-row tiles) and inside the batch (64-row tiles).
-    for r in [0, 137, 299] {
-        let alone = run(
+    // Grouped: a row alone (16-row tiles) and inside the batch (64-row
+    // tiles). GEMV: a row alone and inside a batch of 4 (the path's rows
+    // are independent).
+    let gemv4 = run(&x[..4 * hidden], &ids[..4 * k], &w[..4 * k], MoePath::Gemv);
+    for r in [0, 3, 137, 299] {
+        let (xr, ir, wr) = (
             &x[r * hidden..][..hidden],
             &ids[r * k..][..k],
             &w[r * k..][..k],
         );
+        let alone = run(xr, ir, wr, MoePath::Grouped);
         assert!(
             alone == a[r * hidden..][..hidden],
-            "row {r} alone differs from row {r} in a batch of {rows}"
+            "row {r} alone differs from row {r} in a batch of {rows} (grouped)"
         );
+        if r < 4 {
+            let alone = run(xr, ir, wr, MoePath::Gemv);
+            assert!(
+                alone == gemv4[r * hidden..][..hidden],
+                "row {r} alone differs from row {r} in a batch of 4 (GEMV)"
+            );
+        }
     }
-    eprintln!("notice: moe_experts bitwise deterministic and batch-independent");
+    eprintln!("notice: moe_experts bitwise deterministic and batch-independent on each path");
 }
 
 /// Asserts `r` is a shape error.
@@ -597,14 +633,123 @@ fn bad_routes_and_shapes_are_errors() {
     assert!(g.tensor_to_host(&y).unwrap().iter().all(|v| v.is_finite()));
 }
 
+/// Runs one layer on `path` (host routes) and returns the output.
+#[allow(clippy::too_many_arguments)]
+fn run_on(
+    g: &CudaBackend,
+    l: &Layer,
+    gw: &(CudaWeight, CudaWeight),
+    x: &[f32],
+    ids: &[u32],
+    w: &[f32],
+    k: usize,
+    path: MoePath,
+) -> Vec<f32> {
+    let rows = x.len() / l.hidden;
+    let xt = g.tensor_from_host(rows, l.hidden, x).unwrap();
+    let r = g.moe_routes_from_host(ids, w, k).unwrap();
+    let y = g.moe_experts_on(&xt, &r, &gw.0, &gw.1, l.e, path).unwrap();
+    g.tensor_to_host(&y).unwrap()
+}
+
+#[test]
+fn gemv_path_at_small_batches_and_the_switch_over() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(9);
+    // (experts, hidden, inter, top_k, rows): Qwen3-30B-A3B's sizes up to
+    // the last GEMV row count and one past; Mixtral-like (8 experts, top
+    // 2: GEMV up to 4 rows); an odd top_k; widths that are not multiples
+    // of the 128-chunk step (tails).
+    let layers: &[(usize, usize, usize, usize, &[usize])] = &[
+        (
+            128,
+            2048,
+            768,
+            8,
+            &[1, 2, 4, 8, MOE_GEMV_MAX_ROWS, MOE_GEMV_MAX_ROWS + 1],
+        ),
+        (8, 256, 120, 2, &[1, 2, 4, 5]),
+        (16, 64, 32, 3, &[1, 2, 5, 6]),
+        (12, 1000, 264, 4, &[1, 3, 4]),
+    ];
+    for &(e, hidden, inter, k, rows_list) in layers {
+        let l = Layer::random(&mut rng, e, hidden, inter);
+        let (gw, cw) = (l.gpu(&g), l.cpu(&c));
+        for &rows in rows_list {
+            let x = rvec(&mut rng, rows * hidden, 1.0);
+            let (ids, w) = random_routes(&mut rng, rows, e, k);
+            let path = MoePath::for_shape(rows, k, e, hidden, inter);
+            let want_gemv = rows <= MOE_GEMV_MAX_ROWS && rows * k <= e;
+            assert_eq!(path == MoePath::Gemv, want_gemv, "E{e} k{k} rows{rows}");
+            let label = format!("E{e} H{hidden} I{inter} k{k} rows{rows} ({path:?})");
+            let auto = case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, &label);
+            let want = l.reference(&x, &ids, &w, k);
+            for p in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
+                let got = run_on(&g, &l, &gw, &x, &ids, &w, k, p);
+                check_rel(&format!("{label} forced {p:?} vs f64"), &got, &want, 1e-2);
+                if p == path {
+                    assert!(
+                        got == auto,
+                        "{label}: forced {p:?} differs from the auto path"
+                    );
+                }
+            }
+            // Bitwise the same on a second run.
+            let again = run_on(&g, &l, &gw, &x, &ids, &w, k, path);
+            assert!(again == auto, "{label}: two runs differ");
+        }
+    }
+    // An expert named twice in a row counts twice on the GEMV path too.
+    let (e, hidden, inter) = (32, 96, 40);
+    let l = Layer::random(&mut rng, e, hidden, inter);
+    let gw = l.gpu(&g);
+    let rows = 3;
+    let x = rvec(&mut rng, rows * hidden, 1.0);
+    let ids: Vec<u32> = (0..rows).flat_map(|_| [2, 2, 1]).collect();
+    let w: Vec<f32> = (0..rows).flat_map(|_| [0.5, 0.25, 0.25]).collect();
+    assert_eq!(MoePath::for_shape(rows, 3, e, hidden, inter), MoePath::Gemv);
+    check_rel(
+        "GEMV expert 2 twice per row vs f64",
+        &run_on(&g, &l, &gw, &x, &ids, &w, 3, MoePath::Gemv),
+        &l.reference(&x, &ids, &w, 3),
+        1e-2,
+    );
+    // Widths off 8: the GEMV path refuses, the auto path groups.
+    let l = Layer::random(&mut rng, 4, 20, 12);
+    let gw = l.gpu(&g);
+    let xt = g.tensor_from_host(1, 20, &rvec(&mut rng, 20, 1.0)).unwrap();
+    let r = g.moe_routes_from_host(&[1, 3], &[0.5, 0.5], 2).unwrap();
+    shape(
+        g.moe_experts_on(&xt, &r, &gw.0, &gw.1, 4, MoePath::Gemv),
+        "GEMV with hidden 20",
+    );
+    // An id past the layer is refused before either path.
+    let r = g.moe_routes_from_host(&[1, 4], &[0.5, 0.5], 2).unwrap();
+    shape(
+        g.moe_experts_on(&xt, &r, &gw.0, &gw.1, 4, MoePath::Gemv),
+        "GEMV with id 4 of 4",
+    );
+}
+
 #[test]
 fn graph_replays_follow_new_routings() {
     let Some(g) = gpu() else { return };
     g.set_poison_outputs(false);
+    // (experts, top_k, rows): 32 pairs over 16 experts group; 8 take the
+    // GEMV path.
+    for (e, k, n) in [(16, 4, 8), (16, 2, 4)] {
+        let path = MoePath::for_shape(n, k, e, 128, 64);
+        graph_case(&g, e, k, n);
+        eprintln!("notice: moe graph replays ({path:?} path) match eager runs over 6 routings");
+    }
+}
+
+fn graph_case(g: &CudaBackend, e: usize, k: usize, n: usize) {
     let mut rng = Rng::new(8);
-    let (vocab, e, hidden, inter, k, n) = (512, 16, 128, 64, 4, 8);
+    let (vocab, hidden, inter) = (512, 128, 64);
     let l = Layer::random(&mut rng, e, hidden, inter);
-    let (gu, dn) = l.gpu(&g);
+    let (gu, dn) = l.gpu(g);
     let table = g
         .load_weight(weight2(vocab, hidden, rvec(&mut rng, vocab * hidden, 1.0)))
         .unwrap();
@@ -645,5 +790,54 @@ fn graph_replays_follow_new_routings() {
         distinct.insert(replayed);
     }
     assert!(distinct.len() > 1, "every round gave the same tokens");
-    eprintln!("notice: moe graph replays match eager runs over 6 routings");
+}
+
+#[test]
+fn sigmoid_gate_rows_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(10);
+    for (rows, cols, gate_cols) in [(1, 64, 8), (7, 96, 8), (300, 48, 1)] {
+        let x = rvec(&mut rng, rows * cols, 2.0);
+        let gate = rvec(&mut rng, rows * gate_cols, 6.0);
+        let mut xg = g.tensor_from_host(rows, cols, &x).unwrap();
+        let gg = g.tensor_from_host(rows, gate_cols, &gate).unwrap();
+        g.sigmoid_gate_rows(&mut xg, &gg).unwrap();
+        let got = g.tensor_to_host(&xg).unwrap();
+        let mut xc = c.tensor_from_host(rows, cols, &x).unwrap();
+        let gc = c.tensor_from_host(rows, gate_cols, &gate).unwrap();
+        c.sigmoid_gate_rows(&mut xc, &gc).unwrap();
+        let want: Vec<f64> = c
+            .tensor_to_host(&xc)
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        // One bf16 rounding of the product.
+        check_rel(
+            &format!("sigmoid gate {rows}x{cols} (gate {gate_cols} wide)"),
+            &got,
+            &want,
+            1e-2,
+        );
+    }
+    // f32 gate logits (a residual-kind tensor) take the other kernel.
+    let x = rvec(&mut rng, 3 * 16, 1.0);
+    let gate = rvec_f32(&mut rng, 3, 3.0);
+    let mut xg = g.tensor_from_host(3, 16, &x).unwrap();
+    g.sigmoid_gate_rows(&mut xg, &g.residual_from_host(3, 1, &gate).unwrap())
+        .unwrap();
+    let want: Vec<f64> = (0..48)
+        .map(|i| x[i] as f64 / (1.0 + (-(gate[i / 16] as f64)).exp()))
+        .collect();
+    check_rel(
+        "sigmoid gate f32 logits",
+        &g.tensor_to_host(&xg).unwrap(),
+        &want,
+        1e-2,
+    );
+    shape(
+        g.sigmoid_gate_rows(&mut xg, &g.tensor_from_host(2, 1, &[0.0; 2]).unwrap()),
+        "gate for 2 of 3 rows",
+    );
 }

@@ -39,6 +39,11 @@ pub enum Architecture {
     /// Mixtral: Llama's attention, every layer's MLP a mixture of experts
     /// with renormalized top-k weights.
     Mixtral,
+    /// Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention (q/k/v biases); sparse
+    /// layers add a shared expert, a dense SwiGLU MLP gated per token by
+    /// `sigmoid(x . shared_expert_gate)`, to the routed experts.
+    #[serde(rename = "qwen2_moe")]
+    Qwen2Moe,
 }
 
 impl Architecture {
@@ -57,6 +62,7 @@ impl Architecture {
             "phi3" => Some(Architecture::Phi3),
             "qwen3_moe" | "qwen3moe" => Some(Architecture::Qwen3Moe),
             "mixtral" => Some(Architecture::Mixtral),
+            "qwen2_moe" | "qwen2moe" => Some(Architecture::Qwen2Moe),
             _ => None,
         }
     }
@@ -72,6 +78,7 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Qwen3Moe => "qwen3_moe",
             Architecture::Mixtral => "mixtral",
+            Architecture::Qwen2Moe => "qwen2_moe",
         }
     }
 
@@ -92,7 +99,10 @@ impl Architecture {
     /// Whether the architecture's MLPs are mixtures of experts (its
     /// config carries a [`MoeConfig`]).
     pub fn is_moe(&self) -> bool {
-        matches!(self, Architecture::Qwen3Moe | Architecture::Mixtral)
+        matches!(
+            self,
+            Architecture::Qwen3Moe | Architecture::Mixtral | Architecture::Qwen2Moe
+        )
     }
 }
 
@@ -112,6 +122,10 @@ pub struct MoeConfig {
     /// Per layer: `true` for a sparse (mixture-of-experts) layer, `false` for
     /// a dense MLP of [`ModelConfig::intermediate_size`].
     pub sparse_layers: Vec<bool>,
+    /// Width of the shared expert every sparse layer adds (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`); `None` where there is none.
+    #[serde(default)]
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 /// What Gemma 2 and Gemma 3 add to the common fields (Hugging Face's names).
@@ -368,6 +382,9 @@ impl ModelConfig {
                         "num_experts_per_tok ({}) must be in 1..={} (num_experts)",
                         m.num_experts_per_tok, m.num_experts
                     ));
+                }
+                if m.shared_expert_intermediate_size == Some(0) {
+                    return Err("shared_expert_intermediate_size must be positive".into());
                 }
                 if m.sparse_layers.len() != self.num_hidden_layers {
                     return Err(format!(

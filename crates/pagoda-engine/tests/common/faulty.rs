@@ -196,4 +196,7 @@ impl Backend for FaultyBackend {
         self.inner
             .moe_experts(x, routes, gate_up, down, num_experts)
     }
+    fn sigmoid_gate_rows(&self, x: &mut Self::Tensor, gate: &Self::Tensor) -> Result<()> {
+        self.inner.sigmoid_gate_rows(x, gate)
+    }
 }

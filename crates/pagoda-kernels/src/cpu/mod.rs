@@ -365,4 +365,8 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         self.run(|| moe::experts(x, routes, gate_up, down, num_experts, self.threads))
     }
+
+    fn sigmoid_gate_rows(&self, x: &mut CpuTensor, gate: &CpuTensor) -> Result<()> {
+        moe::sigmoid_gate_rows(x, gate)
+    }
 }

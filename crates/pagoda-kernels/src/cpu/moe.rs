@@ -13,6 +13,8 @@
 //!   experts in parallel on the pool. Each row's output is then the sum of
 //!   its choices in choice order, so the result does not depend on the
 //!   thread count or on how the experts were scheduled.
+//! - Shared-expert gates ([`sigmoid_gate_rows`]): each row scaled by the
+//!   sigmoid of its gate logit.
 
 use super::matmul::linear_into;
 use super::storage::{CpuTensor, CpuWeight};
@@ -227,4 +229,28 @@ pub fn experts(
         }
     });
     Ok(out)
+}
+
+/// `x[r, :] *= sigmoid(gate[r, 0])` (see
+/// [`crate::Backend::sigmoid_gate_rows`]).
+pub fn sigmoid_gate_rows(x: &mut CpuTensor, gate: &CpuTensor) -> Result<()> {
+    if gate.rows != x.rows || gate.cols == 0 {
+        return Err(shape_err(
+            "sigmoid_gate_rows",
+            format!(
+                "gate is [{}, {}] for {} rows (want [rows, >= 1])",
+                gate.rows, gate.cols, x.rows
+            ),
+        ));
+    }
+    let cols = x.cols;
+    if cols == 0 {
+        return Ok(());
+    }
+    for (r, row) in x.data.chunks_exact_mut(cols).enumerate() {
+        let g = gate.data[r * gate.cols];
+        let s = 1.0 / (1.0 + (-g).exp());
+        row.iter_mut().for_each(|v| *v *= s);
+    }
+    Ok(())
 }

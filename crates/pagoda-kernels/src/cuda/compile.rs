@@ -116,6 +116,12 @@ pub(crate) const KERNELS: &[&str] = &[
     "moe_gemm_down_m64",
     "moe_gemm_down_m16",
     "moe_combine_bf16",
+    "moe_gemv_gate_up",
+    "moe_gemv_down",
+    "moe_ggemv_gate_up",
+    "moe_ggemv_down",
+    "moe_sigmoid_gate_bf16",
+    "moe_sigmoid_gate_f32",
 ];
 
 /// The whole program: every source file, each behind a `#line` marker so

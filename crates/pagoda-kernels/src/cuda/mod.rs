@@ -42,7 +42,7 @@ mod token_masks;
 
 pub use attention_path::{attention_kernel, AttentionKernel, FAST_HEAD_DIMS};
 pub use graph::CudaGraphRunner;
-pub use moe::CudaRoutes;
+pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
 pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
@@ -556,6 +556,10 @@ impl Backend for CudaBackend {
         num_experts: usize,
     ) -> Result<CudaTensor> {
         moe::experts(self, x, routes, gate_up, down, num_experts)
+    }
+
+    fn sigmoid_gate_rows(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
+        moe::sigmoid_gate_rows(self, x, gate)
     }
 
     fn warmup_row_counts(&self, max_rows: usize) -> Vec<usize> {

@@ -3,24 +3,40 @@
 //! ([`experts`]); the kernels are in `kernels/moe.cu`, whose header gives
 //! the algorithms.
 //!
-//! `experts` runs, per chunk of at most [`CHUNK_ROWS`] rows, four launches:
-//! `moe_group` (pairs grouped by expert on the device, tiles padded to the
-//! GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused (`[slots,
-//! inter]`), the down GEMM with the routing weight folded in (`[slots,
-//! hidden]`), and `moe_combine_bf16` (each row's k outputs summed in k
-//! order, f32, rounded once). Nothing waits for the device and nothing
-//! depends on the routing on the host: every grid is sized from the chunk's
-//! rows (at most `ceil(pairs / BM) + min(E, pairs)` tiles; blocks past the
-//! real tile count exit), so the launches can be captured in a graph and
-//! replayed with other routes. Scratch comes from the step pool like every
-//! other op's.
+//! `experts` takes one of two paths, chosen from the step's shape alone
+//! ([`MoePath::for_shape`]), so a captured graph stays valid for any routes:
+//!
+//! - GEMV (at most [`GEMV_MAX_ROWS`] rows and at most one pair per expert
+//!   on average, 16-byte rows): two launches, `moe_gemv_gate_up` (each
+//!   pair's gate and up rows streamed by warps, SiLU(gate) * up fused, `[pairs,
+//!   inter]`) and `moe_gemv_down` (each row's k down products with the
+//!   routing weights, summed in k order in f32 and rounded once). Decode at
+//!   small batch is a pass over the chosen experts' weights; this path
+//!   streams them without padding or grouping.
+//! - Grouped, per chunk of at most [`CHUNK_ROWS`] rows, four launches
+//!   ([`MoePath::GroupedGemv`], for timing, swaps the two GEMMs for warps
+//!   streaming each expert's rows once per tile of 8 slots):
+//!   `moe_group` (pairs grouped by expert on the device, tiles padded to the
+//!   GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused
+//!   (`[slots, inter]`), the down GEMM with the routing weight folded in
+//!   (`[slots, hidden]`), and `moe_combine_bf16` (each row's k outputs
+//!   summed in k order, f32, rounded once).
+//!
+//! Nothing waits for the device and nothing depends on the routing on the
+//! host: every grid is sized from the rows (the grouped GEMMs' at most
+//! `ceil(pairs / BM) + min(E, pairs)` tiles; blocks past the real tile
+//! count exit), so the launches can be captured in a graph and replayed with
+//! other routes. Both paths are deterministic; a row's result depends on
+//! the step's row count only through the path (the two round differently:
+//! bf16 per pair output in the grouped path, f32 through the combine in the
+//! GEMV one). Scratch comes from the step pool like every other op's.
 //!
 //! Checks, all on the host before any launch: shapes, `1 <= top_k <= E`
 //! for routing, `E <= MAX_EXPERTS`, 32-bit index ranges, and that the
 //! routes' ids are below the layer's expert count: [`CudaRoutes`] carries a
 //! bound on its ids (the router's expert count, or the largest host id +
-//! 1). The group kernel also drops an out-of-range id (its pair is never
-//! computed), so a bad id can never address memory outside the weights.
+//! 1). The kernels also drop an out-of-range id (its pair adds nothing),
+//! so a bad id can never address memory outside the weights.
 //! Host routes may repeat an expert within a row (each pair counts).
 
 use super::pool::DeviceBuf;
@@ -41,6 +57,13 @@ const GROUP_THREADS: u32 = 256;
 const GROUP_WARPS: usize = 8;
 /// Rows per block of the routing kernel (`MR_WARPS`).
 const ROUTE_WARPS: usize = 4;
+/// Warps of a GEMV block (`MV_WARPS`): output features per block.
+const GEMV_WARPS: usize = 8;
+/// Most rows the GEMV path takes (with at most one pair per expert on
+/// average: past that the grouped GEMMs share each expert's weights).
+pub const GEMV_MAX_ROWS: usize = 16;
+/// Slots of a grouped-GEMV tile (`MV_BM`).
+const GGEMV_BM: usize = 8;
 /// Threads of a GEMM block (`MOE_THREADS`) and its column tile (BN).
 const GEMM_THREADS: u32 = 128;
 const GEMM_BN: usize = 64;
@@ -85,6 +108,20 @@ impl CudaBackend {
         let ids = self.download_raw(&routes.ids, n)?;
         let weights = self.download_raw(&routes.weights, n)?;
         Ok((ids.into_iter().map(|i| i as u32).collect(), weights))
+    }
+
+    /// `moe_experts` on a given path rather than the one the shape picks
+    /// (tests and benchmarks compare the two).
+    pub fn moe_experts_on(
+        &self,
+        x: &CudaTensor,
+        routes: &CudaRoutes,
+        gate_up: &CudaWeight,
+        down: &CudaWeight,
+        num_experts: usize,
+        path: MoePath,
+    ) -> Result<CudaTensor> {
+        experts_on(self, x, routes, gate_up, down, num_experts, Some(path))
     }
 }
 
@@ -259,7 +296,8 @@ fn check(
     }
     // Every index the kernels form: slots * width and weight rows * width
     // are 64-bit there; counts and widths must fit in 32 bits.
-    let (_, slots) = capacity(rows, routes.top_k, n_exp);
+    // (The grouped GEMV's 8-slot tiles never need more slots than 16-slot ones.)
+    let (_, slots) = capacity(rows, routes.top_k, n_exp, false);
     for v in [
         rows * routes.top_k,
         slots,
@@ -310,9 +348,14 @@ struct ChunkPlan {
     tiles: usize,
 }
 
-fn plan(n: usize, top_k: usize, n_exp: usize) -> ChunkPlan {
+/// `tile_gemv`: the grouped GEMV's tiles of [`GGEMV_BM`] slots.
+fn plan(n: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> ChunkPlan {
     let pairs = n * top_k;
-    let bm = tile_rows(pairs, n_exp);
+    let bm = if tile_gemv {
+        GGEMV_BM
+    } else {
+        tile_rows(pairs, n_exp)
+    };
     ChunkPlan {
         pairs,
         bm,
@@ -322,13 +365,49 @@ fn plan(n: usize, top_k: usize, n_exp: usize) -> ChunkPlan {
 
 /// Scratch that serves every chunk of `rows` rows: `(meta ints, slots)`,
 /// the largest over the full chunk and the remainder (the only two shapes).
-fn capacity(rows: usize, top_k: usize, n_exp: usize) -> (usize, usize) {
-    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp);
-    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp);
+fn capacity(rows: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> (usize, usize) {
+    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp, tile_gemv);
+    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp, tile_gemv);
     (
         1 + full.tiles.max(rest.tiles),
         (full.tiles * full.bm).max(rest.tiles * rest.bm),
     )
+}
+
+/// How `moe_experts` computes a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoePath {
+    /// One pass over each pair's expert rows, combine fused.
+    Gemv,
+    /// Pairs grouped by expert, tensor-core GEMMs, then the combine.
+    Grouped,
+    /// Pairs grouped by expert in tiles of [`GGEMV_BM`], each expert's rows
+    /// streamed once per tile by warps (no tensor cores), then the combine.
+    /// Never chosen by the shape yet: for timing against `Grouped` at
+    /// batches with a few pairs per expert.
+    GroupedGemv,
+}
+
+impl MoePath {
+    /// The path for `rows` rows of `top_k` pairs over `n_exp` experts of
+    /// the given widths: GEMV for at most [`GEMV_MAX_ROWS`] rows whose pairs
+    /// number at most the experts (or `top_k`), when both widths are
+    /// multiples of 8 (16-byte rows); grouped otherwise. Depends only on
+    /// the shape.
+    pub fn for_shape(
+        rows: usize,
+        top_k: usize,
+        n_exp: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> MoePath {
+        let aligned = hidden.is_multiple_of(8) && inter.is_multiple_of(8);
+        if aligned && rows <= GEMV_MAX_ROWS && rows * top_k <= n_exp.max(top_k) {
+            MoePath::Gemv
+        } else {
+            MoePath::Grouped
+        }
+    }
 }
 
 /// `Backend::moe_experts`.
@@ -340,8 +419,34 @@ pub(crate) fn experts(
     down: &CudaWeight,
     n_exp: usize,
 ) -> Result<CudaTensor> {
+    experts_on(b, x, routes, gate_up, down, n_exp, None)
+}
+
+/// [`experts`] on the given path (`None`: [`MoePath::for_shape`]); the
+/// GEMV path refuses widths that are not multiples of 8.
+pub(crate) fn experts_on(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    n_exp: usize,
+    path: Option<MoePath>,
+) -> Result<CudaTensor> {
     let op = "moe_experts";
     let d = check(x, routes, gate_up, down, n_exp)?;
+    let path = path.unwrap_or(MoePath::for_shape(
+        d.rows, d.top_k, n_exp, d.hidden, d.inter,
+    ));
+    if path != MoePath::Grouped && !(d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8)) {
+        return Err(shape_err(
+            op,
+            format!(
+                "the {path:?} path needs hidden ({}) and inter ({}) multiples of 8",
+                d.hidden, d.inter
+            ),
+        ));
+    }
     let mut out = b.output(d.rows, d.hidden)?;
     if d.rows == 0 || d.hidden == 0 {
         return Ok(out);
@@ -351,8 +456,13 @@ pub(crate) fn experts(
         super::ops::fill(b, out.bf16_mut(op)?, d.rows * d.hidden, 0)?;
         return Ok(out);
     }
+    if path == MoePath::Gemv {
+        gemv(b, &d, x, routes, gate_up, down, &mut out)?;
+        return Ok(out);
+    }
     // Scratch for every chunk, reused by the next (stream order).
-    let (meta, slots) = capacity(d.rows, d.top_k, n_exp);
+    let tile_gemv = path == MoePath::GroupedGemv;
+    let (meta, slots) = capacity(d.rows, d.top_k, n_exp, tile_gemv);
     let mut s = Scratch {
         meta: b.alloc_i32(meta)?,
         slot_pair: b.alloc_i32(slots)?,
@@ -363,10 +473,116 @@ pub(crate) fn experts(
     let mut r0 = 0;
     while r0 < d.rows {
         let n = CHUNK_ROWS.min(d.rows - r0);
-        run_chunk(b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n)?;
+        run_chunk(
+            b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n, tile_gemv,
+        )?;
         r0 += n;
     }
     Ok(out)
+}
+
+/// The GEMV path's two launches over all rows (widths multiples of 8).
+fn gemv(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    out: &mut CudaTensor,
+) -> Result<()> {
+    let op = "moe_experts";
+    let pairs = d.rows * d.top_k;
+    if pairs > 65535 || d.rows > 65535 {
+        return Err(shape_err(
+            op,
+            format!("{pairs} pairs: too many for the GEMV path"),
+        ));
+    }
+    let (k_i, e_i, hid_i, int_i) = (
+        d.top_k as i32,
+        i32_of(d.n_exp, op)?,
+        i32_of(d.hidden, op)?,
+        i32_of(d.inter, op)?,
+    );
+    let mut h = b.alloc_bf16(pairs * d.inter)?;
+    let stream = &b.dev.stream;
+    let cfg = |cols: usize, y: usize| LaunchConfig {
+        grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, y as u32, 1),
+        block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    {
+        let mut l = stream.launch_builder(b.dev.kernel("moe_gemv_gate_up")?);
+        l.arg(&mut h)
+            .arg(x.bf16(op)?)
+            .arg(gate_up.bf16(op)?)
+            .arg(&routes.ids)
+            .arg(&k_i)
+            .arg(&e_i)
+            .arg(&int_i)
+            .arg(&hid_i);
+        // SAFETY: reads `pairs` ids (the routes hold rows * top_k); an id
+        // below E addresses gate_up rows below E * 2 * inter (checked
+        // against the weight), others are skipped; x rows pair / top_k <
+        // rows; writes h[pairs, inter] (allocated so). Rows are 16-byte
+        // aligned: widths are multiples of 8 and buffers 512-byte aligned.
+        unsafe { l.launch(cfg(d.inter, pairs)) }.map_err(|e| device_err(op, e))?;
+    }
+    {
+        let mut l = stream.launch_builder(b.dev.kernel("moe_gemv_down")?);
+        l.arg(out.bf16_mut(op)?)
+            .arg(&h)
+            .arg(down.bf16(op)?)
+            .arg(&routes.ids)
+            .arg(&routes.weights)
+            .arg(&k_i)
+            .arg(&e_i)
+            .arg(&hid_i)
+            .arg(&int_i);
+        // SAFETY: reads ids and weights below rows * top_k, h rows below
+        // pairs, down rows below E * hidden (other ids read expert 0's row
+        // and add nothing); writes out[rows, hidden].
+        unsafe { l.launch(cfg(d.hidden, d.rows)) }.map_err(|e| device_err(op, e))?;
+    }
+    Ok(())
+}
+
+/// `Backend::sigmoid_gate_rows`: `x[r, :] *= sigmoid(gate[r, 0])`.
+pub(crate) fn sigmoid_gate_rows(
+    b: &CudaBackend,
+    x: &mut CudaTensor,
+    gate: &CudaTensor,
+) -> Result<()> {
+    let op = "sigmoid_gate_rows";
+    if gate.rows != x.rows || gate.cols == 0 {
+        return Err(shape_err(
+            op,
+            format!(
+                "gate is [{}, {}] for {} rows (want [rows, >= 1])",
+                gate.rows, gate.cols, x.rows
+            ),
+        ));
+    }
+    let (rows, cols) = (x.rows, x.cols);
+    i32_of(rows * cols, op)?;
+    i32_of(rows * gate.cols, op)?;
+    let (r_i, c_i, g_i) = (rows as i32, cols as i32, gate.cols as i32);
+    let n = rows * cols;
+    let xd = x.bf16_mut(op)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let name = match gate.data {
+        Act::Bf16(_) => "moe_sigmoid_gate_bf16",
+        Act::F32(_) => "moe_sigmoid_gate_f32",
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    l.arg(xd).arg(&gate.data).arg(&r_i).arg(&c_i).arg(&g_i);
+    // SAFETY: writes rows * cols elements of x (it holds them); reads gate
+    // at r * gate_cols for r < rows (it holds rows * gate_cols).
+    unsafe { l.launch(super::ops::elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    Ok(())
 }
 
 /// Scratch of one chunk (see `kernels/moe.cu` for the layouts).
@@ -391,16 +607,17 @@ fn run_chunk(
     s: &mut Scratch,
     r0: usize,
     n: usize,
+    tile_gemv: bool,
 ) -> Result<()> {
     let op = "moe_experts";
-    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp);
+    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp, tile_gemv);
     let (p_i, e_i, bm_i, k_i) = (
         i32_of(pairs, op)?,
         i32_of(d.n_exp, op)?,
         bm as i32,
         d.top_k as i32,
     );
-    let (hid_i, int_i, rows_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, i32_of(n, op)?);
+    let (hid_i, rows_i) = (i32_of(d.hidden, op)?, i32_of(n, op)?);
     let q0 = r0 * d.top_k;
     let ids = routes.ids.slice(q0..q0 + pairs);
     let weights = routes.weights.slice(q0..q0 + pairs);
@@ -429,6 +646,48 @@ fn run_chunk(
         unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     }
 
+    if tile_gemv {
+        grouped_gemv(b, d, x, gate_up, down, s, &weights, r0, n, tiles)?;
+    } else {
+        grouped_gemm(b, d, x, gate_up, down, s, &weights, r0, n, bm, tiles)?;
+    }
+    // Combine the k outputs of each row.
+    {
+        let mut od = out
+            .bf16_mut(op)?
+            .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
+        let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
+        l.arg(&mut od)
+            .arg(&s.y)
+            .arg(&s.pair_slot)
+            .arg(&rows_i)
+            .arg(&k_i)
+            .arg(&hid_i);
+        // SAFETY: writes n * hidden outputs (the view holds them), reads
+        // pair_slot below `pairs` and y rows below tiles * bm.
+        unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
+    }
+    Ok(())
+}
+
+/// The grouped path's two tensor-core GEMMs of rows `r0 .. r0 + n`.
+#[allow(clippy::too_many_arguments)]
+fn grouped_gemm(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    s: &mut Scratch,
+    weights: &cudarc::driver::CudaView<'_, f32>,
+    r0: usize,
+    n: usize,
+    bm: usize,
+    tiles: usize,
+) -> Result<()> {
+    let op = "moe_experts";
+    let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
+    let stream = &b.dev.stream;
     let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
     let (gu_name, dn_name) = if bm == 16 {
         ("moe_gemm_gate_up_m16", "moe_gemm_down_m16")
@@ -450,7 +709,7 @@ fn run_chunk(
             .arg(gate_up.bf16(op)?)
             .arg(&s.meta)
             .arg(&s.slot_pair)
-            .arg(&weights)
+            .arg(weights)
             .arg(&k_i)
             .arg(&int_i)
             .arg(&hid_i)
@@ -471,7 +730,7 @@ fn run_chunk(
             .arg(down.bf16(op)?)
             .arg(&s.meta)
             .arg(&s.slot_pair)
-            .arg(&weights)
+            .arg(weights)
             .arg(&k_i)
             .arg(&hid_i)
             .arg(&int_i)
@@ -480,21 +739,68 @@ fn run_chunk(
         // below tiles * bm, weights read at pair indices below `pairs`.
         unsafe { l.launch(gemm_cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
     }
-    // Combine the k outputs of each row.
+    Ok(())
+}
+
+/// The grouped GEMV's two launches of rows `r0 .. r0 + n` (tiles of
+/// [`GGEMV_BM`] slots; widths multiples of 8).
+#[allow(clippy::too_many_arguments)]
+fn grouped_gemv(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    s: &mut Scratch,
+    weights: &cudarc::driver::CudaView<'_, f32>,
+    r0: usize,
+    n: usize,
+    tiles: usize,
+) -> Result<()> {
+    let op = "moe_experts";
+    if tiles > 65535 {
+        return Err(shape_err(
+            op,
+            format!("{tiles} tiles: too many for the grouped GEMV path"),
+        ));
+    }
+    let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
+    let stream = &b.dev.stream;
+    let cfg = |cols: usize| LaunchConfig {
+        grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, tiles as u32, 1),
+        block_dim: (32 * GEMV_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     {
-        let mut od = out
-            .bf16_mut(op)?
-            .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
-        l.arg(&mut od)
-            .arg(&s.y)
-            .arg(&s.pair_slot)
-            .arg(&rows_i)
+        let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
+        let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_gate_up")?);
+        l.arg(&mut s.h)
+            .arg(&xd)
+            .arg(gate_up.bf16(op)?)
+            .arg(&s.meta)
+            .arg(&s.slot_pair)
             .arg(&k_i)
+            .arg(&int_i)
             .arg(&hid_i);
-        // SAFETY: writes n * hidden outputs (the view holds them), reads
-        // pair_slot below `pairs` and y rows below tiles * bm.
-        unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
+        // SAFETY: as for the grouped GEMMs: tiles below meta[0] name experts
+        // below E, slots below tiles * GGEMV_BM (the scratch holds them),
+        // x rows pair / top_k < n; rows are 16-byte aligned (widths are
+        // multiples of 8, buffers 512-byte aligned).
+        unsafe { l.launch(cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
+    }
+    {
+        let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_down")?);
+        l.arg(&mut s.y)
+            .arg(&s.h)
+            .arg(down.bf16(op)?)
+            .arg(&s.meta)
+            .arg(&s.slot_pair)
+            .arg(weights)
+            .arg(&hid_i)
+            .arg(&int_i);
+        // SAFETY: down rows below E * hidden, h and y rows below tiles *
+        // GGEMV_BM, weights read at pair indices below `pairs`.
+        unsafe { l.launch(cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
     }
     Ok(())
 }
@@ -543,11 +849,11 @@ mod tests {
     fn capacity_serves_every_chunk() {
         for rows in [1, 7, 300, 4095, 4096, 4097, 8192, 8200, 20000] {
             for (top_k, n_exp) in [(1, 8), (2, 64), (8, 128), (8, 1024)] {
-                let (meta, slots) = capacity(rows, top_k, n_exp);
+                let (meta, slots) = capacity(rows, top_k, n_exp, false);
                 let mut r0 = 0;
                 while r0 < rows {
                     let n = CHUNK_ROWS.min(rows - r0);
-                    let p = plan(n, top_k, n_exp);
+                    let p = plan(n, top_k, n_exp, false);
                     assert!(p.tiles < meta && p.tiles * p.bm <= slots);
                     r0 += n;
                 }
@@ -556,10 +862,27 @@ mod tests {
     }
 
     #[test]
+    fn gemv_path_for_small_steps_only() {
+        use MoePath::*;
+        // Qwen3-30B-A3B: 128 experts, top 8: up to 16 rows.
+        for rows in [1, 2, 4, 8, 16] {
+            assert_eq!(MoePath::for_shape(rows, 8, 128, 2048, 768), Gemv, "{rows}");
+        }
+        assert_eq!(MoePath::for_shape(17, 8, 128, 2048, 768), Grouped);
+        assert_eq!(MoePath::for_shape(64, 8, 128, 2048, 768), Grouped);
+        // Mixtral: 8 experts, top 2: up to 4 rows.
+        assert_eq!(MoePath::for_shape(4, 2, 8, 4096, 14336), Gemv);
+        assert_eq!(MoePath::for_shape(5, 2, 8, 4096, 14336), Grouped);
+        // Widths off 8 always group.
+        assert_eq!(MoePath::for_shape(1, 2, 8, 20, 12), Grouped);
+        assert_eq!(MoePath::for_shape(1, 2, 8, 96, 36), Grouped);
+    }
+
+    #[test]
     fn tile_height_follows_pairs_per_expert() {
-        assert_eq!(plan(1, 8, 128).bm, 16);
-        assert_eq!(plan(256, 8, 128).bm, 16);
-        assert_eq!(plan(512, 8, 128).bm, 64);
-        assert_eq!(plan(300, 2, 8).bm, 64);
+        assert_eq!(plan(1, 8, 128, false).bm, 16);
+        assert_eq!(plan(256, 8, 128, false).bm, 16);
+        assert_eq!(plan(512, 8, 128, false).bm, 64);
+        assert_eq!(plan(300, 2, 8, false).bm, 64);
     }
 }

@@ -12,6 +12,7 @@ mod moe;
 mod opt;
 mod phi3;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 pub mod rope;
@@ -68,5 +69,8 @@ pub fn build<B: Backend>(
             Box::new(qwen3_moe::build(backend, cfg, weights, opts, progress)?)
         }
         Architecture::Mixtral => Box::new(mixtral::build(backend, cfg, weights, opts, progress)?),
+        Architecture::Qwen2Moe => {
+            Box::new(qwen2_moe::build(backend, cfg, weights, opts, progress)?)
+        }
     })
 }

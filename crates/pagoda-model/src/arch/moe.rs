@@ -1,6 +1,6 @@
 //! The feed-forward block of the Llama-family bodies: a dense SwiGLU MLP, or
-//! a sparse mixture of SwiGLU experts (Qwen3-MoE, Mixtral), chosen per layer
-//! by [`crate::MoeConfig::sparse_layers`].
+//! a sparse mixture of SwiGLU experts (Qwen3-MoE, Mixtral, Qwen2-MoE), chosen
+//! per layer by [`crate::MoeConfig::sparse_layers`].
 //!
 //! A sparse layer, as transformers' `Qwen3MoeSparseMoeBlock` /
 //! `MixtralSparseMoeBlock`: router logits `h @ gate^T` -> softmax, top-k
@@ -18,6 +18,15 @@
 //! `block_sparse_moe.experts.{e}.w1/w3/w2` for Mixtral), stacked here once
 //! at load. The router is `mlp.gate` (`block_sparse_moe.gate` in Mixtral
 //! checkpoints).
+//!
+//! Qwen2-MoE's shared expert (`Qwen2MoeSparseMoeBlock`): a dense SwiGLU MLP
+//! of `shared_expert_intermediate_size` (`mlp.shared_expert.{gate,up,down}_proj`)
+//! whose output is scaled per token by `sigmoid(h . mlp.shared_expert_gate)`
+//! and added with the routed experts'. The scale is applied to the MLP's
+//! inner activation before its down projection (the same by linearity), so
+//! the down projection adds straight into the residual stream; the gate's
+//! `[1, hidden]` row is padded with zero rows to [`GATE_ROWS`] so its
+//! product has 16-byte rows on every backend.
 
 use super::weights::{concat_rows, load, read};
 use crate::loader::WeightSource;
@@ -35,6 +44,19 @@ pub enum FeedForward<B: Backend> {
     Sparse(SparseMoe<B>),
 }
 
+/// Rows of a shared expert's gate weight as loaded (its one row, then zeros).
+const GATE_ROWS: usize = 8;
+
+/// Qwen2-MoE's shared expert of a sparse layer.
+pub struct SharedExpert<B: Backend> {
+    /// `[2 * inter, hidden]`: gate_proj then up_proj.
+    gate_up: B::Weight,
+    /// `[hidden, inter]`.
+    down: B::Weight,
+    /// `[GATE_ROWS, hidden]`: `shared_expert_gate` then zero rows.
+    gate: B::Weight,
+}
+
 /// The router and the stacked experts of a sparse layer.
 pub struct SparseMoe<B: Backend> {
     /// `[num_experts, hidden]`.
@@ -46,6 +68,7 @@ pub struct SparseMoe<B: Backend> {
     num_experts: usize,
     top_k: usize,
     renormalize: bool,
+    shared: Option<SharedExpert<B>>,
 }
 
 /// How a family's checkpoints name the per-expert tensors and the router.
@@ -123,6 +146,10 @@ impl<B: Backend> FeedForward<B> {
             .find(|n| src.contains(n))
             .unwrap_or(&router[0]);
         let (gate_up, down) = read_experts(src, p, &names, e, inter, h)?;
+        let shared = match m.shared_expert_intermediate_size {
+            Some(si) => Some(SharedExpert::load(b, src, p, si, h)?),
+            None => None,
+        };
         Ok(FeedForward::Sparse(SparseMoe {
             gate: load(b, src, router, &[e, h])?,
             gate_up: b.load_weight(gate_up)?,
@@ -130,6 +157,7 @@ impl<B: Backend> FeedForward<B> {
             num_experts: e,
             top_k: m.num_experts_per_tok,
             renormalize: m.norm_topk_prob,
+            shared,
         }))
     }
 
@@ -150,9 +178,42 @@ impl<B: Backend> FeedForward<B> {
                 // 2. The chosen experts' MLPs, weighted and summed per row.
                 let y = b.moe_experts(h, &routes, &m.gate_up, &m.down, m.num_experts)?;
                 b.add(x, &y)?;
+                // 3. The shared expert, gated per row.
+                if let Some(s) = &m.shared {
+                    let mut act = b.silu_mul(&b.linear(h, &s.gate_up, None)?)?;
+                    let gate = b.linear(h, &s.gate, None)?;
+                    b.sigmoid_gate_rows(&mut act, &gate)?;
+                    b.add_linear(x, &act, &s.down, None)?;
+                }
             }
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> SharedExpert<B> {
+    /// Layer `p`'s shared expert of width `inter`.
+    fn load(b: &B, src: &dyn WeightSource, p: &str, inter: usize, h: usize) -> Result<Self> {
+        let s = format!("{p}.mlp.shared_expert");
+        let gate = read(src, &format!("{s}.gate_proj.weight"), &[inter, h])?;
+        let up = read(src, &format!("{s}.up_proj.weight"), &[inter, h])?;
+        // `[1, hidden]`, or `[hidden]` as GGUF files may store it.
+        let name = format!("{p}.mlp.shared_expert_gate.weight");
+        let g = src.get(&name)?;
+        if g.shape != [1, h] && g.shape != [h] {
+            return Err(ModelError::TensorShape {
+                name,
+                got: g.shape,
+                expected: vec![1, h],
+            });
+        }
+        let zeros = HostTensor::f32(vec![GATE_ROWS - 1, h], vec![0.0; (GATE_ROWS - 1) * h]);
+        let g = HostTensor::f32(vec![1, h], g.into_f32_vec());
+        Ok(SharedExpert {
+            gate_up: b.load_weight(concat_rows(gate, up))?,
+            down: load(b, src, &format!("{s}.down_proj.weight"), &[h, inter])?,
+            gate: b.load_weight(concat_rows(g, zeros))?,
+        })
     }
 }
 

@@ -129,7 +129,8 @@ pub fn tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         | Architecture::Qwen2
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
-        | Architecture::Mixtral => llama_shapes(cfg),
+        | Architecture::Mixtral
+        | Architecture::Qwen2Moe => llama_shapes(cfg),
         Architecture::Gemma2 | Architecture::Gemma3 => gemma_shapes(cfg),
         Architecture::Phi3 => phi3_shapes(cfg),
     }
@@ -195,6 +196,7 @@ fn llama_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     // Qwen3 put `attention_bias` on all four projections.
     let (qkv_bias, o_bias) = match cfg.architecture {
         Architecture::Qwen2 => (true, false),
+        Architecture::Qwen2Moe => (cfg.attention_bias, false),
         _ => (cfg.attention_bias, cfg.attention_bias),
     };
     let qk_norm = matches!(
@@ -232,6 +234,12 @@ fn llama_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             push("mlp.gate.weight", vec![e, h]);
             push("mlp.experts.gate_up_proj", vec![e, 2 * mi, h]);
             push("mlp.experts.down_proj", vec![e, h, mi]);
+            if let Some(si) = m.shared_expert_intermediate_size {
+                push("mlp.shared_expert.gate_proj.weight", vec![si, h]);
+                push("mlp.shared_expert.up_proj.weight", vec![si, h]);
+                push("mlp.shared_expert.down_proj.weight", vec![h, si]);
+                push("mlp.shared_expert_gate.weight", vec![1, h]);
+            }
         } else {
             push("mlp.gate_proj.weight", vec![inter, h]);
             push("mlp.up_proj.weight", vec![inter, h]);

@@ -374,6 +374,7 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
         "phi3",
         "qwen3-moe",
         "mixtral",
+        "qwen2-moe",
     ];
     for arch in archs {
         let cfg =
@@ -393,6 +394,11 @@ fn tiny_golden_configs_parse_to_the_hugging_face_tensors() {
         })
     );
     assert_eq!(llama.rope_theta, 500000.0);
+    let qwen2_moe = super::super::hf_config::load_hf_config(&root.join("tiny-qwen2-moe")).unwrap();
+    let m = qwen2_moe.moe.as_ref().unwrap();
+    assert_eq!(m.shared_expert_intermediate_size, Some(64));
+    assert_eq!(m.sparse_layers, vec![true, false, true]);
+    assert!(!m.norm_topk_prob && qwen2_moe.attention_bias);
     // transformers 5's per-layer-type rope_parameters and layer_types.
     let gemma3 = super::super::hf_config::load_hf_config(&root.join("tiny-gemma3")).unwrap();
     assert_eq!(gemma3.rope_theta, 1e6);

@@ -46,6 +46,10 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ("mlp.gate_proj", "ffn_gate"),
     ("mlp.up_proj", "ffn_up"),
     ("mlp.down_proj", "ffn_down"),
+    ("mlp.shared_expert.gate_proj", "ffn_gate_shexp"),
+    ("mlp.shared_expert.up_proj", "ffn_up_shexp"),
+    ("mlp.shared_expert.down_proj", "ffn_down_shexp"),
+    ("mlp.shared_expert_gate", "ffn_gate_inp_shexp"),
 ];
 
 /// Whole-model tensor names: (Hugging Face, GGUF).
@@ -470,7 +474,7 @@ impl WeightSource for GgufSource {
 }
 
 /// Builds the [`ModelConfig`] of a llama (Mixtral when it has experts),
-/// qwen2, qwen3, qwen3moe, gemma2 or gemma3 GGUF file.
+/// qwen2, qwen3, qwen3moe, qwen2moe, gemma2 or gemma3 GGUF file.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let md = file.metadata();
     let cfg = |e: pagoda_gguf::GgufError| ModelError::Config(e.to_string());
@@ -482,6 +486,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "qwen3moe" => Architecture::Qwen3Moe,
+        "qwen2moe" => Architecture::Qwen2Moe,
         "gemma2" => Architecture::Gemma2,
         "gemma3" => Architecture::Gemma3,
         "phi3" => Architecture::Phi3,
@@ -562,7 +567,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         rope_theta,
         rope_scaling: None,
         tie_word_embeddings: file.tensor("output.weight").is_none(),
-        attention_bias: architecture == Architecture::Qwen2,
+        // Qwen2-MoE's q/k/v biases are optional in its config (`qkv_bias`).
+        attention_bias: architecture == Architecture::Qwen2
+            || (architecture == Architecture::Qwen2Moe
+                && file.tensor("blk.0.attn_q.bias").is_some()),
         bos_token_id,
         eos_token_ids: eos_token_id.into_iter().collect(),
         word_embed_proj_dim: None,

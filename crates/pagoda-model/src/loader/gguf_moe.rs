@@ -12,11 +12,16 @@
 //! after its gate rows (rows are independent, so quantized blocks move as
 //! byte strings).
 //!
-//! Supported: `qwen3moe` (weights always renormalized, as llama.cpp does)
-//! and `llama` files with experts (Mixtral, renormalized). A layer is sparse
-//! where the file has its router. Refused with the reason: other MoE
+//! Supported: `qwen3moe` (weights always renormalized, as llama.cpp does),
+//! `llama` files with experts (Mixtral, renormalized) and `qwen2moe` (not
+//! renormalized, as llama.cpp runs it; a shared expert in every sparse
+//! layer: `ffn_{gate,up,down}_shexp` of
+//! `{arch}.expert_shared_feed_forward_length`, gated by
+//! `ffn_gate_inp_shexp`, answered by the source under Hugging Face's
+//! `mlp.shared_expert.*` and `mlp.shared_expert_gate` names). A layer is
+//! sparse where the file has its router. Refused with the reason: other MoE
 //! architectures (by name), the old per-expert layout
-//! (`blk.N.ffn_gate.E.weight`), and shared experts.
+//! (`blk.N.ffn_gate.E.weight`), and shared experts outside `qwen2moe`.
 
 use crate::{ModelError, MoeConfig, Result};
 use pagoda_gguf::{GgmlType, GgufFile, Metadata, TensorValues};
@@ -24,7 +29,6 @@ use pagoda_kernels::{HostData, HostTensor, QuantData};
 
 /// llama.cpp architectures with experts that pagoda does not implement.
 pub const UNSUPPORTED_MOE_ARCHS: &[&str] = &[
-    "qwen2moe",
     "qwen3next",
     "deepseek",
     "deepseek2",
@@ -51,11 +55,13 @@ pub const UNSUPPORTED_MOE_ARCHS: &[&str] = &[
 pub fn unsupported_arch(arch: &str) -> ModelError {
     ModelError::Config(format!(
         "GGUF architecture {arch:?} is a mixture-of-experts family pagoda does not implement \
-         (mixture-of-experts GGUF files supported: qwen3moe, and llama with experts (Mixtral))"
+         (mixture-of-experts GGUF files supported: qwen3moe, qwen2moe, and llama with experts \
+         (Mixtral))"
     ))
 }
 
-/// The expert count of a `llama`/`qwen3moe` file (0 without experts).
+/// The expert count of a `llama`/`qwen3moe`/`qwen2moe` file (0 without
+/// experts).
 pub fn expert_count(file: &GgufFile, arch: &str) -> Result<usize> {
     let md = file.metadata();
     md.optional(&format!("{arch}.expert_count"), Metadata::get_usize)
@@ -92,15 +98,29 @@ pub fn moe_config(
             .get_usize(&key("expert_feed_forward_length"))
             .map_err(cfg)?,
     };
-    if md
-        .optional(&key("expert_shared_count"), Metadata::get_usize)
-        .map_err(cfg)?
-        .unwrap_or(0)
-        > 0
-        || file.tensor("blk.0.ffn_gate_shexp.weight").is_some()
+    let shared = arch == "qwen2moe";
+    let shared_width = if shared {
+        Some(
+            md.get_usize(&key("expert_shared_feed_forward_length"))
+                .map_err(cfg)?,
+        )
+    } else {
+        None
+    };
+    let has_shared_tensors = (0..num_layers).any(|i| {
+        file.tensor(&format!("blk.{i}.ffn_gate_shexp.weight"))
+            .is_some()
+    });
+    if !shared
+        && (md
+            .optional(&key("expert_shared_count"), Metadata::get_usize)
+            .map_err(cfg)?
+            .unwrap_or(0)
+            > 0
+            || has_shared_tensors)
     {
         return Err(ModelError::Config(format!(
-            "GGUF {arch} file with shared experts is not supported"
+            "GGUF {arch} file with shared experts is not supported (only qwen2moe's)"
         )));
     }
     let mut sparse_layers = Vec::with_capacity(num_layers);
@@ -116,8 +136,18 @@ pub fn moe_config(
                      llama.cpp (stacked blk.N.ffn_gate_exps tensors)"
                 )));
             }
-            for proj in ["gate", "up", "down"] {
-                let name = format!("blk.{i}.ffn_{proj}_exps.weight");
+            let mut needed: Vec<String> = ["gate", "up", "down"]
+                .iter()
+                .map(|p| format!("blk.{i}.ffn_{p}_exps.weight"))
+                .collect();
+            if shared {
+                needed.extend(
+                    ["gate_shexp", "up_shexp", "down_shexp", "gate_inp_shexp"]
+                        .iter()
+                        .map(|p| format!("blk.{i}.ffn_{p}.weight")),
+                );
+            }
+            for name in needed {
                 if file.tensor(&name).is_none() {
                     return Err(ModelError::Config(format!(
                         "GGUF {arch} file has the router of layer {i} but no {name}"
@@ -131,9 +161,11 @@ pub fn moe_config(
         num_experts,
         num_experts_per_tok: top_k,
         moe_intermediate_size: width,
-        // llama.cpp renormalizes the chosen weights of both architectures.
-        norm_topk_prob: true,
+        // llama.cpp renormalizes the chosen weights of qwen3moe and llama,
+        // not qwen2moe's.
+        norm_topk_prob: !shared,
         sparse_layers,
+        shared_expert_intermediate_size: shared_width,
     })
 }
 

@@ -4,7 +4,7 @@
 //! architecture-neutral config, with the defaults of transformers' config
 //! classes (`LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config`,
 //! `OPTConfig`, `Gemma2Config`, `Gemma3TextConfig`, `Phi3Config`, `Qwen3MoeConfig`,
-//! `MixtralConfig`) wherever a field may be
+//! `MixtralConfig`, `Qwen2MoeConfig`) wherever a field may be
 //! absent. Those defaults are per class
 //! and not always intuitive: an absent `num_key_value_heads` is
 //! `num_attention_heads` for Llama and OPT but 8 for Mistral and 32 for
@@ -38,8 +38,9 @@
 //!   failing later on a missing tensor; a sliding window in use is recorded
 //!   in [`ModelConfig::sliding_window`] (building the model refuses a
 //!   context longer than the window);
-//! - mixture-of-experts fields ([`crate::MoeConfig`]) for Qwen3-MoE and
-//!   Mixtral; other MoE families are refused by name;
+//! - mixture-of-experts fields ([`crate::MoeConfig`]) for Qwen3-MoE,
+//!   Mixtral and Qwen2-MoE (with its shared expert); other MoE families are
+//!   refused by name;
 //! - end-of-sequence ids are `config.json`'s followed by
 //!   `generation_config.json`'s, without duplicates.
 //!
@@ -62,13 +63,12 @@ enum HfClass {
     Phi3,
     Qwen3Moe,
     Mixtral,
+    Qwen2Moe,
 }
 
 /// Mixture-of-experts families pagoda does not implement (`model_type`s and
 /// architecture stems), refused by name rather than as unknown.
 const UNSUPPORTED_MOE: &[&str] = &[
-    "qwen2_moe",
-    "qwen2moe",
     "deepseek_v2",
     "deepseekv2",
     "deepseek_v3",
@@ -114,6 +114,7 @@ impl HfClass {
             "phi3" => Some(HfClass::Phi3),
             "qwen3_moe" | "qwen3moe" => Some(HfClass::Qwen3Moe),
             "mixtral" => Some(HfClass::Mixtral),
+            "qwen2_moe" | "qwen2moe" => Some(HfClass::Qwen2Moe),
             _ => None,
         }
     }
@@ -129,6 +130,7 @@ impl HfClass {
             HfClass::Phi3 => Architecture::Phi3,
             HfClass::Qwen3Moe => Architecture::Qwen3Moe,
             HfClass::Mixtral => Architecture::Mixtral,
+            HfClass::Qwen2Moe => Architecture::Qwen2Moe,
         }
     }
 
@@ -161,6 +163,14 @@ impl HfClass {
             HfClass::Qwen3Moe => Defaults {
                 max_position_embeddings: 32768,
                 num_key_value_heads: Some(4),
+                head_dim: None,
+                bos_token_id: None,
+                eos_token_id: None,
+                ..llama
+            },
+            HfClass::Qwen2Moe => Defaults {
+                max_position_embeddings: 32768,
+                num_key_value_heads: Some(16),
                 head_dim: None,
                 bos_token_id: None,
                 eos_token_id: None,
@@ -457,7 +467,7 @@ fn detect_class(f: &Fields) -> Result<HfClass> {
     if UNSUPPORTED_MOE.contains(&stem) {
         return Err(ModelError::Config(format!(
             "{}: {name} is a mixture-of-experts family pagoda does not implement \
-             (mixture-of-experts models supported: qwen3_moe, mixtral)",
+             (mixture-of-experts models supported: qwen3_moe, mixtral, qwen2_moe)",
             f.file
         )));
     }
@@ -529,8 +539,10 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
         _ => None,
     };
     let attention_bias = match class {
-        // Qwen2's q/k/v biases are unconditional (no config field).
+        // Qwen2's q/k/v biases are unconditional (no config field);
+        // Qwen2-MoE's follow `qkv_bias` (o_proj never has one).
         HfClass::Qwen2 => true,
+        HfClass::Qwen2Moe => f.bool_or("qkv_bias", true)?,
         HfClass::Llama | HfClass::Qwen3 | HfClass::Qwen3Moe => {
             f.bool_or("attention_bias", false)?
         }
@@ -600,8 +612,9 @@ fn build(f: &Fields, class: HfClass) -> Result<ModelConfig> {
     })
 }
 
-/// Qwen3-MoE's and Mixtral's expert fields, with their classes' defaults;
-/// `None` for dense classes. Qwen3-MoE's sparse layers are those not in
+/// Qwen3-MoE's, Qwen2-MoE's and Mixtral's expert fields, with their
+/// classes' defaults; `None` for dense classes. Qwen3-MoE's (and
+/// Qwen2-MoE's) sparse layers are those not in
 /// `mlp_only_layers` whose number plus one is a multiple of
 /// `decoder_sparse_step` (transformers' rule); every Mixtral layer is
 /// sparse, its experts `intermediate_size` wide, their weights renormalized.
@@ -612,7 +625,8 @@ fn moe_fields(
     intermediate_size: usize,
 ) -> Result<Option<crate::MoeConfig>> {
     let moe = match class {
-        HfClass::Qwen3Moe => {
+        HfClass::Qwen3Moe | HfClass::Qwen2Moe => {
+            let qwen2 = class == HfClass::Qwen2Moe;
             let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1);
             if step == 0 {
                 return Err(f.bad("decoder_sparse_step", "positive", &Value::from(0)));
@@ -629,24 +643,37 @@ fn moe_fields(
                     .ok_or_else(|| f.bad("mlp_only_layers", "a list of layer numbers", v))?,
             };
             // transformers 5 writes the attribute-mapped `num_local_experts`.
+            // Class defaults: Qwen3MoeConfig's (128, top 8, 768), then
+            // Qwen2MoeConfig's (60, top 4, 1408, shared 5632).
+            let (d_exp, d_top, d_inter) = if qwen2 { (60, 4, 1408) } else { (128, 8, 768) };
             let num_experts = match f.usize_opt("num_experts")? {
                 Some(n) => n,
-                None => f.usize_opt("num_local_experts")?.unwrap_or(128),
+                None => f.usize_opt("num_local_experts")?.unwrap_or(d_exp),
             };
             if num_experts == 0 {
                 return Err(ModelError::Config(format!(
-                    "{}: qwen3_moe with num_experts = 0 is not supported",
-                    f.file
+                    "{}: {} with num_experts = 0 is not supported",
+                    f.file,
+                    if qwen2 { "qwen2_moe" } else { "qwen3_moe" }
                 )));
             }
+            let shared_expert_intermediate_size = if qwen2 {
+                Some(
+                    f.usize_opt("shared_expert_intermediate_size")?
+                        .unwrap_or(5632),
+                )
+            } else {
+                None
+            };
             crate::MoeConfig {
                 num_experts,
-                num_experts_per_tok: f.usize_opt("num_experts_per_tok")?.unwrap_or(8),
-                moe_intermediate_size: f.usize_opt("moe_intermediate_size")?.unwrap_or(768),
+                num_experts_per_tok: f.usize_opt("num_experts_per_tok")?.unwrap_or(d_top),
+                moe_intermediate_size: f.usize_opt("moe_intermediate_size")?.unwrap_or(d_inter),
                 norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
                 sparse_layers: (0..num_layers)
                     .map(|i| !mlp_only.contains(&i) && (i + 1) % step == 0)
                     .collect(),
+                shared_expert_intermediate_size,
             }
         }
         HfClass::Mixtral => crate::MoeConfig {
@@ -655,6 +682,7 @@ fn moe_fields(
             moe_intermediate_size: intermediate_size,
             norm_topk_prob: true,
             sparse_layers: vec![true; num_layers],
+            shared_expert_intermediate_size: None,
         },
         _ => return Ok(None),
     };
@@ -737,6 +765,14 @@ fn sliding_window(
         },
         // MixtralConfig's default is none.
         HfClass::Mixtral => f.usize_opt("sliding_window")?,
+        HfClass::Qwen2Moe if f.bool_or("use_sliding_window", false)? => {
+            // Qwen2MoeConfig slides on every other layer below
+            // `max_window_layers`, a pattern the model file does not have.
+            return Err(ModelError::Config(format!(
+                "{}: qwen2_moe with use_sliding_window = true is not supported",
+                f.file
+            )));
+        }
         HfClass::Qwen2 | HfClass::Qwen3 | HfClass::Qwen3Moe
             if f.bool_or("use_sliding_window", false)? =>
         {

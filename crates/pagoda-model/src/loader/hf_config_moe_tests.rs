@@ -1,6 +1,7 @@
 //! Tests of the mixture-of-experts fields of `config.json` (Qwen3-MoE,
-//! Mixtral) and of the refusal of other MoE families. Defaults are
-//! transformers 5's `Qwen3MoeConfig` / `MixtralConfig`.
+//! Mixtral, Qwen2-MoE) and of the refusal of other MoE families. Defaults
+//! are transformers 5's `Qwen3MoeConfig` / `MixtralConfig` /
+//! `Qwen2MoeConfig`.
 
 use super::*;
 
@@ -112,7 +113,7 @@ fn other_moe_families_are_refused_by_name() {
     for (arch, model_type) in [
         ("DeepseekV3ForCausalLM", "deepseek_v3"),
         ("GptOssForCausalLM", "gpt_oss"),
-        ("Qwen2MoeForCausalLM", "qwen2_moe"),
+        ("Qwen3NextForCausalLM", "qwen3_next"),
         ("OlmoeForCausalLM", "olmoe"),
     ] {
         for field in [
@@ -145,4 +146,61 @@ fn moe_fields_on_a_dense_architecture_fail_validation() {
     let mut c = parse_hf_config(QWEN3_MOE_MIN, None).unwrap();
     c.moe.as_mut().unwrap().sparse_layers.pop();
     assert!(c.validate().is_err());
+}
+
+#[test]
+fn qwen2_moe_defaults_shared_expert_and_biases() {
+    let json = r#"{
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "hidden_size": 512, "intermediate_size": 96, "num_hidden_layers": 4,
+        "num_attention_heads": 32, "vocab_size": 100
+    }"#;
+    let c = parse_hf_config(json, None).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen2Moe);
+    assert_eq!(c.num_key_value_heads, 16);
+    assert!(c.attention_bias, "qkv_bias defaults to true");
+    assert_eq!(c.sliding_window, None);
+    let m = c.moe.unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.num_experts_per_tok,
+            m.moe_intermediate_size,
+            m.shared_expert_intermediate_size
+        ),
+        (60, 4, 1408, Some(5632))
+    );
+    assert!(!m.norm_topk_prob);
+    assert_eq!(m.sparse_layers, vec![true; 4]);
+
+    let json2 = json.replace(
+        "\"vocab_size\": 100",
+        "\"vocab_size\": 100, \"qkv_bias\": false, \"norm_topk_prob\": true, \
+         \"shared_expert_intermediate_size\": 24, \"mlp_only_layers\": [0], \
+         \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16",
+    );
+    let c = parse_hf_config(&json2, None).unwrap();
+    assert!(!c.attention_bias);
+    let m = c.moe.unwrap();
+    assert_eq!(m.shared_expert_intermediate_size, Some(24));
+    assert_eq!(m.sparse_layers, vec![false, true, true, true]);
+    assert!(m.norm_topk_prob);
+
+    // A sliding window in use, and a shared expert of width 0, are refused.
+    for extra in [
+        "\"use_sliding_window\": true, \"sliding_window\": 16",
+        "\"shared_expert_intermediate_size\": 0",
+    ] {
+        let bad = json.replace(
+            "\"vocab_size\": 100",
+            &format!("\"vocab_size\": 100, {extra}"),
+        );
+        assert!(
+            matches!(parse_hf_config(&bad, None), Err(ModelError::Config(_))),
+            "{extra}"
+        );
+    }
+    // Other MoE architectures carry no shared expert.
+    let q3 = parse_hf_config(QWEN3_MOE_MIN, None).unwrap();
+    assert_eq!(q3.moe.unwrap().shared_expert_intermediate_size, None);
 }

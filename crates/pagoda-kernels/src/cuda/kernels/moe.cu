@@ -46,6 +46,38 @@
 //
 // moe_combine_bf16: out[r, c] = bf16(sum over k, in k order, of y[slot of
 // (r, k), c]) in f32; pairs without a slot add nothing.
+//
+// The GEMV path, for steps with few pairs (decode at small batch, where the
+// grouped GEMM's tiles are mostly padding and a step is a pass over the
+// chosen experts' weights). No grouping and no scratch but h:
+//   moe_gemv_gate_up: grid (ceil(inter / MV_WARPS), pairs); warp j of pair q
+//     streams expert ids[q]'s gate row j and up row j with 16-byte loads
+//     (consecutive lanes, consecutive chunks: 512 contiguous bytes a warp
+//     per load; 4 chunks of each row in flight per lane) against x[q / top_k]
+//     (tiny, served from L1), f32 sums, one warp reduction each, and writes
+//     h[q, j] = bf16(silu(g) * u);
+//   moe_gemv_down: grid (ceil(hidden / MV_WARPS), rows); warp c of row r
+//     takes the row's k pairs two at a time (both down rows streamed at
+//     once), each dot down_e[c] . h[q] summed in f32 over the warp, and
+//     writes out[r, c] = bf16(sum over k, in k order, of weight[q] * dot):
+//     the combine is fused, deterministic and rounded once.
+// An id outside 0..E adds nothing (h row of zeros, no term in the sum).
+// Requires hidden % 8 == 0 and inter % 8 == 0 (16-byte rows; the host
+// checks, and takes the grouped path otherwise).
+//
+// moe_ggemv_{gate_up,down}: the grouped GEMV, for steps with a few pairs
+// per expert: moe_group's tiles of MV_BM slots (one expert each), grid
+// (ceil(N / MV_WARPS), max_tiles), blocks past meta[0] exit. Warp n of tile
+// t streams expert meta[1 + t]'s weight row(s) n once (16-byte loads, as
+// above) against the MV_BM slots' activation rows (x[pair / top_k] or
+// h[slot], from L1/L2), MV_BM f32 sums each, and writes
+//   gate_up: h[slot, n] = bf16(silu(g) * u);
+//   down:    y[slot, n] = bf16(weight[pair] * acc);
+// then moe_combine_bf16 as in the grouped path. Padding slots write nothing.
+//
+// moe_sigmoid_gate_{bf16,f32}: a shared expert's gate (Qwen2-MoE),
+// x[r, c] = bf16(x[r, c] * sigmoid(gate[r * gate_cols])) in f32;
+// grid-stride over rows * cols.
 
 #define MR_WARPS 4
 #define MG_THREADS 256
@@ -53,6 +85,8 @@
 #define MOE_THREADS 128
 #define MOE_BK 32
 #define MOE_LD (MOE_BK + 8)
+#define MV_WARPS 8
+#define MV_BM 8
 
 // Waits until at most N committed cp.async groups are still in flight.
 template <int N>
@@ -451,5 +485,274 @@ extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* 
             }
         }
         out[i] = f2bf(s);
+    }
+}
+
+// Two dot products over `chunks` 16-byte chunks: s0 += a0 . b0, s1 += a1 .
+// b1 (lane's share; the caller reduces over the warp). a* are streamed
+// once (weights), b* are reused by other warps (activations); SAME_B: b1 is
+// b0 (read once).
+template <bool SAME_B>
+__device__ __forceinline__ void mv_dot2(const uint4* __restrict__ a0,
+                                        const uint4* __restrict__ b0,
+                                        const uint4* __restrict__ a1,
+                                        const uint4* __restrict__ b1, int chunks, int lane,
+                                        float& s0, float& s1) {
+    int c = lane;
+    for (; c + 96 < chunks; c += 128) {
+        uint4 wa[4], wb[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            wa[u] = __ldcs(a0 + c + 32 * u);
+            wb[u] = __ldcs(a1 + c + 32 * u);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float fa[8], fb[8], xa[8], xb[8];
+            bf16x8_to_f32(wa[u], fa);
+            bf16x8_to_f32(wb[u], fb);
+            bf16x8_to_f32(__ldg(b0 + c + 32 * u), xa);
+            if (!SAME_B) {
+                bf16x8_to_f32(__ldg(b1 + c + 32 * u), xb);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                s0 = fmaf(fa[i], xa[i], s0);
+                s1 = fmaf(fb[i], SAME_B ? xa[i] : xb[i], s1);
+            }
+        }
+    }
+    for (; c < chunks; c += 32) {
+        float fa[8], fb[8], xa[8], xb[8];
+        bf16x8_to_f32(__ldcs(a0 + c), fa);
+        bf16x8_to_f32(__ldcs(a1 + c), fb);
+        bf16x8_to_f32(__ldg(b0 + c), xa);
+        if (!SAME_B) {
+            bf16x8_to_f32(__ldg(b1 + c), xb);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s0 = fmaf(fa[i], xa[i], s0);
+            s1 = fmaf(fb[i], SAME_B ? xa[i] : xb[i], s1);
+        }
+    }
+}
+
+// h [pairs, inter] (bf16); x [rows, hidden]; w the stacked gate_up.
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
+moe_gemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                 const int* __restrict__ ids, int top_k, int n_exp, int inter, int hidden) {
+    const int lane = threadIdx.x & 31;
+    const int j = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const int q = blockIdx.y;
+    if (j >= inter) {
+        return;
+    }
+    const int e = ids[q];
+    float g = 0.0f, u = 0.0f;
+    if (e >= 0 && e < n_exp) {
+        const bf16* gate = w + ((long long)e * 2 * inter + j) * hidden;
+        const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)(q / top_k) * hidden);
+        mv_dot2<true>(reinterpret_cast<const uint4*>(gate), xr,
+                reinterpret_cast<const uint4*>(gate + (long long)inter * hidden), xr,
+                hidden >> 3, lane, g, u);
+        g = warp_sum(g);
+        u = warp_sum(u);
+    }
+    if (lane == 0) {
+        h[(long long)q * inter + j] = f2bf(silu(g) * u);
+    }
+}
+
+// out [rows, hidden] (bf16); h [rows * top_k, inter]; w the stacked down.
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
+moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __restrict__ w,
+              const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,
+              int n_exp, int hidden, int inter) {
+    const int lane = threadIdx.x & 31;
+    const int c = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const int r = blockIdx.y;
+    if (c >= hidden) {
+        return;
+    }
+    const int chunks = inter >> 3;
+    float total = 0.0f;
+    for (int t = 0; t < top_k; t += 2) {
+        // Pairs q0 and q1; past an odd top_k, q1 is q0 again (the same
+        // addresses: no second stream) and its term is dropped.
+        const bool two = t + 1 < top_k;
+        const long long q0 = (long long)r * top_k + t;
+        const long long q1 = two ? q0 + 1 : q0;
+        const int e0 = ids[q0], e1 = ids[q1];
+        const bool ok0 = e0 >= 0 && e0 < n_exp;
+        const bool ok1 = two && e1 >= 0 && e1 < n_exp;
+        // An id outside 0..E reads expert 0's row (in bounds) and adds nothing.
+        const bf16* w0 = w + ((long long)(ok0 ? e0 : 0) * hidden + c) * inter;
+        const bf16* w1 = two ? w + ((long long)(ok1 ? e1 : 0) * hidden + c) * inter : w0;
+        float s0 = 0.0f, s1 = 0.0f;
+        mv_dot2<false>(reinterpret_cast<const uint4*>(w0),
+                reinterpret_cast<const uint4*>(h + q0 * inter),
+                reinterpret_cast<const uint4*>(w1),
+                reinterpret_cast<const uint4*>(h + q1 * inter), chunks, lane, s0, s1);
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (ok0) {
+            total += route_w[q0] * s0;
+        }
+        if (ok1) {
+            total += route_w[q1] * s1;
+        }
+    }
+    if (lane == 0) {
+        out[(long long)r * hidden + c] = f2bf(total);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_sigmoid_gate(bf16* __restrict__ x, const T* __restrict__ gate,
+                                                 int rows, int cols, int gate_cols) {
+    long long total = (long long)rows * cols;
+    GRID_STRIDE(i, total) {
+        long long r = i / cols;
+        float g = ld(gate, r * gate_cols);
+        float s = 1.0f / (1.0f + expf(-g));
+        x[i] = f2bf(bf2f(x[i]) * s);
+    }
+}
+
+extern "C" __global__ void moe_sigmoid_gate_bf16(bf16* __restrict__ x,
+                                                 const bf16* __restrict__ gate, int rows,
+                                                 int cols, int gate_cols) {
+    moe_sigmoid_gate(x, gate, rows, cols, gate_cols);
+}
+
+extern "C" __global__ void moe_sigmoid_gate_f32(bf16* __restrict__ x,
+                                                const float* __restrict__ gate, int rows,
+                                                int cols, int gate_cols) {
+    moe_sigmoid_gate(x, gate, rows, cols, gate_cols);
+}
+
+// Lane's share of the MV_BM dot products of weight rows w0 and w1 against
+// the activation rows rows[s] (nullptr: skipped, sums 0).
+__device__ __forceinline__ void mv_tile_dots(const uint4* __restrict__ w0,
+                                             const uint4* __restrict__ w1,
+                                             const bf16* const* rows, int chunks, int lane,
+                                             float (&s0)[MV_BM], float (&s1)[MV_BM]) {
+    for (int c = lane; c < chunks; c += 32) {
+        float f0[8], f1[8];
+        bf16x8_to_f32(__ldcs(w0 + c), f0);
+        bf16x8_to_f32(__ldcs(w1 + c), f1);
+#pragma unroll
+        for (int s = 0; s < MV_BM; s++) {
+            if (rows[s] == nullptr) {
+                continue;
+            }
+            float a[8];
+            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(rows[s]) + c), a);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                s0[s] = fmaf(f0[i], a[i], s0[s]);
+                s1[s] = fmaf(f1[i], a[i], s1[s]);
+            }
+        }
+    }
+}
+
+// h [slots, inter]; x [rows, hidden]; w the stacked gate_up.
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
+moe_ggemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
+                  const int* __restrict__ meta, const int* __restrict__ slot_pair, int top_k,
+                  int inter, int hidden) {
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) {
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (n >= inter) {
+        return;
+    }
+    const int e = meta[1 + tile];
+    const long long slot0 = (long long)tile * MV_BM;
+    const bf16* rows[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        int p = slot_pair[slot0 + s];
+        rows[s] = p >= 0 ? x + (long long)(p / top_k) * hidden : nullptr;
+    }
+    const bf16* gate = w + ((long long)e * 2 * inter + n) * hidden;
+    float g[MV_BM], u[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        g[s] = u[s] = 0.0f;
+    }
+    mv_tile_dots(reinterpret_cast<const uint4*>(gate),
+                 reinterpret_cast<const uint4*>(gate + (long long)inter * hidden), rows,
+                 hidden >> 3, lane, g, u);
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        if (rows[s] == nullptr) {
+            continue;
+        }
+        float gs = warp_sum(g[s]);
+        float us = warp_sum(u[s]);
+        if (lane == 0) {
+            h[(slot0 + s) * inter + n] = f2bf(silu(gs) * us);
+        }
+    }
+}
+
+// y [slots, hidden]; h [slots, inter]; w the stacked down.
+extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
+moe_ggemv_down(bf16* __restrict__ y, const bf16* __restrict__ h, const bf16* __restrict__ w,
+               const int* __restrict__ meta, const int* __restrict__ slot_pair,
+               const float* __restrict__ route_w, int hidden, int inter) {
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) {
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (n >= hidden) {
+        return;
+    }
+    const int e = meta[1 + tile];
+    const long long slot0 = (long long)tile * MV_BM;
+    const bf16* rows[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        rows[s] = slot_pair[slot0 + s] >= 0 ? h + (slot0 + s) * inter : nullptr;
+    }
+    const uint4* row = reinterpret_cast<const uint4*>(w + ((long long)e * hidden + n) * inter);
+    float acc[MV_BM];
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        acc[s] = 0.0f;
+    }
+    for (int c = lane; c < (inter >> 3); c += 32) {
+        float f[8];
+        bf16x8_to_f32(__ldcs(row + c), f);
+#pragma unroll
+        for (int s = 0; s < MV_BM; s++) {
+            if (rows[s] == nullptr) {
+                continue;
+            }
+            float a[8];
+            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(rows[s]) + c), a);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                acc[s] = fmaf(f[i], a[i], acc[s]);
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < MV_BM; s++) {
+        if (rows[s] == nullptr) {
+            continue;
+        }
+        float a = warp_sum(acc[s]);
+        if (lane == 0) {
+            y[(slot0 + s) * hidden + n] = f2bf(route_w[slot_pair[slot0 + s]] * a);
+        }
     }
 }
