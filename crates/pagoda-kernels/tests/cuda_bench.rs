@@ -101,7 +101,7 @@ fn attention_case_with(
     };
     eprintln!(
         "{label}: {:?} kernel",
-        pagoda_kernels::cuda::attention_kernel(&step.ctx, &p)
+        g.attention_kernel_for(&step.ctx, &p)
     );
     let secs = time(g, 20, || {
         let _ = g.attention(&q, &cache, &s, &p).unwrap();
