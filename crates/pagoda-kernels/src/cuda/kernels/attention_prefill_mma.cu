@@ -58,7 +58,7 @@
 // PFM_PAD bf16 (PfmShape::SMEM_ROWS): 55,296 bytes at head_dim 64, 69,632
 // at 128, 101,376 at 256; all past 48 KB, so the host raises each kernel's
 // limit when it loads the module (attention_prefill_mma.rs). Registers
-// (ptxas, sm_90): 243 / 244 / 254 at 64 / 128 / 256, no spills; key tiles
+// (ptxas, sm_90): 241 / 245 / 254 at 64 / 128 / 256, no spills; key tiles
 // are 32 rows past head_dim 64 because 64-key S accumulators next to O's
 // (2 x 16 rows x 128 dims) spill at 128.
 //
@@ -368,12 +368,17 @@ __device__ __forceinline__ void prefill_mma_tile(
                 }
                 row_sum[mt][0] = row_sum[mt][0] * corr0 + sum0;
                 row_sum[mt][1] = row_sum[mt][1] * corr1 + sum1;
+                // Once the row maxima settle (most tiles of a long walk)
+                // every correction is exactly 1 (ex2 of 0): then the warp
+                // skips the rescale of O.
+                if (__any_sync(0xffffffffu, corr0 != 1.0f || corr1 != 1.0f)) {
 #pragma unroll
-                for (int i = 0; i < NB_O; i++) {
-                    o[mt][i][0] *= corr0;
-                    o[mt][i][1] *= corr0;
-                    o[mt][i][2] *= corr1;
-                    o[mt][i][3] *= corr1;
+                    for (int i = 0; i < NB_O; i++) {
+                        o[mt][i][0] *= corr0;
+                        o[mt][i][1] *= corr0;
+                        o[mt][i][2] *= corr1;
+                        o[mt][i][3] *= corr1;
+                    }
                 }
                 // P as A fragments: k-step j covers S n-blocks 2j (keys 0..7) and 2j+1 (8..15).
 #pragma unroll
