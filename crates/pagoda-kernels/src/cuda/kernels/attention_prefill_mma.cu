@@ -62,9 +62,13 @@
 // are 32 rows past head_dim 64 because 64-key S accumulators next to O's
 // (2 x 16 rows x 128 dims) spill at 128.
 //
-// The K/V load is one function template on the cache element type
-// (pfm_load_kv): the bf16 cache copies with cp.async; a narrower cache
-// type adds an overload that converts to bf16 while filling shared memory.
+// The K/V load is one function (pfm_load_kv) overloaded on the cache
+// element type, and prefill_mma_tile is templated on it: the bf16 cache
+// copies with cp.async; the FP8 E4M3 overload (fp8 bytes times a per-layer
+// f32 scale, widened to bf16 while filling shared memory) compiles without
+// spills (248 registers at head_dim 128 in a trial instantiation) but has
+// no entry point yet: an FP8 cache adds prefill_mma_tile<fp8, HD> entries
+// taking kv_scale.
 
 #define PFM_THREADS 128
 #define PFM_WARPS 4
@@ -90,13 +94,14 @@ struct PfmShape {
 // nothing unstored is ever read. Thread tid copies 16-byte chunk tid %
 // (HD / 8) of rows tid / (HD / 8) + i * (PFM_THREADS / (HD / 8)). The bf16
 // cache is copied asynchronously (the caller commits and waits); `scale`
-// is the cache's dequantization scale, unused by bf16.
+// is the cache's dequantization scale, unused by bf16. `bs_shift` is
+// log2(block_size) for a power-of-two block size, else -1 (then a division).
 template <int HD, int BN>
 __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __restrict__ k_cache,
                                             const bf16* __restrict__ v_cache, float scale,
-                                            const int* __restrict__ table, int block_size, int n0,
-                                            int n_keys, long long slot_stride, long long head_off,
-                                            int tid) {
+                                            const int* __restrict__ table, int block_size,
+                                            int bs_shift, int n0, int n_keys,
+                                            long long slot_stride, long long head_off, int tid) {
     constexpr int LD = HD + PFM_PAD;
     constexpr int CPR = HD / 8;            // 16-byte chunks per row
     constexpr int RPP = PFM_THREADS / CPR;  // rows per pass of the block
@@ -111,11 +116,65 @@ __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __
         bf16* dk = &s_k[r * LD + col];
         bf16* dv = &s_v[r * LD + col];
         if (key < n_keys) {
+            const int blk = bs_shift >= 0 ? key >> bs_shift : key / block_size;
             const long long off =
-                (long long)(table[key / block_size] * block_size + key % block_size) * slot_stride +
+                (long long)(table[blk] * block_size + key - blk * block_size) * slot_stride +
                 head_off + col;
             pf_cp_async16(pf_smem_addr(dk), k_cache + off);
             pf_cp_async16(pf_smem_addr(dv), v_cache + off);
+        } else {
+            pf_zero16(dk);
+            pf_zero16(dv);
+        }
+    }
+}
+
+// Eight FP8 E4M3 values (the bytes of `w`, lowest first) times `scale`
+// as eight bf16 (rounded to nearest even) in 16 bytes of shared memory.
+__device__ __forceinline__ void pfm_st_fp8x8(bf16* dst, uint2 w, float scale) {
+    unsigned r[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned word = i < 2 ? w.x : w.y;
+        const int sh = 16 * (i & 1);
+        r[i] = pf_pack_bf16x2(fp82f((fp8)((word >> sh) & 0xffu)) * scale,
+                              fp82f((fp8)((word >> (sh + 8)) & 0xffu)) * scale);
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pf_smem_addr(dst)), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+// pfm_load_kv for an FP8 E4M3 cache (one byte per element, the same slot
+// layout, `scale` its dequantization scale): each 8-element chunk is read,
+// widened to bf16 and stored synchronously (the caller's commit and wait
+// are then empty, its barrier publishes the stores), so this load is not
+// overlapped with the previous tile's math as the bf16 one is.
+template <int HD, int BN>
+__device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const fp8* __restrict__ k_cache,
+                                            const fp8* __restrict__ v_cache, float scale,
+                                            const int* __restrict__ table, int block_size,
+                                            int bs_shift, int n0, int n_keys,
+                                            long long slot_stride, long long head_off, int tid) {
+    constexpr int LD = HD + PFM_PAD;
+    constexpr int CPR = HD / 8;            // 8-element chunks per row
+    constexpr int RPP = PFM_THREADS / CPR;  // rows per pass of the block
+    static_assert(PFM_THREADS % CPR == 0 && BN % RPP == 0, "copy split");
+    const int row = tid / CPR;
+    const int col = (tid % CPR) * 8;
+#pragma unroll
+    for (int p = 0; p < BN / RPP; p++) {
+        const int r = row + p * RPP;
+        const int key = n0 + r;
+        bf16* dk = &s_k[r * LD + col];
+        bf16* dv = &s_v[r * LD + col];
+        if (key < n_keys) {
+            const int blk = bs_shift >= 0 ? key >> bs_shift : key / block_size;
+            const long long off =
+                (long long)(table[blk] * block_size + key - blk * block_size) * slot_stride +
+                head_off + col;
+            pfm_st_fp8x8(dk, *reinterpret_cast<const uint2*>(k_cache + off), scale);
+            pfm_st_fp8x8(dv, *reinterpret_cast<const uint2*>(v_cache + off), scale);
         } else {
             pf_zero16(dk);
             pf_zero16(dv);
@@ -166,6 +225,7 @@ __device__ __forceinline__ void prefill_mma_tile(
     // never read, and the edge tile is masked per row.
     const int t0 = window > 0 ? max(0, ctx + p0 / group + 1 - window) / BN : 0;
     const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+    const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
     const long long slot_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kv_head * HD;
     const long long tok_stride = (long long)num_heads * HD;  // q/out elements per token
@@ -196,8 +256,8 @@ __device__ __forceinline__ void prefill_mma_tile(
         }
         pf_cp_async_commit();
     }
-    pfm_load_kv<HD, BN>(s_kv, s_kv + BN * LD, k_cache, v_cache, kv_scale, table, block_size, t0 * BN,
-                        n_keys, slot_stride, head_off, tid);
+    pfm_load_kv<HD, BN>(s_kv, s_kv + BN * LD, k_cache, v_cache, kv_scale, table, block_size, bs_shift,
+                        t0 * BN, n_keys, slot_stride, head_off, tid);
     pf_cp_async_commit();  // group 2: tile t0
 
     // A fragments: lane L addresses row (L % 8) + 8 ((L / 8) % 2), dim 8 (L / 16).
@@ -268,7 +328,7 @@ __device__ __forceinline__ void prefill_mma_tile(
         if (t + 1 < n_tiles) {
             bf16* const nk = s_kv + 2 * (stage ^ 1) * BN * LD;
             pfm_load_kv<HD, BN>(nk, nk + BN * LD, k_cache, v_cache, kv_scale, table, block_size,
-                                n0 + BN, n_keys, slot_stride, head_off, tid);
+                                bs_shift, n0 + BN, n_keys, slot_stride, head_off, tid);
         }
         pf_cp_async_commit();  // tile t + 1, possibly empty
         pf_cp_async_wait1();   // tile t (and Q) landed
