@@ -14,12 +14,12 @@
 // Packed rows: with G = num_heads / num_kv_heads, the G query heads of kv
 // head kv of one sequence form q_len * G rows, row r being token r / G and
 // head kv * G + r % G (the G heads of a token are adjacent in q and out, so
-// packing costs nothing). A block owns PFM_M consecutive packed rows of one
-// (sequence, kv head): grid (ceil(max_query_len * G / PFM_M), num_seqs,
+// packing costs nothing). A block owns BLOCK_M consecutive packed rows of one
+// (sequence, kv head): grid (ceil(max_query_len * G / BLOCK_M), num_seqs,
 // num_kv_heads), 4 warps, blockIdx.x reversed so the tiles with the most
 // keys start first; tiles past a sequence's rows exit at once. K and V are
 // read from the cache once per block for all G heads, and a block's rows
-// span only PFM_M / G tokens, so the causal diagonal wastes little.
+// span only BLOCK_M / G tokens, so the causal diagonal wastes little.
 //
 // Per block (see PfmShape): warp w owns packed rows 16 * MT * w ..+16 * MT
 // (MT m16 tiles); the block walks key tiles of BLOCK_N keys, from the one
@@ -54,13 +54,13 @@
 //                                  -> b0, b1 of dim block 2dp, then of 2dp+1
 //   P (A from S's C fragments):    k-step j = S n-blocks 2j (a0, a1) and 2j+1 (a2, a3)
 //
-// Resources: dynamic shared memory (PFM_M + 4 BLOCK_N) rows of head_dim +
-// PFM_PAD bf16 (PfmShape::SMEM_ROWS): 55,296 bytes at head_dim 64, 69,632
+// Resources: dynamic shared memory (BLOCK_M + 4 BLOCK_N) rows of head_dim
+// + PFM_PAD bf16 (PfmShape::SMEM_ROWS): 55,296 bytes at head_dim 64, 69,632
 // at 128, 101,376 at 256; all past 48 KB, so the host raises each kernel's
 // limit when it loads the module (attention_prefill_mma.rs). Registers
-// (ptxas, sm_90): 241 / 245 / 254 at 64 / 128 / 256, no spills; key tiles
-// are 32 rows past head_dim 64 because 64-key S accumulators next to O's
-// (2 x 16 rows x 128 dims) spill at 128.
+// (ptxas, sm_90, two blocks per SM by __launch_bounds__): 240 / 246 / 248
+// at 64 / 128 / 256, no spills. Key tiles are 32 rows past head_dim 64:
+// 64-key S accumulators next to O's (2 x 16 rows x 128 dims) spill at 128.
 //
 // The K/V load is one function (pfm_load_kv) overloaded on the cache
 // element type, and prefill_mma_tile is templated on it: the bf16 cache
@@ -515,17 +515,17 @@ __device__ __forceinline__ void prefill_mma_tile(
     out, q, k_cache, v_cache, 1.0f, cu_seqlens_q, context_lens, block_tables,                   \
         max_blocks_per_seq, block_size, num_heads, num_kv_heads, scale, window, softcap
 
-extern "C" __global__ void __launch_bounds__(PFM_THREADS)
+extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd64(PFM_ARGS) {
     prefill_mma_tile<bf16, 64>(PFM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(PFM_THREADS)
+extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd128(PFM_ARGS) {
     prefill_mma_tile<bf16, 128>(PFM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(PFM_THREADS)
+extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd256(PFM_ARGS) {
     prefill_mma_tile<bf16, 256>(PFM_PASS);
 }
