@@ -18,8 +18,8 @@
 //!   grid past CUDA's limits, or a step whose `max_query_len` says one token
 //!   while a sequence has more.
 //!
-//! Sliding windows and soft-capping are parameters of all three kernels, so
-//! they never change the choice.
+//! Sliding windows and soft-capping are parameters of every kernel, so they
+//! never change the choice.
 
 use super::{attention_decode, attention_prefill, attention_prefill_mma};
 use crate::{AttentionParams, ForwardContext};
