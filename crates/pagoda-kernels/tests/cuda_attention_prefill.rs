@@ -1,13 +1,18 @@
-//! The tiled prefill attention of the CUDA backend (steps whose longest query
-//! is more than one token, head_dim 64 and 128) against the CPU backend on
-//! the same bf16-rounded K/V/Q: prompts of 1..300 tokens around the 64-row
-//! tile edges, cached prefixes of 0..700 tokens (block-aligned or not), mixed
-//! steps with decode sequences and slot -1 padding, GQA ratios 1/2/4/8,
-//! block sizes 3/16/32, a 1500-token prompt after a 500-token prefix, and a
-//! step whose `max_query_len` understates its longest query. A second family
-//! checks the causal boundary exactly, with no tolerance: changing the K/V of
-//! query token c must leave every row before c bit-identical and change
-//! every row from c on.
+//! The prefill attention kernels of the CUDA backend (steps whose longest
+//! query is more than one token), each case run on both the grouped kernel
+//! (`MmaPrefill`, the default) and the tiled one (`TiledPrefill`, forced
+//! through `CudaBackend::force_tiled_prefill`), against the CPU backend on
+//! the same bf16-rounded K/V/Q: prompts of 1..300 tokens around the tile
+//! edges of both kernels (64 tokens per block for the tiled kernel; 128 or
+//! 64 packed rows of query heads for the grouped one, so 128 / group tokens,
+//! a token's heads split across two blocks when the group does not divide
+//! 128), cached prefixes of 0..700 tokens (block-aligned or not), mixed
+//! steps with decode sequences and slot -1 padding, GQA ratios 1/2/3/4/6/8,
+//! head_dim 64, 128 and 256, block sizes 3/16/32, a 1500-token prompt after
+//! a 500-token prefix, and a step whose `max_query_len` understates its
+//! longest query. A second family checks the causal boundary exactly, with
+//! no tolerance: changing the K/V of query token c must leave every row
+//! before c bit-identical and change every row from c on.
 //!
 //! The output is NaN-poisoned first, so every element must be written; the
 //! cache is poisoned before the prefix is stored (NaN on the GPU when the
@@ -26,7 +31,7 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuKvCache, WeightDtype};
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
-use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, CudaTensor};
+use pagoda_kernels::cuda::{AttentionKernel, CudaBackend, CudaKvCache, CudaTensor, FAST_HEAD_DIMS};
 use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape};
 
 fn s(context_len: usize, query_len: usize) -> SeqSpec {
@@ -125,7 +130,8 @@ fn row_owners(ctx: &ForwardContext) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// Where query index `j` falls in the kernel's tiling.
+/// Where query index `j` falls in the tiled kernel's tiling (the grouped
+/// kernel's block is named in the failing row's head and group).
 fn place(j: usize) -> String {
     format!("tile {} warp {} row {}", j / 64, (j % 64) / 16, j % 16)
 }
@@ -189,9 +195,18 @@ fn compare(what: &str, ctx: &ForwardContext, got: &[f32], want: &[f32], nh: usiz
     assert!(e < 1e-2, "{what}: total relative error {e:.3e}");
 }
 
+/// The prefill kernels a case runs on: the grouped one (default) and the
+/// tiled one, as `force_tiled_prefill` values.
+const KERNELS: [(bool, AttentionKernel); 2] = [
+    (false, AttentionKernel::MmaPrefill),
+    (true, AttentionKernel::TiledPrefill),
+];
+
 /// Builds the step (poisoned cache, stored prefix, stored step K/V) on both
-/// backends, attends on both, compares. `claim_max_query_len` overrides the
-/// step's `max_query_len` (the kernel must not trust it for the grid).
+/// backends, attends on the CPU and on each GPU prefill kernel (asserting
+/// that the backend takes that kernel, unless head_dim has none), compares.
+/// `claim_max_query_len` overrides the step's `max_query_len` (the kernel
+/// must not trust it for the grid).
 fn run_case_with(g: &CudaBackend, rng: &mut Rng, c: &Case, claim_max_query_len: Option<usize>) {
     let cpu = backend(2, WeightDtype::F32);
     let (nh, hd) = (c.num_heads, c.head_dim);
@@ -228,14 +243,24 @@ fn run_case_with(g: &CudaBackend, rng: &mut Rng, c: &Case, claim_max_query_len: 
     let cs = cpu.begin_step(&step.ctx).unwrap();
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
-    let go = g.attention(&gq, &gc, &gs, &p).unwrap();
     let co = cpu.attention(&cq, &cc, &cs, &p).unwrap();
-    let got = g.tensor_to_host(&go).unwrap();
-    let what = format!(
-        "prefill attention seqs {:?} heads {nh}/{} hd {hd} bs {} pad {} max_query_len {}",
-        c.seqs, c.num_kv_heads, c.block_size, c.pad, step.ctx.max_query_len
-    );
-    compare(&what, &step.ctx, &got, co.data(), nh, hd);
+    let fast = FAST_HEAD_DIMS.contains(&hd);
+    for (tiled, kernel) in KERNELS {
+        g.force_tiled_prefill(tiled);
+        let took = g.attention_kernel_for(&step.ctx, &p);
+        if fast && claim_max_query_len.is_none() {
+            assert_eq!(took, kernel, "seqs {:?} hd {hd}", c.seqs);
+        }
+        let go = g.attention(&gq, &gc, &gs, &p).unwrap();
+        let got = g.tensor_to_host(&go).unwrap();
+        let what = format!(
+            "prefill attention ({took:?}) seqs {:?} heads {nh}/{} hd {hd} bs {} pad {} \
+             max_query_len {}",
+            c.seqs, c.num_kv_heads, c.block_size, c.pad, step.ctx.max_query_len
+        );
+        compare(&what, &step.ctx, &got, co.data(), nh, hd);
+    }
+    g.force_tiled_prefill(false);
 }
 
 fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
@@ -243,6 +268,7 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
 }
 
 const GQA: [(usize, usize); 4] = [(4, 4), (8, 4), (8, 2), (8, 1)];
+const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 #[test]
 fn prompts_around_tile_edges() {
@@ -255,7 +281,7 @@ fn prompts_around_tile_edges() {
         &[300],
     ];
     for gqa in GQA {
-        for hd in [64, 128] {
+        for hd in HEAD_DIMS {
             for lens in steps {
                 let seqs = lens.iter().map(|&q| s(0, q)).collect();
                 run_case(&g, &mut rng, &Case::new(seqs, gqa, hd, 16, 0));
@@ -274,7 +300,7 @@ fn cached_prefixes() {
         vec![s(1, 300), s(129, 63), s(47, 190)],
     ];
     for (i, gqa) in GQA.iter().enumerate() {
-        for hd in [64, 128] {
+        for hd in HEAD_DIMS {
             for (k, seqs) in steps.iter().enumerate() {
                 let bs = [3, 16, 32][(i + k) % 3];
                 run_case(&g, &mut rng, &Case::new(seqs.clone(), *gqa, hd, bs, 0));
@@ -303,8 +329,37 @@ fn mixed_prompts_decodes_and_padding() {
         ((16, 2), 3, 5),
         ((4, 4), 16, 2),
     ] {
-        for hd in [64, 128] {
+        for hd in HEAD_DIMS {
             run_case(&g, &mut rng, &Case::new(seqs.clone(), gqa, hd, bs, pad));
+        }
+    }
+}
+
+/// The grouped kernel's packed rows: groups that do not divide a block's
+/// 128 (or 64) rows, so a token's heads straddle two blocks (3, 6), and
+/// groups that do (1, 2, 4, 8, 16), at prompt lengths around 128 / group
+/// tokens and after cached prefixes that put the diagonal mid-tile.
+#[test]
+fn query_groups_across_packed_row_tiles() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(109);
+    for (k, gqa) in [(6, 2), (12, 2), (6, 1), (8, 8), (16, 8), (32, 8), (16, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let group = gqa.0 / gqa.1;
+        let per_block = 128usize.div_ceil(group);
+        for hd in HEAD_DIMS {
+            let seqs = vec![
+                s(0, per_block),
+                s(0, per_block + 1),
+                s(13, per_block.saturating_sub(1).max(2)),
+                s(70, 2 * per_block + 3),
+                s(0, 1),
+                s(200, 64 / group + 5),
+            ];
+            let bs = [16, 3, 32][k % 3];
+            run_case(&g, &mut rng, &Case::new(seqs, gqa, hd, bs, k % 2));
         }
     }
 }
@@ -314,7 +369,7 @@ fn block_sizes_3_16_32() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(104);
     for bs in [3, 16, 32] {
-        for hd in [64, 128] {
+        for hd in HEAD_DIMS {
             let seqs = vec![s(0, 97), s(31, 33), s(200, 70)];
             run_case(&g, &mut rng, &Case::new(seqs, (8, 2), hd, bs, 0));
         }
@@ -335,13 +390,30 @@ fn long_prompt_after_long_prefix() {
         &mut rng,
         &Case::new(vec![s(500, 1500)], (2, 2), 64, 32, 0),
     );
+    run_case(
+        &g,
+        &mut rng,
+        &Case::new(vec![s(300, 700), s(0, 33)], (8, 4), 256, 16, 0),
+    );
+    // The Llama-3.1-8B attention shape (32 heads over 8, head_dim 128).
+    run_case(
+        &g,
+        &mut rng,
+        &Case::new(
+            vec![s(0, 1024), s(0, 1000), s(24, 1000)],
+            (32, 8),
+            128,
+            16,
+            0,
+        ),
+    );
 }
 
 #[test]
 fn understated_max_query_len_still_writes_every_row() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(106);
-    for hd in [64, 128] {
+    for hd in HEAD_DIMS {
         let c = Case::new(vec![s(3, 130), s(0, 2), s(10, 70)], (4, 2), hd, 16, 0);
         run_case_with(&g, &mut rng, &c, Some(2));
     }
@@ -379,7 +451,11 @@ fn attend(
 fn causal_boundary_is_exact() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(108);
-    for (hd, bs) in [(64, 16), (128, 3)] {
+    for ((hd, bs), (tiled, kernel)) in [(64, 16), (128, 3), (256, 16)]
+        .into_iter()
+        .flat_map(|x| KERNELS.map(|k| (x, k)))
+    {
+        g.force_tiled_prefill(tiled);
         let c = Case::new(vec![s(0, 130), s(37, 70), s(100, 65)], (4, 2), hd, bs, 0);
         let (nh, width) = (c.num_heads, c.num_kv_heads * hd);
         let shape = c.shape();
@@ -403,9 +479,13 @@ fn causal_boundary_is_exact() {
             .tensor_from_host(t, nh * hd, &rvec(&mut rng, t * nh * hd, 4.0))
             .unwrap();
         let p = c.params();
+        assert_eq!(g.attention_kernel_for(&step.ctx, &p), kernel);
         let base = attend(&g, &mut gc, &step.ctx, &k, &v, &q, &p);
         let again = attend(&g, &mut gc, &step.ctx, &k, &v, &q, &p);
-        let what = format!("causal check seqs {:?} hd {hd} bs {bs}", c.seqs);
+        let what = format!(
+            "causal check ({kernel:?}) seqs {:?} hd {hd} bs {bs}",
+            c.seqs
+        );
         if let Some(i) = (0..base.len()).find(|&i| base[i].to_bits() != again[i].to_bits()) {
             panic!("{what}: two identical runs differ at element {i} (a race?)");
         }

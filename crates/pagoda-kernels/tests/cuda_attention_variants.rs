@@ -7,9 +7,11 @@
 //! 6,000 cached tokens), decode steps whose contexts run past the window
 //! over hundreds of blocks, and mixed steps with padding rows.
 //!
-//! Every case first asserts which kernel [`attention_kernel`] picks for it
-//! (the attention op takes exactly that one), so a variant that silently
-//! fell back to the general kernel fails here. The KV positions a kernel
+//! Every case first asserts which kernel the backend picks for it
+//! (`CudaBackend::attention_kernel_for`; the attention op takes exactly that
+//! one), so a variant that silently fell back to the general kernel fails
+//! here; prefill cases run on both the grouped kernel (the default) and the
+//! tiled one (forced). The KV positions a kernel
 //! must never read (before the window: for decode every earlier position,
 //! for prefill every 64-key tile wholly before the first row's window) hold
 //! NaN on the GPU in steps without padding rows (which read block 0's first
@@ -94,10 +96,22 @@ impl Case {
         let Some(w) = self.window else { return 0 };
         let first = (self.seqs[seq].context_len + 1).saturating_sub(w);
         match kernel {
-            AttentionKernel::TiledPrefill => first / 64 * 64,
+            AttentionKernel::TiledPrefill | AttentionKernel::MmaPrefill => first / 64 * 64,
             _ => first,
         }
     }
+}
+
+/// [`run_case`] on the grouped prefill kernel, then on the tiled one.
+fn run_prefill_case(g: &CudaBackend, rng: &mut Rng, c: &Case) {
+    for (tiled, kernel) in [
+        (false, AttentionKernel::MmaPrefill),
+        (true, AttentionKernel::TiledPrefill),
+    ] {
+        g.force_tiled_prefill(tiled);
+        run_case(g, rng, c, kernel);
+    }
+    g.force_tiled_prefill(false);
 }
 
 /// Builds the case on both backends (poisoned cache, stored prefix with the
@@ -123,7 +137,7 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case, expect: AttentionKernel) {
     let mut cc = cpu.alloc_kv_cache(shape).unwrap();
     let step = paged_step(rng, &c.seqs, bs, shape.num_blocks, c.pad);
     let p = c.params();
-    let kernel = attention_kernel(&step.ctx, &p);
+    let kernel = g.attention_kernel_for(&step.ctx, &p);
     assert_eq!(kernel, expect, "{what}: attention takes {kernel:?}");
 
     // Every slot NaN on the GPU where no padding row reads block 0's
@@ -239,7 +253,7 @@ fn prefill_after_cached_prefixes_every_window_softcap_and_head_dim() {
                     window,
                     softcap,
                 };
-                run_case(&g, &mut rng, &c, AttentionKernel::TiledPrefill);
+                run_prefill_case(&g, &mut rng, &c);
                 i += 1;
             }
         }
@@ -322,7 +336,7 @@ fn long_chunks_after_long_prefixes() {
             window,
             softcap,
         };
-        run_case(&g, &mut rng, &c, AttentionKernel::TiledPrefill);
+        run_prefill_case(&g, &mut rng, &c);
     }
 }
 
@@ -353,7 +367,7 @@ fn mixed_steps_with_padding() {
                 window: [Some(16), Some(4096), Some(1)][i % 3],
                 softcap: [Some(50.0), None][i % 2],
             };
-            run_case(&g, &mut rng, &c, AttentionKernel::TiledPrefill);
+            run_prefill_case(&g, &mut rng, &c);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Kernel timings on the GPU host (ignored by default; scripts/gpu-run.sh
 //! runs them with `--ignored`): decode attention at batch 256 with
 //! 1,000-token contexts on the Qwen3-0.6B attention shape against the
-//! measured copy bandwidth, prefill attention of a 512-token prompt, and
+//! measured copy bandwidth, prefill attention of a 512-token prompt (on the
+//! grouped prefill kernel, then on the tiled one), and
 //! device sampling of 256 rows of a 151,936-token vocabulary; then, on
 //! Gemma 2 9B's attention shape (16 heads over 8 kv heads of 256, soft-cap
 //! 50), decode (batch 32) and a 2,048-token prefill chunk at 8k, 16k and
@@ -102,7 +103,7 @@ fn attention_case_with(
     };
     eprintln!(
         "{label}: {:?} kernel",
-        pagoda_kernels::cuda::attention_kernel(&step.ctx, &p)
+        g.attention_kernel_for(&step.ctx, &p)
     );
     let secs = time(g, 20, || {
         let _ = g.attention(&q, &cache, &s, &p).unwrap();
@@ -174,22 +175,27 @@ fn kernel_timings() {
         100.0 * bw / copy
     );
 
-    // Prefill: one 512-token prompt.
-    let secs = attention_case(
-        &g,
-        &[SeqSpec {
-            context_len: 0,
-            query_len: 512,
-        }],
-        "prefill attention 512",
-    );
-    // Causal: half of the 512 x 512 score matrix, QK^T and PV, 16 heads.
-    let flops = 2.0 * 2.0 * 16.0 * 128.0 * 512.0 * 512.0 / 2.0;
-    eprintln!(
-        "bench: prefill attention 512 tokens qwen3-0.6b layer: {:.3} ms, {:.1} TFLOP/s",
-        secs * 1e3,
-        flops / secs / 1e12
-    );
+    // Prefill: one 512-token prompt, on the grouped kernel, then the tiled one.
+    for tiled in [false, true] {
+        g.force_tiled_prefill(tiled);
+        let secs = attention_case(
+            &g,
+            &[SeqSpec {
+                context_len: 0,
+                query_len: 512,
+            }],
+            "prefill attention 512",
+        );
+        // Causal: half of the 512 x 512 score matrix, QK^T and PV, 16 heads.
+        let flops = 2.0 * 2.0 * 16.0 * 128.0 * 512.0 * 512.0 / 2.0;
+        eprintln!(
+            "bench: prefill attention 512 tokens qwen3-0.6b layer{}: {:.3} ms, {:.1} TFLOP/s",
+            if tiled { " (tiled kernel)" } else { "" },
+            secs * 1e3,
+            flops / secs / 1e12
+        );
+    }
+    g.force_tiled_prefill(false);
 
     window_timings(&g);
 

@@ -8,6 +8,13 @@
 //! prefill step of the nano-vllm workload spends, op by op. Medians of
 //! timed repeats (host clock around a device synchronization, after a
 //! warm-up), random inputs.
+//!
+//! Prefill attention is timed on both kernels, the grouped one (default)
+//! and the tiled one, and the two outputs must agree (relative L2 error
+//! below 1e-2; the tiled kernel is checked against the CPU backend by the
+//! cuda_attention_prefill tests), so one run says whether the default
+//! kernel is right and how fast each is. `prefill_attention_timings` runs
+//! only that part, at the Llama-3.1-8B shape and at head_dim 64 and 256.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -16,9 +23,11 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
-use pagoda_kernels::cuda::testing::gpu;
-use pagoda_kernels::cuda::CudaBackend;
-use pagoda_kernels::{AttentionParams, Backend, HostData, HostTensor, KvCacheShape, RopeStyle};
+use pagoda_kernels::cuda::testing::{gpu, rel_err_l2};
+use pagoda_kernels::cuda::{AttentionKernel, CudaBackend, CudaKvCache, CudaStep, CudaTensor};
+use pagoda_kernels::{
+    AttentionParams, Backend, ForwardContext, HostData, HostTensor, KvCacheShape, RopeStyle,
+};
 
 /// Median seconds of `reps` timed runs of `f`.
 fn time(g: &CudaBackend, reps: usize, f: impl FnMut()) -> f64 {
@@ -190,13 +199,151 @@ fn layer_timings_llama_8b() {
         (t * kv_heads * hd * 2 * 4) as f64 / secs / 1e9
     );
     let params = AttentionParams::causal(heads, kv_heads, hd);
-    let secs = time(&g, 10, || {
-        let _ = g.attention(&q, &cache, &s, &params).unwrap();
-    });
-    let flops = 8.0 * 2.0 * 2.0 * heads as f64 * hd as f64 * 1024.0 * 1024.0 / 2.0;
-    eprintln!(
-        "bench: 8b prefill attention 8 x 1024 tokens: {:.3} ms, {:.0} TFLOP/s",
-        secs * 1e3,
-        flops / secs / 1e12
+    let label = "8b prefill attention 8 x 1024 tokens";
+    prefill_kernels(&g, &q, &cache, &s, &step.ctx, &params, label);
+}
+
+/// Causal attention FLOPs of a step of `(context, query)` prompt chunks:
+/// QK^T and PV over the keys each query sees.
+fn causal_flops(seqs: &[SeqSpec], p: &AttentionParams) -> f64 {
+    let pairs: f64 = seqs
+        .iter()
+        .map(|q| {
+            (0..q.query_len)
+                .map(|j| {
+                    let keys = q.context_len + j + 1;
+                    p.window.map_or(keys, |w| keys.min(w)) as f64
+                })
+                .sum::<f64>()
+        })
+        .sum();
+    4.0 * p.num_heads as f64 * p.head_dim as f64 * pairs
+}
+
+/// Times prefill attention on the grouped and the tiled kernel and checks
+/// that their outputs agree; prints both timings with TFLOP/s (causal FLOPs,
+/// see [`causal_flops`]).
+fn prefill_kernels(
+    g: &CudaBackend,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    s: &CudaStep,
+    ctx: &ForwardContext,
+    p: &AttentionParams,
+    label: &str,
+) {
+    let seqs: Vec<SeqSpec> = (0..ctx.num_seqs())
+        .map(|i| SeqSpec {
+            context_len: ctx.context_lens[i] as usize,
+            query_len: ctx.query_len(i),
+        })
+        .collect();
+    let flops = causal_flops(&seqs, p);
+    let mut outs = Vec::new();
+    for (tiled, kernel) in [
+        (false, AttentionKernel::MmaPrefill),
+        (true, AttentionKernel::TiledPrefill),
+    ] {
+        g.force_tiled_prefill(tiled);
+        assert_eq!(g.attention_kernel_for(ctx, p), kernel, "{label}");
+        let secs = time(g, 10, || {
+            let _ = g.attention(q, cache, s, p).unwrap();
+        });
+        eprintln!(
+            "bench: {label} {kernel:?}: {:.3} ms, {:.0} TFLOP/s",
+            secs * 1e3,
+            flops / secs / 1e12
+        );
+        outs.push(
+            g.tensor_to_host(&g.attention(q, cache, s, p).unwrap())
+                .unwrap(),
+        );
+    }
+    g.force_tiled_prefill(false);
+    assert!(
+        outs[0].iter().all(|x| x.is_finite()),
+        "{label}: non-finite output of the grouped kernel"
     );
+    let e = rel_err_l2(&outs[0], &outs[1]);
+    eprintln!("bench: {label}: grouped vs tiled relative L2 error {e:.2e}");
+    assert!(
+        e < 1e-2,
+        "{label}: grouped and tiled kernels disagree ({e:.3e})"
+    );
+}
+
+/// Prefill attention alone on both kernels: the Llama-3.1-8B shape (8
+/// prompts of 1,024, 32 heads over 8, head_dim 128), a 2,048-token chunk
+/// after a 6,000-token prefix at that shape, head_dim 64 (32 heads over 8),
+/// and Gemma 2 9B's head_dim 256 (16 over 8, window 4,096, soft-cap 50).
+#[test]
+#[ignore]
+fn prefill_attention_timings() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(4);
+    let s = |context_len, query_len| SeqSpec {
+        context_len,
+        query_len,
+    };
+    for (label, seqs, (heads, kv_heads, hd), window, softcap) in [
+        (
+            "8b prefill attention 8 x 1024 tokens",
+            vec![s(0, 1024); 8],
+            (32, 8, 128),
+            None,
+            None,
+        ),
+        (
+            "8b prefill chunk 2048 after 6000",
+            vec![s(6000, 2048)],
+            (32, 8, 128),
+            None,
+            None,
+        ),
+        (
+            "hd64 prefill attention 8 x 1024 tokens",
+            vec![s(0, 1024); 8],
+            (32, 8, 64),
+            None,
+            None,
+        ),
+        (
+            "gemma2-9b prefill attention 4 x 2048 tokens",
+            vec![s(0, 2048); 4],
+            (16, 8, 256),
+            Some(4096),
+            Some(50.0),
+        ),
+    ] {
+        let block = 16;
+        let tokens: usize = seqs.iter().map(|q| q.context_len + q.query_len).sum();
+        let blocks = tokens / block + seqs.len() + 1;
+        let step = paged_step(&mut rng, &seqs, block, blocks, 0);
+        let shape = KvCacheShape {
+            num_blocks: blocks,
+            block_size: block,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+        };
+        let mut cache = g.alloc_kv_cache(shape).unwrap();
+        // The cached prefixes, then the step's own K/V.
+        let pre = prefix_step(&step, &seqs);
+        let width = kv_heads * hd;
+        for ctx in [&pre, &step.ctx] {
+            let n = ctx.num_tokens() * width;
+            let (k, v) = (rvec_f32(&mut rng, n, 1.0), rvec_f32(&mut rng, n, 1.0));
+            store_step_kv(&g, &mut cache, ctx, &k, &v);
+        }
+        let t = step.ctx.num_tokens();
+        let q = g
+            .tensor_from_host(t, heads * hd, &rvec_f32(&mut rng, t * heads * hd, 1.0))
+            .unwrap();
+        let st = g.begin_step(&step.ctx).unwrap();
+        let p = AttentionParams {
+            window,
+            softcap,
+            ..AttentionParams::causal(heads, kv_heads, hd)
+        };
+        prefill_kernels(&g, &q, &cache, &st, &step.ctx, &p, label);
+    }
 }

@@ -6,13 +6,15 @@
 //! launch will touch is checked on the host first (from the step's maxima, or
 //! the copy list), so a bad request is a shape error, never a stray write.
 //!
-//! Attention goes to one of three kernels, chosen by
-//! [`super::attention_path::attention_kernel`]: the split-K decode kernel
-//! (`attention_decode.rs`), the tiled prefill kernel (`attention_prefill.rs`),
+//! Attention goes to one of four kernels, chosen by
+//! [`super::attention_path::attention_kernel`] (through
+//! `CudaBackend::attention_kernel_for`): the split-K decode kernel
+//! (`attention_decode.rs`), the grouped prefill kernel
+//! (`attention_prefill_mma.rs`) or the tiled one (`attention_prefill.rs`),
 //! or, for what they do not take (other head dims, decode groups past 8),
 //! one launch of the general `paged_attention_bf16` over (token, head) for
 //! any mix of prefill and decode (see `kernels/attention.cu`), which supports
-//! head_dim up to 256. All three take the sliding window and the soft-cap,
+//! head_dim up to 256. All of them take the sliding window and the soft-cap,
 //! and all need num_heads to be a multiple of num_kv_heads.
 
 use super::attention_path::AttentionKernel;
@@ -237,9 +239,12 @@ pub(crate) fn attention(
 ) -> Result<CudaTensor> {
     let op = "attention";
     check(q, cache, step, p)?;
-    match super::attention_path::attention_kernel(&step.ctx, p) {
+    match b.attention_kernel_for(&step.ctx, p) {
         AttentionKernel::SplitKDecode => {
             return super::attention_decode::decode_attention(b, q, cache, step, p)
+        }
+        AttentionKernel::MmaPrefill => {
+            return super::attention_prefill_mma::prefill_attention_mma(b, q, cache, step, p)
         }
         AttentionKernel::TiledPrefill => {
             return super::attention_prefill::prefill_attention(b, q, cache, step, p)

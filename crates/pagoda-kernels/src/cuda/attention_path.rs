@@ -5,18 +5,23 @@
 //!
 //! - [`AttentionKernel::SplitKDecode`] (`attention_decode.rs`): every
 //!   sequence has exactly one query token.
-//! - [`AttentionKernel::TiledPrefill`] (`attention_prefill.rs`): any other
-//!   step with a query longer than one token (prompt chunks, cached
-//!   prefixes, decode tokens mixed in).
+//! - [`AttentionKernel::MmaPrefill`] (`attention_prefill_mma.rs`): any
+//!   other step with a query longer than one token (prompt chunks, cached
+//!   prefixes, decode tokens mixed in), K/V read once per query group.
+//! - [`AttentionKernel::TiledPrefill`] (`attention_prefill.rs`): the same
+//!   steps, one query head per block; taken only where the grouped kernel
+//!   does not apply, or where the backend is told to prefer it
+//!   ([`prefer_tiled`]: `PAGODA_PREFILL_ATTENTION=tiled`, or
+//!   `CudaBackend::force_tiled_prefill`, to compare the two).
 //! - [`AttentionKernel::General`] (`attention.rs`): what is left, i.e. a
 //!   head_dim outside [`FAST_HEAD_DIMS`], a query group past 8 (decode), a
 //!   grid past CUDA's limits, or a step whose `max_query_len` says one token
 //!   while a sequence has more.
 //!
-//! Sliding windows and soft-capping are parameters of all three kernels, so
-//! they never change the choice.
+//! Sliding windows and soft-capping are parameters of every kernel, so they
+//! never change the choice.
 
-use super::{attention_decode, attention_prefill};
+use super::{attention_decode, attention_prefill, attention_prefill_mma};
 use crate::{AttentionParams, ForwardContext};
 
 /// Head dims the tiled prefill and split-K decode kernels are instantiated
@@ -35,7 +40,10 @@ pub const FAST_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 pub enum AttentionKernel {
     /// `paged_decode_attention_bf16_hd*_g*` (+ the partition merge).
     SplitKDecode,
-    /// `prefill_attention_bf16_hd*` on tensor cores.
+    /// `prefill_mma_attention_bf16_hd*`: query heads of a kv head packed
+    /// into one block, double-buffered K/V, on tensor cores.
+    MmaPrefill,
+    /// `prefill_attention_bf16_hd*` on tensor cores, one head per block.
     TiledPrefill,
     /// `paged_attention_bf16`, one block per (token, head).
     General,
@@ -46,11 +54,34 @@ pub enum AttentionKernel {
 pub fn attention_kernel(ctx: &ForwardContext, p: &AttentionParams) -> AttentionKernel {
     if ctx.max_query_len == 1 && attention_decode::supported(ctx, p) {
         AttentionKernel::SplitKDecode
+    } else if ctx.max_query_len > 1 && attention_prefill_mma::supported(ctx, p) {
+        AttentionKernel::MmaPrefill
     } else if ctx.max_query_len > 1 && attention_prefill::supported(ctx, p) {
         AttentionKernel::TiledPrefill
     } else {
         AttentionKernel::General
     }
+}
+
+/// [`attention_kernel`] with the tiled prefill kernel in place of the
+/// grouped one where `tiled` says so and the tiled kernel applies (it takes
+/// every step the grouped one takes).
+pub fn prefer_tiled(ctx: &ForwardContext, p: &AttentionParams, tiled: bool) -> AttentionKernel {
+    match attention_kernel(ctx, p) {
+        AttentionKernel::MmaPrefill if tiled && attention_prefill::supported(ctx, p) => {
+            AttentionKernel::TiledPrefill
+        }
+        k => k,
+    }
+}
+
+/// The environment variable that makes new backends prefer the tiled
+/// prefill kernel (value `tiled`; anything else keeps the grouped one).
+pub const PREFILL_KERNEL_ENV: &str = "PAGODA_PREFILL_ATTENTION";
+
+/// Whether [`PREFILL_KERNEL_ENV`] asks for the tiled prefill kernel.
+pub(crate) fn tiled_from_env() -> bool {
+    std::env::var(PREFILL_KERNEL_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("tiled"))
 }
 
 #[cfg(test)]
@@ -122,7 +153,17 @@ mod tests {
                     );
                     assert_eq!(
                         attention_kernel(&prefill, &p),
+                        AttentionKernel::MmaPrefill,
+                        "{p:?}"
+                    );
+                    assert_eq!(
+                        prefer_tiled(&prefill, &p, true),
                         AttentionKernel::TiledPrefill,
+                        "{p:?}"
+                    );
+                    assert_eq!(
+                        prefer_tiled(&decode, &p, true),
+                        AttentionKernel::SplitKDecode,
                         "{p:?}"
                     );
                 }
@@ -147,8 +188,9 @@ mod tests {
             for w in [Some(w), None] {
                 let p = params(nh, nkv, hd, w, cap);
                 assert_eq!(attention_kernel(&decode, &p), AttentionKernel::SplitKDecode);
+                assert_eq!(attention_kernel(&prefill, &p), AttentionKernel::MmaPrefill);
                 assert_eq!(
-                    attention_kernel(&prefill, &p),
+                    prefer_tiled(&prefill, &p, true),
                     AttentionKernel::TiledPrefill
                 );
             }
@@ -166,12 +208,17 @@ mod tests {
                 assert_eq!(attention_kernel(&decode, &p), AttentionKernel::General);
                 assert_eq!(attention_kernel(&prefill, &p), AttentionKernel::General);
             }
-            // Decode groups past 8 (the prefill kernel takes any group).
+            // Decode groups past 8 (the prefill kernels take any group).
             let p = params(32, 2, 128, w, cap);
             assert_eq!(attention_kernel(&decode, &p), AttentionKernel::General);
+            assert_eq!(attention_kernel(&prefill, &p), AttentionKernel::MmaPrefill);
             assert_eq!(
-                attention_kernel(&prefill, &p),
+                prefer_tiled(&prefill, &p, true),
                 AttentionKernel::TiledPrefill
+            );
+            assert_eq!(
+                prefer_tiled(&prefill, &p, false),
+                AttentionKernel::MmaPrefill
             );
         }
         // A step that claims one-token queries but has a longer one.

@@ -1,6 +1,10 @@
 //! Tiled prefill attention: the launch of
 //! `prefill_attention_bf16_hd{64,128,256}` (see `kernels/attention_prefill.cu`)
-//! for steps whose longest query is more than one token.
+//! for steps whose longest query is more than one token, one query head per
+//! block. The grouped kernel (`attention_prefill_mma.rs`) takes these steps
+//! by default; this one runs where a backend is told to prefer it
+//! (`PAGODA_PREFILL_ATTENTION=tiled`, `CudaBackend::force_tiled_prefill`),
+//! as the reference the grouped kernel is timed and checked against.
 //!
 //! Semantics are exactly those of the simple `paged_attention_bf16` launch in
 //! [`super::attention`] (causal over the paged cache, cached prefix, GQA, any

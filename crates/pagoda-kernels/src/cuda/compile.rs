@@ -39,6 +39,11 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         "attention_prefill.cu",
         include_str!("kernels/attention_prefill.cu"),
     ),
+    // After attention_prefill.cu (the mma helpers).
+    (
+        "attention_prefill_mma.cu",
+        include_str!("kernels/attention_prefill_mma.cu"),
+    ),
     // After elementwise.cu (silu) and attention_prefill.cu (the mma helpers).
     ("moe.cu", include_str!("kernels/moe.cu")),
 ];
@@ -108,6 +113,9 @@ pub(crate) const KERNELS: &[&str] = &[
     "prefill_attention_bf16_hd64",
     "prefill_attention_bf16_hd128",
     "prefill_attention_bf16_hd256",
+    "prefill_mma_attention_bf16_hd64",
+    "prefill_mma_attention_bf16_hd128",
+    "prefill_mma_attention_bf16_hd256",
     "moe_route_bf16",
     "moe_route_f32",
     "moe_group",

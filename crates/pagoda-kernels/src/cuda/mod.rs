@@ -16,9 +16,9 @@
 //! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
 //! and its disk cache), [`storage`] (types, the packed step), [`ops`] (linear,
 //! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
-//! attention; the kernel choice in [`attention_path`], the split-K decode
-//! and tiled prefill kernels' launches in `attention_decode` and
-//! `attention_prefill`), [`moe`] (mixture-of-experts routing and expert
+//! attention; the kernel choice in [`attention_path`], the split-K decode,
+//! grouped prefill and tiled prefill kernels' launches in `attention_decode`,
+//! `attention_prefill_mma` and `attention_prefill`), [`moe`] (mixture-of-experts routing and expert
 //! MLPs), [`testing`] (helpers of the CUDA test binaries); the kernels
 //! themselves are in `kernels/*.cu`.
 
@@ -26,6 +26,7 @@ mod attention;
 mod attention_decode;
 mod attention_path;
 mod attention_prefill;
+mod attention_prefill_mma;
 mod blaslt;
 mod compile;
 mod device;
@@ -40,7 +41,9 @@ mod storage;
 pub mod testing;
 mod token_masks;
 
-pub use attention_path::{attention_kernel, AttentionKernel, FAST_HEAD_DIMS};
+pub use attention_path::{
+    attention_kernel, prefer_tiled, AttentionKernel, FAST_HEAD_DIMS, PREFILL_KERNEL_ENV,
+};
 pub use graph::CudaGraphRunner;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
 pub use pool::DeviceBuf;
@@ -72,6 +75,9 @@ pub struct CudaBackend {
     poison: AtomicBool,
     /// Host waits for the device so far (see [`CudaBackend::host_syncs`]).
     syncs: AtomicU64,
+    /// Prefill steps take the tiled kernel instead of the grouped one (see
+    /// [`CudaBackend::force_tiled_prefill`]).
+    tiled_prefill: AtomicBool,
     /// Token masks of structured outputs (see [`token_masks`]).
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
 }
@@ -117,6 +123,7 @@ impl CudaBackend {
             dev,
             poison: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
+            tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
             masks: Default::default(),
         })
     }
@@ -124,6 +131,23 @@ impl CudaBackend {
     /// Fill every fresh output with NaN before the op writes it (for tests).
     pub fn set_poison_outputs(&self, on: bool) {
         self.poison.store(on, Ordering::Relaxed);
+    }
+
+    /// Run prefill attention on the tiled kernel (one query head per block)
+    /// instead of the grouped one, to compare the two; new backends start
+    /// from [`PREFILL_KERNEL_ENV`] (`tiled`), else the grouped kernel.
+    pub fn force_tiled_prefill(&self, on: bool) {
+        self.tiled_prefill.store(on, Ordering::Relaxed);
+    }
+
+    /// The attention kernel this backend runs for `ctx` and `p`
+    /// ([`attention_kernel`] with [`CudaBackend::force_tiled_prefill`] applied).
+    pub fn attention_kernel_for(
+        &self,
+        ctx: &ForwardContext,
+        p: &AttentionParams,
+    ) -> AttentionKernel {
+        prefer_tiled(ctx, p, self.tiled_prefill.load(Ordering::Relaxed))
     }
 
     /// How many times the host has waited for the device (every

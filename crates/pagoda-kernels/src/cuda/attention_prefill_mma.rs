@@ -1,0 +1,234 @@
+//! Grouped prefill attention: the launch of
+//! `prefill_mma_attention_bf16_hd{64,128,256}` (see
+//! `kernels/attention_prefill_mma.cu`), the default kernel for steps whose
+//! longest query is more than one token.
+//!
+//! Semantics are exactly those of the tiled kernel
+//! ([`super::attention_prefill`]) and of the simple `paged_attention_bf16`
+//! launch (causal over the paged cache, cached prefix, GQA, any mix of
+//! prompt chunks and decode tokens in one step, the layer's sliding window
+//! and soft-cap as kernel arguments); the host-side checks are the same
+//! function ([`super::attention::check`], which also makes `num_heads` a
+//! multiple of `num_kv_heads`), so every block id the kernel reads has been
+//! checked against the cache first.
+//!
+//! Invariants: head_dim is one of [`FAST_HEAD_DIMS`]; the grid is sized from
+//! the step's real longest query (computed here from `cu_seqlens_q`, not
+//! trusted from `max_query_len`), so every row of q is written. As for the
+//! tiled kernel, the grid depends on that length, so this launch belongs to
+//! eager prefill steps, not to captured decode graphs. With a window, a
+//! block reads only the key tiles its rows' windows reach.
+//!
+//! Costs: one launch; no device memory besides the output; grid
+//! `(ceil(max_query_len * group / block_m), num_seqs, num_kv_heads)` blocks
+//! of 128 threads (`group` = query heads per kv head, `block_m` 128 packed
+//! rows, 64 at head_dim 256), each reading its Q rows once and every key its
+//! rows see once for all heads of its group; [`smem_bytes`] of dynamic
+//! shared memory per block (54 KB at head_dim 64, 68 KB at 128, 99 KB at
+//! 256, raised past the 48 KB default by [`configure`] when the module
+//! loads). O(num_seqs) host work for the grid size.
+
+use super::attention::{check, window_arg};
+use super::attention_path::FAST_HEAD_DIMS;
+use super::storage::{CudaKvCache, CudaStep, CudaTensor};
+use super::{device_err, CudaBackend};
+use crate::{AttentionParams, ForwardContext, KernelError, Result};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+
+/// Threads per block (must match `PFM_THREADS`).
+const THREADS: u32 = 128;
+/// Padding of each shared-memory row in bf16 (must match `PFM_PAD`).
+const PAD: usize = 8;
+/// Largest grid y/z dimension.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// The entry point for `head_dim`, if the kernel is instantiated for it.
+fn kernel_name(head_dim: usize) -> Option<&'static str> {
+    Some(match head_dim {
+        64 => "prefill_mma_attention_bf16_hd64",
+        128 => "prefill_mma_attention_bf16_hd128",
+        256 => "prefill_mma_attention_bf16_hd256",
+        _ => return None,
+    })
+}
+
+/// Packed query rows per block and keys per tile at `head_dim` (must match
+/// `PfmShape` in the kernel source: 4 warps of 32 rows, 16 at head_dim 256;
+/// 64 keys at head_dim 64, else 32).
+fn tile(head_dim: usize) -> (usize, usize) {
+    let block_m = if head_dim <= 128 { 128 } else { 64 };
+    let block_n = if head_dim <= 64 { 64 } else { 32 };
+    (block_m, block_n)
+}
+
+/// Dynamic shared memory of one block at `head_dim`: the Q rows and two
+/// stages of K and V tiles, each row `head_dim + PAD` bf16.
+pub(crate) fn smem_bytes(head_dim: usize) -> usize {
+    let (m, n) = tile(head_dim);
+    (m + 4 * n) * (head_dim + PAD) * 2
+}
+
+/// Lets every instantiation use the dynamic shared memory it needs (all
+/// past 48 KB, at most 101,376 bytes = 99 KB: within every GPU that runs
+/// these kernels at all, sm_80 and newer, whose opt-in limit per block is
+/// 99 KB (sm_86/89), 163 KB (sm_80) or 227 KB (sm_90)).
+pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
+    for hd in FAST_HEAD_DIMS {
+        let bytes = smem_bytes(hd);
+        let Some(name) = kernel_name(hd) else {
+            continue;
+        };
+        // Every listed kernel is loaded (the module load checks that).
+        let Some(f) = kernels.get(name) else {
+            continue;
+        };
+        if bytes > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| {
+                KernelError::Device(format!(
+                    "{name} needs {bytes} bytes of shared memory per block: {e:?}"
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether the grouped kernel takes this step's attention: a head_dim of
+/// [`FAST_HEAD_DIMS`], a whole query group, and a grid within CUDA's limits
+/// (any window or soft-cap). The caller checks that some query is longer
+/// than one.
+pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
+    kernel_name(p.head_dim).is_some()
+        && p.num_kv_heads > 0
+        && p.num_heads.is_multiple_of(p.num_kv_heads)
+        && ctx.num_seqs() <= MAX_GRID_YZ
+        && p.num_kv_heads <= MAX_GRID_YZ
+}
+
+fn u32_of(v: usize, op: &'static str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| KernelError::Shape {
+        op,
+        detail: format!("{v} does not fit in 32 bits"),
+    })
+}
+
+/// Causal paged attention for a step with prompt chunks, on tensor cores,
+/// K/V read once per query group.
+pub(crate) fn prefill_attention_mma(
+    b: &CudaBackend,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    step: &CudaStep,
+    p: &AttentionParams,
+) -> Result<CudaTensor> {
+    let op = "prefill_attention_mma";
+    check(q, cache, step, p)?;
+    let Some(kernel) = kernel_name(p.head_dim) else {
+        return Err(KernelError::Unsupported(format!(
+            "grouped prefill attention with head_dim {} (takes {FAST_HEAD_DIMS:?})",
+            p.head_dim
+        )));
+    };
+    let mut y = b.output(q.rows, q.cols)?;
+    let ctx = &step.ctx;
+    let num_seqs = ctx.num_seqs();
+    let longest = (0..num_seqs).map(|i| ctx.query_len(i)).max().unwrap_or(0);
+    if y.numel() == 0 || p.num_heads == 0 || longest == 0 {
+        return Ok(y);
+    }
+    // `check` made num_heads a positive multiple of num_kv_heads.
+    let group = p.num_heads / p.num_kv_heads;
+    let grid_y = u32_of(num_seqs, op)?;
+    let grid_z = u32_of(p.num_kv_heads, op)?;
+    if grid_y > 65_535 || grid_z > 65_535 {
+        return Err(KernelError::Unsupported(format!(
+            "{num_seqs} sequences x {} kv heads exceed the launch grid",
+            p.num_kv_heads
+        )));
+    }
+    let i32_of = |v: usize| -> Result<i32> {
+        i32::try_from(v).map_err(|_| KernelError::Shape {
+            op,
+            detail: format!("{v} does not fit in 32 bits"),
+        })
+    };
+    // The kernel indexes packed rows (query_len * group) in 32 bits.
+    let packed = longest
+        .checked_mul(group)
+        .ok_or_else(|| KernelError::Shape {
+            op,
+            detail: format!("{longest} tokens x {group} heads overflow"),
+        })?;
+    i32_of(packed)?;
+    let (block_m, _) = tile(p.head_dim);
+    let cfg = LaunchConfig {
+        grid_dim: (u32_of(packed.div_ceil(block_m), op)?, grid_y, grid_z),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem_bytes(p.head_dim) as u32,
+    };
+    let (cu_q, ctx_lens, tables) = (
+        step.view(step.cu_seqlens_q),
+        step.view(step.context_lens),
+        step.view(step.block_tables),
+    );
+    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
+    let (mbps, bs, nh, nkv) = (
+        i32_of(ctx.max_blocks_per_seq)?,
+        i32_of(cache.shape.block_size)?,
+        i32_of(p.num_heads)?,
+        i32_of(p.num_kv_heads)?,
+    );
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
+    l.arg(y.bf16_mut(op)?)
+        .arg(q.bf16(op)?)
+        .arg(&cache.k)
+        .arg(&cache.v)
+        .arg(&cu_q)
+        .arg(&ctx_lens)
+        .arg(&tables)
+        .arg(&mbps)
+        .arg(&bs)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&p.scale)
+        .arg(&window)
+        .arg(&softcap);
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_match_the_kernel_source() {
+        let src = include_str!("kernels/attention_prefill_mma.cu");
+        assert!(src.contains(&format!("#define PFM_THREADS {THREADS}\n")));
+        assert!(src.contains(&format!("#define PFM_PAD {PAD}\n")));
+        assert!(src.contains("#define PFM_WARPS 4\n"));
+        assert!(src.contains("static constexpr int MT = HD <= 128 ? 2 : 1;"));
+        assert!(src.contains("static constexpr int BLOCK_N = HD <= 64 ? 64 : 32;"));
+        assert!(src.contains("static constexpr int SMEM_ROWS = BLOCK_M + 4 * BLOCK_N;"));
+        for hd in FAST_HEAD_DIMS {
+            let name = kernel_name(hd).expect("instantiated");
+            assert!(src.contains(&format!("{name}(PFM_ARGS)")), "{name}");
+            assert!(super::super::compile::KERNELS.contains(&name), "{name}");
+        }
+        assert_eq!(tile(64), (128, 64));
+        assert_eq!(tile(128), (128, 32));
+        assert_eq!(tile(256), (64, 32));
+        assert_eq!(smem_bytes(64), 55_296);
+        assert_eq!(smem_bytes(128), 69_632);
+        assert_eq!(smem_bytes(256), 101_376);
+        for hd in [32, 80, 96, 192] {
+            assert!(kernel_name(hd).is_none());
+        }
+    }
+}
