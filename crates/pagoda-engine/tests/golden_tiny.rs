@@ -268,3 +268,66 @@ fn safetensors_directories_load_like_dummy_weights() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// An FP8 KV cache (E4M3 through `fp8.rs`, unit scales) against
+/// transformers' f32 attention and against the CPU's own f32 cache: the
+/// last-prompt logits move, but stay within a bound; the same bound holds
+/// with other scales, and a cache with no room for the values (scales so
+/// small that every value saturates) breaks it, so the cache is really read.
+#[test]
+fn fp8_kv_cache_stays_within_a_bound_of_transformers() {
+    use pagoda_kernels::cpu::{CpuBackend, CpuOptions};
+    use pagoda_kernels::KvCacheDtype;
+    const BOUND: f32 = 0.05;
+    for arch in ["llama", "qwen3", "gemma2", "mistral"] {
+        let (cfg, golden) = load(arch);
+        let src = DummySource::new(&cfg).unwrap();
+        let fp8 = |scales: Option<(f32, f32)>| {
+            let backend = CpuBackend::new(CpuOptions {
+                threads: 2,
+                weight_dtype: WeightDtype::F32,
+            })
+            .unwrap()
+            .with_kv_cache_dtype(KvCacheDtype::Fp8)
+            .unwrap();
+            let mut r = runner(backend, &cfg, &src, 64);
+            if let Some(s) = scales {
+                r.set_kv_scales(vec![s; cfg.num_hidden_layers]).unwrap();
+            }
+            r
+        };
+        let mut f32_runner = cpu_runner(&cfg, &src, WeightDtype::F32, 64);
+        let stride = golden["last_logits_stride"].as_u64().unwrap_or(1) as usize;
+        let mut worst = [0f32; 3];
+        for p in golden["prompts"].as_array().unwrap() {
+            let prompt = ids(&p["prompt_ids"]);
+            let want = floats(&p["last_logits"]);
+            let (_, exact) = greedy_trace(&mut f32_runner, &prompt, 1);
+            for (i, scales) in [None, Some((0.01, 0.02)), Some((1e-6, 1e-6))]
+                .into_iter()
+                .enumerate()
+            {
+                let (_, logits) = greedy_trace(&mut fp8(scales), &prompt, 1);
+                let last: Vec<f32> = logits[0].iter().copied().step_by(stride).collect();
+                let err = rel_err(&last, &want);
+                worst[i] = worst[i].max(err);
+                if i < 2 {
+                    let vs_f32 = rel_err(&logits[0], &exact[0]);
+                    assert!(vs_f32 > 0.0, "{arch}: the FP8 cache changed nothing");
+                    assert!(vs_f32 < BOUND, "{arch}: FP8 vs f32 cache off by {vs_f32}");
+                }
+            }
+        }
+        eprintln!("{arch}: FP8 KV logits error vs transformers {worst:?}");
+        assert!(worst[0] < BOUND, "{arch}: FP8 cache off by {}", worst[0]);
+        assert!(
+            worst[1] < BOUND,
+            "{arch}: scaled FP8 cache off by {}",
+            worst[1]
+        );
+        assert!(
+            worst[2] > BOUND,
+            "{arch}: a saturated cache should not pass"
+        );
+    }
+}

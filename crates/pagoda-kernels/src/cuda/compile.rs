@@ -87,6 +87,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "store_kv_v8_fp8",
     "copy_blocks_bf16",
     "copy_blocks_fp8",
+    "fp8_codec",
     "paged_attention_bf16",
     "paged_attention_fp8",
     "gemv_bf16",

@@ -361,3 +361,12 @@ extern "C" __global__ void copy_blocks_fp8(fp8* k_cache, fp8* v_cache, const int
                                            long long block_elems, int slot_elems) {
     copy_blocks_impl(k_cache, v_cache, ops, block_elems, slot_elems);
 }
+
+// Test hook (cuda::testing::fp8_codec): the device's FP8 E4M3 encoder on
+// x[0..n) into enc, and its decoder on codes[0..m) into dec, so a test can
+// hold them against fp8.rs.
+extern "C" __global__ void fp8_codec(const float* x, fp8* enc, int n, const fp8* codes, float* dec,
+                                     int m) {
+    GRID_STRIDE(i, n) { enc[i] = f2fp8(x[i]); }
+    GRID_STRIDE(i, m) { dec[i] = fp82f(codes[i]); }
+}
