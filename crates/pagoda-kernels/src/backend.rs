@@ -9,7 +9,9 @@
 //! - a linear weight is `[out_features, in_features]`; `linear` computes
 //!   `x @ w^T (+ bias)`;
 //! - a KV cache layer holds K and V, each `[num_blocks, block_size,
-//!   num_kv_heads, head_dim]`, and `slot = block * block_size + offset`;
+//!   num_kv_heads, head_dim]`, and `slot = block * block_size + offset`
+//!   (elements of the backend's cache dtype: its native one, or FP8 E4M3
+//!   bytes with a per-layer scale, see [`crate::kv_dtype`]);
 //! - ops that read batch metadata take the backend's `Step`, made once per
 //!   forward pass by [`Backend::begin_step`] from a [`ForwardContext`];
 //! - the residual stream (what [`Backend::embedding`] returns, and what
@@ -143,8 +145,28 @@ pub trait Backend: Send + Sync + 'static {
     fn load_table(&self, t: HostTensor) -> Result<Self::Weight>;
     /// Allocates one layer's KV cache, zero-filled.
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<Self::KvCache>;
-    /// Bytes one layer's KV cache of `shape` takes (K and V together).
+    /// Bytes one layer's KV cache of `shape` takes (K and V together), at
+    /// the element size of the backend's cache dtype.
     fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize;
+    /// Whether the backend's KV caches hold FP8 E4M3 bytes (see
+    /// [`crate::kv_dtype`]); then [`Backend::set_kv_scales`] matters.
+    fn kv_cache_fp8(&self) -> bool {
+        false
+    }
+    /// Sets one layer's K and V scales (`value = fp8 * scale`; both 1.0 at
+    /// allocation). Takes effect for the ops queued after it (on CUDA the
+    /// scales live in a small device buffer, so captured graphs see them).
+    /// A scale that is not positive and finite is an error; caches that
+    /// are not FP8 accept only 1.0.
+    fn set_kv_scales(&self, cache: &mut Self::KvCache, k_scale: f32, v_scale: f32) -> Result<()> {
+        let _ = cache;
+        if k_scale == 1.0 && v_scale == 1.0 {
+            return Ok(());
+        }
+        Err(crate::KernelError::Unsupported(
+            "KV cache scales on a cache that is not FP8".into(),
+        ))
+    }
     /// Makes an activation from host rows.
     fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor>;
     /// Copies an activation back to the host as f32, row-major.

@@ -21,6 +21,7 @@ pub mod cuda;
 pub mod error;
 pub mod fp8;
 pub mod host;
+pub mod kv_dtype;
 pub mod logit_adjust;
 pub mod sampling_options;
 
@@ -30,6 +31,7 @@ pub use backend::{
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use host::{GgmlType, HostData, HostTensor, QuantData};
+pub use kv_dtype::KvCacheDtype;
 pub use logit_adjust::{LogitAdjustments, RowAdjust, MAX_LOGIT_ENTRIES};
 pub use sampling_options::{
     DeviceSamples, PromptRow, PromptRowLogprobs, RowLogprobs, RowOptions, SamplingOptions,

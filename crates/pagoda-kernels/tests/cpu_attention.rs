@@ -3,7 +3,8 @@
 //! and without a cached prefix, mixed varlen batches, decode, GQA ratios 1-4,
 //! head_dim 64 and 128, block boundaries, shuffled block tables, padding;
 //! sliding windows (prefill tiles and decode splits past the window) and
-//! logit soft-capping.
+//! logit soft-capping; the FP8 cache (values as `fp8.rs` rounds them, with
+//! scales) through the same cases.
 
 mod common;
 
@@ -13,7 +14,8 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuKvCache, WeightDtype};
-use pagoda_kernels::{AttentionParams, Backend, KvCacheShape};
+use pagoda_kernels::fp8::{e4m3_to_f32, f32_to_e4m3};
+use pagoda_kernels::{AttentionParams, Backend, KvCacheDtype, KvCacheShape};
 
 /// Per sequence, per position, the `[num_kv_heads * head_dim]` K and V.
 struct SeqKv {
@@ -43,6 +45,20 @@ fn run_case_with(
     window: Option<usize>,
     softcap: Option<f32>,
 ) {
+    run_case_scaled(b, rng, c, window, softcap, (1.0, 1.0))
+}
+
+/// [`run_case_with`] with K/V scales for an FP8 cache: the cache must hold
+/// what `fp8.rs` makes of each value (x / scale, rounded, times scale), and
+/// attention must equal the reference over those values.
+fn run_case_scaled(
+    b: &CpuBackend,
+    rng: &mut Rng,
+    c: &Case,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    (ks, vs): (f32, f32),
+) {
     let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
     let width = nkv * hd;
     let blocks_needed: usize = c
@@ -57,6 +73,7 @@ fn run_case_with(
         head_dim: hd,
     };
     let mut cache = b.alloc_kv_cache(shape).unwrap();
+    b.set_kv_scales(&mut cache, ks, vs).unwrap();
     let step = paged_step(rng, &c.seqs, c.block_size, shape.num_blocks, c.pad);
     let kv: Vec<SeqKv> = c
         .seqs
@@ -67,6 +84,28 @@ fn run_case_with(
                 k: (0..n).map(|_| rng.vec(width)).collect(),
                 v: (0..n).map(|_| rng.vec(width)).collect(),
             }
+        })
+        .collect();
+
+    // What the cache keeps of each value (itself, for an f32 cache).
+    let round = |x: f32, s: f32| {
+        if cache.is_fp8() {
+            e4m3_to_f32(f32_to_e4m3(x / s)) * s
+        } else {
+            x
+        }
+    };
+    let kept: Vec<SeqKv> = kv
+        .iter()
+        .map(|x| SeqKv {
+            k: x.k
+                .iter()
+                .map(|r| r.iter().map(|&v| round(v, ks)).collect())
+                .collect(),
+            v: x.v
+                .iter()
+                .map(|r| r.iter().map(|&v| round(v, vs)).collect())
+                .collect(),
         })
         .collect();
 
@@ -108,7 +147,7 @@ fn run_case_with(
         &s,
     )
     .unwrap();
-    check_cache(&cache, &step, &c.seqs, &kv);
+    check_cache(&cache, &step, &c.seqs, &kept);
 
     // 3. Attention against the reference.
     let q = rng.vec(rows * nh * hd);
@@ -130,7 +169,7 @@ fn run_case_with(
         "every output written, padding included"
     );
     let real_rows = rows - c.pad;
-    let want = reference(&q, &c.seqs, &kv, &params);
+    let want = reference(&q, &c.seqs, &kept, &params);
     let what = format!(
         "attention heads={nh}/{nkv} hd={hd} bs={} seqs={:?} window={window:?} softcap={softcap:?}",
         c.block_size, c.seqs
@@ -426,4 +465,43 @@ fn bad_slots_blocks_and_head_layouts_are_errors() {
         ..params
     };
     assert!(b.attention(&q, &cache, &s, &wrong_kv).is_err());
+}
+
+/// The FP8 cache: prefill with and without a prefix, decode across blocks,
+/// windows and soft-caps, head_dim 64/128/256, with unit and other scales.
+#[test]
+fn fp8_cache_matches_reference_over_its_rounded_values() {
+    let b = backend(4, WeightDtype::F32)
+        .with_kv_cache_dtype(KvCacheDtype::Fp8)
+        .unwrap();
+    assert!(b.kv_cache_fp8());
+    let mut rng = Rng::new(81);
+    for (hd, nh, nkv) in [(64, 4, 2), (128, 8, 2), (256, 4, 1)] {
+        for scales in [(1.0, 1.0), (0.02, 0.5)] {
+            for (window, softcap) in [(None, None), (Some(40), Some(20.0))] {
+                let c = Case {
+                    seqs: vec![seq(0, 37), seq(50, 20), seq(300, 1), seq(17, 1)],
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: 16,
+                    pad: 2,
+                };
+                run_case_scaled(&b, &mut rng, &c, window, softcap, scales);
+            }
+        }
+    }
+    // A cache of half the bytes; bf16 is not a CPU cache.
+    let shape = KvCacheShape {
+        num_blocks: 8,
+        block_size: 16,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let f32b = backend(1, WeightDtype::F32);
+    assert_eq!(4 * b.kv_cache_bytes(shape), f32b.kv_cache_bytes(shape));
+    let e = backend(1, WeightDtype::F32)
+        .with_kv_cache_dtype(KvCacheDtype::Bf16)
+        .unwrap_err();
+    assert!(e.to_string().contains("bf16"), "{e}");
 }

@@ -4,8 +4,12 @@
 //! residual for o_proj and down) at 8,192, 256, 64 and 1 rows, with its
 //! TFLOP/s and weight-read GB/s; the elementwise ops of an 8,192-token
 //! step (add_rms_norm, rope, silu_mul, store_kv) with the bytes they move;
-//! and prefill attention over 8,192 tokens of 1,024-token prompts. What a
-//! prefill step of the nano-vllm workload spends, op by op. Medians of
+//! prefill attention over 8,192 tokens of 1,024-token prompts, and decode
+//! attention at batch 256 with 1,000-token contexts (the KV read that
+//! dominates a decode step). What a step of the nano-vllm workload spends,
+//! op by op. The KV cache's element type comes from
+//! `PAGODA_KV_CACHE_DTYPE` (auto, bf16 or fp8; default auto), so
+//! scripts/gpu/fp8kv-bench.sh compares the caches. Medians of
 //! timed repeats (host clock around a device synchronization, after a
 //! warm-up), random inputs.
 //!
@@ -26,7 +30,8 @@ use common::*;
 use pagoda_kernels::cuda::testing::{gpu, rel_err_l2};
 use pagoda_kernels::cuda::{AttentionKernel, CudaBackend, CudaKvCache, CudaStep, CudaTensor};
 use pagoda_kernels::{
-    AttentionParams, Backend, ForwardContext, HostData, HostTensor, KvCacheShape, RopeStyle,
+    AttentionParams, Backend, ForwardContext, HostData, HostTensor, KvCacheDtype, KvCacheShape,
+    RopeStyle,
 };
 
 /// Median seconds of `reps` timed runs of `f`.
@@ -45,6 +50,12 @@ fn weight(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
 #[ignore]
 fn layer_timings_llama_8b() {
     let Some(g) = gpu() else { return };
+    let dtype: KvCacheDtype = std::env::var("PAGODA_KV_CACHE_DTYPE")
+        .unwrap_or_else(|_| "auto".into())
+        .parse()
+        .expect("PAGODA_KV_CACHE_DTYPE");
+    let g = g.with_kv_cache_dtype(dtype).unwrap();
+    eprintln!("bench: 8b KV cache dtype {dtype}");
     let mut rng = Rng::new(3);
     let (hidden, inter, heads, kv_heads, hd) = (4096usize, 14336usize, 32usize, 8usize, 128usize);
     let qkv_out = (heads + 2 * kv_heads) * hd;
@@ -199,8 +210,89 @@ fn layer_timings_llama_8b() {
         (t * kv_heads * hd * 2 * 4) as f64 / secs / 1e9
     );
     let params = AttentionParams::causal(heads, kv_heads, hd);
-    let label = "8b prefill attention 8 x 1024 tokens";
-    prefill_kernels(&g, &q, &cache, &s, &step.ctx, &params, label);
+    if dtype == KvCacheDtype::Fp8 {
+        // The grouped kernel reads bf16 caches only: FP8 prefill is the tiled one's.
+        let secs = time(&g, 10, || {
+            let _ = g.attention(&q, &cache, &s, &params).unwrap();
+        });
+        let flops = 8.0 * 2.0 * 2.0 * heads as f64 * hd as f64 * 1024.0 * 1024.0 / 2.0;
+        eprintln!(
+            "bench: 8b prefill attention 8 x 1024 tokens ({dtype} cache): {:.3} ms, {:.0} TFLOP/s",
+            secs * 1e3,
+            flops / secs / 1e12
+        );
+    } else {
+        let label = "8b prefill attention 8 x 1024 tokens";
+        prefill_kernels(&g, &q, &cache, &s, &step.ctx, &params, label);
+    }
+
+    // Decode attention: 256 sequences of 1,000 cached tokens, one query each.
+    let (batch, ctx_len) = (256usize, 1000usize);
+    let seqs = vec![
+        SeqSpec {
+            context_len: ctx_len - 1,
+            query_len: 1
+        };
+        batch
+    ];
+    let blocks = batch * ctx_len.div_ceil(block) + 1;
+    let step = paged_step(&mut rng, &seqs, block, blocks, 0);
+    let shape = KvCacheShape {
+        num_blocks: blocks,
+        ..shape
+    };
+    let mut cache = g.alloc_kv_cache(shape).unwrap();
+    // Every slot random (8,192 slots per store).
+    let chunk = 8192usize;
+    let (k, v) = (
+        rvec_f32(&mut rng, chunk * kv_heads * hd, 1.0),
+        rvec_f32(&mut rng, chunk * kv_heads * hd, 1.0),
+    );
+    let mut fill = paged_step(
+        &mut rng,
+        &[SeqSpec {
+            context_len: 0,
+            query_len: chunk,
+        }],
+        block,
+        chunk / block,
+        0,
+    )
+    .ctx;
+    for lo in (0..blocks * block).step_by(chunk) {
+        for (i, sl) in fill.slot_mapping.iter_mut().enumerate() {
+            *sl = if lo + i < blocks * block {
+                (lo + i) as i64
+            } else {
+                -1
+            };
+        }
+        store_step_kv(&g, &mut cache, &fill, &k, &v);
+    }
+    let q = g
+        .tensor_from_host(
+            batch,
+            heads * hd,
+            &rvec_f32(&mut rng, batch * heads * hd, 1.0),
+        )
+        .unwrap();
+    let s = g.begin_step(&step.ctx).unwrap();
+    let secs = time(&g, 20, || {
+        let _ = g.attention(&q, &cache, &s, &params).unwrap();
+    });
+    let kv_bytes = g.kv_cache_bytes(KvCacheShape {
+        num_blocks: 1,
+        block_size: 1,
+        ..shape
+    }) * batch
+        * ctx_len;
+    eprintln!(
+        "bench: 8b decode attention batch {batch} x {ctx_len} tokens ({dtype} cache): {:.3} ms \
+         per layer, {:.2} ms per 32 layers, {:.0} GB/s of KV",
+        secs * 1e3,
+        secs * 32.0 * 1e3,
+        kv_bytes as f64 / secs / 1e9
+    );
 }
 
 /// Causal attention FLOPs of a step of `(context, query)` prompt chunks:

@@ -472,8 +472,8 @@ fn store_kv_and_copy_blocks_match_cpu() {
         let (hk, hv) = g.kv_cache_to_host(&gc).unwrap();
         // Stored values are bf16 inputs, so the caches agree exactly (padding
         // rows with slot -1 wrote nothing on either side).
-        assert_eq!(hk, cc.k(), "store_kv K bs {block_size}");
-        assert_eq!(hv, cc.v(), "store_kv V bs {block_size}");
+        assert_eq!(hk, &cc.k()[..], "store_kv K bs {block_size}");
+        assert_eq!(hv, &cc.v()[..], "store_kv V bs {block_size}");
 
         let b0 = ps.tables[0][0];
         let b2 = *ps.tables[2].last().expect("every sequence has a block");
@@ -495,8 +495,8 @@ fn store_kv_and_copy_blocks_match_cpu() {
         g.copy_blocks(&mut gc, &copies).unwrap();
         c.copy_blocks(&mut cc, &copies).unwrap();
         let (hk, hv) = g.kv_cache_to_host(&gc).unwrap();
-        assert_eq!(hk, cc.k(), "copy_blocks K bs {block_size}");
-        assert_eq!(hv, cc.v(), "copy_blocks V bs {block_size}");
+        assert_eq!(hk, &cc.k()[..], "copy_blocks K bs {block_size}");
+        assert_eq!(hv, &cc.v()[..], "copy_blocks V bs {block_size}");
         let bad = [BlockCopyOp {
             src: 64,
             dst: 0,

@@ -709,3 +709,40 @@ fn chat_template_option_replaces_the_template_or_fails_clearly() {
         answer(&[])
     );
 }
+
+/// `--kv-cache-dtype`: a value outside the list is refused naming it and the
+/// accepted ones (serve, generate and bench alike); bf16 on the CPU is
+/// refused rather than stored as f32; fp8 (and its alias) runs the
+/// default model.
+#[test]
+fn kv_cache_dtype_values() {
+    let config = workspace_root().join("tests/golden/tiny-llama/config.json");
+    let c = config.to_str().unwrap();
+    let model = ["--dummy-weights", "--config", c];
+    for cmd in [&["generate", "--prompt", "Hi"][..], &["serve"], &["bench"]] {
+        let mut args: Vec<&str> = cmd.to_vec();
+        args.extend(model);
+        args.extend(["--kv-cache-dtype", "fp16"]);
+        fails_with(&args, &["fp16", "--kv-cache-dtype", "fp8_e4m3"]);
+    }
+    let default = default_model();
+    let gen = |dtype: &str| {
+        let mut a = vec!["generate", "--prompt", "Hi", "--max-tokens", "4"];
+        a.extend(["--model", default.to_str().unwrap()]);
+        a.extend(["--kv-cache-dtype", dtype, "--kv-cache-memory", "4MiB"]);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    fails_with(&as_refs(&gen("bf16")), &["bf16", "CPU"]);
+    for ok in ["fp8", "fp8_e4m3", "auto"] {
+        let out = pagoda(&as_refs(&gen(ok)));
+        assert!(
+            out.status.success(),
+            "--kv-cache-dtype {ok}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn as_refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}

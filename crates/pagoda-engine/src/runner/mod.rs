@@ -73,6 +73,9 @@ pub struct ModelRunner<B: Backend> {
     model: Box<dyn CausalLm<B>>,
     kv: Vec<B::KvCache>,
     kv_shape: KvCacheShape,
+    /// Each layer's FP8 KV scales `(k, v)` (empty: 1.0 everywhere), set
+    /// again on every cache allocation.
+    kv_scales: Vec<(f32, f32)>,
     graphs: Option<DecodeGraphs<B::Graph>>,
     /// Decode graph replays so far.
     graph_replays: u64,
@@ -101,6 +104,7 @@ impl<B: Backend> ModelRunner<B> {
             model,
             kv,
             kv_shape,
+            kv_scales: Vec::new(),
             graphs: None,
             graph_replays: 0,
         })
@@ -116,7 +120,38 @@ impl<B: Backend> ModelRunner<B> {
         self.kv = (0..layers)
             .map(|_| self.backend.alloc_kv_cache(self.kv_shape))
             .collect::<pagoda_kernels::Result<Vec<_>>>()?;
+        self.apply_kv_scales()
+    }
+
+    /// Sets each layer's FP8 KV cache scales `(k_scale, v_scale)` (one pair
+    /// per layer; a checkpoint's `k_scale` / `v_scale`), kept for every
+    /// later cache allocation. A cache that is not FP8 ignores them (as
+    /// vLLM does), since its values are stored unscaled.
+    pub fn set_kv_scales(&mut self, scales: Vec<(f32, f32)>) -> Result<()> {
+        if scales.len() != self.kv.len() {
+            return Err(pagoda_kernels::KernelError::Shape {
+                op: "set_kv_scales",
+                detail: format!("{} scale pairs for {} layers", scales.len(), self.kv.len()),
+            }
+            .into());
+        }
+        self.kv_scales = scales;
+        self.apply_kv_scales()
+    }
+
+    fn apply_kv_scales(&mut self) -> Result<()> {
+        if !self.backend.kv_cache_fp8() {
+            return Ok(());
+        }
+        for (cache, &(k, v)) in self.kv.iter_mut().zip(&self.kv_scales) {
+            self.backend.set_kv_scales(cache, k, v)?;
+        }
         Ok(())
+    }
+
+    /// Whether the KV cache holds FP8 bytes.
+    pub fn kv_cache_fp8(&self) -> bool {
+        self.backend.kv_cache_fp8()
     }
 
     /// Whether steps may carry sampling rows ([`ForwardContext::sampling`]).

@@ -55,6 +55,12 @@ impl Backend for FaultyBackend {
     fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize {
         self.inner.kv_cache_bytes(shape)
     }
+    fn kv_cache_fp8(&self) -> bool {
+        self.inner.kv_cache_fp8()
+    }
+    fn set_kv_scales(&self, cache: &mut Self::KvCache, k: f32, v: f32) -> Result<()> {
+        self.inner.set_kv_scales(cache, k, v)
+    }
     fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Self::Tensor> {
         self.inner.tensor_from_host(rows, cols, data)
     }

@@ -7,7 +7,9 @@
 //! per tile (prefill GEMM); accumulation is always f32. With
 //! [`CpuBackend::with_quantized_weights`], quantized GGUF matrices keep their
 //! blocks and decode through integer block dot products ([`quant`]). The KV
-//! cache is f32.
+//! cache (`kv_cache.rs`) is f32, or FP8 E4M3 bytes with per-layer scales
+//! ([`CpuBackend::with_kv_cache_dtype`]), dequantized to f32 as attention
+//! reads it.
 //!
 //! This backend is also the reference other backends are tested against, so
 //! every op is checked against a naive f64 implementation in `tests/`.
@@ -20,6 +22,7 @@
 mod attention;
 mod convert;
 mod gemv;
+mod kv_cache;
 mod math;
 mod matmul;
 mod moe;
@@ -63,6 +66,7 @@ pub struct CpuBackend {
     threads: usize,
     weight_dtype: WeightDtype,
     keep_quantized: bool,
+    kv_fp8: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -71,6 +75,7 @@ impl std::fmt::Debug for CpuBackend {
             .field("threads", &self.threads)
             .field("weight_dtype", &self.weight_dtype)
             .field("keep_quantized", &self.keep_quantized)
+            .field("kv_fp8", &self.kv_fp8)
             .finish()
     }
 }
@@ -93,6 +98,7 @@ impl CpuBackend {
             threads,
             weight_dtype: opts.weight_dtype,
             keep_quantized: false,
+            kv_fp8: false,
         })
     }
 
@@ -102,6 +108,23 @@ impl CpuBackend {
     pub fn with_quantized_weights(mut self, keep: bool) -> Self {
         self.keep_quantized = keep;
         self
+    }
+
+    /// The KV cache element type: `Auto` (f32) or `Fp8` (E4M3 bytes with a
+    /// per-layer scale, see [`crate::kv_dtype`]). `Bf16` is refused: this
+    /// backend has no bf16 cache, and storing f32 instead would not be
+    /// what was asked for.
+    pub fn with_kv_cache_dtype(mut self, dtype: crate::KvCacheDtype) -> Result<Self> {
+        self.kv_fp8 = match dtype {
+            crate::KvCacheDtype::Auto => false,
+            crate::KvCacheDtype::Fp8 => true,
+            crate::KvCacheDtype::Bf16 => {
+                return Err(KernelError::Unsupported(
+                    "a bf16 KV cache on the CPU (its cache is f32; use auto or fp8)".into(),
+                ))
+            }
+        };
+        Ok(self)
     }
 
     /// Whether quantized matrices keep their blocks.
@@ -179,11 +202,24 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<CpuKvCache> {
-        CpuKvCache::new(shape)
+        CpuKvCache::new(shape, self.kv_fp8)
     }
 
     fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize {
-        2 * shape.elements() * std::mem::size_of::<f32>()
+        let elem = if self.kv_fp8 {
+            1
+        } else {
+            std::mem::size_of::<f32>()
+        };
+        2 * shape.elements() * elem
+    }
+
+    fn kv_cache_fp8(&self) -> bool {
+        self.kv_fp8
+    }
+
+    fn set_kv_scales(&self, cache: &mut CpuKvCache, k_scale: f32, v_scale: f32) -> Result<()> {
+        cache.set_scales(k_scale, v_scale)
     }
 
     fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CpuTensor> {

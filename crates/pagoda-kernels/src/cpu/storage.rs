@@ -8,12 +8,12 @@
 //!   file's blocks (each row `cols / block_size` whole blocks); vectors (norm
 //!   weights, biases) always in f32. Narrow storage cuts the bytes a decode
 //!   step streams, which is what bounds its speed.
-//! - [`CpuKvCache`]: f32 K and V, each `[num_blocks, block_size, num_kv_heads,
-//!   head_dim]`, zero-filled at allocation.
+//! - [`CpuKvCache`] (in `kv_cache.rs`): one layer's paged K and V.
 //! - [`CpuStep`]: a validated copy of the [`ForwardContext`]; building it is
 //!   O(tokens + seqs + block table entries).
 
-use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, QuantData, Result};
+pub use super::kv_cache::CpuKvCache;
+use crate::{ForwardContext, HostData, HostTensor, KernelError, QuantData, Result};
 use half::{bf16, f16};
 
 /// Storage dtype of weight matrices.
@@ -292,77 +292,6 @@ fn host_to_f32(d: HostData) -> Vec<f32> {
     }
 }
 
-/// One layer's paged KV cache.
-#[derive(Debug, Clone)]
-pub struct CpuKvCache {
-    pub(crate) shape: KvCacheShape,
-    pub(crate) k: Vec<f32>,
-    pub(crate) v: Vec<f32>,
-}
-
-impl CpuKvCache {
-    /// Copies the first `num_tokens` slots of each `src` block to its `dst`
-    /// block, K and V. Out-of-range blocks or counts are an error, not a panic.
-    pub(crate) fn copy_blocks(&mut self, copies: &[crate::BlockCopyOp]) -> Result<()> {
-        let s = self.shape;
-        let slot = s.num_kv_heads * s.head_dim;
-        let block = s.block_size * slot;
-        for c in copies {
-            if c.src as usize >= s.num_blocks
-                || c.dst as usize >= s.num_blocks
-                || c.num_tokens > s.block_size
-            {
-                return Err(KernelError::Shape {
-                    op: "copy_blocks",
-                    detail: format!(
-                        "{c:?} outside a cache of {} blocks of {}",
-                        s.num_blocks, s.block_size
-                    ),
-                });
-            }
-            let (src, dst, n) = (
-                c.src as usize * block,
-                c.dst as usize * block,
-                c.num_tokens * slot,
-            );
-            self.k.copy_within(src..src + n, dst);
-            self.v.copy_within(src..src + n, dst);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn new(shape: KvCacheShape) -> Result<Self> {
-        let n = shape.elements();
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        k.try_reserve_exact(n)
-            .and_then(|_| v.try_reserve_exact(n))
-            .map_err(|e| KernelError::OutOfMemory(format!("KV cache {shape:?}: {e}")))?;
-        k.resize(n, 0.0);
-        v.resize(n, 0.0);
-        Ok(CpuKvCache { shape, k, v })
-    }
-
-    pub fn shape(&self) -> KvCacheShape {
-        self.shape
-    }
-
-    /// K, `[num_blocks, block_size, num_kv_heads, head_dim]`.
-    pub fn k(&self) -> &[f32] {
-        &self.k
-    }
-
-    /// V, same layout as K.
-    pub fn v(&self) -> &[f32] {
-        &self.v
-    }
-
-    /// Number of slots (`num_blocks * block_size`).
-    pub(crate) fn num_slots(&self) -> usize {
-        self.shape.num_blocks * self.shape.block_size
-    }
-}
-
 /// The batch metadata of one forward pass, validated.
 #[derive(Debug, Clone)]
 pub struct CpuStep {
@@ -400,52 +329,5 @@ impl CpuStep {
     /// The context this step was built from.
     pub fn context(&self) -> &ForwardContext {
         &self.ctx
-    }
-}
-
-#[cfg(test)]
-mod copy_blocks_tests {
-    use super::*;
-    use crate::BlockCopyOp;
-
-    #[test]
-    fn copies_only_the_leading_slots_of_k_and_v() {
-        let shape = KvCacheShape {
-            num_blocks: 3,
-            block_size: 4,
-            num_kv_heads: 2,
-            head_dim: 2,
-        };
-        let mut c = CpuKvCache::new(shape).unwrap();
-        let n = shape.elements();
-        c.k = (0..n).map(|i| i as f32).collect();
-        c.v = (0..n).map(|i| -(i as f32)).collect();
-        let (k0, v0) = (c.k.clone(), c.v.clone());
-        c.copy_blocks(&[BlockCopyOp {
-            src: 0,
-            dst: 2,
-            num_tokens: 3,
-        }])
-        .unwrap();
-        let block = 4 * 2 * 2;
-        let copied = 3 * 2 * 2;
-        assert_eq!(c.k[2 * block..2 * block + copied], k0[..copied]);
-        assert_eq!(c.v[2 * block..2 * block + copied], v0[..copied]);
-        assert_eq!(c.k[2 * block + copied..], k0[2 * block + copied..]);
-        assert_eq!(c.k[..2 * block], k0[..2 * block]);
-        assert!(c
-            .copy_blocks(&[BlockCopyOp {
-                src: 3,
-                dst: 0,
-                num_tokens: 1
-            }])
-            .is_err());
-        assert!(c
-            .copy_blocks(&[BlockCopyOp {
-                src: 0,
-                dst: 1,
-                num_tokens: 5
-            }])
-            .is_err());
     }
 }

@@ -1,7 +1,10 @@
 //! Paged KV writes, copy-on-write block copies and paged attention.
 //!
-//! Cache layout `[num_blocks, block_size, num_kv_heads, head_dim]` in bf16:
-//! the K (or V) of one token and kv head is `head_dim` contiguous elements at
+//! Cache layout `[num_blocks, block_size, num_kv_heads, head_dim]` in bf16
+//! or FP8 E4M3 bytes (each kernel has an instantiation per element type,
+//! chosen by the cache; FP8 takes the layer's scales from the cache's
+//! device buffer): the K (or V) of one token and kv head is `head_dim`
+//! contiguous elements at
 //! `((slot * num_kv_heads) + kv_head) * head_dim`. Every slot and block id a
 //! launch will touch is checked on the host first (from the step's maxima, or
 //! the copy list), so a bad request is a shape error, never a stray write.
@@ -84,16 +87,18 @@ pub(crate) fn store_kv(
     let (nr, w) = (i32_of(t, op)?, i32_of(width, op)?);
     let slot_view = step.view(step.slot_mapping);
     // Eight elements per thread where slot rows allow 16-byte accesses.
-    let (kernel, per_thread) = if width.is_multiple_of(8) {
-        ("store_kv_v8_bf16", 8)
-    } else {
-        ("store_kv_bf16", 1)
+    let (kernel, per_thread) = match (width.is_multiple_of(8), cache.fp8) {
+        (true, false) => ("store_kv_v8_bf16", 8),
+        (false, false) => ("store_kv_bf16", 1),
+        (true, true) => ("store_kv_v8_fp8", 8),
+        (false, true) => ("store_kv_fp8", 1),
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
     l.arg(&mut cache.k)
         .arg(&mut cache.v)
         .arg(k.bf16(op)?)
         .arg(v.bf16(op)?)
+        .arg(&cache.scales)
         .arg(&slot_view)
         .arg(&nr)
         .arg(&w);
@@ -154,10 +159,12 @@ pub(crate) fn copy_blocks(
         grid_dim: (per_copy.grid_dim.0, i32_of(copies.len(), op)? as u32, 1),
         ..per_copy
     };
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("copy_blocks_bf16")?);
+    let kernel = if cache.fp8 {
+        "copy_blocks_fp8"
+    } else {
+        "copy_blocks_bf16"
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
     l.arg(&mut cache.k)
         .arg(&mut cache.v)
         .arg(&ops_dev)
@@ -243,6 +250,10 @@ pub(crate) fn attention(
         AttentionKernel::SplitKDecode => {
             return super::attention_decode::decode_attention(b, q, cache, step, p)
         }
+        // The grouped kernel reads bf16 caches only.
+        AttentionKernel::MmaPrefill if cache.fp8 => {
+            return super::attention_prefill::prefill_attention(b, q, cache, step, p)
+        }
         AttentionKernel::MmaPrefill => {
             return super::attention_prefill_mma::prefill_attention_mma(b, q, cache, step, p)
         }
@@ -278,14 +289,17 @@ pub(crate) fn attention(
         i32_of(p.head_dim, op)?,
     );
     let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("paged_attention_bf16")?);
+    let kernel = if cache.fp8 {
+        "paged_attention_fp8"
+    } else {
+        "paged_attention_bf16"
+    };
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
     l.arg(y.bf16_mut(op)?)
         .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
+        .arg(&cache.scales)
         .arg(&token_seq)
         .arg(&cu_q)
         .arg(&ctx_lens)

@@ -1,8 +1,9 @@
 //! Paged attention for decode steps (every sequence has one query token):
 //! the split-K, GQA-aware kernels of `kernels/attention_decode.cu`.
 //!
-//! Owns the choice of kernel for (head_dim, group) and the two launches:
-//! `paged_decode_attention_bf16_hd{64,128,256}_g{1,2,4,8}` over (sequence,
+//! Owns the choice of kernel for (cache element type, head_dim, group) and
+//! the two launches:
+//! `paged_decode_attention_{bf16,fp8}_hd{64,128,256}_g{1,2,4,8}` over (sequence,
 //! kv head, partition of [`PARTITION`] tokens), each block attending all
 //! query heads of its kv head's group, then `paged_decode_reduce_bf16` over
 //! (sequence, head) to merge the partitions of sequences that have several.
@@ -50,9 +51,10 @@ const REDUCE_THREADS: u32 = 128;
 /// Largest grid y/z dimension.
 const MAX_GRID_YZ: usize = 65_535;
 
-/// The partition kernel for `head_dim` and a group of `group` query heads
-/// per kv head (groups 3, 5, 6, 7 run the next instantiation up, masked).
-fn kernel_name(head_dim: usize, group: usize) -> Option<&'static str> {
+/// The partition kernel for `head_dim`, a group of `group` query heads per
+/// kv head (groups 3, 5, 6, 7 run the next instantiation up, masked) and
+/// the cache's element type (`fp8`: FP8 bytes, else bf16).
+fn kernel_name(head_dim: usize, group: usize, fp8: bool) -> Option<&'static str> {
     let g = match group {
         1 => 1,
         2 => 2,
@@ -60,19 +62,31 @@ fn kernel_name(head_dim: usize, group: usize) -> Option<&'static str> {
         5..=8 => 8,
         _ => return None,
     };
-    Some(match (head_dim, g) {
-        (64, 1) => "paged_decode_attention_bf16_hd64_g1",
-        (64, 2) => "paged_decode_attention_bf16_hd64_g2",
-        (64, 4) => "paged_decode_attention_bf16_hd64_g4",
-        (64, 8) => "paged_decode_attention_bf16_hd64_g8",
-        (128, 1) => "paged_decode_attention_bf16_hd128_g1",
-        (128, 2) => "paged_decode_attention_bf16_hd128_g2",
-        (128, 4) => "paged_decode_attention_bf16_hd128_g4",
-        (128, 8) => "paged_decode_attention_bf16_hd128_g8",
-        (256, 1) => "paged_decode_attention_bf16_hd256_g1",
-        (256, 2) => "paged_decode_attention_bf16_hd256_g2",
-        (256, 4) => "paged_decode_attention_bf16_hd256_g4",
-        (256, 8) => "paged_decode_attention_bf16_hd256_g8",
+    Some(match (fp8, head_dim, g) {
+        (false, 64, 1) => "paged_decode_attention_bf16_hd64_g1",
+        (false, 64, 2) => "paged_decode_attention_bf16_hd64_g2",
+        (false, 64, 4) => "paged_decode_attention_bf16_hd64_g4",
+        (false, 64, 8) => "paged_decode_attention_bf16_hd64_g8",
+        (false, 128, 1) => "paged_decode_attention_bf16_hd128_g1",
+        (false, 128, 2) => "paged_decode_attention_bf16_hd128_g2",
+        (false, 128, 4) => "paged_decode_attention_bf16_hd128_g4",
+        (false, 128, 8) => "paged_decode_attention_bf16_hd128_g8",
+        (false, 256, 1) => "paged_decode_attention_bf16_hd256_g1",
+        (false, 256, 2) => "paged_decode_attention_bf16_hd256_g2",
+        (false, 256, 4) => "paged_decode_attention_bf16_hd256_g4",
+        (false, 256, 8) => "paged_decode_attention_bf16_hd256_g8",
+        (true, 64, 1) => "paged_decode_attention_fp8_hd64_g1",
+        (true, 64, 2) => "paged_decode_attention_fp8_hd64_g2",
+        (true, 64, 4) => "paged_decode_attention_fp8_hd64_g4",
+        (true, 64, 8) => "paged_decode_attention_fp8_hd64_g8",
+        (true, 128, 1) => "paged_decode_attention_fp8_hd128_g1",
+        (true, 128, 2) => "paged_decode_attention_fp8_hd128_g2",
+        (true, 128, 4) => "paged_decode_attention_fp8_hd128_g4",
+        (true, 128, 8) => "paged_decode_attention_fp8_hd128_g8",
+        (true, 256, 1) => "paged_decode_attention_fp8_hd256_g1",
+        (true, 256, 2) => "paged_decode_attention_fp8_hd256_g2",
+        (true, 256, 4) => "paged_decode_attention_fp8_hd256_g4",
+        (true, 256, 8) => "paged_decode_attention_fp8_hd256_g8",
         _ => return None,
     })
 }
@@ -94,7 +108,7 @@ pub(crate) fn partitions(ctx: &ForwardContext, window: Option<usize>) -> usize {
 pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
     p.num_kv_heads > 0
         && p.num_heads.is_multiple_of(p.num_kv_heads)
-        && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads).is_some()
+        && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads, false).is_some()
         && ctx.num_tokens() == ctx.num_seqs()
         && ctx
             .cu_seqlens_q
@@ -124,7 +138,7 @@ pub(crate) fn decode_attention(
 ) -> Result<CudaTensor> {
     let op = "decode_attention";
     check(q, cache, step, p)?;
-    let name = match kernel_name(p.head_dim, p.num_heads / p.num_kv_heads) {
+    let name = match kernel_name(p.head_dim, p.num_heads / p.num_kv_heads, cache.fp8) {
         Some(n) if supported(&step.ctx, p) => n,
         _ => {
             return Err(KernelError::Unsupported(format!(
@@ -173,6 +187,7 @@ pub(crate) fn decode_attention(
         .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
+        .arg(&cache.scales)
         .arg(&ctx_lens)
         .arg(&tables)
         .arg(&mbps)
@@ -217,8 +232,9 @@ mod tests {
     #[test]
     fn kernel_choice_covers_groups_up_to_eight() {
         for hd in super::super::attention_path::FAST_HEAD_DIMS {
-            for g in 1..=8 {
-                let name = kernel_name(hd, g).expect("supported");
+            for (g, fp8) in (1..=8).flat_map(|g| [(g, false), (g, true)]) {
+                let name = kernel_name(hd, g, fp8).expect("supported");
+                assert_eq!(name.contains("_fp8_"), fp8, "{name}");
                 let inst = match g {
                     1 => 1,
                     2 => 2,
@@ -229,11 +245,12 @@ mod tests {
                 assert!(inst >= g);
                 assert!(super::super::compile::KERNELS.contains(&name));
             }
-            assert!(kernel_name(hd, 0).is_none());
-            assert!(kernel_name(hd, 9).is_none());
+            assert!(kernel_name(hd, 0, false).is_none());
+            assert!(kernel_name(hd, 9, true).is_none());
         }
         for hd in [32, 80, 96, 192, 512] {
-            assert!(kernel_name(hd, 2).is_none());
+            assert!(kernel_name(hd, 2, false).is_none());
+            assert!(kernel_name(hd, 2, true).is_none());
         }
     }
 

@@ -1,10 +1,13 @@
 //! Tiled prefill attention: the launch of
-//! `prefill_attention_bf16_hd{64,128,256}` (see `kernels/attention_prefill.cu`)
-//! for steps whose longest query is more than one token, one query head per
-//! block. The grouped kernel (`attention_prefill_mma.rs`) takes these steps
-//! by default; this one runs where a backend is told to prefer it
-//! (`PAGODA_PREFILL_ATTENTION=tiled`, `CudaBackend::force_tiled_prefill`),
-//! as the reference the grouped kernel is timed and checked against.
+//! `prefill_attention_{bf16,fp8}_hd{64,128,256}` (see
+//! `kernels/attention_prefill.cu`; the cache's element type picks the
+//! instantiation: FP8 tiles are dequantized to bf16 as they load) for steps
+//! whose longest query is more than one token, one query head per block.
+//! The grouped kernel (`attention_prefill_mma.rs`) takes bf16-cache steps by
+//! default; this one runs for FP8 caches and where a backend is told to
+//! prefer it (`PAGODA_PREFILL_ATTENTION=tiled`,
+//! `CudaBackend::force_tiled_prefill`), as the reference the grouped kernel
+//! is timed and checked against.
 //!
 //! Semantics are exactly those of the simple `paged_attention_bf16` launch in
 //! [`super::attention`] (causal over the paged cache, cached prefix, GQA, any
@@ -50,12 +53,16 @@ const PAD: usize = 8;
 /// Largest grid y/z dimension.
 const MAX_GRID_YZ: usize = 65_535;
 
-/// The entry point for `head_dim`, if the kernel is instantiated for it.
-fn kernel_name(head_dim: usize) -> Option<&'static str> {
-    Some(match head_dim {
-        64 => "prefill_attention_bf16_hd64",
-        128 => "prefill_attention_bf16_hd128",
-        256 => "prefill_attention_bf16_hd256",
+/// The entry point for `head_dim` and the cache's element type (`fp8`:
+/// FP8 bytes, else bf16), if the kernel is instantiated for them.
+fn kernel_name(head_dim: usize, fp8: bool) -> Option<&'static str> {
+    Some(match (fp8, head_dim) {
+        (false, 64) => "prefill_attention_bf16_hd64",
+        (false, 128) => "prefill_attention_bf16_hd128",
+        (false, 256) => "prefill_attention_bf16_hd256",
+        (true, 64) => "prefill_attention_fp8_hd64",
+        (true, 128) => "prefill_attention_fp8_hd128",
+        (true, 256) => "prefill_attention_fp8_hd256",
         _ => return None,
     })
 }
@@ -69,9 +76,9 @@ pub(crate) fn smem_bytes(head_dim: usize) -> usize {
 /// 48 KB only at head_dim 256: 67,584 bytes, within every GPU that runs
 /// these kernels at all, sm_80 and newer, which have 99 KB or more).
 pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
-    for hd in FAST_HEAD_DIMS {
+    for (hd, fp8) in FAST_HEAD_DIMS.iter().flat_map(|&h| [(h, false), (h, true)]) {
         let bytes = smem_bytes(hd);
-        let Some(name) = kernel_name(hd) else {
+        let Some(name) = kernel_name(hd, fp8) else {
             continue;
         };
         // Every listed kernel is loaded (the module load checks that).
@@ -97,7 +104,9 @@ pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result
 /// [`FAST_HEAD_DIMS`] and a grid within CUDA's limits (any query group, any
 /// window or soft-cap). The caller checks that some query is longer than one.
 pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
-    kernel_name(p.head_dim).is_some() && ctx.num_seqs() <= MAX_GRID_YZ && p.num_heads <= MAX_GRID_YZ
+    kernel_name(p.head_dim, false).is_some()
+        && ctx.num_seqs() <= MAX_GRID_YZ
+        && p.num_heads <= MAX_GRID_YZ
 }
 
 fn u32_of(v: usize, op: &'static str) -> Result<u32> {
@@ -117,7 +126,7 @@ pub(crate) fn prefill_attention(
 ) -> Result<CudaTensor> {
     let op = "prefill_attention";
     check(q, cache, step, p)?;
-    let Some(kernel) = kernel_name(p.head_dim) else {
+    let Some(kernel) = kernel_name(p.head_dim, cache.fp8) else {
         return Err(KernelError::Unsupported(format!(
             "tiled prefill attention with head_dim {} (takes {FAST_HEAD_DIMS:?})",
             p.head_dim
@@ -166,6 +175,7 @@ pub(crate) fn prefill_attention(
         .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
+        .arg(&cache.scales)
         .arg(&cu_q)
         .arg(&ctx_lens)
         .arg(&tables)
@@ -192,14 +202,17 @@ mod tests {
         assert!(src.contains(&format!("#define PF_SMEM_ROWS {SMEM_ROWS}\n")));
         assert!(src.contains(&format!("#define PF_PAD {PAD}\n")));
         for hd in FAST_HEAD_DIMS {
-            let name = kernel_name(hd).expect("instantiated");
-            assert!(src.contains(&format!("{name}(PF_ARGS)")), "{name}");
-            assert!(super::super::compile::KERNELS.contains(&name), "{name}");
+            for (fp8, kv) in [(false, "bf16"), (true, "fp8")] {
+                let name = kernel_name(hd, fp8).expect("instantiated");
+                assert!(src.contains(&format!("{name}(PF_ARGS({kv}))")), "{name}");
+                assert!(super::super::compile::KERNELS.contains(&name), "{name}");
+            }
         }
         assert_eq!(smem_bytes(128), 34_816);
         assert_eq!(smem_bytes(256), 67_584);
         for hd in [32, 80, 96, 192] {
-            assert!(kernel_name(hd).is_none());
+            assert!(kernel_name(hd, false).is_none());
+            assert!(kernel_name(hd, true).is_none());
         }
     }
 }

@@ -119,7 +119,7 @@ impl Device {
     }
 
     /// A loaded kernel by name.
-    pub fn kernel(&self, name: &'static str) -> Result<&CudaFunction> {
+    pub fn kernel(&self, name: &str) -> Result<&CudaFunction> {
         self.kernels
             .get(name)
             .ok_or_else(|| err(format!("kernel {name} is not loaded")))

@@ -1,5 +1,6 @@
 //! The CUDA backend: bf16 weights and activations with f32 accumulation and
-//! an f32 residual stream, a bf16 paged KV cache, cuBLASLt GEMMs and
+//! an f32 residual stream, a bf16 (or FP8 E4M3, `with_kv_cache_dtype`)
+//! paged KV cache, cuBLASLt GEMMs and
 //! NVRTC-compiled kernels for everything else.
 //!
 //! Built behind the `cuda` feature. The binary links no CUDA library: cudarc
@@ -80,6 +81,8 @@ pub struct CudaBackend {
     tiled_prefill: AtomicBool,
     /// Token masks of structured outputs (see [`token_masks`]).
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
+    /// KV caches hold FP8 E4M3 bytes (see [`crate::kv_dtype`]), else bf16.
+    kv_fp8: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -125,7 +128,15 @@ impl CudaBackend {
             syncs: AtomicU64::new(0),
             tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
             masks: Default::default(),
+            kv_fp8: false,
         })
+    }
+
+    /// The KV cache element type: `Auto` and `Bf16` give bf16, `Fp8` FP8
+    /// E4M3 bytes with a per-layer K and V scale (half the bytes per token).
+    pub fn with_kv_cache_dtype(mut self, dtype: crate::KvCacheDtype) -> Result<Self> {
+        self.kv_fp8 = dtype == crate::KvCacheDtype::Fp8;
+        Ok(self)
     }
 
     /// Fill every fresh output with NaN before the op writes it (for tests).
@@ -141,13 +152,16 @@ impl CudaBackend {
     }
 
     /// The attention kernel this backend runs for `ctx` and `p`
-    /// ([`attention_kernel`] with [`CudaBackend::force_tiled_prefill`] applied).
+    /// ([`attention_kernel`] with [`CudaBackend::force_tiled_prefill`]
+    /// applied; FP8 caches always prefill on the tiled kernel, the grouped
+    /// one reads bf16 caches only).
     pub fn attention_kernel_for(
         &self,
         ctx: &ForwardContext,
         p: &AttentionParams,
     ) -> AttentionKernel {
-        prefer_tiled(ctx, p, self.tiled_prefill.load(Ordering::Relaxed))
+        let tiled = self.tiled_prefill.load(Ordering::Relaxed) || self.kv_fp8;
+        prefer_tiled(ctx, p, tiled)
     }
 
     /// How many times the host has waited for the device (every
@@ -201,12 +215,45 @@ impl CudaBackend {
         Ok((2 * n * 2 * reps.max(1)) as f64 / secs)
     }
 
-    /// K and V of one layer's cache as f32 (for tests and debugging).
+    /// K and V of one layer's cache as f32 (for tests and debugging): bf16
+    /// widened, or FP8 bytes decoded by [`crate::fp8`] times the scales.
     pub fn kv_cache_to_host(&self, cache: &CudaKvCache) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = cache.shape.elements();
-        let k = self.download(&cache.k, n)?;
-        let v = self.download(&cache.v, n)?;
-        Ok((k, v))
+        let (kb, vb) = self.kv_cache_bytes_to_host(cache)?;
+        if cache.fp8 {
+            let sc = self.download_raw(&cache.scales, 2)?;
+            let dec = |b: Vec<u8>, s: f32| -> Vec<f32> {
+                b.into_iter()
+                    .map(|x| crate::fp8::e4m3_to_f32(x) * s)
+                    .collect()
+            };
+            return Ok((dec(kb, sc[0]), dec(vb, sc[1])));
+        }
+        let dec = |b: Vec<u8>| -> Vec<f32> {
+            b.chunks_exact(2)
+                .take(n)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()
+        };
+        Ok((dec(kb), dec(vb)))
+    }
+
+    /// The raw bytes of one layer's K and V (bf16 pairs, or FP8 codes).
+    pub fn kv_cache_bytes_to_host(&self, cache: &CudaKvCache) -> Result<(Vec<u8>, Vec<u8>)> {
+        let n = cache.shape.elements() * if cache.fp8 { 1 } else { 2 };
+        Ok((
+            self.download_raw(&cache.k, n)?,
+            self.download_raw(&cache.v, n)?,
+        ))
+    }
+
+    /// Bytes of one KV cache element.
+    fn kv_elem_bytes(&self) -> usize {
+        if self.kv_fp8 {
+            1
+        } else {
+            std::mem::size_of::<bf16>()
+        }
     }
 
     /// The first `n` elements of `d` as f32 (waits for the device).
@@ -374,22 +421,51 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<CudaKvCache> {
-        let n = shape.elements().max(1);
+        let n = shape.elements().max(1) * self.kv_elem_bytes();
         let alloc = || {
             self.dev
                 .stream
-                .alloc_zeros::<bf16>(n)
+                .alloc_zeros::<u8>(n)
                 .map_err(|e| device_err(&format!("KV cache {shape:?}"), e))
         };
         Ok(CudaKvCache {
             shape,
+            fp8: self.kv_fp8,
             k: alloc()?,
             v: alloc()?,
+            scales: self.upload(vec![1.0f32, 1.0], "KV cache scales")?,
         })
     }
 
     fn kv_cache_bytes(&self, shape: KvCacheShape) -> usize {
-        2 * shape.elements() * std::mem::size_of::<bf16>()
+        2 * shape.elements() * self.kv_elem_bytes()
+    }
+
+    fn kv_cache_fp8(&self) -> bool {
+        self.kv_fp8
+    }
+
+    fn set_kv_scales(&self, cache: &mut CudaKvCache, k_scale: f32, v_scale: f32) -> Result<()> {
+        for (name, s) in [("k_scale", k_scale), ("v_scale", v_scale)] {
+            crate::kv_dtype::check_kv_scale(name, s).map_err(|detail| KernelError::Shape {
+                op: "set_kv_scales",
+                detail,
+            })?;
+        }
+        if !cache.fp8 {
+            if k_scale == 1.0 && v_scale == 1.0 {
+                return Ok(());
+            }
+            return Err(KernelError::Unsupported(
+                "KV cache scales on a bf16 cache".into(),
+            ));
+        }
+        // Queued on the stream like every op, so ops queued before it still
+        // read the old scales and those after it the new ones.
+        self.dev
+            .stream
+            .memcpy_htod(&[k_scale, v_scale], &mut cache.scales)
+            .map_err(|e| device_err("set_kv_scales", e))
     }
 
     fn tensor_from_host(&self, rows: usize, cols: usize, data: &[f32]) -> Result<CudaTensor> {

@@ -12,8 +12,10 @@
 //! - [`CudaWeight`]: `[rows, cols]`, bf16 for everything [`load_weight`]
 //!   uploads (matrices, tables, norm weights and biases alike), f32 for what
 //!   `load_table` uploads (the rotary cos/sin table).
-//! - [`CudaKvCache`]: bf16 K and V, each `[num_blocks, block_size,
-//!   num_kv_heads, head_dim]`, zero-filled at allocation.
+//! - [`CudaKvCache`]: K and V, each `[num_blocks, block_size,
+//!   num_kv_heads, head_dim]` of bf16, or of FP8 E4M3 bytes with the layer's
+//!   `{k_scale, v_scale}` in a two-float device buffer the kernels read
+//!   (so a captured graph follows a change), zero-filled at allocation.
 //! - [`CudaStep`]: the [`ForwardContext`]'s index arrays packed into one int32
 //!   device buffer (one host-to-device copy per step), plus the host copy and
 //!   the maxima the ops' range checks need (each check O(1) per op).
@@ -179,11 +181,15 @@ pub(crate) fn host_dims(t: &HostTensor, op: &'static str) -> Result<(usize, usiz
     Ok((rows, cols))
 }
 
-/// One layer's paged KV cache (bf16).
+/// One layer's paged KV cache: bf16, or FP8 bytes (`fp8`); either way K
+/// and V are byte buffers the kernels of the matching element type read.
 pub struct CudaKvCache {
     pub(crate) shape: KvCacheShape,
-    pub(crate) k: CudaSlice<bf16>,
-    pub(crate) v: CudaSlice<bf16>,
+    pub(crate) fp8: bool,
+    pub(crate) k: CudaSlice<u8>,
+    pub(crate) v: CudaSlice<u8>,
+    /// `{k_scale, v_scale}` (1.0 each unless set; unused by a bf16 cache).
+    pub(crate) scales: CudaSlice<f32>,
 }
 
 impl CudaKvCache {
@@ -193,6 +199,11 @@ impl CudaKvCache {
 
     pub(crate) fn num_slots(&self) -> usize {
         self.shape.num_blocks * self.shape.block_size
+    }
+
+    /// Whether the cache holds FP8 bytes.
+    pub fn is_fp8(&self) -> bool {
+        self.fp8
     }
 }
 

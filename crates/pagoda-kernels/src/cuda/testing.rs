@@ -1,8 +1,9 @@
 //! Helpers shared by the CUDA test binaries of this crate and of
 //! pagoda-engine (the backend itself never calls them): opening the device
 //! for a test, the relative L2 error the op and model comparisons
-//! measure, the one-token-per-row step the sampling tests run, and the
-//! median timing of the kernel timing binaries.
+//! measure, the one-token-per-row step the sampling tests run, the
+//! median timing of the kernel timing binaries, and the device's FP8
+//! conversions on given values ([`fp8_codec`]).
 //!
 //! A machine without CUDA skips the CUDA tests with a notice, unless the
 //! environment variable [`REQUIRE_GPU_ENV`] is set (to anything but empty or
@@ -115,6 +116,36 @@ pub fn median_secs(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
         .collect();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The device's FP8 E4M3 conversions (`f2fp8` / `fp82f` of the kernels'
+/// prelude): each of `x` encoded, each of `codes` decoded (waits for the
+/// device).
+pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec<u8>, Vec<f32>)> {
+    use cudarc::driver::PushKernelArg;
+    let op = "fp8_codec";
+    let (n, m) = (x.len(), codes.len());
+    let too_big = |v: usize| crate::KernelError::Shape {
+        op,
+        detail: format!("{v} values do not fit in 32 bits"),
+    };
+    let (ni, mi) = (
+        i32::try_from(n).map_err(|_| too_big(n))?,
+        i32::try_from(m).map_err(|_| too_big(m))?,
+    );
+    let xd = g.upload(x.to_vec(), op)?;
+    let cd = g.upload(codes.to_vec(), op)?;
+    let mut enc = g.upload(vec![0u8; n], op)?;
+    let mut dec = g.upload(vec![0f32; m], op)?;
+    let mut l = g.dev.stream.launch_builder(g.dev.kernel(op)?);
+    l.arg(&xd)
+        .arg(&mut enc)
+        .arg(&ni)
+        .arg(&cd)
+        .arg(&mut dec)
+        .arg(&mi);
+    unsafe { l.launch(super::ops::elems_cfg(n.max(m))) }.map_err(|e| super::device_err(op, e))?;
+    Ok((g.download_raw(&enc, n)?, g.download_raw(&dec, m)?))
 }
 
 #[cfg(test)]

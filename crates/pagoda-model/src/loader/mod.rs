@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod gguf_check;
 pub mod gguf_moe;
 pub mod hf_config;
+pub mod kv_scales;
 pub mod safetensors;
 pub mod safetensors_writer;
 

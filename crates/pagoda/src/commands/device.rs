@@ -7,6 +7,9 @@
 //! per device. Without the `cuda` feature `--device cuda` fails with a clear
 //! message before any weight is read.
 //!
+//! KV cache element type: `--kv-cache-dtype` (an FP8 cache takes the
+//! checkpoint's per-layer `k_scale` / `v_scale` where it has them).
+//!
 //! KV cache sizing: `--kv-cache-memory` when given; otherwise on the CPU
 //! `--kv-cache-fraction` of the available host memory, or 1 GiB; on CUDA
 //! `--gpu-memory-utilization` of the device's total memory minus what is in
@@ -18,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
-use pagoda_kernels::Backend;
+use pagoda_kernels::{Backend, KvCacheDtype};
 use pagoda_model::arch::BuildOptions;
 use pagoda_model::open::ModelFiles;
 
@@ -95,7 +98,7 @@ pub fn run_on_device<T: EngineTask>(
 ) -> Result<T::Output> {
     match model.device.device {
         Device::Cpu => task.run(build_engine(
-            cpu_backend(model)?,
+            cpu_backend(model)?.with_kv_cache_dtype(cache.kv_cache_dtype)?,
             files,
             cache,
             &model.device,
@@ -122,7 +125,8 @@ fn run_on_cuda<T: EngineTask>(
     if model.weight_dtype.is_some() {
         tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
     }
-    let backend = CudaBackend::new(CudaOptions { device: ordinal })?;
+    let backend = CudaBackend::new(CudaOptions { device: ordinal })?
+        .with_kv_cache_dtype(cache.kv_cache_dtype)?;
     task.run(build_engine(backend, files, cache, &model.device, quiet)?)
 }
 
@@ -270,11 +274,24 @@ fn build_engine<B: KvBudget>(
         },
     )?;
     pb.finish_and_clear();
+    // An FP8 cache takes the checkpoint's per-layer scales, where it has them.
+    let kv_scales = if backend.kv_cache_fp8() {
+        pagoda_model::loader::kv_scales::kv_cache_scales(
+            files.weights.as_ref(),
+            cfg.num_hidden_layers,
+        )?
+    } else {
+        None
+    };
     drop(files.weights);
     // A one-block cache first: on a device, the profiling steps bring the
     // step memory to its peak, it is frozen into a fixed arena (no device
     // allocation ever after), and the KV cache is sized from what is left.
     let mut runner = ModelRunner::new(backend, model, cache.block_size, 1)?;
+    if let Some(scales) = kv_scales {
+        tracing::info!("KV cache: FP8 scales from the checkpoint");
+        runner.set_kv_scales(scales)?;
+    }
     let t = std::time::Instant::now();
     let reserved =
         runner.reserve_step_memory(max_num_batched_tokens, cache.max_num_seqs, max_model_len)?;
@@ -306,13 +323,22 @@ fn build_engine<B: KvBudget>(
         );
         num_blocks = max_blocks;
     }
+    let kv_dtype = match (runner.kv_cache_fp8(), cache.kv_cache_dtype) {
+        (true, _) => "fp8".to_string(),
+        (false, KvCacheDtype::Auto) => "auto".to_string(),
+        (false, d) => d.to_string(),
+    };
+    let bytes_per_token = per_block / cache.block_size;
     tracing::info!(
         num_blocks,
         tokens = num_blocks * cache.block_size,
-        "KV cache: {} blocks of {} tokens ({} tokens)",
+        bytes_per_token,
+        "KV cache ({kv_dtype}): {} blocks of {} tokens ({} tokens, {} bytes per token, {:.2} GiB)",
         num_blocks,
         cache.block_size,
-        num_blocks * cache.block_size
+        num_blocks * cache.block_size,
+        bytes_per_token,
+        (num_blocks * per_block) as f64 / (1u64 << 30) as f64
     );
     let kv = pagoda_engine::kv_footprint::kv_footprint(
         &cfg,

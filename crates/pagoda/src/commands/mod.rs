@@ -107,6 +107,12 @@ pub struct CacheArgs {
     /// Turn off sharing of prompt prefixes between requests (the radix cache).
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// KV cache element type: auto (f32 on the CPU, bf16 on CUDA), bf16
+    /// (CUDA), or fp8 (alias fp8_e4m3: E4M3 bytes with per-layer K/V scales,
+    /// 1.0 unless the checkpoint has k_scale/v_scale; twice the tokens of
+    /// bf16 in the same memory).
+    #[arg(long, default_value = "auto", value_name = "DTYPE")]
+    pub kv_cache_dtype: pagoda_kernels::KvCacheDtype,
 }
 
 impl CacheArgs {

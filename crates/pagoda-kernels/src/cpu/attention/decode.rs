@@ -6,8 +6,9 @@
 //! softmax, and a weighted sum of V rows. With
 //! AVX2+FMA and `head_dim % 32 == 0` an intrinsic kernel keeps up to three
 //! heads' 32-wide output slices in registers while it walks the keys;
-//! otherwise a portable loop does the same arithmetic. Scratch is
-//! O(group * (k1 - k0)).
+//! otherwise a portable loop does the same arithmetic. An FP8 cache is
+//! dequantized into contiguous f32 rows first. Scratch is
+//! O(group * (k1 - k0)) (plus the rows, FP8 only).
 
 use super::{for_each_key, softcap, Item, Part, Scratch};
 use crate::cpu::math::{dot, exp_sub_sum};
@@ -39,6 +40,21 @@ pub(super) fn part(
     let mut offsets = std::mem::take(&mut s.idx);
     offsets.clear();
     for_each_key(table, bs, width, head, k0, k1, |_, a| offsets.push(a));
+    // An FP8 cache is read once into f32 rows (contiguous, so the offsets
+    // become j * hd); an f32 cache is read in place.
+    let (kd, vd): (&[f32], &[f32]) = match cache.f32_kv() {
+        Some(kv) => kv,
+        None => {
+            s.k.clear();
+            s.v.clear();
+            for (j, a) in offsets.iter_mut().enumerate() {
+                cache.extend_k(&mut s.k, *a, hd);
+                cache.extend_v(&mut s.v, *a, hd);
+                *a = j * hd;
+            }
+            (&s.k, &s.v)
+        }
+    };
     let mut max = vec![f32::NEG_INFINITY; group];
     let mut sum = vec![0f32; group];
     let mut o = vec![0f32; group * hd];
@@ -53,11 +69,11 @@ pub(super) fn part(
             // SAFETY: AVX2/FMA detected; every offset + hd is inside K
             // (block ids were checked by `check`), qs holds group * hd values.
             unsafe {
-                avx2::scores(qs, &cache.k, &offsets, hd, group, p.scale, &mut s.s)
+                avx2::scores(qs, kd, &offsets, hd, group, p.scale, &mut s.s)
             };
         } else {
             for (j, &a) in offsets.iter().enumerate() {
-                let k = &cache.k[a..a + hd];
+                let k = &kd[a..a + hd];
                 for g in 0..group {
                     s.s[g * n + j] = dot(&qs[g * hd..(g + 1) * hd], k) * p.scale;
                 }
@@ -75,11 +91,11 @@ pub(super) fn part(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, for V; o holds group * hd values.
             unsafe {
-                avx2::weighted_sum(&s.s, &cache.v, &offsets, hd, group, &mut o)
+                avx2::weighted_sum(&s.s, vd, &offsets, hd, group, &mut o)
             };
         } else {
             for (j, &a) in offsets.iter().enumerate() {
-                let v = &cache.v[a..a + hd];
+                let v = &vd[a..a + hd];
                 for g in 0..group {
                     let w = s.s[g * n + j];
                     for (o, v) in o[g * hd..(g + 1) * hd].iter_mut().zip(v) {

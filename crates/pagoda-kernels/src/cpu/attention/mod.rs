@@ -1,7 +1,8 @@
 //! Paged KV writes and causal attention over the paged cache.
 //!
 //! Cache layout `[num_blocks, block_size, num_kv_heads, head_dim]`: the K (or V)
-//! of one token and kv head is `head_dim` contiguous f32 at
+//! of one token and kv head is `head_dim` contiguous elements (f32, or FP8
+//! bytes read back as f32 through the cache's scale) at
 //! `((slot * num_kv_heads) + kv_head) * head_dim`, where `slot = block *
 //! block_size + offset` and `block = block_table[pos / block_size]`.
 //!
@@ -77,8 +78,7 @@ pub fn store_kv(
             continue;
         }
         let (dst, src) = (s as usize * width, i * width);
-        cache.k[dst..dst + width].copy_from_slice(&k.data[src..src + width]);
-        cache.v[dst..dst + width].copy_from_slice(&v.data[src..src + width]);
+        cache.write(dst, &k.data[src..src + width], &v.data[src..src + width]);
     }
     Ok(())
 }

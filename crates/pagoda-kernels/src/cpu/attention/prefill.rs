@@ -56,8 +56,8 @@ pub(super) fn part(
         s.k.clear();
         s.v.clear();
         for_each_key(table, bs, nkv * hd, it.kvh * hd, c0, c0 + kc, |_, a| {
-            s.k.extend_from_slice(&cache.k[a..a + hd]);
-            s.v.extend_from_slice(&cache.v[a..a + hd]);
+            cache.extend_k(&mut s.k, a, hd);
+            cache.extend_v(&mut s.v, a, hd);
         });
         // 2. S = scale * Q K^T, [m, kc].
         s.s.resize(m * kc, 0.0);

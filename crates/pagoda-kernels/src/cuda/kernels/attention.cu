@@ -17,13 +17,40 @@
 #define ATT_WARPS 4
 #define ATT_MAX_PER_LANE 8  // head_dim <= 256
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
-                     const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                     const int* __restrict__ token_seq, const int* __restrict__ cu_seqlens_q,
-                     const int* __restrict__ context_lens, const int* __restrict__ block_tables,
-                     int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,
-                     int head_dim, float scale, int window, float softcap) {
+// KV cache elements, for the attention kernels templated on them: bf16, or
+// FP8 E4M3 bytes whose value is byte * scale, with the layer's scales in a
+// small device buffer kv_scales = {k_scale, v_scale} (read, never baked into
+// a launch, so a captured graph follows a change). A bf16 cache ignores it.
+// The scales are folded where they cost nothing: k_scale into the query's
+// scale, v_scale into the output's normalization.
+template <typename KV>
+struct KvIsFp8 {
+    static constexpr bool value = false;
+};
+template <>
+struct KvIsFp8<fp8> {
+    static constexpr bool value = true;
+};
+__device__ __forceinline__ float kv_ld(const bf16* p, long long i) { return bf2f(p[i]); }
+__device__ __forceinline__ float kv_ld(const fp8* p, long long i) { return fp82f(p[i]); }
+// Scale `i` (0: K, 1: V) of a cache of element type KV.
+template <typename KV>
+__device__ __forceinline__ float kv_scale(const float* __restrict__ kv_scales, int i) {
+    if constexpr (KvIsFp8<KV>::value) {
+        return kv_scales[i];
+    } else {
+        return 1.0f;
+    }
+}
+
+template <typename KV>
+__device__ __forceinline__ void paged_attention(
+    bf16* __restrict__ out, const bf16* __restrict__ q, const KV* __restrict__ k_cache,
+    const KV* __restrict__ v_cache, const float* __restrict__ kv_scales,
+    const int* __restrict__ token_seq, const int* __restrict__ cu_seqlens_q,
+    const int* __restrict__ context_lens, const int* __restrict__ block_tables,
+    int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, int head_dim,
+    float scale, int window, float softcap) {
     __shared__ float s_max[ATT_WARPS];
     __shared__ float s_sum[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][ATT_MAX_PER_LANE * 32];
@@ -40,12 +67,13 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
     const int* table = block_tables + (long long)seq * max_blocks_per_seq;
 
     const bf16* qh = q + ((long long)tok * num_heads + head) * head_dim;
+    const float qscale = scale * kv_scale<KV>(kv_scales, 0);
     float qv[ATT_MAX_PER_LANE];
     float acc[ATT_MAX_PER_LANE];
 #pragma unroll
     for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
         int d = lane + 32 * i;
-        qv[i] = d < head_dim ? bf2f(qh[d]) * scale : 0.0f;
+        qv[i] = d < head_dim ? bf2f(qh[d]) * qscale : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF;
@@ -59,7 +87,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
         for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
             int d = lane + 32 * i;
             if (d < head_dim) {
-                s += qv[i] * bf2f(k_cache[base + d]);
+                s += qv[i] * kv_ld(k_cache, base + d);
             }
         }
         s = warp_sum(s);
@@ -74,7 +102,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
         for (int i = 0; i < ATT_MAX_PER_LANE; i++) {
             int d = lane + 32 * i;
             if (d < head_dim) {
-                acc[i] = acc[i] * corr + p * bf2f(v_cache[base + d]);
+                acc[i] = acc[i] * corr + p * kv_ld(v_cache, base + d);
             }
         }
         m = m_new;
@@ -106,7 +134,7 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
         f[w] = s_sum[w] > 0.0f ? expf(s_max[w] - gm) : 0.0f;
         gl += s_sum[w] * f[w];
     }
-    float inv = 1.0f / gl;
+    float inv = kv_scale<KV>(kv_scales, 1) / gl;
     bf16* oh = out + ((long long)tok * num_heads + head) * head_dim;
     for (int d = lane; d < head_dim; d += 32) {
         float o = 0.0f;
@@ -115,4 +143,27 @@ paged_attention_bf16(bf16* __restrict__ out, const bf16* __restrict__ q,
         }
         oh[d] = f2bf(o * inv);
     }
+}
+
+#define ATT_ARGS(KV)                                                                         \
+    bf16 *__restrict__ out, const bf16 *__restrict__ q, const KV *__restrict__ k_cache,      \
+        const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,                 \
+        const int *__restrict__ token_seq, const int *__restrict__ cu_seqlens_q,             \
+        const int *__restrict__ context_lens, const int *__restrict__ block_tables,          \
+        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,             \
+        int head_dim, float scale, int window, float softcap
+#define ATT_PASS                                                                             \
+    out, q, k_cache, v_cache, kv_scales, token_seq, cu_seqlens_q, context_lens, block_tables, \
+        max_blocks_per_seq, block_size, num_heads, num_kv_heads, head_dim, scale, window,    \
+        softcap
+
+// Entry points by cache element type (the activations are bf16 in both).
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+paged_attention_bf16(ATT_ARGS(bf16)) {
+    paged_attention<bf16>(ATT_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+paged_attention_fp8(ATT_ARGS(fp8)) {
+    paged_attention<fp8>(ATT_PASS);
 }

@@ -4,7 +4,10 @@
 // Launches (shapes depend only on the step's shape, never on its values, so
 // a CUDA graph captured for one decode step replays for any other of the same
 // shape):
-//   1. paged_decode_attention_bf16_hd{64,128,256}_g{1,2,4,8}: grid
+//   1. paged_decode_attention_{bf16,fp8}_hd{64,128,256}_g{1,2,4,8} (the
+//      cache's element type: bf16, or FP8 E4M3 bytes read 8 at a time and
+//      dequantized on load, k_scale folded into q's scale and v_scale into
+//      the output, f32 accumulation as for bf16): grid
 //      (num_seqs, num_kv_heads, max_partitions), DEC_THREADS threads. Block
 //      (s, kv, p) attends ALL query heads of kv head `kv`'s group (group =
 //      num_heads / num_kv_heads <= G; heads past `group` are masked) over
@@ -96,6 +99,34 @@ __device__ __forceinline__ void dec_unpack(uint4 v, float* f) {
     f[7] = __uint_as_float(v.w & 0xffff0000u);
 }
 
+// 8 consecutive cache elements of a lane's chunk: 16 bytes of bf16, or 8
+// bytes of FP8 (half the traffic), through the read-only path, unpacked to
+// f32 (FP8 through fp82f; the scales are applied outside the loop).
+template <typename KV>
+struct DecKv8;
+template <>
+struct DecKv8<bf16> {
+    typedef uint4 Raw;
+    static __device__ __forceinline__ Raw zero() { return make_uint4(0u, 0u, 0u, 0u); }
+    static __device__ __forceinline__ Raw load(const bf16* p) { return dec_load16(p); }
+    static __device__ __forceinline__ void unpack(Raw v, float* f) { dec_unpack(v, f); }
+};
+template <>
+struct DecKv8<fp8> {
+    typedef uint2 Raw;
+    static __device__ __forceinline__ Raw zero() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ Raw load(const fp8* p) {
+        return __ldg(reinterpret_cast<const uint2*>(p));
+    }
+    static __device__ __forceinline__ void unpack(Raw v, float* f) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[i] = fp82f((fp8)((v.x >> (8 * i)) & 0xffu));
+            f[4 + i] = fp82f((fp8)((v.y >> (8 * i)) & 0xffu));
+        }
+    }
+};
+
 // Reduce-scatter of N partial sums over the lanes whose index differs in the
 // bits O, O/2, ..., 1 (all compile-time). While N > 1, a lane keeps half of
 // its values (the upper half where its bit O is set) and receives its
@@ -154,11 +185,12 @@ __device__ __forceinline__ float dec_block_reduce(float v, float* red) {
     return r;
 }
 
-template <int D, int G>
+template <int D, int G, typename KV>
 __device__ __forceinline__ void paged_decode_attention(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const int* __restrict__ context_lens,
+    const bf16* __restrict__ q, const KV* __restrict__ k_cache,
+    const KV* __restrict__ v_cache, const float* __restrict__ kv_scales,
+    const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size,
     int num_heads, int num_kv_heads, int max_parts, float scale, int window, float softcap) {
     constexpr int TPT = D / 8;      // lanes per token row (32, 16 or 8)
@@ -208,7 +240,8 @@ __device__ __forceinline__ void paged_decode_attention(
 
     // This lane's 8 dims of q for each head of the group, in the log2 domain.
     float qf[G][8];
-    const float qs = scale * DEC_LOG2E;
+    // An FP8 cache's k_scale folds into q's scale (v_scale into the output).
+    const float qs = scale * DEC_LOG2E * kv_scale<KV>(kv_scales, 0);
 #pragma unroll
     for (int g = 0; g < G; g++) {
         if (g < group) {
@@ -228,24 +261,25 @@ __device__ __forceinline__ void paged_decode_attention(
     __syncthreads();
 
     const long long row = (long long)num_kv_heads * D;  // elements per slot
-    const bf16* k_base = k_cache + (long long)kv * D + 8 * j;
-    const bf16* v_base = v_cache + (long long)kv * D + 8 * j;
+    const KV* k_base = k_cache + (long long)kv * D + 8 * j;
+    const KV* v_base = v_cache + (long long)kv * D + 8 * j;
+    using Ld = DecKv8<KV>;
 
     // Phase 1: scores s[t][g] = q_g . k_t (log2 domain).
     for (int base = warp * TPW * U; base < n; base += STEP) {
-        uint4 kr[U];
+        typename Ld::Raw kr[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int t = base + u * TPW + tg;
-            kr[u] = make_uint4(0u, 0u, 0u, 0u);
+            kr[u] = Ld::zero();
             if (t < n) {
-                kr[u] = dec_load16(k_base + (long long)s_slot[t] * row);
+                kr[u] = Ld::load(k_base + (long long)s_slot[t] * row);
             }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float kf[8];
-            dec_unpack(kr[u], kf);
+            Ld::unpack(kr[u], kf);
             float s[G];
 #pragma unroll
             for (int g = 0; g < G; g++) {
@@ -306,13 +340,13 @@ __device__ __forceinline__ void paged_decode_attention(
         }
     }
     for (int base = warp * TPW * U; base < n; base += STEP) {
-        uint4 vr[U];
+        typename Ld::Raw vr[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int t = base + u * TPW + tg;
-            vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            vr[u] = Ld::zero();
             if (t < n) {
-                vr[u] = dec_load16(v_base + (long long)s_slot[t] * row);
+                vr[u] = Ld::load(v_base + (long long)s_slot[t] * row);
             }
         }
 #pragma unroll
@@ -346,7 +380,7 @@ __device__ __forceinline__ void paged_decode_attention(
                 }
             }
             float vf[8];
-            dec_unpack(vr[u], vf);
+            Ld::unpack(vr[u], vf);
 #pragma unroll
             for (int g = 0; g < G; g++) {
 #pragma unroll
@@ -381,6 +415,7 @@ __device__ __forceinline__ void paged_decode_attention(
     __syncthreads();
 
     const long long head0 = (long long)seq * num_heads + (long long)kv * group;
+    const float v_scale = kv_scale<KV>(kv_scales, 1);
     for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
         const int g = idx / D;
         const int d = idx - g * D;
@@ -392,6 +427,7 @@ __device__ __forceinline__ void paged_decode_attention(
         for (int w = 0; w < DEC_WARPS; w++) {
             o += s_acc[(w * G + g) * D + d];
         }
+        o *= v_scale;
         if (single) {
             out[(head0 + g) * D + d] = f2bf(o / s_l[g]);
         } else {
@@ -405,68 +441,117 @@ __device__ __forceinline__ void paged_decode_attention(
     }
 }
 
-// Entry points: one per (head_dim, G), spelled out so their names stay
-// greppable; the arguments are the same for all.
-#define DEC_PARAMS                                                                        \
+// Entry points: one per (cache element, head_dim, G), spelled out so their
+// names stay greppable; the arguments are the same for all but the cache's
+// element type.
+#define DEC_PARAMS(KV)                                                                    \
     bf16 *__restrict__ out, float *__restrict__ part_acc, float *__restrict__ part_ml,    \
-        const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,                     \
-        const bf16 *__restrict__ v_cache, const int *__restrict__ context_lens,           \
-        const int *__restrict__ block_tables, int max_blocks_per_seq, int block_size,     \
-        int num_heads, int num_kv_heads, int max_parts, float scale, int window,          \
-        float softcap
-#define DEC_CALL(D, G)                                                                    \
-    paged_decode_attention<D, G>(out, part_acc, part_ml, q, k_cache, v_cache,            \
-                                 context_lens, block_tables, max_blocks_per_seq,         \
-                                 block_size, num_heads, num_kv_heads, max_parts, scale,  \
-                                 window, softcap)
+        const bf16 *__restrict__ q, const KV *__restrict__ k_cache,                       \
+        const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,              \
+        const int *__restrict__ context_lens, const int *__restrict__ block_tables,       \
+        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,          \
+        int max_parts, float scale, int window, float softcap
+#define DEC_CALL(D, G, KV)                                                                \
+    paged_decode_attention<D, G, KV>(out, part_acc, part_ml, q, k_cache, v_cache,        \
+                                     kv_scales, context_lens, block_tables,              \
+                                     max_blocks_per_seq, block_size, num_heads,          \
+                                     num_kv_heads, max_parts, scale, window, softcap)
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd64_g1(DEC_PARAMS) {
-    DEC_CALL(64, 1);
+paged_decode_attention_bf16_hd64_g1(DEC_PARAMS(bf16)) {
+    DEC_CALL(64, 1, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd64_g2(DEC_PARAMS) {
-    DEC_CALL(64, 2);
+paged_decode_attention_bf16_hd64_g2(DEC_PARAMS(bf16)) {
+    DEC_CALL(64, 2, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd64_g4(DEC_PARAMS) {
-    DEC_CALL(64, 4);
+paged_decode_attention_bf16_hd64_g4(DEC_PARAMS(bf16)) {
+    DEC_CALL(64, 4, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd64_g8(DEC_PARAMS) {
-    DEC_CALL(64, 8);
+paged_decode_attention_bf16_hd64_g8(DEC_PARAMS(bf16)) {
+    DEC_CALL(64, 8, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd128_g1(DEC_PARAMS) {
-    DEC_CALL(128, 1);
+paged_decode_attention_bf16_hd128_g1(DEC_PARAMS(bf16)) {
+    DEC_CALL(128, 1, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd128_g2(DEC_PARAMS) {
-    DEC_CALL(128, 2);
+paged_decode_attention_bf16_hd128_g2(DEC_PARAMS(bf16)) {
+    DEC_CALL(128, 2, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd128_g4(DEC_PARAMS) {
-    DEC_CALL(128, 4);
+paged_decode_attention_bf16_hd128_g4(DEC_PARAMS(bf16)) {
+    DEC_CALL(128, 4, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd128_g8(DEC_PARAMS) {
-    DEC_CALL(128, 8);
+paged_decode_attention_bf16_hd128_g8(DEC_PARAMS(bf16)) {
+    DEC_CALL(128, 8, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd256_g1(DEC_PARAMS) {
-    DEC_CALL(256, 1);
+paged_decode_attention_bf16_hd256_g1(DEC_PARAMS(bf16)) {
+    DEC_CALL(256, 1, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd256_g2(DEC_PARAMS) {
-    DEC_CALL(256, 2);
+paged_decode_attention_bf16_hd256_g2(DEC_PARAMS(bf16)) {
+    DEC_CALL(256, 2, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd256_g4(DEC_PARAMS) {
-    DEC_CALL(256, 4);
+paged_decode_attention_bf16_hd256_g4(DEC_PARAMS(bf16)) {
+    DEC_CALL(256, 4, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-paged_decode_attention_bf16_hd256_g8(DEC_PARAMS) {
-    DEC_CALL(256, 8);
+paged_decode_attention_bf16_hd256_g8(DEC_PARAMS(bf16)) {
+    DEC_CALL(256, 8, bf16);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd64_g1(DEC_PARAMS(fp8)) {
+    DEC_CALL(64, 1, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd64_g2(DEC_PARAMS(fp8)) {
+    DEC_CALL(64, 2, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd64_g4(DEC_PARAMS(fp8)) {
+    DEC_CALL(64, 4, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd64_g8(DEC_PARAMS(fp8)) {
+    DEC_CALL(64, 8, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd128_g1(DEC_PARAMS(fp8)) {
+    DEC_CALL(128, 1, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd128_g2(DEC_PARAMS(fp8)) {
+    DEC_CALL(128, 2, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd128_g4(DEC_PARAMS(fp8)) {
+    DEC_CALL(128, 4, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd128_g8(DEC_PARAMS(fp8)) {
+    DEC_CALL(128, 8, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd256_g1(DEC_PARAMS(fp8)) {
+    DEC_CALL(256, 1, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd256_g2(DEC_PARAMS(fp8)) {
+    DEC_CALL(256, 2, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd256_g4(DEC_PARAMS(fp8)) {
+    DEC_CALL(256, 4, fp8);
+}
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+paged_decode_attention_fp8_hd256_g8(DEC_PARAMS(fp8)) {
+    DEC_CALL(256, 8, fp8);
 }
 
 // Merges the partitions of each (sequence, head) whose sequence has more

@@ -144,10 +144,11 @@ struct PfShape {
     static constexpr int SMEM_ROWS = Q_IN_REGS ? 2 * BLOCK_N : PF_BLOCK_M + 2 * BLOCK_N;
 };
 
-template <int HD>
+template <int HD, typename KV>
 __device__ __forceinline__ void prefill_attention_tile(
-    bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const int* __restrict__ cu_seqlens_q,
+    bf16* __restrict__ out, const bf16* __restrict__ q, const KV* __restrict__ k_cache,
+    const KV* __restrict__ v_cache, const float* __restrict__ kv_scales,
+    const int* __restrict__ cu_seqlens_q,
     const int* __restrict__ context_lens, const int* __restrict__ block_tables,
     int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale,
     int window, float softcap) {
@@ -225,20 +226,37 @@ __device__ __forceinline__ void prefill_attention_tile(
             slots[p] = key < n_keys ? table[key / block_size] * block_size + key % block_size : -1;
         }
     };
-    auto issue = [&](bf16* buf, const bf16* __restrict__ cache) {
+    // A bf16 cache is copied with cp.async; an FP8 one (8 bytes a chunk) is
+    // loaded, dequantized (byte * scale, rounded to bf16) and stored to the
+    // same bf16 tile, so everything after the tile loads is the same.
+    auto issue = [&](bf16* buf, const KV* __restrict__ cache, float kv_sc) {
 #pragma unroll
         for (int p = 0; p < PASSES; p++) {
             bf16* dst = &buf[(copy_row + p * RPP) * LD + copy_col];
-            if (slots[p] >= 0) {
-                pf_cp_async16(pf_smem_addr(dst), cache + (long long)slots[p] * slot_stride + head_off);
-            } else {
+            if (slots[p] < 0) {
                 pf_zero16(dst);
+            } else if constexpr (KvIsFp8<KV>::value) {
+                const uint2 raw = __ldg(reinterpret_cast<const uint2*>(
+                    cache + (long long)slots[p] * slot_stride + head_off));
+                unsigned w[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const unsigned word = i < 2 ? raw.x : raw.y;
+                    const int sh = 16 * (i % 2);
+                    w[i] = pf_pack_bf16x2(fp82f((fp8)((word >> sh) & 0xffu)) * kv_sc,
+                                          fp82f((fp8)((word >> (sh + 8)) & 0xffu)) * kv_sc);
+                }
+                *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+            } else {
+                pf_cp_async16(pf_smem_addr(dst), cache + (long long)slots[p] * slot_stride + head_off);
             }
         }
     };
+    const float k_sc = kv_scale<KV>(kv_scales, 0);
+    const float v_sc = kv_scale<KV>(kv_scales, 1);
 
     find_slots(t0 * BN);
-    issue(s_k, k_cache);
+    issue(s_k, k_cache, k_sc);
     pf_cp_async_commit();  // group 1: K(t0)
 
     pf_cp_async_wait1();  // Q landed
@@ -255,7 +273,7 @@ __device__ __forceinline__ void prefill_attention_tile(
         }
         __syncthreads();  // every warp holds its Q; s_v is free
     }
-    issue(s_v, v_cache);
+    issue(s_v, v_cache, v_sc);
     pf_cp_async_commit();  // group 2: V(t0)
 
     float o[NB_O][4];
@@ -328,7 +346,7 @@ __device__ __forceinline__ void prefill_attention_tile(
         __syncthreads();  // every warp is done with s_k
         if (t + 1 < n_tiles) {
             find_slots(n0 + BN);
-            issue(s_k, k_cache);
+            issue(s_k, k_cache, k_sc);
         }
         pf_cp_async_commit();  // K(t+1), possibly empty
 
@@ -418,7 +436,7 @@ __device__ __forceinline__ void prefill_attention_tile(
         }
         __syncthreads();  // every warp is done with s_v
         if (t + 1 < n_tiles) {
-            issue(s_v, v_cache);  // slots still hold tile t+1's
+            issue(s_v, v_cache, v_sc);  // slots still hold tile t+1's
         }
         pf_cp_async_commit();  // V(t+1), possibly empty
     }
@@ -448,29 +466,45 @@ __device__ __forceinline__ void prefill_attention_tile(
     }
 }
 
-// Entry points, one per head_dim (the supported set; see attention_prefill.rs).
-// window 0: no sliding window; softcap 0: no soft-capping.
-#define PF_ARGS                                                                                 \
-    bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,       \
-        const bf16 *__restrict__ v_cache, const int *__restrict__ cu_seqlens_q,                 \
-        const int *__restrict__ context_lens, const int *__restrict__ block_tables,             \
-        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale,   \
-        int window, float softcap
+// Entry points, one per (cache element type, head_dim) (the supported set;
+// see attention_prefill.rs). window 0: no sliding window; softcap 0: no
+// soft-capping.
+#define PF_ARGS(KV)                                                                             \
+    bf16 *__restrict__ out, const bf16 *__restrict__ q, const KV *__restrict__ k_cache,         \
+        const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,                    \
+        const int *__restrict__ cu_seqlens_q, const int *__restrict__ context_lens,             \
+        const int *__restrict__ block_tables, int max_blocks_per_seq, int block_size,           \
+        int num_heads, int num_kv_heads, float scale, int window, float softcap
 #define PF_PASS                                                                                 \
-    out, q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, max_blocks_per_seq,     \
-        block_size, num_heads, num_kv_heads, scale, window, softcap
+    out, q, k_cache, v_cache, kv_scales, cu_seqlens_q, context_lens, block_tables,              \
+        max_blocks_per_seq, block_size, num_heads, num_kv_heads, scale, window, softcap
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
-prefill_attention_bf16_hd64(PF_ARGS) {
-    prefill_attention_tile<64>(PF_PASS);
+prefill_attention_bf16_hd64(PF_ARGS(bf16)) {
+    prefill_attention_tile<64, bf16>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
-prefill_attention_bf16_hd128(PF_ARGS) {
-    prefill_attention_tile<128>(PF_PASS);
+prefill_attention_bf16_hd128(PF_ARGS(bf16)) {
+    prefill_attention_tile<128, bf16>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
-prefill_attention_bf16_hd256(PF_ARGS) {
-    prefill_attention_tile<256>(PF_PASS);
+prefill_attention_bf16_hd256(PF_ARGS(bf16)) {
+    prefill_attention_tile<256, bf16>(PF_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+prefill_attention_fp8_hd64(PF_ARGS(fp8)) {
+    prefill_attention_tile<64, fp8>(PF_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+prefill_attention_fp8_hd128(PF_ARGS(fp8)) {
+    prefill_attention_tile<128, fp8>(PF_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PF_THREADS)
+prefill_attention_fp8_hd256(PF_ARGS(fp8)) {
+    prefill_attention_tile<256, fp8>(PF_PASS);
 }

@@ -263,10 +263,38 @@ extern "C" __global__ void rope_bf16(bf16* x, const int* positions, const bf16* 
 // slot; slot -1 (padding) is skipped. VEC elements (1 or 8) per thread; with
 // 8, width is a multiple of 8 and every base is 16-byte aligned (the host
 // checks width; arena ranges and cache allocations are aligned), so each
-// 8-element group moves as one 16-byte load and store.
-template <int VEC>
-__device__ void store_kv_impl(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v,
-                              const int* slots, int n_rows, int width) {
+// 8-element group moves as one 16-byte load and one 16-byte (bf16) or
+// 8-byte (FP8) store. An FP8 cache (KV = fp8) stores f2fp8(x / scale), the
+// layer's k_scale or v_scale from kv_scales = {k_scale, v_scale} (round to
+// nearest even, saturating: fp8.rs's encoder); a bf16 one ignores kv_scales.
+__device__ __forceinline__ void kv_put(bf16* c, long long i, bf16 x, float) { c[i] = x; }
+__device__ __forceinline__ void kv_put(fp8* c, long long i, bf16 x, float s) {
+    c[i] = f2fp8(bf2f(x) / s);
+}
+
+__device__ __forceinline__ void kv_put8(bf16* c, long long i, uint4 x, float) {
+    *(uint4*)(c + i) = x;
+}
+__device__ __forceinline__ void kv_put8(fp8* c, long long i, uint4 x, float s) {
+    const unsigned w[4] = {x.x, x.y, x.z, x.w};
+    unsigned o[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const unsigned h = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;
+        const unsigned b = f2fp8(bf2f((bf16)h) / s);
+        o[e / 4] |= b << (8 * (e % 4));
+    }
+    *(uint2*)(c + i) = make_uint2(o[0], o[1]);
+}
+
+template <int VEC, typename KV>
+__device__ void store_kv_impl(KV* k_cache, KV* v_cache, const bf16* k, const bf16* v,
+                              const float* kv_scales, const int* slots, int n_rows, int width) {
+    float ks = 1.0f, vs = 1.0f;
+    if constexpr (sizeof(KV) == 1) {
+        ks = kv_scales[0];
+        vs = kv_scales[1];
+    }
     int wv = width / VEC;
     long long n = (long long)n_rows * wv;
     GRID_STRIDE(i, n) {
@@ -277,32 +305,43 @@ __device__ void store_kv_impl(bf16* k_cache, bf16* v_cache, const bf16* k, const
             long long dst = (long long)slot * width + e;
             long long src = r * width + e;
             if (VEC == 8) {
-                *(uint4*)(k_cache + dst) = *(const uint4*)(k + src);
-                *(uint4*)(v_cache + dst) = *(const uint4*)(v + src);
+                kv_put8(k_cache, dst, *(const uint4*)(k + src), ks);
+                kv_put8(v_cache, dst, *(const uint4*)(v + src), vs);
             } else {
-                k_cache[dst] = k[src];
-                v_cache[dst] = v[src];
+                kv_put(k_cache, dst, k[src], ks);
+                kv_put(v_cache, dst, v[src], vs);
             }
         }
     }
 }
 
-extern "C" __global__ void store_kv_bf16(bf16* k_cache, bf16* v_cache, const bf16* k,
-                                         const bf16* v, const int* slots, int n_rows,
-                                         int width) {
-    store_kv_impl<1>(k_cache, v_cache, k, v, slots, n_rows, width);
+#define STORE_KV_ARGS(KV)                                                                  \
+    KV *k_cache, KV *v_cache, const bf16 *k, const bf16 *v, const float *kv_scales,       \
+        const int *slots, int n_rows, int width
+#define STORE_KV_PASS k_cache, v_cache, k, v, kv_scales, slots, n_rows, width
+
+extern "C" __global__ void store_kv_bf16(STORE_KV_ARGS(bf16)) {
+    store_kv_impl<1>(STORE_KV_PASS);
 }
 
-extern "C" __global__ void store_kv_v8_bf16(bf16* k_cache, bf16* v_cache, const bf16* k,
-                                            const bf16* v, const int* slots, int n_rows,
-                                            int width) {
-    store_kv_impl<8>(k_cache, v_cache, k, v, slots, n_rows, width);
+extern "C" __global__ void store_kv_v8_bf16(STORE_KV_ARGS(bf16)) {
+    store_kv_impl<8>(STORE_KV_PASS);
+}
+
+extern "C" __global__ void store_kv_fp8(STORE_KV_ARGS(fp8)) {
+    store_kv_impl<1>(STORE_KV_PASS);
+}
+
+extern "C" __global__ void store_kv_v8_fp8(STORE_KV_ARGS(fp8)) {
+    store_kv_impl<8>(STORE_KV_PASS);
 }
 
 // Copy-on-write: blockIdx.y picks a (src, dst, num_tokens) triple; copies
-// num_tokens * slot_elems leading elements of block src into block dst.
-extern "C" __global__ void copy_blocks_bf16(bf16* k_cache, bf16* v_cache, const int* ops,
-                                            long long block_elems, int slot_elems) {
+// num_tokens * slot_elems leading elements of block src into block dst. The
+// elements move as they are (bf16 or FP8 bytes: the scales are per layer).
+template <typename T>
+__device__ void copy_blocks_impl(T* k_cache, T* v_cache, const int* ops, long long block_elems,
+                                 int slot_elems) {
     const int* op = ops + 3 * blockIdx.y;
     long long src = (long long)op[0] * block_elems;
     long long dst = (long long)op[1] * block_elems;
@@ -311,4 +350,23 @@ extern "C" __global__ void copy_blocks_bf16(bf16* k_cache, bf16* v_cache, const 
         k_cache[dst + i] = k_cache[src + i];
         v_cache[dst + i] = v_cache[src + i];
     }
+}
+
+extern "C" __global__ void copy_blocks_bf16(bf16* k_cache, bf16* v_cache, const int* ops,
+                                            long long block_elems, int slot_elems) {
+    copy_blocks_impl(k_cache, v_cache, ops, block_elems, slot_elems);
+}
+
+extern "C" __global__ void copy_blocks_fp8(fp8* k_cache, fp8* v_cache, const int* ops,
+                                           long long block_elems, int slot_elems) {
+    copy_blocks_impl(k_cache, v_cache, ops, block_elems, slot_elems);
+}
+
+// Test hook (cuda::testing::fp8_codec): the device's FP8 E4M3 encoder on
+// x[0..n) into enc, and its decoder on codes[0..m) into dec, so a test can
+// hold them against fp8.rs.
+extern "C" __global__ void fp8_codec(const float* x, fp8* enc, int n, const fp8* codes, float* dec,
+                                     int m) {
+    GRID_STRIDE(i, n) { enc[i] = f2fp8(x[i]); }
+    GRID_STRIDE(i, m) { dec[i] = fp82f(codes[i]); }
 }

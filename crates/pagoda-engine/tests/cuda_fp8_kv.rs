@@ -1,0 +1,139 @@
+//! Whole tiny models with an FP8 KV cache on CUDA against the CPU backend's
+//! FP8 cache (the same bf16-rounded weights, the cache through `fp8.rs`):
+//! the CPU decodes each golden prompt greedily, the GPU runs all prompts
+//! batched (one prefill step, then decode steps) fed the CPU's tokens;
+//! every step's logits agree within the bf16 tolerance of these models
+//! ([`TOL`], relative L2, as for the bf16 cache in cuda_e2e) and the greedy
+//! token agrees wherever the CPU's top-1 margin exceeds it. Then the same
+//! with per-layer scales other than 1, and the GPU's FP8 logits against its
+//! own bf16-cache logits (the cache's error, bounded by [`FP8_VS_BF16`]).
+//!
+//! Without a CUDA device every test prints a notice and passes (fails where
+//! PAGODA_REQUIRE_GPU=1 says a GPU must be present).
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+
+use cuda_common::*;
+use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use pagoda_kernels::KvCacheDtype;
+use pagoda_model::loader::dummy::DummySource;
+use pagoda_model::loader::hf_config::load_config_file;
+
+const NEW_TOKENS: usize = 12;
+/// cuda_e2e's bf16 tolerance of the tiny dummy-weight models.
+const TOL: f32 = 4e-2;
+/// How far the FP8 cache may move the GPU's logits from its bf16 cache.
+const FP8_VS_BF16: f32 = 0.1;
+
+fn cpu_fp8() -> CpuBackend {
+    CpuBackend::new(CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::BF16,
+    })
+    .unwrap()
+    .with_kv_cache_dtype(KvCacheDtype::Fp8)
+    .unwrap()
+}
+
+#[test]
+fn tiny_models_with_an_fp8_cache_on_cuda_match_the_cpu() {
+    let mut failures = Vec::new();
+    for (arch, scales) in [
+        ("llama", None),
+        ("qwen3", None),
+        ("gemma2", None),
+        ("llama", Some((0.05f32, 0.02f32))),
+        ("qwen2", Some((2.0, 0.5))),
+    ] {
+        let Some(dev) = gpu() else { return };
+        let dev = dev.with_kv_cache_dtype(KvCacheDtype::Fp8).unwrap();
+        let Some(bf16_dev) = gpu() else { return };
+        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
+        let cfg = load_config_file(&dir.join("config.json")).unwrap();
+        let src = DummySource::new(&cfg).unwrap();
+        let golden: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+        let prompts: Vec<Vec<u32>> = golden["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| ids(&p["prompt_ids"]))
+            .collect();
+        let blocks = blocks_needed(&prompts, NEW_TOKENS);
+        let layers = cfg.num_hidden_layers;
+        let set = |r: &mut pagoda_engine::ModelRunner<_>| {
+            if let Some(s) = scales {
+                r.set_kv_scales(vec![s; layers]).unwrap();
+            }
+        };
+
+        // The CPU reference: each prompt alone, greedy.
+        let mut cpu_runner = runner(cpu_fp8(), &cfg, &src, blocks);
+        if let Some(s) = scales {
+            cpu_runner.set_kv_scales(vec![s; layers]).unwrap();
+        }
+        let mut want_tokens = Vec::new();
+        let mut want_logits = Vec::new();
+        for p in &prompts {
+            let mut tokens: Vec<u32> = Vec::new();
+            for _ in 0..NEW_TOKENS {
+                let t = forced_trace(&mut cpu_runner, std::slice::from_ref(p), &[tokens.clone()]);
+                tokens.push(argmax(t[0].last().unwrap()));
+            }
+            let t = forced_trace(
+                &mut cpu_runner,
+                std::slice::from_ref(p),
+                &[tokens[..NEW_TOKENS - 1].to_vec()],
+            );
+            want_tokens.push(tokens);
+            want_logits.push(t.into_iter().next().unwrap());
+        }
+        let forced: Vec<Vec<u32>> = want_tokens
+            .iter()
+            .map(|t| t[..NEW_TOKENS - 1].to_vec())
+            .collect();
+        // The GPU with the FP8 cache, and with its bf16 cache.
+        let mut gpu_runner = runner(dev, &cfg, &src, blocks);
+        assert!(gpu_runner.kv_cache_fp8());
+        set(&mut gpu_runner);
+        let got = forced_trace(&mut gpu_runner, &prompts, &forced);
+        let mut bf16_runner = runner(bf16_dev, &cfg, &src, blocks);
+        let exact = forced_trace(&mut bf16_runner, &prompts, &forced);
+
+        let mut tally = Tally {
+            near_tie_margin: TOL,
+            ..Tally::default()
+        };
+        let mut worst_vs_bf16 = 0f32;
+        for (i, p) in prompts.iter().enumerate() {
+            for s in 0..NEW_TOKENS {
+                let what = format!(
+                    "tiny-{arch} scales {scales:?}, prompt {i} ({} tokens), step {s}",
+                    p.len()
+                );
+                tally.check_logits(&what, &got[i][s], &want_logits[i][s], TOL);
+                let margin = rel_margin(&want_logits[i][s]);
+                tally.check_token(&what, &got[i][s], want_tokens[i][s], margin);
+                worst_vs_bf16 = worst_vs_bf16.max(rel_err_l2(&got[i][s], &exact[i][s]));
+            }
+        }
+        eprintln!(
+            "tiny-{arch} FP8 cache (scales {scales:?}): max logits error vs the CPU {:.3e}, \
+             vs the bf16 cache {worst_vs_bf16:.3e}",
+            tally.max_rel_err
+        );
+        if worst_vs_bf16 >= FP8_VS_BF16 {
+            failures.push(format!(
+                "tiny-{arch} scales {scales:?}: FP8 vs bf16 cache {worst_vs_bf16:.3e}"
+            ));
+        }
+        failures.extend(tally.failures);
+    }
+    assert!(
+        failures.is_empty(),
+        "FP8 KV cache on CUDA vs the CPU: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
