@@ -29,6 +29,7 @@ mod attention_prefill;
 mod blaslt;
 mod compile;
 mod device;
+mod fp8_linear;
 mod graph;
 mod logit_adjust;
 mod moe;
@@ -74,6 +75,8 @@ pub struct CudaBackend {
     syncs: AtomicU64,
     /// Token masks of structured outputs (see [`token_masks`]).
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
+    /// Whether `load_linear` quantizes to FP8 (see [`fp8_linear`]).
+    fp8_weights: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -118,7 +121,16 @@ impl CudaBackend {
             poison: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             masks: Default::default(),
+            fp8_weights: false,
         })
+    }
+
+    /// Whether `load_linear` quantizes dense linear weights to FP8 E4M3
+    /// with one scale per output channel (`--quantization fp8`; see
+    /// [`fp8_linear`]).
+    pub fn with_fp8_weights(mut self, on: bool) -> Self {
+        self.fp8_weights = on;
+        self
     }
 
     /// Fill every fresh output with NaN before the op writes it (for tests).
@@ -336,6 +348,26 @@ impl Backend for CudaBackend {
             rows,
             cols,
             data: WeightBuf::Bf16(data),
+        })
+    }
+
+    fn load_linear(&self, w: HostTensor) -> Result<CudaWeight> {
+        if !self.fp8_weights {
+            return self.load_weight(w);
+        }
+        let m = crate::fp8_matrix::quantize_host(&w)?;
+        self.load_fp8_linear(m)
+    }
+
+    fn load_fp8_linear(&self, w: crate::Fp8Matrix) -> Result<CudaWeight> {
+        fp8_linear::check_shape(w.rows, w.cols)?;
+        let (rows, cols) = (w.rows, w.cols);
+        let codes = self.upload(w.codes, "load_fp8_linear")?;
+        let scales = self.upload(w.scales, "load_fp8_linear")?;
+        Ok(CudaWeight {
+            rows,
+            cols,
+            data: WeightBuf::Fp8 { codes, scales },
         })
     }
 
