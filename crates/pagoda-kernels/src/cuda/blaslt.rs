@@ -295,7 +295,7 @@ impl LtGemm {
             });
         }
         // cuBLASLt's FP8 kernels need 16-byte aligned rows.
-        if k % 16 != 0 {
+        if !k.is_multiple_of(16) {
             return Err(KernelError::Unsupported(format!(
                 "an FP8 GEMM with in_features = {k} (must be a multiple of 16)"
             )));

@@ -38,7 +38,7 @@ fn to_i32(v: usize, op: &'static str) -> Result<i32> {
 /// Checks that cuBLASLt's FP8 GEMM takes an `[out, in]` weight: rows of
 /// the codes 16-byte aligned, output rows of whole 16-byte groups.
 pub(crate) fn check_shape(rows: usize, cols: usize) -> Result<()> {
-    if cols % 16 != 0 || rows % 8 != 0 || cols == 0 {
+    if !cols.is_multiple_of(16) || !rows.is_multiple_of(8) || cols == 0 {
         return Err(KernelError::Unsupported(format!(
             "an FP8 weight of [{rows}, {cols}] on CUDA (out_features must be a multiple \
              of 8 and in_features a multiple of 16)"
