@@ -21,7 +21,9 @@
 //!   and return an activation of the backend's compute precision, which is
 //!   what every other op takes.
 
-use crate::{DeviceSamples, ForwardContext, HostTensor, Result, SamplingOptions, TokenMasks};
+use crate::{
+    DeviceSamples, ForwardContext, Fp8Matrix, HostTensor, Result, SamplingOptions, TokenMasks,
+};
 
 /// How rotary embedding pairs up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +145,23 @@ pub trait Backend: Send + Sync + 'static {
     /// Uploads a lookup table (the rotary cos/sin table) at full precision,
     /// whatever the weight dtype.
     fn load_table(&self, t: HostTensor) -> Result<Self::Weight>;
+    /// Uploads the matrix of a dense linear layer (attention and MLP
+    /// projections; never embeddings or the LM head). A backend built for
+    /// FP8 weights quantizes it per output channel ([`Fp8Matrix::quantize`])
+    /// and takes it as [`Backend::load_fp8_linear`] does; otherwise this is
+    /// [`Backend::load_weight`].
+    fn load_linear(&self, w: HostTensor) -> Result<Self::Weight> {
+        self.load_weight(w)
+    }
+    /// Uploads an FP8 linear weight (E4M3 codes, one scale per output
+    /// channel): `linear`/`add_linear` with it quantize their input per
+    /// token and compute as the [`crate::fp8_matrix`] reference says.
+    fn load_fp8_linear(&self, w: Fp8Matrix) -> Result<Self::Weight> {
+        let _ = w;
+        Err(crate::KernelError::Unsupported(
+            "FP8 weights on this backend".into(),
+        ))
+    }
     /// Allocates one layer's KV cache, zero-filled.
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<Self::KvCache>;
     /// Bytes one layer's KV cache of `shape` takes (K and V together), at

@@ -20,6 +20,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod fp8;
+pub mod fp8_matrix;
 pub mod host;
 pub mod kv_dtype;
 pub mod logit_adjust;
@@ -30,6 +31,7 @@ pub use backend::{
 };
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
+pub use fp8_matrix::Fp8Matrix;
 pub use host::{GgmlType, HostData, HostTensor, QuantData};
 pub use kv_dtype::KvCacheDtype;
 pub use logit_adjust::{LogitAdjustments, RowAdjust, MAX_LOGIT_ENTRIES};

@@ -746,3 +746,37 @@ fn kv_cache_dtype_values() {
 fn as_refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
+
+#[test]
+fn fp8_quantization_refuses_gguf_and_other_quantization_configs() {
+    let model = default_model();
+    let m = model.to_str().unwrap();
+    let gen = [
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> { gen.iter().chain(extra).copied().collect() };
+    fails_with_one_line(
+        &with(&["--quantization", "fp8"]),
+        &["--quantization fp8", "not a GGUF file"],
+    );
+    fails_with(
+        &with(&["--quantization", "int4"]),
+        &["invalid value", "--quantization"],
+    );
+    // A checkpoint quantized some other way is refused, naming the method.
+    let cfg_path = workspace_root().join("tests/golden/tiny-llama/config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cfg_path).unwrap()).unwrap();
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4});
+    let f = Temp::file("gptq-config.json", cfg.to_string().as_bytes());
+    fails_with_one_line(
+        &["info", "--dummy-weights", "--config", f.path()],
+        &["quant_method \"gptq\"", "not supported"],
+    );
+}

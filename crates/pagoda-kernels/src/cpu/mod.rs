@@ -67,6 +67,7 @@ pub struct CpuBackend {
     weight_dtype: WeightDtype,
     keep_quantized: bool,
     kv_fp8: bool,
+    fp8_weights: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -99,6 +100,7 @@ impl CpuBackend {
             weight_dtype: opts.weight_dtype,
             keep_quantized: false,
             kv_fp8: false,
+            fp8_weights: false,
         })
     }
 
@@ -125,6 +127,17 @@ impl CpuBackend {
             }
         };
         Ok(self)
+    }
+
+    /// Whether `load_linear` quantizes dense linear weights to FP8
+    /// (`--quantization fp8`). On the CPU this is the reference of the FP8
+    /// arithmetic ([`crate::fp8_matrix`]): the weights are held as their
+    /// dequantized f32 values (no memory saved) and each linear layer
+    /// quantize-dequantizes its input per token; it is for checking
+    /// accuracy, not for speed.
+    pub fn with_fp8_weights(mut self, on: bool) -> Self {
+        self.fp8_weights = on;
+        self
     }
 
     /// Whether quantized matrices keep their blocks.
@@ -193,6 +206,18 @@ impl Backend for CpuBackend {
         CpuWeight::from_host(w, self.weight_dtype, self.keep_quantized)
     }
 
+    fn load_linear(&self, w: HostTensor) -> Result<CpuWeight> {
+        if !self.fp8_weights {
+            return self.load_weight(w);
+        }
+        let m = crate::fp8_matrix::quantize_host(&w)?;
+        Ok(CpuWeight::from_fp8(&m))
+    }
+
+    fn load_fp8_linear(&self, w: crate::Fp8Matrix) -> Result<CpuWeight> {
+        Ok(CpuWeight::from_fp8(&w))
+    }
+
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }
@@ -255,6 +280,15 @@ impl Backend for CpuBackend {
     }
 
     fn linear(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuWeight>) -> Result<CpuTensor> {
+        if w.fp8_act {
+            // The reference of an FP8 layer: the input as the device sees
+            // it after its per-token quantization.
+            let mut xq = x.clone();
+            for row in xq.data.chunks_mut(x.cols.max(1)) {
+                crate::fp8_matrix::quant_dequant_row(row);
+            }
+            return self.run(|| matmul::linear(&xq, w, bias, self.threads));
+        }
         self.run(|| matmul::linear(x, w, bias, self.threads))
     }
 

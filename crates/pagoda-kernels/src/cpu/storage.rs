@@ -84,6 +84,9 @@ pub struct CpuWeight {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
     pub(crate) data: WeightData,
+    /// An FP8 linear weight (held dequantized, as f32): `linear` quantizes
+    /// its input per token first (see [`crate::fp8_matrix`]).
+    pub(crate) fp8_act: bool,
 }
 
 impl CpuWeight {
@@ -118,6 +121,7 @@ impl CpuWeight {
                     rows,
                     cols,
                     data: WeightData::Quant(q),
+                    fp8_act: false,
                 });
             }
             if !q.ty.can_dequantize() {
@@ -139,7 +143,29 @@ impl CpuWeight {
                 WeightData::BF16(host_to_f32(d).into_iter().map(bf16::from_f32).collect())
             }
         };
-        Ok(CpuWeight { rows, cols, data })
+        Ok(CpuWeight {
+            rows,
+            cols,
+            data,
+            fp8_act: false,
+        })
+    }
+
+    /// The reference form of an FP8 linear weight: its values
+    /// (`code * scale`) in f32, with the input quantized per token by
+    /// `linear`.
+    pub(crate) fn from_fp8(m: &crate::Fp8Matrix) -> Self {
+        CpuWeight {
+            rows: m.rows,
+            cols: m.cols,
+            data: WeightData::F32(m.dequantize()),
+            fp8_act: true,
+        }
+    }
+
+    /// Whether this is an FP8 linear weight (see [`Self::from_fp8`]).
+    pub fn is_fp8(&self) -> bool {
+        self.fp8_act
     }
 
     pub fn rows(&self) -> usize {

@@ -1,4 +1,4 @@
-//! bf16 GEMMs through cuBLASLt, with a bounded set of cached plans.
+//! bf16 and FP8 GEMMs through cuBLASLt, with a bounded set of cached plans.
 //!
 //! `linear` of more than a few rows computes, row-major,
 //! `y[rows, out] = x[rows, in] @ w[out, in]^T`, which column-major is
@@ -6,6 +6,14 @@
 //! Two output modes: bf16 `y = w x` ([`LtGemm::gemm`]), and `y += w x` into
 //! an f32 `y` ([`LtGemm::gemm_acc_f32`]: beta = 1 with C = D, how
 //! `add_linear` adds a projection into the f32 residual stream unrounded).
+//!
+//! FP8 weights ([`LtGemm::gemm_fp8`]): A (the weight) and B (the input)
+//! are E4M3 codes, each with an outer-vector f32 scale
+//! (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`, cuBLASLt 12.9+): one per
+//! row of op(A) (the weight's output channels) and one per column of B (the
+//! tokens), so `y[t, o] = sx[t] * sw[o] * sum qx[t, :] * qw[o, :]` in f32,
+//! out in either mode above. Scale pointers are set on the plan's
+//! descriptor before each call (under the plans' lock).
 //!
 //! Plans are keyed by `(out, bucket(rows), in, mode)`: [`bucket`] rounds the
 //! row count up to one of a few dozen sizes (multiples of 16 up to 128, then
@@ -86,11 +94,26 @@ pub(crate) fn bucket(n: u64) -> u64 {
     n.div_ceil(step) * step
 }
 
+/// What a plan computes: f32 accumulation into C (else a bf16 output), and
+/// FP8 operands with outer-vector scales (else bf16 operands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Mode {
+    acc_f32: bool,
+    fp8: bool,
+}
+
+/// The per-row scales of an FP8 GEMM: `w` one per output feature (`m`),
+/// `x` one per row of the input (`n`).
+pub(crate) struct Fp8Scales<'a> {
+    pub w: &'a CudaSlice<f32>,
+    pub x: &'a CudaSlice<f32>,
+}
+
 /// A cuBLASLt handle, its workspace and the plans by `(m, bucket(n), k, mode)`.
 pub(crate) struct LtGemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuf<u8>,
-    plans: Mutex<HashMap<(u64, u64, u64, bool), Plan>>,
+    plans: Mutex<HashMap<(u64, u64, u64, Mode), Plan>>,
     stream: Arc<CudaStream>,
 }
 
@@ -118,11 +141,16 @@ impl LtGemm {
         })
     }
 
-    /// The plan of `(m, n, k)`; `acc_f32` makes C/D f32 (else bf16).
-    fn plan(&self, m: u64, n: u64, k: u64, acc_f32: bool) -> Result<Plan> {
+    /// The plan of `(m, n, k)` in `mode`.
+    fn plan(&self, m: u64, n: u64, k: u64, mode: Mode) -> Result<Plan> {
         let bf = sys::cudaDataType::CUDA_R_16BF;
-        let out_type = if acc_f32 {
+        let out_type = if mode.acc_f32 {
             sys::cudaDataType::CUDA_R_32F
+        } else {
+            bf
+        };
+        let in_type = if mode.fp8 {
+            sys::cudaDataType::CUDA_R_8F_E4M3
         } else {
             bf
         };
@@ -142,10 +170,32 @@ impl LtGemm {
                 std::mem::size_of::<i32>(),
             )
             .map_err(|e| lt_err("transa", e))?;
+            if mode.fp8 {
+                let outer =
+                    sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+                for (attr, what) in [
+                    (
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                        "A scale mode",
+                    ),
+                    (
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                        "B scale mode",
+                    ),
+                ] {
+                    result::set_matmul_desc_attribute(
+                        desc,
+                        attr,
+                        (&outer) as *const _ as *const c_void,
+                        std::mem::size_of::<u32>(),
+                    )
+                    .map_err(|e| lt_err(what, e))?;
+                }
+            }
             // A = w stored [k, m] column-major (transposed), B = x [k, n], C [m, n].
-            let a = result::create_matrix_layout(bf, k, m, k as i64)
+            let a = result::create_matrix_layout(in_type, k, m, k as i64)
                 .map_err(|e| lt_err("layout A", e))?;
-            let b = result::create_matrix_layout(bf, k, n, k as i64)
+            let b = result::create_matrix_layout(in_type, k, n, k as i64)
                 .map_err(|e| lt_err("layout B", e))?;
             let c = result::create_matrix_layout(out_type, m, n, m as i64)
                 .map_err(|e| lt_err("layout C", e))?;
@@ -161,8 +211,13 @@ impl LtGemm {
             let heuristic = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
             let _ = result::destroy_matmul_pref(pref);
             let heuristic = heuristic.map_err(|e| {
+                let what = if mode.fp8 {
+                    "an FP8 (outer-vector scaled)"
+                } else {
+                    "a bf16"
+                };
                 lt_err(
-                    &format!("no algorithm for a bf16 GEMM of m={m} n={n} k={k}"),
+                    &format!("no algorithm for {what} GEMM of m={m} n={n} k={k}"),
                     e,
                 )
             })?;
@@ -188,9 +243,13 @@ impl LtGemm {
         x: &CudaSlice<bf16>,
         y: &mut CudaSlice<bf16>,
     ) -> Result<()> {
-        check_len(m, n, k, w, x, y.len())?;
+        check_len(m, n, k, w.len(), x.len(), y.len())?;
         let (yp, _gy) = y.device_ptr_mut(&self.stream);
-        self.run(m, n, k, w, x, yp, false)
+        let mode = Mode {
+            acc_f32: false,
+            fp8: false,
+        };
+        self.run(m, n, k, w, x, yp, mode, None)
     }
 
     /// `y += op(w) * x` with `y` f32 (see [`Self::gemm`] for the shapes).
@@ -203,52 +262,130 @@ impl LtGemm {
         x: &CudaSlice<bf16>,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        check_len(m, n, k, w, x, y.len())?;
+        check_len(m, n, k, w.len(), x.len(), y.len())?;
         let (yp, _gy) = y.device_ptr_mut(&self.stream);
-        self.run(m, n, k, w, x, yp, true)
+        let mode = Mode {
+            acc_f32: true,
+            fp8: false,
+        };
+        self.run(m, n, k, w, x, yp, mode, None)
+    }
+
+    /// The FP8 product (see the module docs): `w` `[m, k]` and `x` `[n, k]`
+    /// E4M3 codes with their scales, into a bf16 `y` or added into an f32
+    /// `y` (`acc_f32`), given as its device pointer of `y_len` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<u8>,
+        scales: Fp8Scales<'_>,
+        yp: cudarc::driver::sys::CUdeviceptr,
+        y_len: usize,
+        acc_f32: bool,
+    ) -> Result<()> {
+        check_len(m, n, k, w.len(), x.len(), y_len)?;
+        if scales.w.len() < m || scales.x.len() < n {
+            return Err(KernelError::Shape {
+                op: "linear (fp8)",
+                detail: format!("scales too short for a GEMM of m={m} n={n}"),
+            });
+        }
+        // cuBLASLt's FP8 kernels need 16-byte aligned rows.
+        if !k.is_multiple_of(16) {
+            return Err(KernelError::Unsupported(format!(
+                "an FP8 GEMM with in_features = {k} (must be a multiple of 16)"
+            )));
+        }
+        let mode = Mode { acc_f32, fp8: true };
+        self.run(m, n, k, w, x, yp, mode, Some(scales))
     }
 
     /// One `cublasLtMatmul` with the cached plan of the shape and mode;
     /// `yp` is C and D (beta 1 when accumulating, else 0).
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    fn run<T>(
         &self,
         m: usize,
         n: usize,
         k: usize,
-        w: &CudaSlice<bf16>,
-        x: &CudaSlice<bf16>,
+        w: &CudaSlice<T>,
+        x: &CudaSlice<T>,
         yp: cudarc::driver::sys::CUdeviceptr,
-        acc_f32: bool,
+        mode: Mode,
+        scales: Option<Fp8Scales<'_>>,
     ) -> Result<()> {
         self.stream
             .context()
             .bind_to_thread()
             .map_err(|e| device_err("bind context", e))?;
         let n = n as u64;
-        let key = (m as u64, bucket(n), k as u64, acc_f32);
+        let key = (m as u64, bucket(n), k as u64, mode);
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let p = match plans.entry(key) {
             Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => v.insert(self.plan(key.0, key.1, key.2, acc_f32)?),
+            Entry::Vacant(v) => v.insert(self.plan(key.0, key.1, key.2, mode)?),
         };
         p.set_cols(n)?;
-        if self.matmul(p, w, x, yp, acc_f32).is_ok() {
+        if let Some(sc) = &scales {
+            self.set_scales(p, sc)?;
+        }
+        if self.matmul(p, w, x, yp, mode.acc_f32).is_ok() {
             return Ok(());
         }
         // The bucket's algorithm does not take this row count: a one-off
         // plan of the exact shape.
-        let exact = self.plan(key.0, n, key.2, acc_f32)?;
-        self.matmul(&exact, w, x, yp, acc_f32)
+        let exact = self.plan(key.0, n, key.2, mode)?;
+        if let Some(sc) = &scales {
+            self.set_scales(&exact, sc)?;
+        }
+        self.matmul(&exact, w, x, yp, mode.acc_f32)
+    }
+
+    /// Points an FP8 plan's A and B scales at this call's vectors.
+    fn set_scales(&self, p: &Plan, sc: &Fp8Scales<'_>) -> Result<()> {
+        let (wp, _gw) = sc.w.device_ptr(&self.stream);
+        let (xp, _gx) = sc.x.device_ptr(&self.stream);
+        for (attr, ptr, what) in [
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                wp,
+                "A scale pointer",
+            ),
+            (
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                xp,
+                "B scale pointer",
+            ),
+        ] {
+            let ptr = ptr as *const c_void;
+            // SAFETY: the descriptor is live (owned by the plan); the buffer
+            // is a pointer, the attribute's type; the vectors outlive the
+            // queued matmul (the caller holds them until it is queued, and
+            // the pool recycles memory only in stream order).
+            unsafe {
+                result::set_matmul_desc_attribute(
+                    p.desc,
+                    attr,
+                    (&ptr) as *const *const c_void as *const c_void,
+                    std::mem::size_of::<*const c_void>(),
+                )
+            }
+            .map_err(|e| lt_err(what, e))?;
+        }
+        Ok(())
     }
 
     /// One `cublasLtMatmul` of plan `p` (its layouts set to the call's
     /// shape); `yp` is C and D (beta 1 when accumulating, else 0).
-    fn matmul(
+    fn matmul<T>(
         &self,
         p: &Plan,
-        w: &CudaSlice<bf16>,
-        x: &CudaSlice<bf16>,
+        w: &CudaSlice<T>,
+        x: &CudaSlice<T>,
         yp: cudarc::driver::sys::CUdeviceptr,
         acc_f32: bool,
     ) -> Result<()> {
@@ -292,15 +429,8 @@ impl LtGemm {
 }
 
 /// Shape check of a GEMM's buffers (elements of w, x and y).
-fn check_len(
-    m: usize,
-    n: usize,
-    k: usize,
-    w: &CudaSlice<bf16>,
-    x: &CudaSlice<bf16>,
-    y_len: usize,
-) -> Result<()> {
-    if w.len() < m * k || x.len() < k * n || y_len < m * n {
+fn check_len(m: usize, n: usize, k: usize, w_len: usize, x_len: usize, y_len: usize) -> Result<()> {
+    if w_len < m * k || x_len < k * n || y_len < m * n {
         return Err(KernelError::Shape {
             op: "linear",
             detail: format!("buffers too small for a GEMM of m={m} n={n} k={k}"),

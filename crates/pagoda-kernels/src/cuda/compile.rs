@@ -24,6 +24,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
+    ("fp8_linear.cu", include_str!("kernels/fp8_linear.cu")),
     ("sampling.cu", include_str!("kernels/sampling.cu")),
     (
         "sampling_extras.cu",
@@ -97,6 +98,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "paged_attention_fp8",
     "gemv_bf16",
     "gemv_bf16_acc_f32",
+    "quant_rows_fp8",
     "sample_bf16",
     "penalize_bf16",
     "logprobs_bf16",

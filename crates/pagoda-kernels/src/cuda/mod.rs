@@ -31,6 +31,7 @@ mod attention_prefill_mma;
 mod blaslt;
 mod compile;
 mod device;
+mod fp8_linear;
 mod graph;
 mod logit_adjust;
 mod moe;
@@ -83,6 +84,8 @@ pub struct CudaBackend {
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
     /// KV caches hold FP8 E4M3 bytes (see [`crate::kv_dtype`]), else bf16.
     kv_fp8: bool,
+    /// Whether `load_linear` quantizes to FP8 (see [`fp8_linear`]).
+    fp8_weights: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -129,6 +132,7 @@ impl CudaBackend {
             tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
             masks: Default::default(),
             kv_fp8: false,
+            fp8_weights: false,
         })
     }
 
@@ -137,6 +141,14 @@ impl CudaBackend {
     pub fn with_kv_cache_dtype(mut self, dtype: crate::KvCacheDtype) -> Result<Self> {
         self.kv_fp8 = dtype == crate::KvCacheDtype::Fp8;
         Ok(self)
+    }
+
+    /// Whether `load_linear` quantizes dense linear weights to FP8 E4M3
+    /// with one scale per output channel (`--quantization fp8`; see
+    /// [`fp8_linear`]).
+    pub fn with_fp8_weights(mut self, on: bool) -> Self {
+        self.fp8_weights = on;
+        self
     }
 
     /// Fill every fresh output with NaN before the op writes it (for tests).
@@ -407,6 +419,26 @@ impl Backend for CudaBackend {
             rows,
             cols,
             data: WeightBuf::Bf16(data),
+        })
+    }
+
+    fn load_linear(&self, w: HostTensor) -> Result<CudaWeight> {
+        if !self.fp8_weights {
+            return self.load_weight(w);
+        }
+        let m = crate::fp8_matrix::quantize_host(&w)?;
+        self.load_fp8_linear(m)
+    }
+
+    fn load_fp8_linear(&self, w: crate::Fp8Matrix) -> Result<CudaWeight> {
+        fp8_linear::check_shape(w.rows, w.cols)?;
+        let (rows, cols) = (w.rows, w.cols);
+        let codes = self.upload(w.codes, "load_fp8_linear")?;
+        let scales = self.upload(w.scales, "load_fp8_linear")?;
+        Ok(CudaWeight {
+            rows,
+            cols,
+            data: WeightBuf::Fp8 { codes, scales },
         })
     }
 

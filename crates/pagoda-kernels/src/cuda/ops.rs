@@ -34,6 +34,11 @@ fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
 }
 
+/// An FP8 linear weight passed where a table is read.
+fn fp8_table(op: &'static str) -> KernelError {
+    shape_err(op, "expects a table, got an FP8 linear weight".into())
+}
+
 /// A grid-stride launch over `n` elements.
 pub(crate) fn elems_cfg(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 20) as u32;
@@ -152,12 +157,14 @@ fn table_rows(
         (WeightBuf::F32(_), Act::Bf16(_), true) => "add_rows_f32",
         (WeightBuf::Bf16(_), Act::F32(_), true) => "add_rows_bf16_f32",
         (WeightBuf::F32(_), Act::F32(_), true) => "add_rows_f32_f32",
+        (WeightBuf::Fp8 { .. }, _, _) => return Err(fp8_table(op)),
     };
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
     l.arg(&mut x.data);
     match &table.data {
         WeightBuf::Bf16(d) => l.arg(d),
         WeightBuf::F32(d) => l.arg(d),
+        WeightBuf::Fp8 { codes, .. } => l.arg(codes),
     };
     l.arg(&idx).arg(&off).arg(&nr).arg(&nc);
     unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
@@ -282,7 +289,7 @@ pub(crate) fn add_linear(
 }
 
 /// Where a product goes: a fresh bf16 output, or added into the f32 residual.
-enum Dest<'a> {
+pub(crate) enum Dest<'a> {
     Bf16(&'a mut CudaSlice<bf16>),
     AccF32(&'a mut CudaSlice<f32>),
 }
@@ -295,7 +302,9 @@ fn check_linear<'w>(
     bias: Option<&'w CudaWeight>,
 ) -> Result<Option<&'w CudaSlice<bf16>>> {
     x.bf16(op)?;
-    w.bf16(op)?;
+    if !matches!(w.data, WeightBuf::Fp8 { .. }) {
+        w.bf16(op)?;
+    }
     if w.cols != x.cols {
         return Err(shape_err(
             op,
@@ -314,6 +323,9 @@ fn product(
     bias: Option<&CudaSlice<bf16>>,
     mut dest: Dest<'_>,
 ) -> Result<()> {
+    if let WeightBuf::Fp8 { codes, scales } = &w.data {
+        return super::fp8_linear::product(b, op, x, (codes, scales, w.rows), bias, dest);
+    }
     let (xd, wd) = (x.bf16(op)?, w.bf16(op)?);
     let (rows, out, inner) = (x.rows, w.rows, x.cols);
     if rows == 0 || out == 0 {
@@ -553,6 +565,7 @@ pub(crate) fn rope(
     let name = match cos_sin.data {
         WeightBuf::F32(_) => "rope_f32",
         WeightBuf::Bf16(_) => "rope_bf16",
+        WeightBuf::Fp8 { .. } => return Err(fp8_table(op)),
     };
     // x: the (head, pair) items of a row; y: rows (the kernel loops past
     // the grid's 65,535).
@@ -571,6 +584,7 @@ pub(crate) fn rope(
     match &cos_sin.data {
         WeightBuf::F32(d) => l.arg(d),
         WeightBuf::Bf16(d) => l.arg(d),
+        WeightBuf::Fp8 { codes, .. } => l.arg(codes),
     };
     l.arg(&nr).arg(&nh).arg(&hd).arg(&rdi).arg(&style);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;

@@ -11,7 +11,9 @@
 //!   hold one element so no zero-byte allocation is made).
 //! - [`CudaWeight`]: `[rows, cols]`, bf16 for everything [`load_weight`]
 //!   uploads (matrices, tables, norm weights and biases alike), f32 for what
-//!   `load_table` uploads (the rotary cos/sin table).
+//!   `load_table` uploads (the rotary cos/sin table), or FP8 for a linear
+//!   layer's matrix loaded by `load_linear` / `load_fp8_linear` (E4M3 codes
+//!   and one f32 scale per row; only `linear` / `add_linear` take it).
 //! - [`CudaKvCache`]: K and V, each `[num_blocks, block_size,
 //!   num_kv_heads, head_dim]` of bf16, or of FP8 E4M3 bytes with the layer's
 //!   `{k_scale, v_scale}` in a two-float device buffer the kernels read
@@ -108,6 +110,11 @@ fn f32_input(op: &'static str) -> KernelError {
 pub enum WeightBuf {
     Bf16(CudaSlice<bf16>),
     F32(CudaSlice<f32>),
+    /// An FP8 linear weight: `rows * cols` E4M3 codes, one scale per row.
+    Fp8 {
+        codes: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
+    },
 }
 
 /// A weight on the device: `[rows, cols]` (a vector is one row).
@@ -133,6 +140,10 @@ impl CudaWeight {
             WeightBuf::F32(_) => Err(KernelError::Shape {
                 op,
                 detail: "expects a weight loaded with load_weight, got an f32 table".into(),
+            }),
+            WeightBuf::Fp8 { .. } => Err(KernelError::Shape {
+                op,
+                detail: "expects a bf16 weight, got an FP8 linear weight".into(),
             }),
         }
     }

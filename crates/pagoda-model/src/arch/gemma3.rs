@@ -21,7 +21,7 @@
 //! `model.language_model.` (transformers 5) or `language_model.model.`; the
 //! prefix is found from the embedding's name.
 
-use super::weights::{concat_rows, load, read};
+use super::weights::{load, load_linear, read, read_linear};
 use super::{rope, BuildOptions, CausalLm};
 use crate::loader::WeightSource;
 use crate::{Architecture, GemmaConfig, ModelConfig, ModelError, Result};
@@ -116,10 +116,11 @@ pub fn build<B: Backend>(
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for (i, &sliding) in g.sliding_layers.iter().enumerate() {
         let p = format!("{pre}layers.{i}");
-        let w = |name: &str, shape: &[usize]| load(b, src, &format!("{p}.{name}.weight"), shape);
+        let w =
+            |name: &str, shape: &[usize]| load_linear(b, src, &format!("{p}.{name}.weight"), shape);
         let norm = |name: &str, n: usize| load_norm(b, src, &format!("{p}.{name}.weight"), n);
-        let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-        let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+        let gate = read_linear(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+        let up = read_linear(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
         layers.push(Layer {
             input_layernorm: norm("input_layernorm", h)?,
             q_proj: w("self_attn.q_proj", &[q_dim, h])?,
@@ -130,7 +131,9 @@ pub fn build<B: Backend>(
             k_norm: qk_norm.then(|| norm("self_attn.k_norm", hd)).transpose()?,
             post_attention_layernorm: norm("post_attention_layernorm", h)?,
             pre_feedforward_layernorm: norm("pre_feedforward_layernorm", h)?,
-            gate_up_proj: b.load_weight(concat_rows(gate, up))?,
+            gate_up_proj: gate
+                .concat_rows(up, &format!("{p}.mlp.gate_proj/up_proj"))?
+                .upload(b)?,
             down_proj: w("mlp.down_proj", &[h, inter])?,
             post_feedforward_layernorm: norm("post_feedforward_layernorm", h)?,
             sliding,

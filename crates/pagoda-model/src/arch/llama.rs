@@ -12,7 +12,7 @@
 //! each layer follows the config's [`crate::MoeConfig`]).
 
 use super::moe::FeedForward;
-use super::weights::{load, load_opt, read, split_rows};
+use super::weights::{load, load_linear, load_opt, read_linear};
 use super::{rope, BuildOptions, CausalLm};
 use crate::loader::WeightSource;
 use crate::{ModelConfig, Result};
@@ -133,17 +133,17 @@ impl<B: Backend> LlamaFamily<B> {
             };
             let (q_proj, k_proj, v_proj) = if variant.fused {
                 let name = format!("{p}.self_attn.qkv_proj.weight");
-                let qkv = read(src, &name, &[q_dim + 2 * kv_dim, h])?;
-                let parts = split_rows(qkv, &[q_dim, kv_dim, kv_dim]);
+                let qkv = read_linear(src, &name, &[q_dim + 2 * kv_dim, h])?;
+                let parts = qkv.split_rows(&[q_dim, kv_dim, kv_dim]);
                 let Some([q, k, v]) = parts.and_then(|p| <[_; 3]>::try_from(p).ok()) else {
                     return Err(crate::ModelError::Config(format!(
                         "{name}: cannot split into q, k and v rows"
                     )));
                 };
-                (b.load_weight(q)?, b.load_weight(k)?, b.load_weight(v)?)
+                (q.upload(b)?, k.upload(b)?, v.upload(b)?)
             } else {
                 let w = |name: &str, rows: usize| {
-                    load(b, src, &format!("{p}.self_attn.{name}.weight"), &[rows, h])
+                    load_linear(b, src, &format!("{p}.self_attn.{name}.weight"), &[rows, h])
                 };
                 (
                     w("q_proj", q_dim)?,
@@ -155,7 +155,7 @@ impl<B: Backend> LlamaFamily<B> {
                 q_proj,
                 k_proj,
                 v_proj,
-                o_proj: load(b, src, &format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?,
+                o_proj: load_linear(b, src, &format!("{p}.self_attn.o_proj.weight"), &[h, q_dim])?,
                 q_bias: bias("q_proj", q_dim, variant.qkv_bias)?,
                 k_bias: bias("k_proj", kv_dim, variant.qkv_bias)?,
                 v_bias: bias("v_proj", kv_dim, variant.qkv_bias)?,

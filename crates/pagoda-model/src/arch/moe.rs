@@ -28,7 +28,7 @@
 //! `[1, hidden]` row is padded with zero rows to [`GATE_ROWS`] so its
 //! product has 16-byte rows on every backend.
 
-use super::weights::{concat_rows, load, read};
+use super::weights::{concat_rows, load, load_linear, read, read_linear};
 use crate::loader::WeightSource;
 use crate::{Architecture, ModelConfig, ModelError, Result};
 use pagoda_kernels::{Backend, HostTensor};
@@ -119,20 +119,21 @@ impl<B: Backend> FeedForward<B> {
         let Some(m) = moe else {
             let inter = cfg.intermediate_size;
             let gate_up_proj = if fused_gate_up {
-                load(
+                load_linear(
                     b,
                     src,
                     &format!("{p}.mlp.gate_up_proj.weight"),
                     &[2 * inter, h],
                 )?
             } else {
-                let gate = read(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-                let up = read(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
-                b.load_weight(concat_rows(gate, up))?
+                let gate = read_linear(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+                let up = read_linear(src, &format!("{p}.mlp.up_proj.weight"), &[inter, h])?;
+                gate.concat_rows(up, &format!("{p}.mlp.gate_proj/up_proj"))?
+                    .upload(b)?
             };
             return Ok(FeedForward::Dense {
                 gate_up_proj,
-                down_proj: load(b, src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
+                down_proj: load_linear(b, src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?,
             });
         };
         let (e, inter) = (m.num_experts, m.moe_intermediate_size);

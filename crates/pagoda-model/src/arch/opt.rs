@@ -54,7 +54,7 @@ fn linear<B: Backend>(
     inp: usize,
 ) -> Result<Linear<B>> {
     Ok(Linear {
-        weight: load(b, src, &format!("{prefix}.weight"), &[out, inp])?,
+        weight: super::weights::load_linear(b, src, &format!("{prefix}.weight"), &[out, inp])?,
         bias: load(b, src, &format!("{prefix}.bias"), &[out])?,
     })
 }

@@ -1,8 +1,12 @@
 //! Loading named weights with shape checks, shared by the architecture files.
+//! Dense linear layers (attention and MLP projections) load through
+//! [`load_linear`] / [`LinearHost`], which take a checkpoint's FP8 weights as
+//! stored and let the backend quantize dense ones (`--quantization fp8`);
+//! embeddings, norms, biases and the LM head load through [`load`].
 
 use crate::loader::WeightSource;
 use crate::{ModelError, Result};
-use pagoda_kernels::{Backend, HostData, HostTensor, QuantData};
+use pagoda_kernels::{Backend, Fp8Matrix, HostData, HostTensor, QuantData};
 
 /// Reads `name`, checks it has shape `shape`, and uploads it.
 pub fn load<B: Backend>(
@@ -126,4 +130,77 @@ pub fn split_rows(t: HostTensor, rows: &[usize]) -> Option<Vec<HostTensor>> {
             })
             .collect(),
     )
+}
+
+/// A dense linear layer's weight as the source holds it: dense (the
+/// backend may still quantize it, see [`pagoda_kernels::Backend::load_linear`])
+/// or FP8 from an FP8 checkpoint.
+pub enum LinearHost {
+    Dense(HostTensor),
+    Fp8(Fp8Matrix),
+}
+
+impl LinearHost {
+    /// Uploads through `load_linear` or `load_fp8_linear`.
+    pub fn upload<B: Backend>(self, b: &B) -> Result<B::Weight> {
+        Ok(match self {
+            LinearHost::Dense(t) => b.load_linear(t)?,
+            LinearHost::Fp8(m) => b.load_fp8_linear(m)?,
+        })
+    }
+
+    /// Stacks `other` under `self` (gate over up); an FP8 and a dense
+    /// half do not mix.
+    pub fn concat_rows(self, other: LinearHost, what: &str) -> Result<LinearHost> {
+        match (self, other) {
+            (LinearHost::Dense(a), LinearHost::Dense(b)) => {
+                Ok(LinearHost::Dense(concat_rows(a, b)))
+            }
+            (LinearHost::Fp8(a), LinearHost::Fp8(b)) => Ok(LinearHost::Fp8(a.concat_rows(b)?)),
+            _ => Err(ModelError::Config(format!(
+                "{what}: one half is FP8 and the other not"
+            ))),
+        }
+    }
+
+    /// Splits into consecutive row ranges (see [`split_rows`]).
+    pub fn split_rows(self, rows: &[usize]) -> Option<Vec<LinearHost>> {
+        match self {
+            LinearHost::Dense(t) => {
+                split_rows(t, rows).map(|v| v.into_iter().map(LinearHost::Dense).collect())
+            }
+            LinearHost::Fp8(m) => m
+                .split_rows(rows)
+                .map(|v| v.into_iter().map(LinearHost::Fp8).collect()),
+        }
+    }
+}
+
+/// Reads the linear weight `name` (FP8 where the checkpoint stores it so)
+/// and checks its shape.
+pub fn read_linear(src: &dyn WeightSource, name: &str, shape: &[usize]) -> Result<LinearHost> {
+    match src.get_fp8(name)? {
+        Some(m) => {
+            if [m.rows, m.cols] != shape {
+                return Err(ModelError::TensorShape {
+                    name: name.to_string(),
+                    got: vec![m.rows, m.cols],
+                    expected: shape.to_vec(),
+                });
+            }
+            Ok(LinearHost::Fp8(m))
+        }
+        None => read(src, name, shape).map(LinearHost::Dense),
+    }
+}
+
+/// Reads and uploads a dense linear layer's weight (attention and MLP
+/// projections): FP8 as stored, or dense through `load_linear`.
+pub fn load_linear<B: Backend>(
+    b: &B,
+    src: &dyn WeightSource,
+    name: &str,
+    shape: &[usize],
+) -> Result<B::Weight> {
+    read_linear(src, name, shape)?.upload(b)
 }

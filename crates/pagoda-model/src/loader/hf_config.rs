@@ -410,6 +410,7 @@ fn parse_with_names(
     generation: Option<(&str, String)>,
 ) -> Result<ModelConfig> {
     let value = parse_json(config_json, config_file)?;
+    super::quant_config::check(&value, config_file)?;
     let top = Fields::new(&value, config_file)?;
     let class = detect_class(&top)?;
     // Gemma 3's multimodal checkpoints keep the language model's fields in

@@ -14,6 +14,7 @@ pub mod gguf_check;
 pub mod gguf_moe;
 pub mod hf_config;
 pub mod kv_scales;
+pub mod quant_config;
 pub mod safetensors;
 pub mod safetensors_writer;
 
@@ -44,4 +45,10 @@ pub trait WeightSource: Send + Sync {
     }
     /// Whether the source has a tensor called `name`.
     fn contains(&self, name: &str) -> bool;
+    /// The linear weight `name` as FP8 codes and per-channel scales when
+    /// the checkpoint stores it so (an FP8 checkpoint), `None` otherwise.
+    fn get_fp8(&self, name: &str) -> Result<Option<pagoda_kernels::Fp8Matrix>> {
+        let _ = name;
+        Ok(None)
+    }
 }

@@ -7,7 +7,10 @@
 //! corrupt file fails at open with its path, not half-way through loading.
 //! `get` copies one tensor out of the map into an owned [`HostTensor`]
 //! (F32, F16 or BF16, as stored; other dtypes are an error naming the tensor
-//! and its dtype).
+//! and its dtype). An FP8 checkpoint's linear weights (F8_E4M3, with a
+//! `weight_scale` beside each, per channel or per tensor: compressed-tensors'
+//! float-quantized 8-bit scheme) come through `get_fp8` as stored, codes and
+//! scales, never requantized.
 //!
 //! Invariants: the index's `weight_map` is the list of tensors of a sharded
 //! checkpoint, and every entry is checked at open to exist in the shard it
@@ -222,7 +225,83 @@ impl WeightSource for SafetensorsSource {
         out
     }
 
+    fn get_fp8(&self, name: &str) -> Result<Option<pagoda_kernels::Fp8Matrix>> {
+        let Some((stored, i)) = self.resolve(name) else {
+            return Ok(None);
+        };
+        let shard = &self.shards[i];
+        match shard.metadata.info(stored) {
+            Some(info) if info.dtype == Dtype::F8_E4M3 => {}
+            _ => return Ok(None),
+        }
+        let (info, bytes) = self.raw(name)?;
+        let [rows, cols] = info.shape[..] else {
+            return Err(ModelError::Safetensors(format!(
+                "{name}: an FP8 weight must be a matrix, got shape {:?}",
+                info.shape
+            )));
+        };
+        let scale_name = format!("{}_scale", name);
+        if !self.contains(&scale_name) {
+            return Err(ModelError::Safetensors(format!(
+                "{name} is FP8 (F8_E4M3) but {scale_name} is missing"
+            )));
+        }
+        let scale = self.get(&scale_name)?;
+        let values = scale.to_f32_vec();
+        // One scale per output channel ([rows] or [rows, 1]), or one for the
+        // whole tensor ([], [1] or [1, 1]), repeated for every row.
+        let scales = match (values.len(), scale.shape.as_slice()) {
+            (n, [r] | [r, 1]) if n == rows && *r == rows => values,
+            (1, [] | [1] | [1, 1]) => vec![values[0]; rows],
+            _ => {
+                return Err(ModelError::Config(format!(
+                    "{scale_name}: shape {:?} is not per channel ([{rows}] or [{rows}, 1]) or per \
+                     tensor; block-wise FP8 scales are not supported",
+                    scale.shape
+                )))
+            }
+        };
+        Ok(Some(pagoda_kernels::Fp8Matrix::new(
+            rows,
+            cols,
+            bytes.to_vec(),
+            scales,
+        )?))
+    }
+
     fn get(&self, name: &str) -> Result<HostTensor> {
+        let (info, bytes) = self.raw(name)?;
+        let stored = self.resolve(name).map_or(name, |(s, _)| s);
+        let path = self.resolve(name).map(|(_, i)| &self.shards[i].path);
+        let data = match info.dtype {
+            Dtype::F32 => HostData::F32(decode(bytes, f32::from_le_bytes)),
+            Dtype::F16 => HostData::F16(decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b)))),
+            Dtype::BF16 => {
+                HostData::BF16(decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b))))
+            }
+            other => {
+                return Err(ModelError::Safetensors(format!(
+                    "{}: tensor {stored:?} has dtype {other}; only F32, F16 and BF16 are supported \
+                     (F8_E4M3 only for the linear weights of an FP8 checkpoint)",
+                    path.map_or_else(String::new, |p| p.display().to_string())
+                )))
+            }
+        };
+        Ok(HostTensor {
+            shape: info.shape.clone(),
+            data,
+        })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.resolve(name).is_some()
+    }
+}
+
+impl SafetensorsSource {
+    /// The header entry and the bytes of tensor `name`.
+    fn raw(&self, name: &str) -> Result<(&::safetensors::tensor::TensorInfo, &[u8])> {
         let (stored, i) = self
             .resolve(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
@@ -241,27 +320,7 @@ impl WeightSource for SafetensorsSource {
                     shard.path.display()
                 ))
             })?;
-        let data = match info.dtype {
-            Dtype::F32 => HostData::F32(decode(bytes, f32::from_le_bytes)),
-            Dtype::F16 => HostData::F16(decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b)))),
-            Dtype::BF16 => {
-                HostData::BF16(decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b))))
-            }
-            other => {
-                return Err(ModelError::Safetensors(format!(
-                    "{}: tensor {stored:?} has dtype {other}; only F32, F16 and BF16 are supported",
-                    shard.path.display()
-                )))
-            }
-        };
-        Ok(HostTensor {
-            shape: info.shape.clone(),
-            data,
-        })
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.resolve(name).is_some()
+        Ok((info, bytes))
     }
 }
 

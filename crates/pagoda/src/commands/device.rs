@@ -15,7 +15,7 @@
 //! `--gpu-memory-utilization` of the device's total memory minus what is in
 //! use once the weights are loaded (activations live in the remainder).
 
-use super::{parse_size, CacheArgs, ModelArgs, WeightDtypeArg};
+use super::{parse_size, CacheArgs, ModelArgs, QuantizationArg, WeightDtypeArg};
 use crate::progress;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -23,7 +23,7 @@ use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_kernels::{Backend, KvCacheDtype};
 use pagoda_model::arch::BuildOptions;
-use pagoda_model::open::ModelFiles;
+use pagoda_model::open::{ModelFiles, ModelFormat};
 
 /// KV cache size on the CPU when no option names one.
 const DEFAULT_CPU_KV_CACHE: &str = "1GiB";
@@ -96,6 +96,12 @@ pub fn run_on_device<T: EngineTask>(
     quiet: bool,
     task: T,
 ) -> Result<T::Output> {
+    if model.quantization == Some(QuantizationArg::Fp8) && files.format == ModelFormat::Gguf {
+        bail!(
+            "--quantization fp8 needs unquantized weights (a Hugging Face safetensors \
+             directory or --dummy-weights), not a GGUF file"
+        );
+    }
     match model.device.device {
         Device::Cpu => task.run(build_engine(
             cpu_backend(model)?.with_kv_cache_dtype(cache.kv_cache_dtype)?,
@@ -126,6 +132,7 @@ fn run_on_cuda<T: EngineTask>(
         tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
     }
     let backend = CudaBackend::new(CudaOptions { device: ordinal })?
+        .with_fp8_weights(model.quantization == Some(QuantizationArg::Fp8))
         .with_kv_cache_dtype(cache.kv_cache_dtype)?;
     task.run(build_engine(backend, files, cache, &model.device, quiet)?)
 }
@@ -176,7 +183,8 @@ fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
         threads,
         weight_dtype,
     })?
-    .with_quantized_weights(chosen == WeightDtypeArg::Auto))
+    .with_quantized_weights(chosen == WeightDtypeArg::Auto)
+    .with_fp8_weights(model.quantization == Some(QuantizationArg::Fp8)))
 }
 
 impl KvBudget for CpuBackend {

@@ -53,6 +53,13 @@ pub struct ModelArgs {
     /// (f32 is exact for dequantized GGUF weights).
     #[arg(long, value_enum, value_name = "DTYPE")]
     pub weight_dtype: Option<WeightDtypeArg>,
+    /// Quantize the dense linear layers' weights at load: fp8 stores them
+    /// as FP8 E4M3 with one scale per output channel and quantizes their
+    /// inputs per token (FP8 GEMMs on CUDA; on the CPU a slow reference
+    /// path for checking accuracy). Embeddings and the LM head stay as they
+    /// are. FP8 checkpoints (compressed-tensors) load as FP8 without it.
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub quantization: Option<QuantizationArg>,
     #[command(flatten)]
     pub device: device::DeviceArgs,
 }
@@ -62,6 +69,12 @@ impl ModelArgs {
     pub fn cpu_weight_dtype(&self) -> WeightDtypeArg {
         self.weight_dtype.unwrap_or(WeightDtypeArg::Auto)
     }
+}
+
+/// Weight quantization at load (`--quantization`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantizationArg {
+    Fp8,
 }
 
 /// Weight storage dtype on the CPU.
