@@ -21,10 +21,15 @@ use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 
 const NEW_TOKENS: usize = 12;
-/// cuda_e2e's bf16 tolerance of the tiny dummy-weight models.
-const TOL: f32 = 4e-2;
-/// How far the FP8 cache may move the GPU's logits from its bf16 cache.
-const FP8_VS_BF16: f32 = 0.1;
+/// Three times cuda_e2e's bf16 tolerance of the tiny dummy-weight models:
+/// an FP8 cache turns the small bf16-vs-f32 differences of K and V into
+/// whole-code flips (one E4M3 step is 6-12% of a value), which these
+/// chaotic random models amplify (measured on an H200: up to 0.10).
+const TOL: f32 = 0.12;
+/// How far the FP8 cache may move the GPU's logits from its bf16 cache
+/// (measured: 0.10 on tiny Llama, 0.13 on tiny Gemma 2, whose CPU FP8 cache
+/// is 0.17 from transformers' f32, see golden_tiny).
+const FP8_VS_BF16: f32 = 0.16;
 
 fn cpu_fp8() -> CpuBackend {
     CpuBackend::new(CpuOptions {

@@ -26,7 +26,7 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_kernels::cuda::testing::{fp8_codec, gpu_poisoned as gpu, rel_err_l2 as rel_err};
-use pagoda_kernels::cuda::{attention_kernel, AttentionKernel, CudaBackend};
+use pagoda_kernels::cuda::{AttentionKernel, CudaBackend};
 use pagoda_kernels::fp8::{e4m3_to_f32, f32_to_e4m3};
 use pagoda_kernels::{AttentionParams, Backend, BlockCopyOp, KvCacheDtype, KvCacheShape};
 
@@ -174,7 +174,7 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case, expect: 
         window: c.window,
         softcap: c.softcap,
     };
-    let kernel = attention_kernel(&step.ctx, &p);
+    let kernel = g.attention_kernel_for(&step.ctx, &p);
     assert_eq!(kernel, expect, "{what}: attention takes {kernel:?}");
 
     // The cached prefixes, then the step's own K/V (padding rows: slot -1).

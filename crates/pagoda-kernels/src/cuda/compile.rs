@@ -102,6 +102,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "sample_bf16",
     "penalize_bf16",
     "logprobs_bf16",
+    "prompt_logprobs_bf16",
     "allow_only_bf16",
     "logit_entries_bf16",
     "paged_decode_attention_bf16_hd64_g1",

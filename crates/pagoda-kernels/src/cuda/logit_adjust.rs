@@ -106,14 +106,14 @@ pub(crate) fn launch_adjust<'a>(
     view: impl Fn(Span) -> CudaView<'a, i32>,
 ) -> Result<()> {
     let vocab = logits.cols;
+    if !spans.active() || rows == 0 || vocab == 0 {
+        return Ok(());
+    }
     if logits.rows < rows {
         return Err(shape_err(format!(
             "{} logits rows for {rows} sampling rows",
             logits.rows
         )));
-    }
-    if !spans.active() || rows == 0 || vocab == 0 {
-        return Ok(());
     }
     if spans.rows.len != rows * ROW_INTS {
         return Err(shape_err(format!(
