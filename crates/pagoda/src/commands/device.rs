@@ -210,9 +210,9 @@ impl KvBudget for CpuBackend {
 #[cfg(feature = "cuda")]
 impl KvBudget for pagoda_kernels::cuda::CudaBackend {
     const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
-    /// A quarter of the step budget: a 256-sequence decode step with 8,192
-    /// prompt tokens takes several times one without.
-    const DEFAULT_MIXED_PREFILL_BUDGET: Option<usize> = Some(2048);
+    /// None: offline work keeps its throughput (`pagoda serve` sets its own,
+    /// see `SERVE_MIXED_PREFILL_BUDGET`).
+    const DEFAULT_MIXED_PREFILL_BUDGET: Option<usize> = None;
 
     fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize> {
         if let Some(size) = &cache.kv_cache_memory {

@@ -111,7 +111,7 @@ pub struct CacheArgs {
     /// Most prompt tokens in a step that also decodes: bounds how much
     /// arriving prompts slow the tokens of running requests (the
     /// inter-token latency's tail); 0: no cap beyond the step budget
-    /// (default: none on the CPU, 2048 on CUDA).
+    /// (default: 2048 for `serve` on CUDA, else none).
     #[arg(long, value_name = "N")]
     pub mixed_prefill_budget: Option<usize>,
     /// Most sequences running at once.

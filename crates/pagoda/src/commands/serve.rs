@@ -98,8 +98,19 @@ pub struct ServeArgs {
     pub exclude_tools_when_tool_choice_none: bool,
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+/// `pagoda serve`'s mixed-step prefill budget on CUDA unless one is given: a
+/// quarter of the step budget, which bounds the inter-token latency's tail
+/// (a 256-stream decode step with 8,192 prompt tokens takes several times
+/// one without) at some cost in throughput (BENCHMARKS.md has both).
+const SERVE_MIXED_PREFILL_BUDGET: usize = 2048;
+
+pub fn run(mut args: ServeArgs) -> Result<()> {
     args.cache.check_kv_cache_memory()?;
+    if args.cache.mixed_prefill_budget.is_none()
+        && matches!(args.model.device.device, super::device::Device::Cuda(_))
+    {
+        args.cache.mixed_prefill_budget = Some(SERVE_MIXED_PREFILL_BUDGET);
+    }
     let api_key = resolve_api_key(
         args.api_key.as_deref(),
         args.api_key_file.as_deref(),
