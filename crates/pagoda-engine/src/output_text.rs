@@ -74,7 +74,7 @@ impl OutputText {
     /// ends the request in the engine unless the engine had ended it).
     pub fn apply(&mut self, out: &mut RequestOutput) -> Result<bool> {
         let mut stopped = false;
-        if !(out.stop_token && !self.opts.include_stop_str) {
+        if !out.stop_token || self.opts.include_stop_str {
             let delta = self.detok.step(out.token_id)?;
             self.text.push_str(&delta);
             if out.finish_reason.is_some() {

@@ -3,6 +3,8 @@
 //! file unconstrained generates exactly those counts (the like-for-like
 //! comparison of constrained and unconstrained throughput).
 
+// Each test binary uses a part of the shared helpers.
+#[allow(dead_code)]
 mod common;
 
 use common::{default_model, pagoda, workspace_root, Temp};
