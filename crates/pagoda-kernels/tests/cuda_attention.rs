@@ -119,13 +119,6 @@ fn run_case_with(
     }
 }
 
-fn s(context_len: usize, query_len: usize) -> SeqSpec {
-    SeqSpec {
-        context_len,
-        query_len,
-    }
-}
-
 #[test]
 fn prefill_without_prefix() {
     let Some(g) = gpu() else { return };

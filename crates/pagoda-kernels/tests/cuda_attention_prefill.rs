@@ -34,13 +34,6 @@ use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
 use pagoda_kernels::cuda::{AttentionKernel, CudaBackend, CudaKvCache, CudaTensor, FAST_HEAD_DIMS};
 use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape};
 
-fn s(context_len: usize, query_len: usize) -> SeqSpec {
-    SeqSpec {
-        context_len,
-        query_len,
-    }
-}
-
 struct Case {
     seqs: Vec<SeqSpec>,
     num_heads: usize,

@@ -36,13 +36,6 @@ use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2 as rel_err};
 use pagoda_kernels::cuda::{attention_kernel, AttentionKernel, CudaBackend};
 use pagoda_kernels::{AttentionParams, Backend, ForwardContext, KvCacheShape, SamplingRow};
 
-fn s(context_len: usize, query_len: usize) -> SeqSpec {
-    SeqSpec {
-        context_len,
-        query_len,
-    }
-}
-
 const WINDOWS: [Option<usize>; 6] = [None, Some(1), Some(5), Some(16), Some(33), Some(4096)];
 const SOFTCAPS: [Option<f32>; 3] = [None, Some(2.0), Some(50.0)];
 const HEAD_DIMS: [usize; 3] = [64, 128, 256];

@@ -30,13 +30,6 @@ use pagoda_kernels::cuda::{AttentionKernel, CudaBackend};
 use pagoda_kernels::fp8::{e4m3_to_f32, f32_to_e4m3};
 use pagoda_kernels::{AttentionParams, Backend, BlockCopyOp, KvCacheDtype, KvCacheShape};
 
-fn s(context_len: usize, query_len: usize) -> SeqSpec {
-    SeqSpec {
-        context_len,
-        query_len,
-    }
-}
-
 fn fp8_gpu() -> Option<CudaBackend> {
     Some(gpu()?.with_kv_cache_dtype(KvCacheDtype::Fp8).unwrap())
 }

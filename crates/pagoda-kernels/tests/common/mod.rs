@@ -123,6 +123,14 @@ pub struct SeqSpec {
     pub query_len: usize,
 }
 
+/// A sequence of `context_len` cached tokens and a `query_len`-token chunk.
+pub fn s(context_len: usize, query_len: usize) -> SeqSpec {
+    SeqSpec {
+        context_len,
+        query_len,
+    }
+}
+
 /// A step over sequences whose blocks were drawn at random from the pool.
 pub struct PagedStep {
     pub ctx: ForwardContext,
