@@ -7,8 +7,8 @@
 # tokenizer (no detokenization) and with it (text decoded on the engine
 # thread, as `pagoda generate` does; the server decodes on each stream's
 # task). The server is loaded by `pagoda bench serve` (TTFT, ITL) and
-# stopped with SIGINT, once with the default mixed-step prefill budget and
-# once without one.
+# stopped with SIGINT, once per mixed-step prefill budget in $BUDGETS
+# (default: "default 0", serve's default and none).
 # Logs land in $OUT/serve.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,7 +31,7 @@ echo "== offline, with the tokenizer" | tee -a "$LOG"
 $PAGODA bench "${common[@]}" --tokenizer "$tok" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 # The second server run lifts the mixed-step prefill budget (as before it
 # existed), for the inter-token latency's tail with and without it.
-for budget in default 0; do
+for budget in ${BUDGETS:-default 0}; do
     extra=()
     [ "$budget" = default ] || extra=(--mixed-prefill-budget "$budget")
     echo "== serve, 256 concurrent streams, mixed-step prefill budget $budget" | tee -a "$LOG"
