@@ -8,8 +8,7 @@
 # thread, as `pagoda generate` does; the server decodes on each stream's
 # task). The server is loaded by `pagoda bench serve` (TTFT, ITL) and
 # stopped with SIGINT, once per mixed-step prefill budget in $BUDGETS
-# (default: "default 0", serve's default and none; "scaled:N" scales N by
-# max_num_seqs / decodes, PAGODA_MIXED_PREFILL_SCALED). Each run's step log
+# (default: "default 0", serve's default and none). Each run's step log
 # (PAGODA_STEP_LOG) lands in $OUT/steps-*.tsv.
 # Logs land in $OUT/serve.txt.
 set -uo pipefail
@@ -35,11 +34,9 @@ $PAGODA bench "${common[@]}" --tokenizer "$tok" "${shape[@]}" 2>>"$OUT/stderr.tx
 # existed), for the inter-token latency's tail with and without it.
 for budget in ${BUDGETS:-default 0}; do
     extra=()
-    scaled=
-    case $budget in scaled:*) scaled=1; budget=${budget#scaled:} ;; esac
     [ "$budget" = default ] || extra=(--mixed-prefill-budget "$budget")
-    echo "== serve, 256 concurrent streams, mixed-step prefill budget $budget${scaled:+ scaled by decodes}" | tee -a "$LOG"
-    PAGODA_MIXED_PREFILL_SCALED=$scaled PAGODA_STEP_LOG="$OUT/steps-serve-$budget${scaled:+-scaled}.tsv" \
+    echo "== serve, 256 concurrent streams, mixed-step prefill budget $budget" | tee -a "$LOG"
+    PAGODA_STEP_LOG="$OUT/steps-serve-$budget.tsv" \
         $PAGODA serve "${common[@]}" "${extra[@]}" --tokenizer "$tok" --port 8124 2>>"$OUT/serve-stderr.txt" &
     srv=$!
     for _ in $(seq 240); do

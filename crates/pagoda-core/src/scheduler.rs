@@ -68,8 +68,6 @@ pub struct Scheduler {
     /// Most prompt tokens of a step that carries decodes (`None`: the
     /// whole budget).
     mixed_prefill_budget: Option<usize>,
-    /// Scale the mixed-step budget by `max_num_seqs / decodes`.
-    mixed_prefill_scaled: bool,
 }
 
 impl Scheduler {
@@ -103,7 +101,6 @@ impl Scheduler {
             next_arrival: 0,
             counters: StatCounters::default(),
             mixed_prefill_budget: None,
-            mixed_prefill_scaled: false,
         })
     }
 
@@ -111,15 +108,6 @@ impl Scheduler {
     /// `tokens` (at least 1); `None` (the default): the step's whole budget.
     pub fn set_mixed_prefill_budget(&mut self, tokens: Option<usize>) {
         self.mixed_prefill_budget = tokens.map(|t| t.max(1));
-    }
-
-    /// With `true`, the mixed-step budget is the cap at a full batch of
-    /// decodes: a step with `d` decodes takes up to `budget * max_num_seqs /
-    /// d` prompt tokens (never less than `budget`), so the extra time a
-    /// mixed step adds, summed over the tokens it delays, stays about
-    /// constant: few decodes wait on a long chunk, many on a short one.
-    pub fn set_mixed_prefill_scaled(&mut self, scaled: bool) {
-        self.mixed_prefill_scaled = scaled;
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -275,15 +263,8 @@ impl Scheduler {
         // 1. Running requests: decodes (one token left), then prompt chunks.
         for decodes in [true, false] {
             if let (false, Some(cap)) = (decodes, self.mixed_prefill_budget) {
-                let decodes = out.scheduled.len();
-                if decodes > 0 {
+                if !out.scheduled.is_empty() {
                     // Decodes are in this step: bound the prompt tokens.
-                    let cap = if self.mixed_prefill_scaled {
-                        let full = self.config.max_num_seqs.max(decodes);
-                        cap.saturating_mul(full) / decodes
-                    } else {
-                        cap
-                    };
                     budget = budget.min(cap);
                 }
             }

@@ -519,38 +519,3 @@ fn mixed_prefill_budget_bounds_prompt_tokens_only_in_steps_with_decodes() {
     );
     sched.check_invariants().unwrap();
 }
-
-#[test]
-fn scaled_mixed_prefill_budget_grows_as_decodes_shrink() {
-    let config = SchedulerConfig {
-        max_num_batched_tokens: 4096,
-        max_num_seqs: 8,
-        ..SchedulerConfig::default()
-    };
-    let mut sched = Scheduler::new(config).unwrap();
-    sched.set_mixed_prefill_budget(Some(100));
-    sched.set_mixed_prefill_scaled(true);
-    // Two requests decode (2 of 8 sequences): the cap is 100 * 8 / 2.
-    for id in 0..2 {
-        sched
-            .add_request(request(
-                id,
-                (0..10).map(|i| 100 * id as u32 + i).collect(),
-                100,
-            ))
-            .unwrap();
-    }
-    let s = sched.schedule().unwrap();
-    sched.update_from_output(&s, &sample_all(&s, 7)).unwrap();
-    sched
-        .add_request(request(2, (0..1000).map(|i| 5000 + i).collect(), 100))
-        .unwrap();
-    let s = sched.schedule().unwrap();
-    assert_eq!((s.num_prefill_tokens, s.num_decode_tokens), (400, 2));
-    sched.update_from_output(&s, &sample_all(&s, 8)).unwrap();
-    // Fixed: back to 100 prompt tokens beside the same two decodes.
-    sched.set_mixed_prefill_scaled(false);
-    let s = sched.schedule().unwrap();
-    assert_eq!((s.num_prefill_tokens, s.num_decode_tokens), (100, 2));
-    sched.check_invariants().unwrap();
-}

@@ -224,12 +224,6 @@ impl<B: Backend> LlmEngine<B> {
         self.scheduler.set_mixed_prefill_budget(tokens);
     }
 
-    /// Scales the mixed-step budget by the step's decodes (see
-    /// [`Scheduler::set_mixed_prefill_scaled`]).
-    pub fn set_mixed_prefill_scaled(&mut self, scaled: bool) {
-        self.scheduler.set_mixed_prefill_scaled(scaled);
-    }
-
     pub fn scheduler_config(&self) -> &SchedulerConfig {
         self.scheduler.config()
     }

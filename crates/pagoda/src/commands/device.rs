@@ -389,9 +389,6 @@ fn build_engine<B: KvBudget>(
         Some(n) => Some(n),
         None => B::DEFAULT_MIXED_PREFILL_BUDGET,
     });
-    engine.set_mixed_prefill_scaled(
-        std::env::var_os("PAGODA_MIXED_PREFILL_SCALED").is_some_and(|v| !v.is_empty() && v != "0"),
-    );
     Ok(engine)
 }
 
