@@ -50,6 +50,19 @@ pub struct MaskResult<K> {
     pub errors: Vec<(K, String)>,
     /// Wall time of the computation.
     pub elapsed: Duration,
+    /// Seconds each row's mask took, in the order of `guides`.
+    pub row_secs: Vec<f32>,
+}
+
+/// A guide after [`MaskWorkers::advance`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Advanced {
+    /// Not advanced yet.
+    Pending,
+    /// Advanced; `false` once the grammar is complete (only EOS may follow).
+    Continues(bool),
+    /// The token breaks the grammar.
+    Broken(String),
 }
 
 /// A mask computation in flight.
@@ -97,6 +110,24 @@ impl MaskWorkers {
         self.stats.step_secs.push(elapsed.as_secs_f64());
     }
 
+    /// Advances every `(guide, token)` past its token on the workers (in
+    /// place, waiting for all); `done[i]` is set when row `i`'s grammar is
+    /// complete or its token broke it (with the matcher's error).
+    pub fn advance(&self, rows: &mut [(Guide, u32, Advanced)]) {
+        let one = |(g, t, out): &mut (Guide, u32, Advanced)| {
+            *out = match g.advance(*t) {
+                Ok(()) => Advanced::Continues(!g.is_finished()),
+                Err(e) => Advanced::Broken(e),
+            }
+        };
+        // Small batches are not worth a hand-off to the pool.
+        if rows.len() < 16 {
+            rows.iter_mut().for_each(one);
+        } else {
+            self.pool.install(|| rows.par_iter_mut().for_each(one));
+        }
+    }
+
     /// Starts computing the masks of `guides` (all of `words` words),
     /// reusing `bits` as the output buffer; `eos` is what a failed or
     /// finished row allows.
@@ -112,10 +143,17 @@ impl MaskWorkers {
             let start = Instant::now();
             bits.clear();
             bits.resize(guides.len() * words, 0);
+            let mut row_secs = vec![0f32; guides.len()];
             let errors: Vec<(K, String)> = guides
                 .par_iter_mut()
                 .zip(bits.par_chunks_mut(words.max(1)))
-                .filter_map(|((k, g), out)| g.fill_mask(out, &eos).err().map(|e| (*k, e)))
+                .zip(row_secs.par_iter_mut())
+                .filter_map(|(((k, g), out), secs)| {
+                    let t = Instant::now();
+                    let r = g.fill_mask(out, &eos).err().map(|e| (*k, e));
+                    *secs = t.elapsed().as_secs_f32();
+                    r
+                })
                 .collect();
             let _ = tx.send(MaskResult {
                 guides,
@@ -123,6 +161,7 @@ impl MaskWorkers {
                 words,
                 errors,
                 elapsed: start.elapsed(),
+                row_secs,
             });
         });
         MaskJob { rx }

@@ -27,14 +27,15 @@ pub mod gbnf;
 mod masks;
 pub(crate) mod step;
 
-pub use masks::{MaskJob, MaskStats, MaskWorkers};
+pub use masks::{Advanced, MaskJob, MaskResult, MaskStats, MaskWorkers};
+pub use step::mask_threads;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use pagoda_core::StructuredOutput;
 use pagoda_model::tokenizer::Tokenizer;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A constraint that cannot be compiled, with the reason.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -186,10 +187,17 @@ impl TokenizerEnv for PagodaTokEnv {
     }
 }
 
+/// Compiled constraints kept for reuse (the most recently used last).
+const MAX_TEMPLATES: usize = 32;
+
 /// Compiles constraints for one model's vocabulary.
 pub struct GrammarCompiler {
     factory: ParserFactory,
     vocab_size: usize,
+    /// Fresh matchers of recently compiled constraints: a request under a
+    /// constraint seen before starts from a copy (grammar, lexer and its
+    /// lexer states) instead of compiling it again.
+    templates: Mutex<Vec<(StructuredOutput, Matcher)>>,
 }
 
 impl GrammarCompiler {
@@ -224,15 +232,30 @@ impl GrammarCompiler {
         Ok(GrammarCompiler {
             factory,
             vocab_size,
+            templates: Mutex::new(Vec::new()),
         })
     }
 
     /// Compiles `c` into a fresh guide, or says what is wrong with it.
+    /// A constraint compiled before is copied from its kept matcher.
     pub fn compile(&self, c: &StructuredOutput) -> Result<Guide, StructuredError> {
-        Ok(Guide {
-            matcher: compile_with(&self.factory, c)?,
+        let guide = |matcher| Guide {
+            matcher,
             words: self.vocab_size.div_ceil(32),
-        })
+        };
+        let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = templates.iter().position(|(k, _)| k == c) {
+            let t = templates.remove(i);
+            let m = t.1.deep_clone();
+            templates.push(t);
+            return Ok(guide(m));
+        }
+        let m = compile_with(&self.factory, c)?;
+        if templates.len() >= MAX_TEMPLATES {
+            templates.remove(0);
+        }
+        templates.push((c.clone(), m.deep_clone()));
+        Ok(guide(m))
     }
 }
 
