@@ -111,8 +111,7 @@ impl MaskWorkers {
     }
 
     /// Advances every `(guide, token)` past its token on the workers (in
-    /// place, waiting for all); `done[i]` is set when row `i`'s grammar is
-    /// complete or its token broke it (with the matcher's error).
+    /// place, waiting for all); the outcome lands in the third field.
     pub fn advance(&self, rows: &mut [(Guide, u32, Advanced)]) {
         let one = |(g, t, out): &mut (Guide, u32, Advanced)| {
             *out = match g.advance(*t) {
@@ -123,9 +122,19 @@ impl MaskWorkers {
         // Small batches are not worth a hand-off to the pool.
         if rows.len() < 16 {
             rows.iter_mut().for_each(one);
-        } else {
-            self.pool.install(|| rows.par_iter_mut().for_each(one));
+            return;
         }
+        let n = self.pool.current_num_threads();
+        let mut buckets: Vec<Vec<&mut (Guide, u32, Advanced)>> =
+            (0..n).map(|_| Vec::new()).collect();
+        for r in rows.iter_mut() {
+            buckets[r.0.family() % n].push(r);
+        }
+        self.pool.install(|| {
+            buckets
+                .into_par_iter()
+                .for_each(|b| b.into_iter().for_each(one))
+        });
     }
 
     /// Starts computing the masks of `guides` (all of `words` words),
@@ -144,15 +153,25 @@ impl MaskWorkers {
             bits.clear();
             bits.resize(guides.len() * words, 0);
             let mut row_secs = vec![0f32; guides.len()];
-            let errors: Vec<(K, String)> = guides
-                .par_iter_mut()
-                .zip(bits.par_chunks_mut(words.max(1)))
-                .zip(row_secs.par_iter_mut())
-                .filter_map(|(((k, g), out), secs)| {
-                    let t = Instant::now();
-                    let r = g.fill_mask(out, &eos).err().map(|e| (*k, e));
-                    *secs = t.elapsed().as_secs_f32();
-                    r
+            // A family's rows (which share a lexer) on one worker, in turn.
+            let n = rayon::current_num_threads().max(1);
+            let mut buckets: Vec<Vec<_>> = (0..n).map(|_| Vec::new()).collect();
+            let rows = guides
+                .iter_mut()
+                .zip(bits.chunks_mut(words.max(1)))
+                .zip(row_secs.iter_mut());
+            for row in rows {
+                buckets[row.0 .0 .1.family() % n].push(row);
+            }
+            let errors: Vec<(K, String)> = buckets
+                .into_par_iter()
+                .flat_map_iter(|b| {
+                    b.into_iter().filter_map(|(((k, g), out), secs)| {
+                        let t = Instant::now();
+                        let r = g.fill_mask(out, &eos).err().map(|e| (*k, e));
+                        *secs = t.elapsed().as_secs_f32();
+                        r
+                    })
                 })
                 .collect();
             let _ = tx.send(MaskResult {

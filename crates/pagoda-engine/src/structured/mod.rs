@@ -190,14 +190,29 @@ impl TokenizerEnv for PagodaTokEnv {
 /// Compiled constraints kept for reuse (the most recently used last).
 const MAX_TEMPLATES: usize = 32;
 
+/// A compiled constraint: one fresh matcher per lexer family.
+struct Template {
+    constraint: StructuredOutput,
+    families: Vec<Matcher>,
+    /// The family of the next request (round robin).
+    next: usize,
+}
+
 /// Compiles constraints for one model's vocabulary.
+///
+/// A constraint is compiled once; its requests start from copies. The
+/// copies of one family share one lexer (llguidance's lazily built DFA and
+/// its caches), so the lexer states that one request builds serve the
+/// others instead of every request building them again (the slow masks of
+/// bounded strings, `maxLength` and the like, come from that building).
+/// A shared lexer is used by one thread at a time: the mask workers run a
+/// family's rows on one worker ([`Guide::family`]).
 pub struct GrammarCompiler {
     factory: ParserFactory,
     vocab_size: usize,
-    /// Fresh matchers of recently compiled constraints: a request under a
-    /// constraint seen before starts from a copy (grammar, lexer and its
-    /// lexer states) instead of compiling it again.
-    templates: Mutex<Vec<(StructuredOutput, Matcher)>>,
+    /// Lexer families per constraint (at least one).
+    families: usize,
+    templates: Mutex<Vec<Template>>,
 }
 
 impl GrammarCompiler {
@@ -232,30 +247,59 @@ impl GrammarCompiler {
         Ok(GrammarCompiler {
             factory,
             vocab_size,
+            families: step::mask_threads(),
             templates: Mutex::new(Vec::new()),
         })
     }
 
+    /// Sets the number of lexer families per constraint (the mask worker
+    /// count is the natural choice; at least one).
+    pub fn with_families(mut self, families: usize) -> Self {
+        self.families = families.max(1);
+        self
+    }
+
     /// Compiles `c` into a fresh guide, or says what is wrong with it.
-    /// A constraint compiled before is copied from its kept matcher.
+    /// A constraint compiled before is copied from its kept matchers.
     pub fn compile(&self, c: &StructuredOutput) -> Result<Guide, StructuredError> {
-        let guide = |matcher| Guide {
+        let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+        match templates.iter().position(|t| &t.constraint == c) {
+            Some(i) => {
+                let t = templates.remove(i);
+                templates.push(t);
+            }
+            None => {
+                let m = compile_with(&self.factory, c)?;
+                if templates.len() >= MAX_TEMPLATES {
+                    templates.remove(0);
+                }
+                // Each family its own lexer (a deep copy).
+                let families = (0..self.families).map(|_| m.deep_clone()).collect();
+                templates.push(Template {
+                    constraint: c.clone(),
+                    families,
+                    next: 0,
+                });
+            }
+        }
+        let Some(t) = templates.last_mut() else {
+            return Err(StructuredError {
+                kind: constraint_kind(c),
+                message: "no compiled grammar".into(),
+            });
+        };
+        let family = t.next % t.families.len().max(1);
+        t.next = t.next.wrapping_add(1);
+        let matcher = match t.families.get(family) {
+            // A shallow copy: the family's lexer is shared.
+            Some(m) => m.clone(),
+            None => compile_with(&self.factory, c)?,
+        };
+        Ok(Guide {
             matcher,
             words: self.vocab_size.div_ceil(32),
-        };
-        let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = templates.iter().position(|(k, _)| k == c) {
-            let t = templates.remove(i);
-            let m = t.1.deep_clone();
-            templates.push(t);
-            return Ok(guide(m));
-        }
-        let m = compile_with(&self.factory, c)?;
-        if templates.len() >= MAX_TEMPLATES {
-            templates.remove(0);
-        }
-        templates.push((c.clone(), m.deep_clone()));
-        Ok(guide(m))
+            family,
+        })
     }
 }
 
@@ -264,9 +308,17 @@ pub struct Guide {
     matcher: Matcher,
     /// u32 words of one mask.
     words: usize,
+    /// Its lexer family: guides of one constraint and one family share a
+    /// lexer, so they must be advanced or masked on one thread at a time.
+    family: usize,
 }
 
 impl Guide {
+    /// The lexer family (see [`GrammarCompiler`]).
+    pub fn family(&self) -> usize {
+        self.family
+    }
+
     /// Words of one packed mask.
     pub fn mask_words(&self) -> usize {
         self.words
