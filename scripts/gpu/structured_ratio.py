@@ -37,7 +37,7 @@ for schema in schemas:
         ratios.append(ratio)
         mask = (f"mask ms/step median {c.get('mask_ms_median') or 0:.3f} "
                 f"p99 {c.get('mask_ms_p99') or 0:.3f}")
-        print(f"{schema} round {rnd}: {c['output_tok_per_s']:.0f} vs {p['output_tok_per_s']:.0f} "
+        print(f"{schema} round {rnd}: {c['output_tok_per_s']:.1f} vs {p['output_tok_per_s']:.1f} "
               f"output tok/s = {ratio:.3f}; {c['output_tokens']} tokens; {mask}")
     if ratios:
         print(f"{schema}: median ratio {statistics.median(ratios):.3f} over {len(ratios)} rounds")
