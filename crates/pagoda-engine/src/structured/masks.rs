@@ -1,5 +1,10 @@
 //! The per-step token masks of constrained rows, computed on a small worker
-//! pool while the forward pass runs, and joined before sampling.
+//! pool while the forward pass runs, and joined before sampling; and the
+//! advance of the rows' guides past their sampled tokens, on the same pool.
+//!
+//! Rows are split by lexer family ([`Guide::family`] modulo the workers):
+//! a family's rows share one lexer and run in turn on one worker, so the
+//! shared lexer is never contended.
 //!
 //! Guarantees: a job takes the guides of the step's constrained rows by
 //! value and hands every one back on [`MaskJob::join`] (with its mask, in

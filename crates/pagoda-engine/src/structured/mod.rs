@@ -4,14 +4,16 @@
 //!
 //! - [`GrammarCompiler`]: built once per engine (lazily, at the first
 //!   constrained request) from the tokenizer's per-token bytes; compiles a
-//!   constraint into a [`Guide`] or an error naming what is wrong.
+//!   constraint into a [`Guide`] or an error naming what is wrong; a
+//!   constraint is compiled once, its requests' guides are copies that
+//!   share a lexer per family (see [`GrammarCompiler`]).
 //! - [`Guide`]: one request's matcher. Its state depends only on the
 //!   request's output tokens, so it survives preemption by recompute.
 //! - [`check_grammar`]: a pure check of a constraint against a byte-level
 //!   vocabulary, for callers that build grammars (tool calling) and want
 //!   the error early, before any request reaches the engine.
 //! - `masks`: the per-step mask computation on a worker pool, overlapped
-//!   with the forward pass.
+//!   with the forward pass, and the guides' advance past sampled tokens.
 //!
 //! Choices of this module: JSON (JSON object, JSON schema) is generated in
 //! its compact form (`{"a":1,"b":[2,3]}`, no free whitespace) unless the
