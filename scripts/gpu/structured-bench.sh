@@ -10,7 +10,11 @@
 # tokenizer for its token trie: SmolLM2's (tests/golden/smollm2-tokenizer),
 # so the shape's vocabulary is set to its 49,152 tokens (and its bos/eos
 # ids) for both runs.
-# Logs land in $OUT/structured.txt.
+# Each schema run and its replay alternate (A B A B over the rounds); the
+# summary (per schema: every round's ratio, the per-step mask time median
+# and p99, the median ratio) is printed at the end and lands in
+# $OUT/structured-summary.txt. Logs land in $OUT/structured.txt.
+# ROUNDS (default 2) sets the number of rounds.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/pagoda-gpu-run}
@@ -27,7 +31,7 @@ base=(.device-bin/pagoda bench --device cuda --dummy-weights --config "$cfg"
 # Each schema run saves its realized lengths (--save-realized); the plain
 # replay of that file generates the same tokens per request unconstrained,
 # so the ratio of the two is the cost of the constraint alone.
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
     echo "== round $round plain" | tee -a "$LOG"
     "${base[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
     for schema in scripts/gpu/long_text_schema.json tests/bench_schema.json; do
@@ -39,3 +43,5 @@ for round in 1 2; do
         "${base[@]}" --workload "/tmp/realized-$name.jsonl" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
     done
 done
+echo "== summary" | tee -a "$LOG"
+python3 scripts/gpu/structured_ratio.py < "$LOG" | tee "$OUT/structured-summary.txt" | tee -a "$LOG"

@@ -20,7 +20,7 @@ use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
 use crate::step_log::{StepClock, StepLog};
 use crate::structured::step::{PendingMasks, StructuredEngine};
-use crate::structured::{apply_mask, Guide, MaskStats};
+use crate::structured::{apply_mask, Advanced, Guide, MaskStats};
 use crate::token_history::TokenHistory;
 use crate::{EngineError, Result};
 use pagoda_core::{
@@ -801,6 +801,44 @@ impl<B: Backend> LlmEngine<B> {
         }
     }
 
+    /// Advances the guides of the rows that got a token and go on, past
+    /// that token, on the mask workers; entry `k` is update `k`'s outcome
+    /// (`None`: unconstrained, or finished by the step).
+    fn advance_guides(&mut self, updates: &[pagoda_core::RequestUpdate]) -> Vec<Option<Advanced>> {
+        let mut out = vec![None; updates.len()];
+        let Some(s) = self.structured.as_ref() else {
+            return out;
+        };
+        let mut rows = Vec::new();
+        for (k, u) in updates.iter().enumerate() {
+            let guide = self
+                .states
+                .get_mut(&u.request_id)
+                .and_then(|st| st.guide.take());
+            match (guide, u.finish_reason) {
+                (Some(g), None) => rows.push((k, (g, u.token_id, Advanced::Pending))),
+                (Some(g), Some(_)) => {
+                    if let Some(st) = self.states.get_mut(&u.request_id) {
+                        st.guide = Some(g);
+                    }
+                }
+                (None, _) => {}
+            }
+        }
+        if rows.is_empty() {
+            return out;
+        }
+        let (idx, mut work): (Vec<usize>, Vec<_>) = rows.into_iter().unzip();
+        s.workers().advance(&mut work);
+        for (k, (g, _, a)) in idx.into_iter().zip(work) {
+            if let Some(st) = self.states.get_mut(&updates[k].request_id) {
+                st.guide = Some(g);
+            }
+            out[k] = Some(a);
+        }
+        out
+    }
+
     /// Stage 3: append the tokens, run the stop checks, decode text.
     fn emit(
         &mut self,
@@ -826,19 +864,21 @@ impl<B: Backend> LlmEngine<B> {
                 "step"
             );
         }
+        let mut advanced = self.advance_guides(&updates);
         let mut outputs = Vec::with_capacity(updates.len());
-        for u in updates {
+        for (k, u) in updates.into_iter().enumerate() {
             let Some(state) = self.states.get_mut(&u.request_id) else {
                 continue;
             };
             let mut finish = u.finish_reason;
             // A stop token's text is kept only with include_stop_str_in_output.
             let is_stop_token = finish == Some(FinishReason::Stop);
-            if let (Some(g), None) = (state.guide.as_mut(), finish) {
+            if let Some(a) = advanced.get_mut(k).and_then(Option::take) {
                 // A complete grammar allows only EOS: end the request now.
-                let done = match g.advance(u.token_id) {
-                    Ok(()) => g.is_finished(),
-                    Err(e) => {
+                let done = match a {
+                    Advanced::Continues(more) => !more,
+                    Advanced::Pending => false,
+                    Advanced::Broken(e) => {
                         tracing::warn!(request = u.request_id.0, error = %e,
                             "structured output: the sampled token breaks the grammar");
                         true

@@ -1,5 +1,10 @@
 //! The per-step token masks of constrained rows, computed on a small worker
-//! pool while the forward pass runs, and joined before sampling.
+//! pool while the forward pass runs, and joined before sampling; and the
+//! advance of the rows' guides past their sampled tokens, on the same pool.
+//!
+//! Rows are split by lexer family ([`Guide::family`] modulo the workers):
+//! a family's rows share one lexer and run in turn on one worker, so the
+//! shared lexer is never contended.
 //!
 //! Guarantees: a job takes the guides of the step's constrained rows by
 //! value and hands every one back on [`MaskJob::join`] (with its mask, in
@@ -50,6 +55,19 @@ pub struct MaskResult<K> {
     pub errors: Vec<(K, String)>,
     /// Wall time of the computation.
     pub elapsed: Duration,
+    /// Seconds each row's mask took, in the order of `guides`.
+    pub row_secs: Vec<f32>,
+}
+
+/// A guide after [`MaskWorkers::advance`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Advanced {
+    /// Not advanced yet.
+    Pending,
+    /// Advanced; `false` once the grammar is complete (only EOS may follow).
+    Continues(bool),
+    /// The token breaks the grammar.
+    Broken(String),
 }
 
 /// A mask computation in flight.
@@ -97,6 +115,33 @@ impl MaskWorkers {
         self.stats.step_secs.push(elapsed.as_secs_f64());
     }
 
+    /// Advances every `(guide, token)` past its token on the workers (in
+    /// place, waiting for all); the outcome lands in the third field.
+    pub fn advance(&self, rows: &mut [(Guide, u32, Advanced)]) {
+        let one = |(g, t, out): &mut (Guide, u32, Advanced)| {
+            *out = match g.advance(*t) {
+                Ok(()) => Advanced::Continues(!g.is_finished()),
+                Err(e) => Advanced::Broken(e),
+            }
+        };
+        // Small batches are not worth a hand-off to the pool.
+        if rows.len() < 16 {
+            rows.iter_mut().for_each(one);
+            return;
+        }
+        let n = self.pool.current_num_threads();
+        let mut buckets: Vec<Vec<&mut (Guide, u32, Advanced)>> =
+            (0..n).map(|_| Vec::new()).collect();
+        for r in rows.iter_mut() {
+            buckets[r.0.family() % n].push(r);
+        }
+        self.pool.install(|| {
+            buckets
+                .into_par_iter()
+                .for_each(|b| b.into_iter().for_each(one))
+        });
+    }
+
     /// Starts computing the masks of `guides` (all of `words` words),
     /// reusing `bits` as the output buffer; `eos` is what a failed or
     /// finished row allows.
@@ -112,10 +157,27 @@ impl MaskWorkers {
             let start = Instant::now();
             bits.clear();
             bits.resize(guides.len() * words, 0);
-            let errors: Vec<(K, String)> = guides
-                .par_iter_mut()
-                .zip(bits.par_chunks_mut(words.max(1)))
-                .filter_map(|((k, g), out)| g.fill_mask(out, &eos).err().map(|e| (*k, e)))
+            let mut row_secs = vec![0f32; guides.len()];
+            // A family's rows (which share a lexer) on one worker, in turn.
+            let n = rayon::current_num_threads().max(1);
+            let mut buckets: Vec<Vec<_>> = (0..n).map(|_| Vec::new()).collect();
+            let rows = guides
+                .iter_mut()
+                .zip(bits.chunks_mut(words.max(1)))
+                .zip(row_secs.iter_mut());
+            for row in rows {
+                buckets[row.0 .0 .1.family() % n].push(row);
+            }
+            let errors: Vec<(K, String)> = buckets
+                .into_par_iter()
+                .flat_map_iter(|b| {
+                    b.into_iter().filter_map(|(((k, g), out), secs)| {
+                        let t = Instant::now();
+                        let r = g.fill_mask(out, &eos).err().map(|e| (*k, e));
+                        *secs = t.elapsed().as_secs_f32();
+                        r
+                    })
+                })
                 .collect();
             let _ = tx.send(MaskResult {
                 guides,
@@ -123,6 +185,7 @@ impl MaskWorkers {
                 words,
                 errors,
                 elapsed: start.elapsed(),
+                row_secs,
             });
         });
         MaskJob { rx }

@@ -4,14 +4,16 @@
 //!
 //! - [`GrammarCompiler`]: built once per engine (lazily, at the first
 //!   constrained request) from the tokenizer's per-token bytes; compiles a
-//!   constraint into a [`Guide`] or an error naming what is wrong.
+//!   constraint into a [`Guide`] or an error naming what is wrong; a
+//!   constraint is compiled once, its requests' guides are copies that
+//!   share a lexer per family (see [`GrammarCompiler`]).
 //! - [`Guide`]: one request's matcher. Its state depends only on the
 //!   request's output tokens, so it survives preemption by recompute.
 //! - [`check_grammar`]: a pure check of a constraint against a byte-level
 //!   vocabulary, for callers that build grammars (tool calling) and want
 //!   the error early, before any request reaches the engine.
 //! - `masks`: the per-step mask computation on a worker pool, overlapped
-//!   with the forward pass.
+//!   with the forward pass, and the guides' advance past sampled tokens.
 //!
 //! Choices of this module: JSON (JSON object, JSON schema) is generated in
 //! its compact form (`{"a":1,"b":[2,3]}`, no free whitespace) unless the
@@ -27,14 +29,15 @@ pub mod gbnf;
 mod masks;
 pub(crate) mod step;
 
-pub use masks::{MaskJob, MaskStats, MaskWorkers};
+pub use masks::{Advanced, MaskJob, MaskResult, MaskStats, MaskWorkers};
+pub use step::mask_threads;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use pagoda_core::StructuredOutput;
 use pagoda_model::tokenizer::Tokenizer;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A constraint that cannot be compiled, with the reason.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -186,10 +189,32 @@ impl TokenizerEnv for PagodaTokEnv {
     }
 }
 
+/// Compiled constraints kept for reuse (the most recently used last).
+const MAX_TEMPLATES: usize = 32;
+
+/// A compiled constraint: one fresh matcher per lexer family.
+struct Template {
+    constraint: StructuredOutput,
+    families: Vec<Matcher>,
+    /// The family of the next request (round robin).
+    next: usize,
+}
+
 /// Compiles constraints for one model's vocabulary.
+///
+/// A constraint is compiled once; its requests start from copies. The
+/// copies of one family share one lexer (llguidance's lazily built DFA and
+/// its caches), so the lexer states that one request builds serve the
+/// others instead of every request building them again (the slow masks of
+/// bounded strings, `maxLength` and the like, come from that building).
+/// A shared lexer is used by one thread at a time: the mask workers run a
+/// family's rows on one worker ([`Guide::family`]).
 pub struct GrammarCompiler {
     factory: ParserFactory,
     vocab_size: usize,
+    /// Lexer families per constraint (at least one).
+    families: usize,
+    templates: Mutex<Vec<Template>>,
 }
 
 impl GrammarCompiler {
@@ -224,14 +249,58 @@ impl GrammarCompiler {
         Ok(GrammarCompiler {
             factory,
             vocab_size,
+            families: step::mask_threads(),
+            templates: Mutex::new(Vec::new()),
         })
     }
 
+    /// Sets the number of lexer families per constraint (the mask worker
+    /// count is the natural choice; at least one).
+    pub fn with_families(mut self, families: usize) -> Self {
+        self.families = families.max(1);
+        self
+    }
+
     /// Compiles `c` into a fresh guide, or says what is wrong with it.
+    /// A constraint compiled before is copied from its kept matchers.
     pub fn compile(&self, c: &StructuredOutput) -> Result<Guide, StructuredError> {
+        let mut templates = self.templates.lock().unwrap_or_else(|p| p.into_inner());
+        match templates.iter().position(|t| &t.constraint == c) {
+            Some(i) => {
+                let t = templates.remove(i);
+                templates.push(t);
+            }
+            None => {
+                let m = compile_with(&self.factory, c)?;
+                if templates.len() >= MAX_TEMPLATES {
+                    templates.remove(0);
+                }
+                // Each family its own lexer (a deep copy).
+                let families = (0..self.families).map(|_| m.deep_clone()).collect();
+                templates.push(Template {
+                    constraint: c.clone(),
+                    families,
+                    next: 0,
+                });
+            }
+        }
+        let Some(t) = templates.last_mut() else {
+            return Err(StructuredError {
+                kind: constraint_kind(c),
+                message: "no compiled grammar".into(),
+            });
+        };
+        let family = t.next % t.families.len().max(1);
+        t.next = t.next.wrapping_add(1);
+        let matcher = match t.families.get(family) {
+            // A shallow copy: the family's lexer is shared.
+            Some(m) => m.clone(),
+            None => compile_with(&self.factory, c)?,
+        };
         Ok(Guide {
-            matcher: compile_with(&self.factory, c)?,
+            matcher,
             words: self.vocab_size.div_ceil(32),
+            family,
         })
     }
 }
@@ -241,9 +310,17 @@ pub struct Guide {
     matcher: Matcher,
     /// u32 words of one mask.
     words: usize,
+    /// Its lexer family: guides of one constraint and one family share a
+    /// lexer, so they must be advanced or masked on one thread at a time.
+    family: usize,
 }
 
 impl Guide {
+    /// The lexer family (see [`GrammarCompiler`]).
+    pub fn family(&self) -> usize {
+        self.family
+    }
+
     /// Words of one packed mask.
     pub fn mask_words(&self) -> usize {
         self.words

@@ -10,7 +10,7 @@ use pagoda_model::tokenizer::Tokenizer;
 use std::sync::Arc;
 
 /// Mask worker threads: masks of different rows are independent.
-fn mask_threads() -> usize {
+pub fn mask_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get().clamp(1, 4))
         .unwrap_or(1)

@@ -1,0 +1,107 @@
+//! Structured-output masks without a model (SmolLM2's tokenizer): guides
+//! that share a lexer per family (one compiler, rows masked and advanced
+//! on the mask workers, a family's rows on one worker) give, step by step,
+//! the same masks and the same advance outcomes as guides compiled alone
+//! (a lexer each, nothing shared), along pseudo-random walks through
+//! the nested bench schema.
+
+mod common;
+
+use common::repo_root;
+use pagoda_core::StructuredOutput;
+use pagoda_engine::structured::{Advanced, GrammarCompiler, Guide, MaskWorkers};
+use pagoda_model::tokenizer::Tokenizer;
+use std::sync::Arc;
+
+const VOCAB: usize = 49152;
+
+fn allowed(mask: &[u32]) -> Vec<u32> {
+    (0..VOCAB as u32)
+        .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
+        .collect()
+}
+
+#[test]
+fn shared_lexer_families_give_the_masks_of_guides_compiled_alone() {
+    let tok = Arc::new(
+        Tokenizer::from_hf_file(repo_root().join("tests/golden/smollm2-tokenizer/tokenizer.json"))
+            .unwrap(),
+    );
+    let schema = std::fs::read_to_string(repo_root().join("tests/bench_schema.json")).unwrap();
+    let c = StructuredOutput::JsonSchema(schema);
+    let eos: Arc<[u32]> = Arc::from(vec![2u32]);
+    // At least 16 rows: the workers' pool path of advancing.
+    let rows = 20;
+    let shared = GrammarCompiler::new(tok.clone(), VOCAB, &eos)
+        .unwrap()
+        .with_families(2);
+    // One family per row: nothing shared.
+    let alone = GrammarCompiler::new(tok, VOCAB, &eos)
+        .unwrap()
+        .with_families(rows);
+    let workers = MaskWorkers::new(2).unwrap();
+    let mut guides: Vec<Option<(Guide, Guide)>> = (0..rows)
+        .map(|_| Some((shared.compile(&c).unwrap(), alone.compile(&c).unwrap())))
+        .collect();
+    let fams: Vec<usize> = guides.iter().flatten().map(|(g, _)| g.family()).collect();
+    assert_eq!(fams, (0..rows).map(|i| i % 2).collect::<Vec<_>>());
+    let alone_fams: Vec<usize> = guides.iter().flatten().map(|(_, a)| a.family()).collect();
+    assert_eq!(alone_fams, (0..rows).collect::<Vec<_>>());
+    let mut rng = 0x2545f4914f6cdd1du64;
+    let mut steps_checked = 0;
+    for _ in 0..40 {
+        let live: Vec<(usize, (Guide, Guide))> = guides
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, g)| g.take().map(|g| (i, g)))
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let (ids, pairs): (Vec<usize>, Vec<(Guide, Guide)>) = live.into_iter().unzip();
+        let (fam, mut alone): (Vec<Guide>, Vec<Guide>) = pairs.into_iter().unzip();
+        let words = fam[0].mask_words();
+        let job = workers.spawn(
+            ids.iter().copied().zip(fam).collect(),
+            Vec::new(),
+            words,
+            eos.clone(),
+        );
+        let r = job.join().unwrap();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let mut to_advance = Vec::new();
+        for (k, ((i, g), a)) in r.guides.into_iter().zip(alone.iter_mut()).enumerate() {
+            let mut want = vec![0u32; words];
+            a.fill_mask(&mut want, &eos).unwrap();
+            let got = &r.bits[k * words..(k + 1) * words];
+            assert_eq!(got, &want[..], "row {i}: the masks differ");
+            let ok = allowed(got);
+            assert!(!ok.is_empty());
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let t = ok[(rng % ok.len() as u64) as usize];
+            to_advance.push((i, t, g));
+            steps_checked += 1;
+        }
+        let mut work = Vec::new();
+        let mut order = Vec::new();
+        for (i, t, g) in to_advance {
+            order.push(i);
+            work.push((g, t, Advanced::Pending));
+        }
+        // Enough rows for the pool path as well as the serial one.
+        workers.advance(&mut work);
+        for ((i, (g, t, got)), mut a) in order.into_iter().zip(work).zip(alone) {
+            let want = match a.advance(t) {
+                Ok(()) => Advanced::Continues(!a.is_finished()),
+                Err(e) => Advanced::Broken(e),
+            };
+            assert_eq!(got, want, "row {i}: the advances differ");
+            if got == Advanced::Continues(true) && t != 2 {
+                guides[i] = Some((g, a));
+            }
+        }
+    }
+    assert!(steps_checked > 300, "{steps_checked}");
+}
