@@ -238,18 +238,18 @@ fn time_candidates(
             continue;
         }
         let mut ok = true;
-        for r in 0..REPS {
-            ev[r].record(stream).map_err(|e| device_err("event", e))?;
+        for e in &ev[..REPS] {
+            e.record(stream).map_err(|e| device_err("event", e))?;
             ok &= run(i).is_ok();
         }
         ev[REPS]
             .record(stream)
             .map_err(|e| device_err("event", e))?;
         let mut ms = Vec::with_capacity(REPS);
-        for r in 0..REPS {
+        for pair in ev.windows(2) {
             ms.push(
-                ev[r]
-                    .elapsed_ms(&ev[r + 1])
+                pair[0]
+                    .elapsed_ms(&pair[1])
                     .map_err(|e| device_err("GEMM tuning", e))?,
             );
         }
