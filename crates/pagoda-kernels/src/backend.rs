@@ -409,6 +409,13 @@ pub trait Backend: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// One line on how the backend chose its GEMM algorithms during the
+    /// warm-up (timed, from a disk cache, or the library's first choice),
+    /// for the start-up log; `None` where there is no such choice.
+    fn gemm_tuning_summary(&self) -> Option<String> {
+        None
+    }
+
     // ---- device sampling and decode graphs (optional) ---------------------
 
     /// Whether [`Backend::sample`] works: then the runner fills

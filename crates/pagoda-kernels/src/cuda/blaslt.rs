@@ -27,7 +27,13 @@
 //! algorithm at some row count, that call falls back to a one-off plan of
 //! its exact shape. The workspace is allocated once (a static buffer, so
 //! GEMMs can be captured into CUDA graphs).
+//!
+//! Which of cuBLASLt's candidate algorithms a new plan takes (its first
+//! heuristic result, a choice timed on the device, or one cached on disk)
+//! is [`super::blaslt_tune`]'s business; a plan keeps it for its lifetime.
 
+use super::blaslt_cache::GemmTuning;
+use super::blaslt_tune::{default_cache_file, heuristics, GemmTuningStats, Tuner};
 use super::device_err;
 use super::pool::{DeviceBuf, Pool};
 use crate::{KernelError, Result};
@@ -37,22 +43,23 @@ use half::bf16;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Workspace cuBLASLt may use (NVIDIA's recommendation for Hopper).
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 
-struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    c: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
+pub(super) struct Plan {
+    pub desc: sys::cublasLtMatmulDesc_t,
+    pub a: sys::cublasLtMatrixLayout_t,
+    pub b: sys::cublasLtMatrixLayout_t,
+    pub c: sys::cublasLtMatrixLayout_t,
+    pub algo: sys::cublasLtMatmulAlgo_t,
 }
 
 impl Plan {
     /// Points the B and C layouts at `n` columns (the call's row count).
-    fn set_cols(&self, n: u64) -> Result<()> {
+    pub fn set_cols(&self, n: u64) -> Result<()> {
         for layout in [self.b, self.c] {
             // SAFETY: the layout is live (owned by this plan); the buffer is
             // a u64, the attribute's type.
@@ -97,9 +104,21 @@ pub(crate) fn bucket(n: u64) -> u64 {
 /// What a plan computes: f32 accumulation into C (else a bf16 output), and
 /// FP8 operands with outer-vector scales (else bf16 operands).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Mode {
-    acc_f32: bool,
-    fp8: bool,
+pub(super) struct Mode {
+    pub acc_f32: bool,
+    pub fp8: bool,
+}
+
+impl Mode {
+    /// The mode's name in the tuning cache (one of `blaslt_cache::MODE_TAGS`).
+    pub fn tag(self) -> &'static str {
+        match (self.fp8, self.acc_f32) {
+            (false, false) => "bf16",
+            (false, true) => "acc_f32",
+            (true, false) => "fp8",
+            (true, true) => "fp8_acc_f32",
+        }
+    }
 }
 
 /// The per-row scales of an FP8 GEMM: `w` one per output feature (`m`),
@@ -111,10 +130,14 @@ pub(crate) struct Fp8Scales<'a> {
 
 /// A cuBLASLt handle, its workspace and the plans by `(m, bucket(n), k, mode)`.
 pub(crate) struct LtGemm {
-    handle: sys::cublasLtHandle_t,
+    pub(super) handle: sys::cublasLtHandle_t,
     workspace: DeviceBuf<u8>,
     plans: Mutex<HashMap<(u64, u64, u64, Mode), Plan>>,
-    stream: Arc<CudaStream>,
+    pub(super) stream: Arc<CudaStream>,
+    /// Scratch of the timing runs (see [`super::blaslt_tune`]).
+    pub(super) pool: Arc<Pool>,
+    /// How new plans choose their algorithm (taken after `plans`).
+    pub(super) tuner: Mutex<Tuner>,
 }
 
 // SAFETY: the handle and plans are only used through `&self` methods that
@@ -127,22 +150,64 @@ fn lt_err(what: &str, e: impl std::fmt::Debug) -> KernelError {
 }
 
 impl LtGemm {
-    pub fn new(stream: Arc<CudaStream>, pool: &Arc<Pool>) -> Result<Self> {
+    /// The handle for `stream`, choosing algorithms as `tuning` says (with
+    /// the default disk cache of this GPU).
+    pub fn new(stream: Arc<CudaStream>, pool: &Arc<Pool>, tuning: GemmTuning) -> Result<Self> {
         stream
             .context()
             .bind_to_thread()
             .map_err(|e| device_err("bind context", e))?;
         let handle = result::create_handle().map_err(|e| lt_err("create handle", e))?;
+        let gpu = stream.context().name().unwrap_or_default();
         Ok(LtGemm {
             handle,
             workspace: pool.take_static::<u8>(WORKSPACE_BYTES)?,
             plans: Mutex::new(HashMap::new()),
             stream,
+            pool: pool.clone(),
+            tuner: Mutex::new(Tuner::new(tuning, &gpu, default_cache_file(&gpu))),
         })
     }
 
-    /// The plan of `(m, n, k)` in `mode`.
-    fn plan(&self, m: u64, n: u64, k: u64, mode: Mode) -> Result<Plan> {
+    /// Drops every plan and restarts tuning in `mode` with the disk cache
+    /// `file` (`None`: no disk cache). For tests and benchmarks: plans made
+    /// later may take other algorithms than graphs captured before.
+    pub fn set_tuning(&self, mode: GemmTuning, file: Option<PathBuf>) {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self.stream.synchronize();
+        plans.clear();
+        let gpu = self.stream.context().name().unwrap_or_default();
+        *self.tuner.lock().unwrap_or_else(|p| p.into_inner()) = Tuner::new(mode, &gpu, file);
+    }
+
+    /// Ends the timing of new plans (later ones take the first heuristic
+    /// result or a cached choice) and writes the new choices to the cache.
+    pub fn finish_tuning(&self) -> GemmTuningStats {
+        let mut t = self.tuner.lock().unwrap_or_else(|p| p.into_inner());
+        t.open = false;
+        t.save();
+        t.stats.clone()
+    }
+
+    /// What tuning did so far.
+    pub fn tuning_stats(&self) -> GemmTuningStats {
+        self.tuner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stats
+            .clone()
+    }
+
+    /// The plan of `(m, n, k)` in `mode`, with up to `count` heuristic
+    /// algorithms (best first; the plan takes the first).
+    pub(super) fn plan(
+        &self,
+        m: u64,
+        n: u64,
+        k: u64,
+        mode: Mode,
+        count: i32,
+    ) -> Result<(Plan, Vec<sys::cublasLtMatmulAlgo_t>)> {
         let bf = sys::cudaDataType::CUDA_R_16BF;
         let out_type = if mode.acc_f32 {
             sys::cudaDataType::CUDA_R_32F
@@ -199,6 +264,13 @@ impl LtGemm {
                 .map_err(|e| lt_err("layout B", e))?;
             let c = result::create_matrix_layout(out_type, m, n, m as i64)
                 .map_err(|e| lt_err("layout C", e))?;
+            let mut plan = Plan {
+                desc,
+                a,
+                b,
+                c,
+                algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+            };
             let pref = result::create_matmul_pref().map_err(|e| lt_err("preference", e))?;
             let ws = WORKSPACE_BYTES;
             result::set_matmul_pref_attribute(
@@ -208,9 +280,9 @@ impl LtGemm {
                 std::mem::size_of::<usize>(),
             )
             .map_err(|e| lt_err("workspace preference", e))?;
-            let heuristic = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
+            let algos = heuristics(self.handle, &plan, pref, count);
             let _ = result::destroy_matmul_pref(pref);
-            let heuristic = heuristic.map_err(|e| {
+            let algos = algos.map_err(|e| {
                 let what = if mode.fp8 {
                     "an FP8 (outer-vector scaled)"
                 } else {
@@ -221,13 +293,8 @@ impl LtGemm {
                     e,
                 )
             })?;
-            Ok(Plan {
-                desc,
-                a,
-                b,
-                c,
-                algo: heuristic.algo,
-            })
+            plan.algo = algos[0];
+            Ok((plan, algos))
         }
     }
 
@@ -327,7 +394,7 @@ impl LtGemm {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
         let p = match plans.entry(key) {
             Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => v.insert(self.plan(key.0, key.1, key.2, mode)?),
+            Entry::Vacant(v) => v.insert(self.new_plan(key, n, w, x, yp, scales.as_ref())?),
         };
         p.set_cols(n)?;
         if let Some(sc) = &scales {
@@ -338,7 +405,7 @@ impl LtGemm {
         }
         // The bucket's algorithm does not take this row count: a one-off
         // plan of the exact shape.
-        let exact = self.plan(key.0, n, key.2, mode)?;
+        let (exact, _) = self.plan(key.0, n, key.2, mode, 1)?;
         if let Some(sc) = &scales {
             self.set_scales(&exact, sc)?;
         }
@@ -346,7 +413,7 @@ impl LtGemm {
     }
 
     /// Points an FP8 plan's A and B scales at this call's vectors.
-    fn set_scales(&self, p: &Plan, sc: &Fp8Scales<'_>) -> Result<()> {
+    pub(super) fn set_scales(&self, p: &Plan, sc: &Fp8Scales<'_>) -> Result<()> {
         let (wp, _gw) = sc.w.device_ptr(&self.stream);
         let (xp, _gx) = sc.x.device_ptr(&self.stream);
         for (attr, ptr, what) in [
@@ -389,6 +456,22 @@ impl LtGemm {
         yp: cudarc::driver::sys::CUdeviceptr,
         acc_f32: bool,
     ) -> Result<()> {
+        self.matmul_with(p, &p.algo, w, x, yp, yp, acc_f32)
+    }
+
+    /// [`Self::matmul`] with algorithm `algo`, C at `cp` and D at `dp`
+    /// (both of the plan's C layout).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul_with<T>(
+        &self,
+        p: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        w: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        cp: cudarc::driver::sys::CUdeviceptr,
+        dp: cudarc::driver::sys::CUdeviceptr,
+        acc_f32: bool,
+    ) -> Result<()> {
         let alpha = 1.0f32;
         let beta = if acc_f32 { 1.0f32 } else { 0.0f32 };
         let stream = &self.stream;
@@ -397,8 +480,8 @@ impl LtGemm {
         let (ws, _gws) = self.workspace.device_ptr(stream);
         // SAFETY: the plan's layouts match the sizes checked by the caller;
         // the pointers are live device buffers; the workspace is
-        // WORKSPACE_BYTES; C and D are the same buffer with the same layout
-        // (in-place, which cuBLASLt allows).
+        // WORKSPACE_BYTES; C and D have the same layout, and are the same
+        // buffer (in-place, which cuBLASLt allows) or disjoint ones.
         unsafe {
             result::matmul(
                 self.handle,
@@ -409,11 +492,11 @@ impl LtGemm {
                 p.a,
                 xp as *const c_void,
                 p.b,
-                yp as *const c_void,
+                cp as *const c_void,
                 p.c,
-                yp as *mut c_void,
+                dp as *mut c_void,
                 p.c,
-                &p.algo,
+                algo,
                 ws as *mut c_void,
                 WORKSPACE_BYTES,
                 stream.cu_stream() as sys::cudaStream_t,

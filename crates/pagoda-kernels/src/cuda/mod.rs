@@ -15,7 +15,8 @@
 //! of a later synchronizing call.
 //!
 //! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
-//! and its disk cache), [`storage`] (types, the packed step), [`ops`] (linear,
+//! and its disk cache), [`blaslt`] (cuBLASLt GEMMs; each plan's algorithm
+//! chosen in [`blaslt_tune`], cached on disk by [`blaslt_cache`]), [`storage`] (types, the packed step), [`ops`] (linear,
 //! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
 //! attention; the kernel choice in [`attention_path`], the split-K decode,
 //! grouped prefill and tiled prefill kernels' launches in `attention_decode`,
@@ -29,6 +30,8 @@ mod attention_path;
 mod attention_prefill;
 mod attention_prefill_mma;
 mod blaslt;
+mod blaslt_cache;
+mod blaslt_tune;
 mod compile;
 mod device;
 mod fp8_linear;
@@ -46,6 +49,8 @@ mod token_masks;
 pub use attention_path::{
     attention_kernel, prefer_tiled, AttentionKernel, FAST_HEAD_DIMS, PREFILL_KERNEL_ENV,
 };
+pub use blaslt_cache::{GemmTuning, GEMM_TUNING_ENV};
+pub use blaslt_tune::GemmTuningStats;
 pub use graph::CudaGraphRunner;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
 pub use pool::DeviceBuf;
@@ -124,7 +129,7 @@ impl CudaBackend {
         let dev = device::Device::open(opts.device)?;
         let pool = pool::Pool::new(dev.stream.clone());
         Ok(CudaBackend {
-            lt: blaslt::LtGemm::new(dev.stream.clone(), &pool)?,
+            lt: blaslt::LtGemm::new(dev.stream.clone(), &pool, GemmTuning::from_env()?)?,
             pool,
             dev,
             poison: AtomicBool::new(false),
@@ -374,6 +379,27 @@ impl CudaBackend {
     /// bucket).
     pub fn gemm_plans(&self) -> usize {
         self.lt.num_plans()
+    }
+
+    /// Drops every GEMM plan and picks later plans' algorithms as `mode`
+    /// says, with `cache_file` as the disk cache (`None`: none). Tuning
+    /// stays open until [`Self::finish_gemm_tuning`] (or the freeze of the
+    /// step memory). For tests and benchmarks: graphs captured before keep
+    /// the algorithms they captured.
+    pub fn set_gemm_tuning(&self, mode: GemmTuning, cache_file: Option<std::path::PathBuf>) {
+        self.lt.set_tuning(mode, cache_file)
+    }
+
+    /// Ends the timing of new GEMM plans and writes the choices made to the
+    /// disk cache (the engine's warm-up does this when it freezes the step
+    /// memory); returns what tuning did.
+    pub fn finish_gemm_tuning(&self) -> GemmTuningStats {
+        self.lt.finish_tuning()
+    }
+
+    /// What GEMM tuning did so far (see [`blaslt_tune`]).
+    pub fn gemm_tuning_stats(&self) -> GemmTuningStats {
+        self.lt.tuning_stats()
     }
 
     /// A static buffer of `n` i32 outside the arena (graph inputs/outputs).
@@ -710,7 +736,12 @@ impl Backend for CudaBackend {
     }
 
     fn freeze_step_memory(&self) -> Result<Option<usize>> {
+        self.lt.finish_tuning();
         self.pool.freeze().map(Some)
+    }
+
+    fn gemm_tuning_summary(&self) -> Option<String> {
+        Some(self.lt.tuning_stats().summary())
     }
 
     fn samples_on_device(&self) -> bool {

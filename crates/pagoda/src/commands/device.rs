@@ -310,6 +310,9 @@ fn build_engine<B: KvBudget>(
             t.elapsed().as_secs_f64()
         );
     }
+    if let Some(s) = runner.backend().gemm_tuning_summary() {
+        tracing::info!("GEMM algorithms: {s}");
+    }
     let per_block = ModelRunner::kv_bytes_per_block(runner.backend(), &cfg, cache.block_size);
     let budget = runner
         .backend()
