@@ -94,16 +94,20 @@ fn device_conversions_match_fp8_rs_bit_for_bit() {
             assert_eq!(enc[i], want, "encode {v:e} ({:#x})", v.to_bits());
         }
     }
-    for c in 0..=255u8 {
-        let (got, want) = (dec[c as usize], e4m3_to_f32(c));
-        if want.is_nan() {
-            assert!(got.is_nan(), "decode {c:#x} gave {got}");
-        } else {
-            assert_eq!(
-                got.to_bits(),
-                want.to_bits(),
-                "decode {c:#x}: {got} vs {want}"
-            );
+    // fp82f, then the four-at-a-time decoder of the attention kernels.
+    assert_eq!(dec.len(), 2 * codes.len());
+    for (which, got) in [("fp82f", &dec[..256]), ("fp8x4_to_f32", &dec[256..])] {
+        for c in 0..=255u8 {
+            let (got, want) = (got[c as usize], e4m3_to_f32(c));
+            if want.is_nan() {
+                assert!(got.is_nan(), "{which}: decode {c:#x} gave {got}");
+            } else {
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{which}: decode {c:#x}: {got} vs {want}"
+                );
+            }
         }
     }
 }
