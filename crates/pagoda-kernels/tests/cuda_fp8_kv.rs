@@ -6,8 +6,9 @@
 //! - `store_kv` (both the 8-wide and the scalar kernel) writes exactly the
 //!   CPU's bytes, with unit and other scales (saturating ones included),
 //!   and `copy_blocks` moves them unchanged;
-//! - attention over the FP8 cache: the split-K decode, the tiled prefill
-//!   (prompts, cached prefixes, chunks, decode tokens mixed in) and the
+//! - attention over the FP8 cache: the split-K decode, the grouped prefill
+//!   (the default) and the tiled one (prompts, cached prefixes, chunks,
+//!   decode tokens mixed in; a long prompt over many key tiles) and the
 //!   general kernel (head_dim 96), with windows and soft-caps, head_dim
 //!   64/128/256, GQA groups 1 to 8, padding rows; each case first asserts
 //!   which kernel takes it. Relative L2 error below 2e-2 per row (the K/V
@@ -294,9 +295,44 @@ fn prefill_and_chunks_over_an_fp8_cache_match_the_cpu() {
                     scales,
                     spread,
                 };
-                run_case(&g, &cpu, &mut rng, &c, AttentionKernel::TiledPrefill);
+                // The grouped kernel (the default), then the tiled one.
+                for (tiled, kernel) in [
+                    (false, AttentionKernel::MmaPrefill),
+                    (true, AttentionKernel::TiledPrefill),
+                ] {
+                    g.force_tiled_prefill(tiled);
+                    run_case(&g, &cpu, &mut rng, &c, kernel);
+                }
+                g.force_tiled_prefill(false);
                 i += 1;
             }
+        }
+    }
+}
+
+/// A long prompt and a long chunk after a cached prefix on the grouped
+/// kernel: many key tiles through both raw-byte stages, the causal diagonal
+/// in many blocks, windows whose edge falls inside a tile.
+#[test]
+fn long_prefill_over_an_fp8_cache_matches_the_cpu() {
+    let Some(g) = fp8_gpu() else { return };
+    let cpu = fp8_cpu();
+    let mut rng = Rng::new(404);
+    for (k, hd) in [64, 128, 256].into_iter().enumerate() {
+        for (window, softcap) in [(None, None), (Some(300), Some(30.0))] {
+            let (scales, spread) = SCALES[k % SCALES.len()];
+            let c = Case {
+                seqs: vec![s(0, 700), s(900, 333)],
+                heads: [(32, 8), (8, 1), (16, 8)][k],
+                head_dim: hd,
+                block_size: 16,
+                pad: 0,
+                window,
+                softcap,
+                scales,
+                spread,
+            };
+            run_case(&g, &cpu, &mut rng, &c, AttentionKernel::MmaPrefill);
         }
     }
 }

@@ -83,16 +83,17 @@
 // q and acc registers would otherwise push the kernel past 128 registers).
 // An FP8 lane's load is 8 bytes, not 16: below G = 8 it issues 12, so a
 // lane keeps 96 bytes in flight (bf16: 128) at the registers of the bf16
-// kernel (each FP8 load holds half of them); 16 would spill. At G = 8 the
+// kernel (each FP8 load holds half of them); 16 would spill, and so does 12
+// at head_dim 64, G = 2 (ptxas, sm_90), which keeps 8. At G = 8 the
 // registers are spent already (4 loads, as for bf16).
 #define DEC_UNROLL(G) ((G) >= 8 ? 4 : 8)
-template <typename KV, int G>
+template <typename KV, int D, int G>
 struct DecUnroll {
     static constexpr int value = DEC_UNROLL(G);
 };
-template <int G>
-struct DecUnroll<fp8, G> {
-    static constexpr int value = (G) >= 8 ? 4 : 12;
+template <int D, int G>
+struct DecUnroll<fp8, D, G> {
+    static constexpr int value = (G) >= 8 ? 4 : (D == 64 && G == 2 ? 8 : 12);
 };
 #define DEC_LOG2E 1.4426950408889634f
 
@@ -205,7 +206,7 @@ __device__ __forceinline__ void paged_decode_attention(
     int num_heads, int num_kv_heads, int max_parts, float scale, int window, float softcap) {
     constexpr int TPT = D / 8;      // lanes per token row (32, 16 or 8)
     constexpr int TPW = 32 / TPT;   // token rows per warp load (1, 2 or 4)
-    constexpr int U = DecUnroll<KV, G>::value;
+    constexpr int U = DecUnroll<KV, D, G>::value;
     constexpr int STEP = DEC_WARPS * TPW * U;  // tokens per block pass
     // The scores, later the cross-warp acc ([DEC_WARPS][G][D], larger at D = 256).
     constexpr int SCORES = (DEC_PARTITION > DEC_WARPS * D ? DEC_PARTITION : DEC_WARPS * D) * G;
