@@ -10,7 +10,7 @@
 //!   (the default) and the tiled one (prompts, cached prefixes, chunks,
 //!   decode tokens mixed in; a long prompt over many key tiles) and the
 //!   general kernel (head_dim 96), with windows and soft-caps, head_dim
-//!   64/128/256, GQA groups 1 to 8, padding rows; each case first asserts
+//!   64/128/256, GQA groups 1, 2, 3, 4 and 8, padding rows; each case first asserts
 //!   which kernel takes it. Relative L2 error below 2e-2 per row (the K/V
 //!   values are the same on both sides; the GPU rounds q, P and the
 //!   output to bf16).
@@ -244,7 +244,7 @@ const VARIANTS: [(Option<usize>, Option<f32>); 4] = [
     (None, Some(30.0)),
     (Some(700), Some(50.0)),
 ];
-const GQA: [(usize, usize); 5] = [(4, 4), (8, 2), (8, 1), (6, 2), (16, 2)];
+const GQA: [(usize, usize); 6] = [(4, 4), (8, 2), (8, 1), (6, 2), (16, 2), (4, 2)];
 
 #[test]
 fn decode_over_an_fp8_cache_matches_the_cpu() {
