@@ -8,7 +8,8 @@
 # thread, as `pagoda generate` does; the server decodes on each stream's
 # task). The server is loaded by `pagoda bench serve` (TTFT, ITL) and
 # stopped with SIGINT, once per mixed-step prefill budget in $BUDGETS
-# (default: "default 0", serve's default and none).
+# (default: "default 0", serve's default and none). Each run's step log
+# (PAGODA_STEP_LOG) lands in $OUT/steps-*.tsv.
 # Logs land in $OUT/serve.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +27,7 @@ tok=tests/golden/smollm2-tokenizer/tokenizer.json
 shape=(--num-seqs 1024 --min-input 512 --max-input 512 --min-output 256 --max-output 256 --temperature 0.6)
 common=(--device cuda --dummy-weights --config "$cfg" --max-model-len 4096)
 echo "== offline, no tokenizer" | tee -a "$LOG"
-$PAGODA bench "${common[@]}" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+PAGODA_STEP_LOG="$OUT/steps-offline.tsv" $PAGODA bench "${common[@]}" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 echo "== offline, with the tokenizer" | tee -a "$LOG"
 $PAGODA bench "${common[@]}" --tokenizer "$tok" "${shape[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
 # The second server run lifts the mixed-step prefill budget (as before it
@@ -35,7 +36,8 @@ for budget in ${BUDGETS:-default 0}; do
     extra=()
     [ "$budget" = default ] || extra=(--mixed-prefill-budget "$budget")
     echo "== serve, 256 concurrent streams, mixed-step prefill budget $budget" | tee -a "$LOG"
-    $PAGODA serve "${common[@]}" "${extra[@]}" --tokenizer "$tok" --port 8124 2>>"$OUT/serve-stderr.txt" &
+    PAGODA_STEP_LOG="$OUT/steps-serve-$budget.tsv" \
+        $PAGODA serve "${common[@]}" "${extra[@]}" --tokenizer "$tok" --port 8124 2>>"$OUT/serve-stderr.txt" &
     srv=$!
     for _ in $(seq 240); do
         curl -sf http://127.0.0.1:8124/health >/dev/null 2>&1 && break

@@ -18,6 +18,7 @@ use crate::output_text::OutputText;
 use crate::prompt_logprobs::{self as plp, PromptLogprob, PromptLogprobsState};
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
+use crate::step_log::{StepClock, StepLog};
 use crate::structured::step::{PendingMasks, StructuredEngine};
 use crate::structured::{apply_mask, Guide, MaskStats};
 use crate::token_history::TokenHistory;
@@ -108,6 +109,8 @@ pub struct LlmEngine<B: Backend> {
     /// The requests of the step being run (or last run), and its tokens.
     in_step: Vec<RequestId>,
     in_step_tokens: usize,
+    /// Per-step stage times, when `PAGODA_STEP_LOG` names a file.
+    step_log: Option<StepLog>,
     /// Reused per step: the sampling rows' penalties and logprobs requests.
     sampling_options: SamplingOptions,
     /// Grammar compiler and mask workers, made at the first constrained
@@ -175,6 +178,7 @@ impl<B: Backend> LlmEngine<B> {
             tables: Vec::new(),
             in_step: Vec::new(),
             in_step_tokens: 0,
+            step_log: StepLog::from_env(),
             sampling_options: SamplingOptions::default(),
             structured: None,
             rule_entries: Vec::new(),
@@ -366,12 +370,21 @@ impl<B: Backend> LlmEngine<B> {
     /// (none when every unfinished request is paused).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
         self.in_step.clear();
+        let mut clock = self.step_log.as_ref().map(|_| StepClock::start());
         let Some((plan, mut ctx)) = self.prepare()? else {
             return Ok(Vec::new());
         };
+        clock.as_mut().map(StepClock::mark);
         let masks = self.start_masks(&plan);
         let (sampled, logprobs) = self.sample(&plan, &mut ctx, masks)?;
-        self.emit(&plan, &sampled, logprobs)
+        clock.as_mut().map(StepClock::mark);
+        let outputs = self.emit(&plan, &sampled, logprobs)?;
+        if let (Some(log), Some(c)) = (self.step_log.as_mut(), clock) {
+            if !log.record(plan.num_decode_tokens, plan.num_prefill_tokens, &c) {
+                self.step_log = None;
+            }
+        }
+        Ok(outputs)
     }
 
     /// Per-step token mask times of constrained requests (`None` before

@@ -4,6 +4,7 @@
 //! - [`runner`]: backend + model + paged KV cache; one step in, logits out.
 //! - [`sampler`]: penalties, temperature, top-k/top-p/min-p, per-request seeds.
 //! - [`logit_rules`]: logit bias, allowed tokens, bad words, min_tokens bans.
+//! - [`step_log`]: per-step stage times (`PAGODA_STEP_LOG`), for tuning step shapes.
 //! - [`stop`]: stop strings matched across token boundaries.
 //! - [`prompt_logprobs`]: the logprob of each prompt token given its prefix.
 //! - [`structured`]: structured outputs (JSON schema, regex, choice, Lark)
@@ -22,6 +23,7 @@ pub mod output_text;
 pub mod prompt_logprobs;
 pub mod runner;
 pub mod sampler;
+mod step_log;
 pub mod stop;
 pub mod structured;
 pub mod token_history;

@@ -195,6 +195,35 @@ fn mixed_prefill_and_decode_with_padding() {
     }
 }
 
+/// Decodes first (as the scheduler orders them), then prompt chunks: the
+/// leading decodes take the split-K kernel and the rest the grouped one,
+/// one output; a one-token query after a chunk stays with the grouped one.
+#[test]
+fn mixed_steps_with_leading_decodes() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(16);
+    for (nh, nkv, bs, pad) in [(8, 8, 16, 0), (32, 8, 16, 3), (16, 2, 8, 1)] {
+        for hd in [64, 128, 256] {
+            let c = Case {
+                seqs: vec![
+                    s(40, 1),
+                    s(700, 1),
+                    s(0, 1),
+                    s(64, 12),
+                    s(129, 40),
+                    s(300, 1),
+                ],
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                block_size: bs,
+                pad,
+            };
+            run_case(&g, &mut rng, &c);
+        }
+    }
+}
+
 #[test]
 fn bad_layouts_are_errors() {
     let Some(g) = gpu() else { return };

@@ -312,7 +312,8 @@ fn prefill_and_chunks_over_an_fp8_cache_match_the_cpu() {
 
 /// A long prompt and a long chunk after a cached prefix on the grouped
 /// kernel: many key tiles through both raw-byte stages, the causal diagonal
-/// in many blocks, windows whose edge falls inside a tile.
+/// in many blocks, windows whose edge falls inside a tile; the step's two
+/// leading decodes go to the split-K kernel within the same call.
 #[test]
 fn long_prefill_over_an_fp8_cache_matches_the_cpu() {
     let Some(g) = fp8_gpu() else { return };
@@ -322,7 +323,7 @@ fn long_prefill_over_an_fp8_cache_matches_the_cpu() {
         for (window, softcap) in [(None, None), (Some(300), Some(30.0))] {
             let (scales, spread) = SCALES[k % SCALES.len()];
             let c = Case {
-                seqs: vec![s(0, 700), s(900, 333)],
+                seqs: vec![s(50, 1), s(2000, 1), s(0, 700), s(900, 333)],
                 heads: [(32, 8), (8, 1), (16, 8)][k],
                 head_dim: hd,
                 block_size: 16,

@@ -251,7 +251,16 @@ pub(crate) fn attention(
             return super::attention_decode::decode_attention(b, q, cache, step, p)
         }
         AttentionKernel::MmaPrefill => {
-            return super::attention_prefill_mma::prefill_attention_mma(b, q, cache, step, p)
+            // A mixed step's leading decodes take the split-K kernel: the
+            // grouped kernel would run a whole query tile, without split-K,
+            // for each of their one-row queries.
+            let decodes = super::attention_decode::decode_prefix(&step.ctx, p);
+            let mut y = b.output(q.rows, q.cols)?;
+            super::attention_decode::decode_attention_into(b, q, cache, step, p, decodes, &mut y)?;
+            super::attention_prefill_mma::prefill_attention_mma_into(
+                b, q, cache, step, p, decodes, &mut y,
+            )?;
+            return Ok(y);
         }
         AttentionKernel::TiledPrefill => {
             return super::attention_prefill::prefill_attention(b, q, cache, step, p)

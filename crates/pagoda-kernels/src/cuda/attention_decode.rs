@@ -136,25 +136,79 @@ pub(crate) fn decode_attention(
     step: &CudaStep,
     p: &AttentionParams,
 ) -> Result<CudaTensor> {
-    let op = "decode_attention";
     check(q, cache, step, p)?;
-    let name = match kernel_name(p.head_dim, p.num_heads / p.num_kv_heads, cache.fp8) {
-        Some(n) if supported(&step.ctx, p) => n,
-        _ => {
-            return Err(KernelError::Unsupported(format!(
-                "decode attention with {p:?} over {} tokens in {} sequences",
-                step.ctx.num_tokens(),
-                step.ctx.num_seqs()
-            )))
-        }
+    if !supported(&step.ctx, p) {
+        return Err(KernelError::Unsupported(format!(
+            "decode attention with {p:?} over {} tokens in {} sequences",
+            step.ctx.num_tokens(),
+            step.ctx.num_seqs()
+        )));
+    }
+    let mut y = b.output(q.rows, q.cols)?;
+    decode_attention_into(b, q, cache, step, p, step.ctx.num_seqs(), &mut y)?;
+    Ok(y)
+}
+
+/// The leading one-token queries of a mixed step the split-K kernel can
+/// take, before the grouped prefill kernel runs the rest: how many of the
+/// first sequences have a one-token query (the scheduler puts decodes
+/// first), or 0 where there are none, every sequence is one (a pure decode
+/// step), or the decode kernel does not take the layer. The decode kernel
+/// reads row `i` of q for sequence `i`, which holds for such a prefix.
+pub(crate) fn decode_prefix(ctx: &ForwardContext, p: &AttentionParams) -> usize {
+    let n = ctx
+        .cu_seqlens_q
+        .windows(2)
+        .take_while(|w| w[1].wrapping_sub(w[0]) == 1)
+        .count();
+    let takes = p.num_kv_heads > 0
+        && p.num_heads.is_multiple_of(p.num_kv_heads)
+        && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads, false).is_some()
+        && partitions(ctx, p.window) <= MAX_GRID_YZ
+        && p.num_heads <= MAX_GRID_YZ;
+    if takes && n < ctx.num_seqs() {
+        n
+    } else {
+        0
+    }
+}
+
+/// Decode attention of the first `seqs` sequences into rows `0..seqs` of
+/// `y` (each has a one-token query at row `i` of q: a decode step, or the
+/// [`decode_prefix`] of a mixed one); other rows of `y` are left alone.
+pub(crate) fn decode_attention_into(
+    b: &CudaBackend,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    step: &CudaStep,
+    p: &AttentionParams,
+    seqs: usize,
+    y: &mut CudaTensor,
+) -> Result<()> {
+    let op = "decode_attention";
+    let Some(name) = kernel_name(p.head_dim, p.num_heads / p.num_kv_heads.max(1), cache.fp8) else {
+        return Err(KernelError::Unsupported(format!(
+            "decode attention with {p:?}"
+        )));
     };
+    if seqs > step.ctx.num_seqs() || seqs > q.rows || y.rows != q.rows || y.cols != q.cols {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!(
+                "{seqs} decode rows of a {}-sequence step, q [{}, {}], y [{}, {}]",
+                step.ctx.num_seqs(),
+                q.rows,
+                q.cols,
+                y.rows,
+                y.cols
+            ),
+        });
+    }
     // Slots and positions are 32-bit in the kernel.
     i32_of(cache.num_slots(), op)?;
     i32_of(step.ctx.max_blocks_per_seq * cache.shape.block_size, op)?;
-    let mut y = b.output(q.rows, q.cols)?;
-    let seqs = step.ctx.num_seqs();
     if y.numel() == 0 || seqs == 0 {
-        return Ok(y);
+        return Ok(());
     }
     let parts = partitions(&step.ctx, p.window);
     let per_head = seqs * p.num_heads * parts;
@@ -200,7 +254,7 @@ pub(crate) fn decode_attention(
         .arg(&softcap);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     if parts == 1 {
-        return Ok(y);
+        return Ok(());
     }
     let cfg = LaunchConfig {
         grid_dim: (seqs as u32, nh as u32, 1),
@@ -222,7 +276,7 @@ pub(crate) fn decode_attention(
         .arg(&np)
         .arg(&window);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
-    Ok(y)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -252,6 +306,39 @@ mod tests {
             assert!(kernel_name(hd, 2, false).is_none());
             assert!(kernel_name(hd, 2, true).is_none());
         }
+    }
+
+    #[test]
+    fn decode_prefix_is_the_leading_one_token_queries_of_a_mixed_step() {
+        let ctx = |q: &[u32]| {
+            let mut cu = vec![0u32];
+            for &n in q {
+                cu.push(cu.last().unwrap() + n);
+            }
+            ForwardContext {
+                block_size: 16,
+                max_blocks_per_seq: 8,
+                context_lens: vec![5; q.len()],
+                seq_lens: q.iter().map(|n| 5 + n).collect(),
+                cu_seqlens_q: cu,
+                ..Default::default()
+            }
+        };
+        let p = AttentionParams::causal(32, 8, 128);
+        assert_eq!(decode_prefix(&ctx(&[1, 1, 1, 40, 1]), &p), 3);
+        assert_eq!(decode_prefix(&ctx(&[1, 7]), &p), 1);
+        // No decodes first, or nothing but decodes: no split.
+        assert_eq!(decode_prefix(&ctx(&[40, 1, 1]), &p), 0);
+        assert_eq!(decode_prefix(&ctx(&[1, 1, 1]), &p), 0);
+        // A layer the decode kernel does not take (a group of 16, head_dim 96).
+        assert_eq!(
+            decode_prefix(&ctx(&[1, 40]), &AttentionParams::causal(32, 2, 128)),
+            0
+        );
+        assert_eq!(
+            decode_prefix(&ctx(&[1, 40]), &AttentionParams::causal(8, 8, 96)),
+            0
+        );
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //!   sequence has exactly one query token.
 //! - [`AttentionKernel::MmaPrefill`] (`attention_prefill_mma.rs`): any
 //!   other step with a query longer than one token (prompt chunks, cached
-//!   prefixes, decode tokens mixed in), K/V read once per query group.
+//!   prefixes, decode tokens mixed in), K/V read once per query group. A
+//!   mixed step's leading one-token queries (the scheduler puts decodes
+//!   first) go to the split-K decode kernel in the same call
+//!   (`attention_decode::decode_prefix`), into the same output.
 //! - [`AttentionKernel::TiledPrefill`] (`attention_prefill.rs`): the same
 //!   steps, one query head per block; taken only where the grouped kernel
 //!   does not apply, or where the backend is told to prefer it

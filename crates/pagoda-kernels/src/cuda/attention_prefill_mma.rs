@@ -34,7 +34,7 @@
 //! [`configure`] when the module loads. O(num_seqs) host work for the grid
 //! size.
 
-use super::attention::{check, window_arg};
+use super::attention::window_arg;
 use super::attention_path::FAST_HEAD_DIMS;
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
@@ -137,31 +137,49 @@ fn u32_of(v: usize, op: &'static str) -> Result<u32> {
     })
 }
 
-/// Causal paged attention for a step with prompt chunks, on tensor cores,
-/// K/V read once per query group.
-pub(crate) fn prefill_attention_mma(
+/// Causal paged attention on tensor cores, K/V read once per query group,
+/// of sequences `first..` of the step into their rows of `y` (rows of earlier sequences are left alone: a mixed step's
+/// leading decodes go to the split-K kernel instead). The kernel sees the
+/// step's arrays from sequence `first` on; q rows stay absolute.
+pub(crate) fn prefill_attention_mma_into(
     b: &CudaBackend,
     q: &CudaTensor,
     cache: &CudaKvCache,
     step: &CudaStep,
     p: &AttentionParams,
-) -> Result<CudaTensor> {
+    first: usize,
+    y: &mut CudaTensor,
+) -> Result<()> {
     let op = "prefill_attention_mma";
-    check(q, cache, step, p)?;
     let Some(kernel) = kernel_name(p.head_dim, cache.fp8) else {
         return Err(KernelError::Unsupported(format!(
             "grouped prefill attention with head_dim {} (takes {FAST_HEAD_DIMS:?})",
             p.head_dim
         )));
     };
-    let mut y = b.output(q.rows, q.cols)?;
     let ctx = &step.ctx;
-    let num_seqs = ctx.num_seqs();
-    let longest = (0..num_seqs).map(|i| ctx.query_len(i)).max().unwrap_or(0);
-    if y.numel() == 0 || p.num_heads == 0 || longest == 0 {
-        return Ok(y);
+    if first > ctx.num_seqs() || y.rows != q.rows || y.cols != q.cols {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!(
+                "sequences from {first} of {}, q [{}, {}], y [{}, {}]",
+                ctx.num_seqs(),
+                q.rows,
+                q.cols,
+                y.rows,
+                y.cols
+            ),
+        });
     }
-    // `check` made num_heads a positive multiple of num_kv_heads.
+    let num_seqs = ctx.num_seqs() - first;
+    let longest = (first..ctx.num_seqs())
+        .map(|i| ctx.query_len(i))
+        .max()
+        .unwrap_or(0);
+    if y.numel() == 0 || p.num_heads == 0 || longest == 0 {
+        return Ok(());
+    }
+
     let group = p.num_heads / p.num_kv_heads;
     let grid_y = u32_of(num_seqs, op)?;
     let grid_z = u32_of(p.num_kv_heads, op)?;
@@ -192,9 +210,9 @@ pub(crate) fn prefill_attention_mma(
         shared_mem_bytes: smem_bytes(p.head_dim, cache.fp8) as u32,
     };
     let (cu_q, ctx_lens, tables) = (
-        step.view(step.cu_seqlens_q),
-        step.view(step.context_lens),
-        step.view(step.block_tables),
+        step.view_from(step.cu_seqlens_q, first),
+        step.view_from(step.context_lens, first),
+        step.view_from(step.block_tables, first * ctx.max_blocks_per_seq),
     );
     let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let (mbps, bs, nh, nkv) = (
@@ -220,7 +238,7 @@ pub(crate) fn prefill_attention_mma(
         .arg(&window)
         .arg(&softcap);
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
-    Ok(y)
+    Ok(())
 }
 
 #[cfg(test)]

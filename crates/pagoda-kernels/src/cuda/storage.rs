@@ -441,6 +441,13 @@ impl CudaStep {
         self.buf.slice(s.start..s.start + s.len)
     }
 
+    /// A device view of one packed array past its first `skip` elements
+    /// (`skip` at most its length).
+    pub(crate) fn view_from(&self, s: Span, skip: usize) -> CudaView<'_, i32> {
+        let skip = skip.min(s.len);
+        self.buf.slice(s.start + skip..s.start + s.len)
+    }
+
     /// The context this step was built from.
     pub fn context(&self) -> &ForwardContext {
         &self.ctx

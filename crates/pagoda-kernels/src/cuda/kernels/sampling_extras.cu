@@ -69,6 +69,33 @@ penalize_bf16(bf16* __restrict__ logits, const int* __restrict__ opts,
     }
 }
 
+// The largest rank key of a logits row, block-wide (SMP_KEY_NEG_INF or
+// below when nothing is above -inf).
+__device__ __forceinline__ smp_u64 sx_row_max_key(const bf16* __restrict__ x, int vocab,
+                                                  smp_u64* red) {
+    smp_u64 kmax = 0;
+    for (int i = threadIdx.x; i < vocab; i += SMP_THREADS) {
+        smp_u64 k = smp_key(x[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    return smp_block_max(kmax, red);
+}
+
+// The next entry of a row's rank order after `prev` (packed key: logit
+// descending, then id ascending), block-wide; 0 when none is left. The id
+// is 0xffffffff minus the low 32 bits, the logit's key the high 32.
+__device__ __forceinline__ smp_u64 sx_next_ranked(const bf16* __restrict__ x, int vocab,
+                                                  smp_u64 prev, smp_u64* red) {
+    smp_u64 best = 0;
+    for (int i = threadIdx.x; i < vocab; i += SMP_THREADS) {
+        smp_u64 c = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
+        if (c < prev && c > best) {
+            best = c;
+        }
+    }
+    return smp_block_max(best, red);
+}
+
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
               const int* __restrict__ sampling, const int* __restrict__ opts,
@@ -90,12 +117,7 @@ logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
     const float temp = greedy ? 1.0f : temp_in;
 
     // The largest key: the weights' reference point.
-    smp_u64 kmax = 0;
-    for (int i = tid; i < vocab; i += SMP_THREADS) {
-        smp_u64 k = smp_key(x[i]);
-        kmax = k > kmax ? k : kmax;
-    }
-    kmax = smp_block_max(kmax, red);
+    const smp_u64 kmax = sx_row_max_key(x, vocab, red);
     if (kmax <= SMP_KEY_NEG_INF) {
         // Nothing above -inf: no token has probability.
         if (tid == 0) {
@@ -142,14 +164,7 @@ logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
     smp_u64 prev = ~0ull;
     int count = 0;
     for (smp_u64 r = 0; r < nn; r++) {
-        smp_u64 best = 0;
-        for (int i = tid; i < vocab; i += SMP_THREADS) {
-            smp_u64 c = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
-            if (c < prev && c > best) {
-                best = c;
-            }
-        }
-        best = smp_block_max(best, red);
+        const smp_u64 best = sx_next_ranked(x, vocab, prev, red);
         if (best == 0ull) {
             break;
         }
@@ -197,12 +212,7 @@ prompt_logprobs_bf16(int* __restrict__ out, int at, const bf16* __restrict__ log
     int* res = out + at + (long long)r * SX_PLP_INTS;
     const bf16* x = logits + (long long)(first + r) * vocab;
 
-    smp_u64 kmax = 0;
-    for (int i = tid; i < vocab; i += SMP_THREADS) {
-        smp_u64 k = smp_key(x[i]);
-        kmax = k > kmax ? k : kmax;
-    }
-    kmax = smp_block_max(kmax, red);
+    const smp_u64 kmax = sx_row_max_key(x, vocab, red);
     const float vmax = smp_key_value((unsigned)kmax);
 
     // sum exp(x - max) in f64, reduced in a fixed order.
@@ -248,14 +258,7 @@ prompt_logprobs_bf16(int* __restrict__ out, int at, const bf16* __restrict__ log
     smp_u64 prev = ~0ull;
     int count = 0;
     for (int k = 0; k < n; k++) {
-        smp_u64 best = 0;
-        for (int i = tid; i < vocab; i += SMP_THREADS) {
-            smp_u64 c = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
-            if (c < prev && c > best) {
-                best = c;
-            }
-        }
-        best = smp_block_max(best, red);
+        const smp_u64 best = sx_next_ranked(x, vocab, prev, red);
         if (best == 0ull) {
             break;
         }
