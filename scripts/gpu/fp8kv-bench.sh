@@ -6,7 +6,9 @@
 #   1. the layer timings (cuda_bench_layer, --ignored): store_kv, prefill
 #      attention over 8 x 1,024 tokens, and decode attention at batch 256 x
 #      1,000 tokens (the KV read of a decode step, per layer and per 32
-#      layers, with its GB/s of KV);
+#      layers, with its GB/s of KV); then prefill_attention_timings (the
+#      grouped and the tiled kernel at head_dim 64, 128 and 256, a chunk
+#      after a long prefix; each run checks the two kernels agree);
 #   2. `pagoda bench decode` at batch 256 with 1,000-token contexts (one
 #      decode step, graphs on), which also logs the KV cache's block count
 #      and bytes per token;
@@ -34,6 +36,9 @@ for dt in bf16 fp8; do
     echo "== layer timings, $dt cache" | tee -a "$LOG"
     PAGODA_KV_CACHE_DTYPE=$dt .device-bin/cuda_bench_layer --ignored --test-threads=1 \
         --nocapture layer_timings_llama_8b 2>&1 | grep -E "bench:|panicked|FAILED" | tee -a "$LOG"
+    echo "== prefill attention timings (grouped and tiled kernels), $dt cache" | tee -a "$LOG"
+    PAGODA_KV_CACHE_DTYPE=$dt .device-bin/cuda_bench_layer --ignored --test-threads=1 \
+        --nocapture prefill_attention_timings 2>&1 | grep -E "bench:|panicked|FAILED" | tee -a "$LOG"
     echo "== pagoda bench decode batch 256 x 1000, $dt cache" | tee -a "$LOG"
     $PAGODA bench decode "${common[@]}" --kv-cache-dtype "$dt" --batch-sizes 256 \
         --context 1000 2> >(grep -E "KV cache" | tee -a "$LOG" >&2) \

@@ -5,8 +5,10 @@
 //! every step's logits agree within the bf16 tolerance of these models
 //! ([`TOL`], relative L2, as for the bf16 cache in cuda_e2e) and the greedy
 //! token agrees wherever the CPU's top-1 margin exceeds it. Then the same
-//! with per-layer scales other than 1, and the GPU's FP8 logits against its
-//! own bf16-cache logits (the cache's error, bounded by [`FP8_VS_BF16`]).
+//! with per-layer scales other than 1, with prefill on the tiled kernel
+//! (the fallback; the grouped one is the default), and the GPU's FP8 logits
+//! against its own bf16-cache logits (the cache's error, bounded by
+//! [`FP8_VS_BF16`]).
 //!
 //! Without a CUDA device every test prints a notice and passes (fails where
 //! PAGODA_REQUIRE_GPU=1 says a GPU must be present).
@@ -44,15 +46,19 @@ fn cpu_fp8() -> CpuBackend {
 #[test]
 fn tiny_models_with_an_fp8_cache_on_cuda_match_the_cpu() {
     let mut failures = Vec::new();
-    for (arch, scales) in [
-        ("llama", None),
-        ("qwen3", None),
-        ("gemma2", None),
-        ("llama", Some((0.05f32, 0.02f32))),
-        ("qwen2", Some((2.0, 0.5))),
+    // (arch, scales, prefill on the tiled kernel instead of the grouped one)
+    for (arch, scales, tiled) in [
+        ("llama", None, false),
+        ("qwen3", None, false),
+        ("gemma2", None, false),
+        ("llama", Some((0.05f32, 0.02f32)), false),
+        ("qwen2", Some((2.0, 0.5)), false),
+        ("qwen3", None, true),
+        ("gemma2", Some((0.5, 0.25)), true),
     ] {
         let Some(dev) = gpu() else { return };
         let dev = dev.with_kv_cache_dtype(KvCacheDtype::Fp8).unwrap();
+        dev.force_tiled_prefill(tiled);
         let Some(bf16_dev) = gpu() else { return };
         let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
         let cfg = load_config_file(&dir.join("config.json")).unwrap();
@@ -114,7 +120,7 @@ fn tiny_models_with_an_fp8_cache_on_cuda_match_the_cpu() {
         for (i, p) in prompts.iter().enumerate() {
             for s in 0..NEW_TOKENS {
                 let what = format!(
-                    "tiny-{arch} scales {scales:?}, prompt {i} ({} tokens), step {s}",
+                    "tiny-{arch} scales {scales:?} tiled {tiled}, prompt {i} ({} tokens), step {s}",
                     p.len()
                 );
                 tally.check_logits(&what, &got[i][s], &want_logits[i][s], TOL);
@@ -124,13 +130,13 @@ fn tiny_models_with_an_fp8_cache_on_cuda_match_the_cpu() {
             }
         }
         eprintln!(
-            "tiny-{arch} FP8 cache (scales {scales:?}): max logits error vs the CPU {:.3e}, \
-             vs the bf16 cache {worst_vs_bf16:.3e}",
+            "tiny-{arch} FP8 cache (scales {scales:?}, tiled prefill {tiled}): max logits \
+             error vs the CPU {:.3e}, vs the bf16 cache {worst_vs_bf16:.3e}",
             tally.max_rel_err
         );
         if worst_vs_bf16 >= FP8_VS_BF16 {
             failures.push(format!(
-                "tiny-{arch} scales {scales:?}: FP8 vs bf16 cache {worst_vs_bf16:.3e}"
+                "tiny-{arch} scales {scales:?} tiled {tiled}: FP8 vs bf16 cache {worst_vs_bf16:.3e}"
             ));
         }
         failures.extend(tally.failures);

@@ -14,7 +14,8 @@
 //! warm-up), random inputs.
 //!
 //! Prefill attention is timed on both kernels, the grouped one (default)
-//! and the tiled one, and the two outputs must agree (relative L2 error
+//! and the tiled one, over the cache dtype asked for, and the two outputs
+//! must agree (relative L2 error
 //! below 1e-2; the tiled kernel is checked against the CPU backend by the
 //! cuda_attention_prefill tests), so one run says whether the default
 //! kernel is right and how fast each is. `prefill_attention_timings` runs
@@ -46,14 +47,20 @@ fn weight(rng: &mut Rng, rows: usize, cols: usize) -> HostTensor {
     }
 }
 
+/// The KV cache element type of the timings: `PAGODA_KV_CACHE_DTYPE`
+/// (auto, bf16 or fp8; default auto).
+fn env_kv_dtype() -> KvCacheDtype {
+    std::env::var("PAGODA_KV_CACHE_DTYPE")
+        .unwrap_or_else(|_| "auto".into())
+        .parse()
+        .expect("PAGODA_KV_CACHE_DTYPE")
+}
+
 #[test]
 #[ignore]
 fn layer_timings_llama_8b() {
     let Some(g) = gpu() else { return };
-    let dtype: KvCacheDtype = std::env::var("PAGODA_KV_CACHE_DTYPE")
-        .unwrap_or_else(|_| "auto".into())
-        .parse()
-        .expect("PAGODA_KV_CACHE_DTYPE");
+    let dtype = env_kv_dtype();
     let g = g.with_kv_cache_dtype(dtype).unwrap();
     eprintln!("bench: 8b KV cache dtype {dtype}");
     let mut rng = Rng::new(3);
@@ -210,21 +217,9 @@ fn layer_timings_llama_8b() {
         (t * kv_heads * hd * 2 * 4) as f64 / secs / 1e9
     );
     let params = AttentionParams::causal(heads, kv_heads, hd);
-    if dtype == KvCacheDtype::Fp8 {
-        // The grouped kernel reads bf16 caches only: FP8 prefill is the tiled one's.
-        let secs = time(&g, 10, || {
-            let _ = g.attention(&q, &cache, &s, &params).unwrap();
-        });
-        let flops = 8.0 * 2.0 * 2.0 * heads as f64 * hd as f64 * 1024.0 * 1024.0 / 2.0;
-        eprintln!(
-            "bench: 8b prefill attention 8 x 1024 tokens ({dtype} cache): {:.3} ms, {:.0} TFLOP/s",
-            secs * 1e3,
-            flops / secs / 1e12
-        );
-    } else {
-        let label = "8b prefill attention 8 x 1024 tokens";
-        prefill_kernels(&g, &q, &cache, &s, &step.ctx, &params, label);
-    }
+    // Both kernels read either cache (the grouped one is the default).
+    let label = format!("8b prefill attention 8 x 1024 tokens ({dtype} cache)");
+    prefill_kernels(&g, &q, &cache, &s, &step.ctx, &params, &label);
 
     // Decode attention: 256 sequences of 1,000 cached tokens, one query each.
     let (batch, ctx_len) = (256usize, 1000usize);
@@ -372,6 +367,8 @@ fn prefill_kernels(
 #[ignore]
 fn prefill_attention_timings() {
     let Some(g) = gpu() else { return };
+    let dtype = env_kv_dtype();
+    let g = g.with_kv_cache_dtype(dtype).unwrap();
     let mut rng = Rng::new(4);
     let s = |context_len, query_len| SeqSpec {
         context_len,
@@ -436,6 +433,7 @@ fn prefill_attention_timings() {
             softcap,
             ..AttentionParams::causal(heads, kv_heads, hd)
         };
-        prefill_kernels(&g, &q, &cache, &st, &step.ctx, &p, label);
+        let label = format!("{label} ({dtype} cache)");
+        prefill_kernels(&g, &q, &cache, &st, &step.ctx, &p, &label);
     }
 }

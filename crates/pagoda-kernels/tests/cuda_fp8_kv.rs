@@ -6,10 +6,11 @@
 //! - `store_kv` (both the 8-wide and the scalar kernel) writes exactly the
 //!   CPU's bytes, with unit and other scales (saturating ones included),
 //!   and `copy_blocks` moves them unchanged;
-//! - attention over the FP8 cache: the split-K decode, the tiled prefill
-//!   (prompts, cached prefixes, chunks, decode tokens mixed in) and the
+//! - attention over the FP8 cache: the split-K decode, the grouped prefill
+//!   (the default) and the tiled one (prompts, cached prefixes, chunks,
+//!   decode tokens mixed in; a long prompt over many key tiles) and the
 //!   general kernel (head_dim 96), with windows and soft-caps, head_dim
-//!   64/128/256, GQA groups 1 to 8, padding rows; each case first asserts
+//!   64/128/256, GQA groups 1, 2, 3, 4 and 8, padding rows; each case first asserts
 //!   which kernel takes it. Relative L2 error below 2e-2 per row (the K/V
 //!   values are the same on both sides; the GPU rounds q, P and the
 //!   output to bf16).
@@ -94,16 +95,20 @@ fn device_conversions_match_fp8_rs_bit_for_bit() {
             assert_eq!(enc[i], want, "encode {v:e} ({:#x})", v.to_bits());
         }
     }
-    for c in 0..=255u8 {
-        let (got, want) = (dec[c as usize], e4m3_to_f32(c));
-        if want.is_nan() {
-            assert!(got.is_nan(), "decode {c:#x} gave {got}");
-        } else {
-            assert_eq!(
-                got.to_bits(),
-                want.to_bits(),
-                "decode {c:#x}: {got} vs {want}"
-            );
+    // fp82f, then the four-at-a-time decoder of the attention kernels.
+    assert_eq!(dec.len(), 2 * codes.len());
+    for (which, got) in [("fp82f", &dec[..256]), ("fp8x4_to_f32", &dec[256..])] {
+        for c in 0..=255u8 {
+            let (got, want) = (got[c as usize], e4m3_to_f32(c));
+            if want.is_nan() {
+                assert!(got.is_nan(), "{which}: decode {c:#x} gave {got}");
+            } else {
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{which}: decode {c:#x}: {got} vs {want}"
+                );
+            }
         }
     }
 }
@@ -239,7 +244,7 @@ const VARIANTS: [(Option<usize>, Option<f32>); 4] = [
     (None, Some(30.0)),
     (Some(700), Some(50.0)),
 ];
-const GQA: [(usize, usize); 5] = [(4, 4), (8, 2), (8, 1), (6, 2), (16, 2)];
+const GQA: [(usize, usize); 6] = [(4, 4), (8, 2), (8, 1), (6, 2), (16, 2), (4, 2)];
 
 #[test]
 fn decode_over_an_fp8_cache_matches_the_cpu() {
@@ -290,9 +295,45 @@ fn prefill_and_chunks_over_an_fp8_cache_match_the_cpu() {
                     scales,
                     spread,
                 };
-                run_case(&g, &cpu, &mut rng, &c, AttentionKernel::TiledPrefill);
+                // The grouped kernel (the default), then the tiled one.
+                for (tiled, kernel) in [
+                    (false, AttentionKernel::MmaPrefill),
+                    (true, AttentionKernel::TiledPrefill),
+                ] {
+                    g.force_tiled_prefill(tiled);
+                    run_case(&g, &cpu, &mut rng, &c, kernel);
+                }
+                g.force_tiled_prefill(false);
                 i += 1;
             }
+        }
+    }
+}
+
+/// A long prompt and a long chunk after a cached prefix on the grouped
+/// kernel: many key tiles through both raw-byte stages, the causal diagonal
+/// in many blocks, windows whose edge falls inside a tile; the step's two
+/// leading decodes go to the split-K kernel within the same call.
+#[test]
+fn long_prefill_over_an_fp8_cache_matches_the_cpu() {
+    let Some(g) = fp8_gpu() else { return };
+    let cpu = fp8_cpu();
+    let mut rng = Rng::new(404);
+    for (k, hd) in [64, 128, 256].into_iter().enumerate() {
+        for (window, softcap) in [(None, None), (Some(300), Some(30.0))] {
+            let (scales, spread) = SCALES[k % SCALES.len()];
+            let c = Case {
+                seqs: vec![s(50, 1), s(2000, 1), s(0, 700), s(900, 333)],
+                heads: [(32, 8), (8, 1), (16, 8)][k],
+                head_dim: hd,
+                block_size: 16,
+                pad: 0,
+                window,
+                softcap,
+                scales,
+                spread,
+            };
+            run_case(&g, &cpu, &mut rng, &c, AttentionKernel::MmaPrefill);
         }
     }
 }

@@ -250,10 +250,6 @@ pub(crate) fn attention(
         AttentionKernel::SplitKDecode => {
             return super::attention_decode::decode_attention(b, q, cache, step, p)
         }
-        // The grouped kernel reads bf16 caches only.
-        AttentionKernel::MmaPrefill if cache.fp8 => {
-            return super::attention_prefill::prefill_attention(b, q, cache, step, p)
-        }
         AttentionKernel::MmaPrefill => {
             // A mixed step's leading decodes take the split-K kernel: the
             // grouped kernel would run a whole query tile, without split-K,

@@ -41,14 +41,14 @@ pub const FAST_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// The kernel [`attention_kernel`] picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// `paged_decode_attention_bf16_hd*_g*` (+ the partition merge).
+    /// `paged_decode_attention_{bf16,fp8}_hd*_g*` (+ the partition merge).
     SplitKDecode,
-    /// `prefill_mma_attention_bf16_hd*`: query heads of a kv head packed
+    /// `prefill_mma_attention_{bf16,fp8}_hd*`: query heads of a kv head packed
     /// into one block, double-buffered K/V, on tensor cores.
     MmaPrefill,
-    /// `prefill_attention_bf16_hd*` on tensor cores, one head per block.
+    /// `prefill_attention_{bf16,fp8}_hd*` on tensor cores, one head per block.
     TiledPrefill,
-    /// `paged_attention_bf16`, one block per (token, head).
+    /// `paged_attention_{bf16,fp8}`, one block per (token, head).
     General,
 }
 

@@ -3,11 +3,11 @@
 //! `kernels/attention_prefill.cu`; the cache's element type picks the
 //! instantiation: FP8 tiles are dequantized to bf16 as they load) for steps
 //! whose longest query is more than one token, one query head per block.
-//! The grouped kernel (`attention_prefill_mma.rs`) takes bf16-cache steps by
-//! default; this one runs for FP8 caches and where a backend is told to
+//! The grouped kernel (`attention_prefill_mma.rs`) takes these steps by
+//! default, over either cache; this one runs where a backend is told to
 //! prefer it (`PAGODA_PREFILL_ATTENTION=tiled`,
-//! `CudaBackend::force_tiled_prefill`), as the reference the grouped kernel
-//! is timed and checked against.
+//! `CudaBackend::force_tiled_prefill`), as the fallback and the reference
+//! the grouped kernel is timed and checked against.
 //!
 //! Semantics are exactly those of the simple `paged_attention_bf16` launch in
 //! [`super::attention`] (causal over the paged cache, cached prefix, GQA, any

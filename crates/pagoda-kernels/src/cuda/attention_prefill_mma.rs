@@ -1,7 +1,12 @@
 //! Grouped prefill attention: the launch of
-//! `prefill_mma_attention_bf16_hd{64,128,256}` (see
-//! `kernels/attention_prefill_mma.cu`), the default kernel for steps whose
-//! longest query is more than one token.
+//! `prefill_mma_attention_{bf16,fp8}_hd{64,128,256}` (see
+//! `kernels/attention_prefill_mma.cu`; one kernel templated on the cache's
+//! element type), the default kernel for steps whose longest query is more
+//! than one token, over bf16 and FP8 E4M3 caches alike. An FP8 tile is
+//! fetched as raw bytes with cp.async (double-buffered like bf16) and
+//! widened to bf16 in shared memory before its math; the layer's k_scale
+//! and v_scale (the cache's device buffer) fold into the scores' scale and
+//! the output's normalization.
 //!
 //! Semantics are exactly those of the tiled kernel
 //! ([`super::attention_prefill`]) and of the simple `paged_attention_bf16`
@@ -24,9 +29,10 @@
 //! of 128 threads (`group` = query heads per kv head, `block_m` 128 packed
 //! rows, 64 at head_dim 256), each reading its Q rows once and every key its
 //! rows see once for all heads of its group; [`smem_bytes`] of dynamic
-//! shared memory per block (54 KB at head_dim 64, 68 KB at 128, 99 KB at
-//! 256, raised past the 48 KB default by [`configure`] when the module
-//! loads). O(num_seqs) host work for the grid size.
+//! shared memory per block (bf16: 54 KB at head_dim 64, 68 KB at 128, 99 KB
+//! at 256; FP8 a little less), raised past the 48 KB default by
+//! [`configure`] when the module loads. O(num_seqs) host work for the grid
+//! size.
 
 use super::attention::window_arg;
 use super::attention_path::FAST_HEAD_DIMS;
@@ -44,12 +50,16 @@ const PAD: usize = 8;
 /// Largest grid y/z dimension.
 const MAX_GRID_YZ: usize = 65_535;
 
-/// The entry point for `head_dim`, if the kernel is instantiated for it.
-fn kernel_name(head_dim: usize) -> Option<&'static str> {
-    Some(match head_dim {
-        64 => "prefill_mma_attention_bf16_hd64",
-        128 => "prefill_mma_attention_bf16_hd128",
-        256 => "prefill_mma_attention_bf16_hd256",
+/// The entry point for `head_dim` over a bf16 (or, `fp8`, an FP8 E4M3)
+/// cache, if the kernel is instantiated for it.
+fn kernel_name(head_dim: usize, fp8: bool) -> Option<&'static str> {
+    Some(match (fp8, head_dim) {
+        (false, 64) => "prefill_mma_attention_bf16_hd64",
+        (false, 128) => "prefill_mma_attention_bf16_hd128",
+        (false, 256) => "prefill_mma_attention_bf16_hd256",
+        (true, 64) => "prefill_mma_attention_fp8_hd64",
+        (true, 128) => "prefill_mma_attention_fp8_hd128",
+        (true, 256) => "prefill_mma_attention_fp8_hd256",
         _ => return None,
     })
 }
@@ -64,10 +74,16 @@ fn tile(head_dim: usize) -> (usize, usize) {
 }
 
 /// Dynamic shared memory of one block at `head_dim`: the Q rows and two
-/// stages of K and V tiles, each row `head_dim + PAD` bf16.
-pub(crate) fn smem_bytes(head_dim: usize) -> usize {
+/// stages of K and V tiles, each row `head_dim + PAD` bf16; over an FP8
+/// cache (`fp8`), one bf16 stage and two stages of raw K and V bytes
+/// (`head_dim` per row).
+pub(crate) fn smem_bytes(head_dim: usize, fp8: bool) -> usize {
     let (m, n) = tile(head_dim);
-    (m + 4 * n) * (head_dim + PAD) * 2
+    if fp8 {
+        (m + 2 * n) * (head_dim + PAD) * 2 + 4 * n * head_dim
+    } else {
+        (m + 4 * n) * (head_dim + PAD) * 2
+    }
 }
 
 /// Lets every instantiation use the dynamic shared memory it needs (all
@@ -75,9 +91,12 @@ pub(crate) fn smem_bytes(head_dim: usize) -> usize {
 /// these kernels at all, sm_80 and newer, whose opt-in limit per block is
 /// 99 KB (sm_86/89), 163 KB (sm_80) or 227 KB (sm_90)).
 pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
-    for hd in FAST_HEAD_DIMS {
-        let bytes = smem_bytes(hd);
-        let Some(name) = kernel_name(hd) else {
+    for (hd, fp8) in FAST_HEAD_DIMS
+        .into_iter()
+        .flat_map(|hd| [(hd, false), (hd, true)])
+    {
+        let bytes = smem_bytes(hd, fp8);
+        let Some(name) = kernel_name(hd, fp8) else {
             continue;
         };
         // Every listed kernel is loaded (the module load checks that).
@@ -104,7 +123,7 @@ pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result
 /// (any window or soft-cap). The caller checks that some query is longer
 /// than one.
 pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
-    kernel_name(p.head_dim).is_some()
+    kernel_name(p.head_dim, false).is_some()
         && p.num_kv_heads > 0
         && p.num_heads.is_multiple_of(p.num_kv_heads)
         && ctx.num_seqs() <= MAX_GRID_YZ
@@ -132,7 +151,7 @@ pub(crate) fn prefill_attention_mma_into(
     y: &mut CudaTensor,
 ) -> Result<()> {
     let op = "prefill_attention_mma";
-    let Some(kernel) = kernel_name(p.head_dim) else {
+    let Some(kernel) = kernel_name(p.head_dim, cache.fp8) else {
         return Err(KernelError::Unsupported(format!(
             "grouped prefill attention with head_dim {} (takes {FAST_HEAD_DIMS:?})",
             p.head_dim
@@ -188,7 +207,7 @@ pub(crate) fn prefill_attention_mma_into(
     let cfg = LaunchConfig {
         grid_dim: (u32_of(packed.div_ceil(block_m), op)?, grid_y, grid_z),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem_bytes(p.head_dim) as u32,
+        shared_mem_bytes: smem_bytes(p.head_dim, cache.fp8) as u32,
     };
     let (cu_q, ctx_lens, tables) = (
         step.view_from(step.cu_seqlens_q, first),
@@ -207,6 +226,7 @@ pub(crate) fn prefill_attention_mma_into(
         .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
+        .arg(&cache.scales)
         .arg(&cu_q)
         .arg(&ctx_lens)
         .arg(&tables)
@@ -235,18 +255,28 @@ mod tests {
         assert!(src.contains("static constexpr int BLOCK_N = HD <= 64 ? 64 : 32;"));
         assert!(src.contains("static constexpr int SMEM_ROWS = BLOCK_M + 4 * BLOCK_N;"));
         for hd in FAST_HEAD_DIMS {
-            let name = kernel_name(hd).expect("instantiated");
-            assert!(src.contains(&format!("{name}(PFM_ARGS)")), "{name}");
-            assert!(super::super::compile::KERNELS.contains(&name), "{name}");
+            for (fp8, elem) in [(false, "bf16"), (true, "fp8")] {
+                let name = kernel_name(hd, fp8).expect("instantiated");
+                assert!(src.contains(&format!("{name}(PFM_ARGS({elem}))")), "{name}");
+                assert!(super::super::compile::KERNELS.contains(&name), "{name}");
+                // Within the opt-in limit of sm_86/89 (99 KB), and no FP8
+                // block needs more than its bf16 twin.
+                assert!(smem_bytes(hd, fp8) <= 101_376, "{name}");
+            }
+            assert!(smem_bytes(hd, true) <= smem_bytes(hd, false));
         }
         assert_eq!(tile(64), (128, 64));
         assert_eq!(tile(128), (128, 32));
         assert_eq!(tile(256), (64, 32));
-        assert_eq!(smem_bytes(64), 55_296);
-        assert_eq!(smem_bytes(128), 69_632);
-        assert_eq!(smem_bytes(256), 101_376);
+        assert_eq!(smem_bytes(64, false), 55_296);
+        assert_eq!(smem_bytes(128, false), 69_632);
+        assert_eq!(smem_bytes(256, false), 101_376);
+        assert_eq!(smem_bytes(64, true), 53_248);
+        assert_eq!(smem_bytes(128, true), 68_608);
+        assert_eq!(smem_bytes(256, true), 100_352);
         for hd in [32, 80, 96, 192] {
-            assert!(kernel_name(hd).is_none());
+            assert!(kernel_name(hd, false).is_none());
+            assert!(kernel_name(hd, true).is_none());
         }
     }
 }

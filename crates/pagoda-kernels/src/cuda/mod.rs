@@ -170,15 +170,13 @@ impl CudaBackend {
 
     /// The attention kernel this backend runs for `ctx` and `p`
     /// ([`attention_kernel`] with [`CudaBackend::force_tiled_prefill`]
-    /// applied; FP8 caches always prefill on the tiled kernel, the grouped
-    /// one reads bf16 caches only).
+    /// applied; every kernel reads bf16 and FP8 caches alike).
     pub fn attention_kernel_for(
         &self,
         ctx: &ForwardContext,
         p: &AttentionParams,
     ) -> AttentionKernel {
-        let tiled = self.tiled_prefill.load(Ordering::Relaxed) || self.kv_fp8;
-        prefer_tiled(ctx, p, tiled)
+        prefer_tiled(ctx, p, self.tiled_prefill.load(Ordering::Relaxed))
     }
 
     /// How many times the host has waited for the device (every

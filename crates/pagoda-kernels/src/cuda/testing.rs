@@ -118,9 +118,10 @@ pub fn median_secs(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
     v[v.len() / 2]
 }
 
-/// The device's FP8 E4M3 conversions (`f2fp8` / `fp82f` of the kernels'
-/// prelude): each of `x` encoded, each of `codes` decoded (waits for the
-/// device).
+/// The device's FP8 E4M3 conversions (`f2fp8`, `fp82f` and `fp8x4_to_f32`
+/// of the kernels' prelude): each of `x` encoded, and each of `codes`
+/// decoded twice, `fp82f`'s values then `fp8x4_to_f32`'s (`2 * codes.len()`
+/// values; waits for the device).
 pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec<u8>, Vec<f32>)> {
     use cudarc::driver::PushKernelArg;
     let op = "fp8_codec";
@@ -136,7 +137,7 @@ pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec
     let xd = g.upload(x.to_vec(), op)?;
     let cd = g.upload(codes.to_vec(), op)?;
     let mut enc = g.upload(vec![0u8; n], op)?;
-    let mut dec = g.upload(vec![0f32; m], op)?;
+    let mut dec = g.upload(vec![0f32; 2 * m], op)?;
     let mut l = g.dev.stream.launch_builder(g.dev.kernel(op)?);
     l.arg(&xd)
         .arg(&mut enc)
@@ -145,7 +146,7 @@ pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec
         .arg(&mut dec)
         .arg(&mi);
     unsafe { l.launch(super::ops::elems_cfg(n.max(m))) }.map_err(|e| super::device_err(op, e))?;
-    Ok((g.download_raw(&enc, n)?, g.download_raw(&dec, m)?))
+    Ok((g.download_raw(&enc, n)?, g.download_raw(&dec, 2 * m)?))
 }
 
 #[cfg(test)]

@@ -5,9 +5,10 @@
 // a CUDA graph captured for one decode step replays for any other of the same
 // shape):
 //   1. paged_decode_attention_{bf16,fp8}_hd{64,128,256}_g{1,2,4,8} (the
-//      cache's element type: bf16, or FP8 E4M3 bytes read 8 at a time and
-//      dequantized on load, k_scale folded into q's scale and v_scale into
-//      the output, f32 accumulation as for bf16): grid
+//      cache's element type: bf16, or FP8 E4M3 bytes read 8 at a time,
+//      more loads in flight per lane than for bf16 (see DecUnroll),
+//      decoded four at a time (fp8x4_to_f32), k_scale folded into q's scale
+//      and v_scale into the output, f32 accumulation as for bf16): grid
 //      (num_seqs, num_kv_heads, max_partitions), DEC_THREADS threads. Block
 //      (s, kv, p) attends ALL query heads of kv head `kv`'s group (group =
 //      num_heads / num_kv_heads <= G; heads past `group` are masked) over
@@ -42,7 +43,7 @@
 //     over the TPT lanes by a reduce-scatter (each shuffle step halves the
 //     values a lane carries: G - 1 + log2(TPT / G) shuffles instead of
 //     G * log2(TPT)); one lane per (token, head) writes the score to shared
-//     memory. DEC_UNROLL (8, or 4 at G = 8) loads per lane are issued
+//     memory. DEC_UNROLL (8, or 4 at G = 8; 12 over FP8, see DecUnroll) loads per lane are issued
 //     before the first use.
 //   - phase 2: per-head max and exp2 sum over the scores in shared memory
 //     (scores become probabilities in place);
@@ -80,7 +81,20 @@
 #define DEC_THREADS (DEC_WARPS * 32)
 // K or V loads a lane issues before the first use (fewer at G = 8, whose
 // q and acc registers would otherwise push the kernel past 128 registers).
+// An FP8 lane's load is 8 bytes, not 16: below G = 8 it issues 12, so a
+// lane keeps 96 bytes in flight (bf16: 128) at the registers of the bf16
+// kernel (each FP8 load holds half of them); 16 would spill, and so does 12
+// at head_dim 64, G = 2 (ptxas, sm_90), which keeps 8. At G = 8 the
+// registers are spent already (4 loads, as for bf16).
 #define DEC_UNROLL(G) ((G) >= 8 ? 4 : 8)
+template <typename KV, int D, int G>
+struct DecUnroll {
+    static constexpr int value = DEC_UNROLL(G);
+};
+template <int D, int G>
+struct DecUnroll<fp8, D, G> {
+    static constexpr int value = (G) >= 8 ? 4 : (D == 64 && G == 2 ? 8 : 12);
+};
 #define DEC_LOG2E 1.4426950408889634f
 
 // 16 bytes of bf16 through the read-only path.
@@ -119,11 +133,8 @@ struct DecKv8<fp8> {
         return __ldg(reinterpret_cast<const uint2*>(p));
     }
     static __device__ __forceinline__ void unpack(Raw v, float* f) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            f[i] = fp82f((fp8)((v.x >> (8 * i)) & 0xffu));
-            f[4 + i] = fp82f((fp8)((v.y >> (8 * i)) & 0xffu));
-        }
+        fp8x4_to_f32(v.x, f);
+        fp8x4_to_f32(v.y, f + 4);
     }
 };
 
@@ -195,7 +206,7 @@ __device__ __forceinline__ void paged_decode_attention(
     int num_heads, int num_kv_heads, int max_parts, float scale, int window, float softcap) {
     constexpr int TPT = D / 8;      // lanes per token row (32, 16 or 8)
     constexpr int TPW = 32 / TPT;   // token rows per warp load (1, 2 or 4)
-    constexpr int U = DEC_UNROLL(G);
+    constexpr int U = DecUnroll<KV, D, G>::value;
     constexpr int STEP = DEC_WARPS * TPW * U;  // tokens per block pass
     // The scores, later the cross-warp acc ([DEC_WARPS][G][D], larger at D = 256).
     constexpr int SCORES = (DEC_PARTITION > DEC_WARPS * D ? DEC_PARTITION : DEC_WARPS * D) * G;

@@ -238,13 +238,13 @@ __device__ __forceinline__ void prefill_attention_tile(
             } else if constexpr (KvIsFp8<KV>::value) {
                 const uint2 raw = __ldg(reinterpret_cast<const uint2*>(
                     cache + (long long)slots[p] * slot_stride + head_off));
+                float f[8];
+                fp8x4_to_f32(raw.x, f);
+                fp8x4_to_f32(raw.y, f + 4);
                 unsigned w[4];
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const unsigned word = i < 2 ? raw.x : raw.y;
-                    const int sh = 16 * (i % 2);
-                    w[i] = pf_pack_bf16x2(fp82f((fp8)((word >> sh) & 0xffu)) * kv_sc,
-                                          fp82f((fp8)((word >> (sh + 8)) & 0xffu)) * kv_sc);
+                    w[i] = pf_pack_bf16x2(f[2 * i] * kv_sc, f[2 * i + 1] * kv_sc);
                 }
                 *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
             } else {

@@ -54,7 +54,7 @@
 //                                  -> b0, b1 of dim block 2dp, then of 2dp+1
 //   P (A from S's C fragments):    k-step j = S n-blocks 2j (a0, a1) and 2j+1 (a2, a3)
 //
-// Resources: dynamic shared memory (BLOCK_M + 4 BLOCK_N) rows of head_dim
+// Resources (bf16): dynamic shared memory (BLOCK_M + 4 BLOCK_N) rows of head_dim
 // + PFM_PAD bf16 (PfmShape::SMEM_ROWS): 55,296 bytes at head_dim 64, 69,632
 // at 128, 101,376 at 256; all past 48 KB, so the host raises each kernel's
 // limit when it loads the module (attention_prefill_mma.rs). Registers
@@ -62,13 +62,18 @@
 // at 64 / 128 / 256, no spills. Key tiles are 32 rows past head_dim 64:
 // 64-key S accumulators next to O's (2 x 16 rows x 128 dims) spill at 128.
 //
-// The K/V load is one function (pfm_load_kv) overloaded on the cache
-// element type, and prefill_mma_tile is templated on it: the bf16 cache
-// copies with cp.async; the FP8 E4M3 overload (fp8 bytes times a per-layer
-// f32 scale, widened to bf16 while filling shared memory) compiles without
-// spills (248 registers at head_dim 128 in a trial instantiation) but has
-// no entry point yet: an FP8 cache adds prefill_mma_tile<fp8, HD> entries
-// taking kv_scale.
+// The cache's element type is a template parameter (one kernel, two
+// instantiations per head_dim). A bf16 cache's tiles are copied with
+// cp.async straight into the double-buffered bf16 stages. An FP8 E4M3
+// cache's tiles are copied with cp.async as raw bytes into two byte stages
+// ([BN][HD] each for K and V; the fetch of tile t + 1 overlaps tile t's
+// math just the same), and once tile t has landed pfm_widen_fp8 turns it
+// into the one bf16 stage the mma reads (exact: every E4M3 value is a
+// bf16; one more barrier per tile). Its scales are not applied per element:
+// k_scale multiplies the scores' scale and v_scale the output's
+// normalization. Shared memory over FP8: (BLOCK_M + 2 BLOCK_N) bf16 rows
+// plus 4 BLOCK_N HD bytes, a little less than bf16's (53,248 / 68,608 /
+// 100,352 bytes); registers (ptxas, sm_90) 246 / 243 / 255, no spills.
 
 #define PFM_THREADS 128
 #define PFM_WARPS 4
@@ -90,15 +95,14 @@ struct PfmShape {
 
 // Copies key rows n0..n0+BN-1 of one kv head (element offset head_off of
 // each cache slot, slot_stride elements per slot) into s_k and s_v (bf16,
-// row stride HD + PFM_PAD); rows at or past n_keys are zero-filled, so
-// nothing unstored is ever read. Thread tid copies 16-byte chunk tid %
-// (HD / 8) of rows tid / (HD / 8) + i * (PFM_THREADS / (HD / 8)). The bf16
-// cache is copied asynchronously (the caller commits and waits); `scale`
-// is the cache's dequantization scale, unused by bf16. `bs_shift` is
-// log2(block_size) for a power-of-two block size, else -1 (then a division).
+// row stride HD + PFM_PAD) with cp.async (the caller commits and waits);
+// rows at or past n_keys are zero-filled, so nothing unstored is ever read.
+// Thread tid copies 16-byte chunk tid % (HD / 8) of rows tid / (HD / 8) +
+// i * (PFM_THREADS / (HD / 8)). `bs_shift` is log2(block_size) for a
+// power-of-two block size, else -1 (then a division).
 template <int HD, int BN>
 __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __restrict__ k_cache,
-                                            const bf16* __restrict__ v_cache, float scale,
+                                            const bf16* __restrict__ v_cache,
                                             const int* __restrict__ table, int block_size,
                                             int bs_shift, int n0, int n_keys,
                                             long long slot_stride, long long head_off, int tid) {
@@ -106,7 +110,6 @@ __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __
     constexpr int CPR = HD / 8;            // 16-byte chunks per row
     constexpr int RPP = PFM_THREADS / CPR;  // rows per pass of the block
     static_assert(PFM_THREADS % CPR == 0 && BN % RPP == 0, "copy split");
-    (void)scale;
     const int row = tid / CPR;
     const int col = (tid % CPR) * 8;
 #pragma unroll
@@ -129,52 +132,35 @@ __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __
     }
 }
 
-// Eight FP8 E4M3 values (the bytes of `w`, lowest first) times `scale`
-// as eight bf16 (rounded to nearest even) in 16 bytes of shared memory.
-__device__ __forceinline__ void pfm_st_fp8x8(bf16* dst, uint2 w, float scale) {
-    unsigned r[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const unsigned word = i < 2 ? w.x : w.y;
-        const int sh = 16 * (i & 1);
-        r[i] = pf_pack_bf16x2(fp82f((fp8)((word >> sh) & 0xffu)) * scale,
-                              fp82f((fp8)((word >> (sh + 8)) & 0xffu)) * scale);
-    }
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pf_smem_addr(dst)), "r"(r[0]),
-                 "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
-
 // pfm_load_kv for an FP8 E4M3 cache (one byte per element, the same slot
-// layout, `scale` its dequantization scale): each 8-element chunk is read,
-// widened to bf16 and stored synchronously (the caller's commit and wait
-// are then empty, its barrier publishes the stores), so this load is not
-// overlapped with the previous tile's math as the bf16 one is.
+// layout): the raw bytes of the tile go to r_k and r_v ([BN][HD] bytes, no
+// padding) with cp.async, 16 bytes (16 elements) a copy, so the fetch of
+// tile t + 1 overlaps tile t's math as for bf16; pfm_widen_fp8 turns a
+// landed tile into the bf16 rows the mma reads.
 template <int HD, int BN>
-__device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const fp8* __restrict__ k_cache,
-                                            const fp8* __restrict__ v_cache, float scale,
+__device__ __forceinline__ void pfm_load_kv(fp8* r_k, fp8* r_v, const fp8* __restrict__ k_cache,
+                                            const fp8* __restrict__ v_cache,
                                             const int* __restrict__ table, int block_size,
                                             int bs_shift, int n0, int n_keys,
                                             long long slot_stride, long long head_off, int tid) {
-    constexpr int LD = HD + PFM_PAD;
-    constexpr int CPR = HD / 8;            // 8-element chunks per row
+    constexpr int CPR = HD / 16;           // 16-byte chunks per row
     constexpr int RPP = PFM_THREADS / CPR;  // rows per pass of the block
     static_assert(PFM_THREADS % CPR == 0 && BN % RPP == 0, "copy split");
     const int row = tid / CPR;
-    const int col = (tid % CPR) * 8;
+    const int col = (tid % CPR) * 16;
 #pragma unroll
     for (int p = 0; p < BN / RPP; p++) {
         const int r = row + p * RPP;
         const int key = n0 + r;
-        bf16* dk = &s_k[r * LD + col];
-        bf16* dv = &s_v[r * LD + col];
+        fp8* dk = &r_k[r * HD + col];
+        fp8* dv = &r_v[r * HD + col];
         if (key < n_keys) {
             const int blk = bs_shift >= 0 ? key >> bs_shift : key / block_size;
             const long long off =
                 (long long)(table[blk] * block_size + key - blk * block_size) * slot_stride +
                 head_off + col;
-            pfm_st_fp8x8(dk, *reinterpret_cast<const uint2*>(k_cache + off), scale);
-            pfm_st_fp8x8(dv, *reinterpret_cast<const uint2*>(v_cache + off), scale);
+            pf_cp_async16(pf_smem_addr(dk), k_cache + off);
+            pf_cp_async16(pf_smem_addr(dv), v_cache + off);
         } else {
             pf_zero16(dk);
             pf_zero16(dv);
@@ -182,10 +168,41 @@ __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const fp8* __r
     }
 }
 
+// One landed FP8 tile (r_k, r_v: [BN][HD] E4M3 bytes) as bf16 rows of
+// s_k and s_v (row stride HD + PFM_PAD): the bytes' own values, exactly
+// (every E4M3 value is a bf16), unscaled (k_scale goes into the scores'
+// scale, v_scale into the output's normalization). Thread tid widens 8-byte
+// chunks tid + i * PFM_THREADS (8 bytes in, 16 out: no bank conflicts).
+template <int HD, int BN>
+__device__ __forceinline__ void pfm_widen_fp8(const fp8* r_k, const fp8* r_v, bf16* s_k, bf16* s_v,
+                                              int tid) {
+    constexpr int LD = HD + PFM_PAD;
+    constexpr int CPR = HD / 8;        // 8-byte chunks per row
+    constexpr int CHUNKS = BN * CPR;   // per matrix
+    static_assert(CHUNKS % PFM_THREADS == 0, "widen split");
+#pragma unroll
+    for (int p = 0; p < 2 * CHUNKS / PFM_THREADS; p++) {
+        const bool is_v = p >= CHUNKS / PFM_THREADS;  // uniform over the block
+        const int c = tid + p * PFM_THREADS - (is_v ? CHUNKS : 0);
+        const int r = c / CPR;
+        const int col = (c % CPR) * 8;
+        const uint2 w = *reinterpret_cast<const uint2*>((is_v ? r_v : r_k) + r * HD + col);
+        float f[8];
+        fp8x4_to_f32(w.x, f);
+        fp8x4_to_f32(w.y, f + 4);
+        bf16* dst = (is_v ? s_v : s_k) + r * LD + col;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(pf_smem_addr(dst)),
+                     "r"(pf_pack_bf16x2(f[0], f[1])), "r"(pf_pack_bf16x2(f[2], f[3])),
+                     "r"(pf_pack_bf16x2(f[4], f[5])), "r"(pf_pack_bf16x2(f[6], f[7]))
+                     : "memory");
+    }
+}
+
 template <typename T, int HD>
 __device__ __forceinline__ void prefill_mma_tile(
     bf16* __restrict__ out, const bf16* __restrict__ q, const T* __restrict__ k_cache,
-    const T* __restrict__ v_cache, float kv_scale, const int* __restrict__ cu_seqlens_q,
+    const T* __restrict__ v_cache, const float* __restrict__ kv_scales,
+    const int* __restrict__ cu_seqlens_q,
     const int* __restrict__ context_lens, const int* __restrict__ block_tables,
     int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale,
     int window, float softcap) {
@@ -203,9 +220,14 @@ __device__ __forceinline__ void prefill_mma_tile(
     constexpr int NB_O = HD / 8;              // n-blocks of O (8 dims each)
     static_assert(BM % RPP == 0 && (WM * CPR) % 32 == 0, "copy split");
 
+    // An FP8 cache keeps one bf16 stage (the widened tile being computed)
+    // and two stages of raw bytes (the cp.async double buffer).
+    constexpr bool FP8 = KvIsFp8<T>::value;
     extern __shared__ __align__(16) unsigned char pfm_smem[];
     bf16* const s_q = reinterpret_cast<bf16*>(pfm_smem);
     bf16* const s_kv = s_q + BM * LD;  // stage s: K at s_kv + 2s BN LD, V after it
+    // FP8 only: raw stage s, K at r_kv + 2s BN HD, V after it.
+    fp8* const r_kv = reinterpret_cast<fp8*>(s_kv + 2 * BN * LD);
 
     const int seq = blockIdx.y;
     const int kv_head = blockIdx.z;
@@ -229,6 +251,18 @@ __device__ __forceinline__ void prefill_mma_tile(
     const long long slot_stride = (long long)num_kv_heads * HD;
     const long long head_off = (long long)kv_head * HD;
     const long long tok_stride = (long long)num_heads * HD;  // q/out elements per token
+    // Tile starting at key n0 into stage st (raw bytes for FP8).
+    auto load_tile = [&](int st, int n0) {
+        if constexpr (FP8) {
+            fp8* const rk = r_kv + 2 * st * BN * HD;
+            pfm_load_kv<HD, BN>(rk, rk + BN * HD, k_cache, v_cache, table, block_size, bs_shift,
+                                n0, n_keys, slot_stride, head_off, threadIdx.x);
+        } else {
+            bf16* const sk = s_kv + 2 * st * BN * LD;
+            pfm_load_kv<HD, BN>(sk, sk + BN * LD, k_cache, v_cache, table, block_size, bs_shift,
+                                n0, n_keys, slot_stride, head_off, threadIdx.x);
+        }
+    };
     // Element offset in q/out of packed row pr (< rows).
     auto row_off = [&](int pr) -> long long {
         const int tok = pr / group;
@@ -256,8 +290,7 @@ __device__ __forceinline__ void prefill_mma_tile(
         }
         pf_cp_async_commit();
     }
-    pfm_load_kv<HD, BN>(s_kv, s_kv + BN * LD, k_cache, v_cache, kv_scale, table, block_size, bs_shift,
-                        t0 * BN, n_keys, slot_stride, head_off, tid);
+    load_tile(0, t0 * BN);
     pf_cp_async_commit();  // group 2: tile t0
 
     // A fragments: lane L addresses row (L % 8) + 8 ((L / 8) % 2), dim 8 (L / 16).
@@ -300,7 +333,8 @@ __device__ __forceinline__ void prefill_mma_tile(
             last_key[mt][h] = ctx + (p0 + warp * WM + mt * 16 + (lane >> 2) + 8 * h) / group;
         }
     }
-    const float scale_log2 = scale * 1.4426950408889634f;
+    // An FP8 cache's k_scale folds into the scores' scale.
+    const float scale_log2 = scale * 1.4426950408889634f * kv_scale<T>(kv_scales, 0);
     const float cap_log2 = softcap * 1.4426950408889634f;  // used only when softcap > 0
     // The smallest and largest last key of the warp's rows inside the
     // sequence, and the smallest and largest first key.
@@ -321,18 +355,22 @@ __device__ __forceinline__ void prefill_mma_tile(
     for (int t = t0; t < n_tiles; t++) {
         const int n0 = t * BN;
         const int stage = (t - t0) & 1;
-        bf16* const s_k = s_kv + 2 * stage * BN * LD;
+        bf16* const s_k = FP8 ? s_kv : s_kv + 2 * stage * BN * LD;
         bf16* const s_v = s_k + BN * LD;
         // Tile t + 1 goes to the other stage, last read in iteration t - 1
         // (which ended with a barrier).
         if (t + 1 < n_tiles) {
-            bf16* const nk = s_kv + 2 * (stage ^ 1) * BN * LD;
-            pfm_load_kv<HD, BN>(nk, nk + BN * LD, k_cache, v_cache, kv_scale, table, block_size,
-                                bs_shift, n0 + BN, n_keys, slot_stride, head_off, tid);
+            load_tile(stage ^ 1, n0 + BN);
         }
         pf_cp_async_commit();  // tile t + 1, possibly empty
         pf_cp_async_wait1();   // tile t (and Q) landed
         __syncthreads();
+        if constexpr (FP8) {
+            // The bf16 stage was last read in iteration t - 1 (barrier since).
+            const fp8* const rk = r_kv + 2 * stage * BN * HD;
+            pfm_widen_fp8<HD, BN>(rk, rk + BN * HD, s_k, s_v, tid);
+            __syncthreads();
+        }
 
         // Some row of the warp that will be written sees a key of this tile.
         const bool active =
@@ -469,7 +507,9 @@ __device__ __forceinline__ void prefill_mma_tile(
     }
 
     // O / row sum as bf16 into the warp's own rows of s_q (only this warp
-    // reads them, and it is done with them), then 16-byte stores.
+    // reads them, and it is done with them), then 16-byte stores. An FP8
+    // cache's v_scale folds into the normalization.
+    const float v_scale = kv_scale<T>(kv_scales, 1);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         float l0 = row_sum[mt][0], l1 = row_sum[mt][1];
@@ -479,8 +519,8 @@ __device__ __forceinline__ void prefill_mma_tile(
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         // A row past the sequence may have seen nothing (sum 0): it is
         // never written, and 0 keeps its staging finite.
-        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f;
-        const float inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+        const float inv0 = l0 > 0.0f ? v_scale / l0 : 0.0f;
+        const float inv1 = l1 > 0.0f ? v_scale / l1 : 0.0f;
         bf16* r0 = &s_q[(warp * WM + mt * 16 + (lane >> 2)) * LD + 2 * (lane & 3)];
 #pragma unroll
         for (int nb = 0; nb < NB_O; nb++) {
@@ -503,29 +543,45 @@ __device__ __forceinline__ void prefill_mma_tile(
     }
 }
 
-// Entry points, one per head_dim (the supported set; see attention_prefill_mma.rs).
-// window 0: no sliding window; softcap 0: no soft-capping.
-#define PFM_ARGS                                                                                \
-    bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ k_cache,       \
-        const bf16 *__restrict__ v_cache, const int *__restrict__ cu_seqlens_q,                 \
-        const int *__restrict__ context_lens, const int *__restrict__ block_tables,             \
-        int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads, float scale,   \
-        int window, float softcap
+// Entry points, one per (cache element, head_dim) (the supported set; see
+// attention_prefill_mma.rs). window 0: no sliding window; softcap 0: no
+// soft-capping. kv_scales = {k_scale, v_scale} (read by FP8 caches only).
+#define PFM_ARGS(KV)                                                                            \
+    bf16 *__restrict__ out, const bf16 *__restrict__ q, const KV *__restrict__ k_cache,         \
+        const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,                    \
+        const int *__restrict__ cu_seqlens_q, const int *__restrict__ context_lens,             \
+        const int *__restrict__ block_tables, int max_blocks_per_seq, int block_size,           \
+        int num_heads, int num_kv_heads, float scale, int window, float softcap
 #define PFM_PASS                                                                                \
-    out, q, k_cache, v_cache, 1.0f, cu_seqlens_q, context_lens, block_tables,                   \
+    out, q, k_cache, v_cache, kv_scales, cu_seqlens_q, context_lens, block_tables,              \
         max_blocks_per_seq, block_size, num_heads, num_kv_heads, scale, window, softcap
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
-prefill_mma_attention_bf16_hd64(PFM_ARGS) {
+prefill_mma_attention_bf16_hd64(PFM_ARGS(bf16)) {
     prefill_mma_tile<bf16, 64>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
-prefill_mma_attention_bf16_hd128(PFM_ARGS) {
+prefill_mma_attention_bf16_hd128(PFM_ARGS(bf16)) {
     prefill_mma_tile<bf16, 128>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
-prefill_mma_attention_bf16_hd256(PFM_ARGS) {
+prefill_mma_attention_bf16_hd256(PFM_ARGS(bf16)) {
     prefill_mma_tile<bf16, 256>(PFM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
+prefill_mma_attention_fp8_hd64(PFM_ARGS(fp8)) {
+    prefill_mma_tile<fp8, 64>(PFM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
+prefill_mma_attention_fp8_hd128(PFM_ARGS(fp8)) {
+    prefill_mma_tile<fp8, 128>(PFM_PASS);
+}
+
+extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
+prefill_mma_attention_fp8_hd256(PFM_ARGS(fp8)) {
+    prefill_mma_tile<fp8, 256>(PFM_PASS);
 }

@@ -363,10 +363,22 @@ extern "C" __global__ void copy_blocks_fp8(fp8* k_cache, fp8* v_cache, const int
 }
 
 // Test hook (cuda::testing::fp8_codec): the device's FP8 E4M3 encoder on
-// x[0..n) into enc, and its decoder on codes[0..m) into dec, so a test can
-// hold them against fp8.rs.
+// x[0..n) into enc, and its decoders on codes[0..m): fp82f into dec[0..m),
+// fp8x4_to_f32 (four codes a word, the last word zero-padded) into
+// dec[m..2m), so a test can hold them against fp8.rs.
 extern "C" __global__ void fp8_codec(const float* x, fp8* enc, int n, const fp8* codes, float* dec,
                                      int m) {
     GRID_STRIDE(i, n) { enc[i] = f2fp8(x[i]); }
     GRID_STRIDE(i, m) { dec[i] = fp82f(codes[i]); }
+    GRID_STRIDE(i, (m + 3) / 4) {
+        unsigned w = 0u;
+        for (int b = 0; b < 4 && 4 * i + b < m; b++) {
+            w |= (unsigned)codes[4 * i + b] << (8 * b);
+        }
+        float f[4];
+        fp8x4_to_f32(w, f);
+        for (int b = 0; b < 4 && 4 * i + b < m; b++) {
+            dec[m + 4 * i + b] = f[b];
+        }
+    }
 }
