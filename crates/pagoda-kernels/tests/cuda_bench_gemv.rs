@@ -136,7 +136,7 @@ fn bench_qkv(g: &CudaBackend, model: &str, dims: [usize; 3], inner: usize) {
         let x = g
             .tensor_from_host(rows, inner, &rvec_f32(&mut rng, rows * inner, 1.0))
             .unwrap();
-        let mut time = |path: SmallLinear, fused: bool| {
+        let time = |path: SmallLinear, fused: bool| {
             g.set_small_linear(path);
             let mut next = 0usize;
             median_secs(g, 15, || {

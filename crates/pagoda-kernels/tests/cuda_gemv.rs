@@ -11,6 +11,7 @@
 //!   row count (a row's result does not depend on its batch);
 //! - which kernel a shape takes ([`SmallLinear::kernel_for`]);
 //! - `linear3` (q, k and v in one launch) has the bits of three `linear`s.
+//!
 //! Outputs are NaN-poisoned, so an element left unwritten fails.
 //!
 //! Without a CUDA device every test prints a notice and passes (fails where
