@@ -207,6 +207,21 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Weight,
         bias: Option<&Self::Weight>,
     ) -> Result<Self::Tensor>;
+    /// Three `linear`s of the same `x` (an attention layer's q, k and v
+    /// projections): the same results as three calls (what this default
+    /// makes); a backend may run them as one pass.
+    fn linear3(
+        &self,
+        x: &Self::Tensor,
+        w: [&Self::Weight; 3],
+        bias: [Option<&Self::Weight>; 3],
+    ) -> Result<[Self::Tensor; 3]> {
+        Ok([
+            self.linear(x, w[0], bias[0])?,
+            self.linear(x, w[1], bias[1])?,
+            self.linear(x, w[2], bias[2])?,
+        ])
+    }
     /// `residual += x @ w^T (+ bias)`: a projection added into the residual
     /// stream at the residual's precision (on CUDA the GEMM accumulates into
     /// the f32 residual, so the projection is never rounded to bf16).
@@ -258,6 +273,29 @@ pub trait Backend: Send + Sync + 'static {
         head_dim: usize,
         style: RopeStyle,
     ) -> Result<()>;
+    /// Per-head RMSNorm of q and k (Qwen3's q/k norm, where `norms` gives
+    /// the q and k weights) then the rotary embedding of both, in place:
+    /// the same as `head_rms_norm` on q and on k, then `rope` on q and on
+    /// k (what this default does; a backend may do it in one pass).
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        norms: Option<(&Self::Weight, &Self::Weight)>,
+        eps: f32,
+        step: &Self::Step,
+        cos_sin: &Self::Weight,
+        head_dim: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        if let Some((qn, kn)) = norms {
+            self.head_rms_norm(q, qn, head_dim, eps)?;
+            self.head_rms_norm(k, kn, head_dim, eps)?;
+        }
+        self.rope(q, step, cos_sin, head_dim, style)?;
+        self.rope(k, step, cos_sin, head_dim, style)
+    }
     /// `silu(gate) * up` for `gate_up: [rows, 2 * n]` (gate in the first half).
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor>;
     /// `silu(gate) * up` for separate `[rows, n]` inputs.

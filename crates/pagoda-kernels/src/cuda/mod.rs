@@ -17,7 +17,8 @@
 //! Files: [`device`] (context, libraries, kernel module), [`compile`] (NVRTC
 //! and its disk cache), [`blaslt`] (cuBLASLt GEMMs; each plan's algorithm
 //! chosen in [`blaslt_tune`], cached on disk by [`blaslt_cache`]), [`storage`] (types, the packed step), [`ops`] (linear,
-//! norms, elementwise ops), [`attention`] (store_kv, copy_blocks, paged
+//! norms, elementwise ops; the small-row GEMV choice in [`gemv`]; the fused
+//! q/k norm and rope in [`qk_norm_rope`]), [`attention`] (store_kv, copy_blocks, paged
 //! attention; the kernel choice in [`attention_path`], the split-K decode,
 //! grouped prefill and tiled prefill kernels' launches in `attention_decode`,
 //! `attention_prefill_mma` and `attention_prefill`), [`moe`] (mixture-of-experts routing and expert
@@ -35,11 +36,13 @@ mod blaslt_tune;
 mod compile;
 mod device;
 mod fp8_linear;
+mod gemv;
 mod graph;
 mod logit_adjust;
 mod moe;
 mod ops;
 mod pool;
+mod qk_norm_rope;
 mod sampling;
 mod sampling_extras;
 mod storage;
@@ -51,6 +54,7 @@ pub use attention_path::{
 };
 pub use blaslt_cache::{GemmTuning, GEMM_TUNING_ENV};
 pub use blaslt_tune::GemmTuningStats;
+pub use gemv::{GemvKernel, SmallLinear, SMALL_LINEAR_ENV};
 pub use graph::CudaGraphRunner;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
 pub use pool::DeviceBuf;
@@ -61,7 +65,7 @@ use crate::{
     KvCacheShape, Result, RopeStyle, SamplingOptions, TokenMasks,
 };
 use half::bf16;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 /// How to build a [`CudaBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,6 +89,9 @@ pub struct CudaBackend {
     /// Prefill steps take the tiled kernel instead of the grouped one (see
     /// [`CudaBackend::force_tiled_prefill`]).
     tiled_prefill: AtomicBool,
+    /// The small-row linear path ([`SmallLinear`] as `to_u8`; see
+    /// [`CudaBackend::set_small_linear`]).
+    small_linear: AtomicU8,
     /// Token masks of structured outputs (see [`token_masks`]).
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
     /// KV caches hold FP8 E4M3 bytes (see [`crate::kv_dtype`]), else bf16.
@@ -135,6 +142,7 @@ impl CudaBackend {
             poison: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
+            small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
             masks: Default::default(),
             kv_fp8: false,
             fp8_weights: false,
@@ -166,6 +174,18 @@ impl CudaBackend {
     /// from [`PREFILL_KERNEL_ENV`] (`tiled`), else the grouped kernel.
     pub fn force_tiled_prefill(&self, on: bool) {
         self.tiled_prefill.store(on, Ordering::Relaxed);
+    }
+
+    /// Which kernels run linear layers of few rows (see [`gemv`]); new
+    /// backends start from [`SMALL_LINEAR_ENV`], else [`SmallLinear::Mma`].
+    /// Graphs captured before a change keep the kernels they recorded.
+    pub fn set_small_linear(&self, path: SmallLinear) {
+        self.small_linear.store(path.to_u8(), Ordering::Relaxed);
+    }
+
+    /// The current small-row linear path.
+    pub fn small_linear(&self) -> SmallLinear {
+        SmallLinear::from_u8(self.small_linear.load(Ordering::Relaxed))
     }
 
     /// The attention kernel this backend runs for `ctx` and `p`
@@ -564,6 +584,15 @@ impl Backend for CudaBackend {
         ops::linear(self, x, w, bias)
     }
 
+    fn linear3(
+        &self,
+        x: &CudaTensor,
+        w: [&CudaWeight; 3],
+        bias: [Option<&CudaWeight>; 3],
+    ) -> Result<[CudaTensor; 3]> {
+        ops::linear3(self, x, w, bias)
+    }
+
     fn add_linear(
         &self,
         residual: &mut CudaTensor,
@@ -617,6 +646,21 @@ impl Backend for CudaBackend {
         style: RopeStyle,
     ) -> Result<()> {
         ops::rope(self, x, step, cos_sin, head_dim, style)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        norms: Option<(&CudaWeight, &CudaWeight)>,
+        eps: f32,
+        step: &CudaStep,
+        cos_sin: &CudaWeight,
+        head_dim: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        qk_norm_rope::qk_norm_rope(self, q, k, norms, eps, step, cos_sin, head_dim, style)
     }
 
     fn silu_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor> {
@@ -721,7 +765,7 @@ impl Backend for CudaBackend {
     fn warmup_row_counts(&self, max_rows: usize) -> Vec<usize> {
         // Every GEMM plan bucket above the gemv sizes, below the largest step.
         let mut rows = Vec::new();
-        let mut n = ops::GEMV_MAX_ROWS as u64 + 1;
+        let mut n = self.small_linear().max_gemv_rows() as u64 + 1;
         while (n as usize) < max_rows {
             let b = blaslt::bucket(n);
             if b as usize >= max_rows {

@@ -8,10 +8,11 @@
 //! f32 compute, bf16 out; plans cached per shape); with a bias, the GEMM
 //! accumulates into an f32 scratch and one kernel adds the bias and rounds,
 //! so the output is rounded to bf16 once, as in PyTorch's bf16 `F.linear`.
-//! With at most 8 rows (decode) it is instead one `gemv_bf16` pass over the
-//! weights with the bias fused (kernels/gemv.cu), also rounded once.
+//! With few rows (decode) it is instead one GEMV pass over the weights with
+//! the bias fused, also rounded once; which GEMV, and up to how many rows,
+//! is decided in [`super::gemv`] alone.
 //! `add_linear` is the same product added into the f32 residual stream (GEMM
-//! with beta 1, or `gemv_bf16_acc_f32`).
+//! with beta 1, or the GEMV's f32-accumulating variant).
 //! The residual stream is f32 ([`Act::F32`]): `embedding` makes it, the norms
 //! read it, `add`/`add_position_embedding`/`add_linear` accumulate into it;
 //! the other ops take bf16 activations only and refuse the residual with a
@@ -24,11 +25,6 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 const THREADS: u32 = 256;
-/// `linear` with at most this many rows (and `in % 8 == 0`) runs the
-/// `gemv_bf16` kernel instead of cuBLAS (must match `GEMV_MAX_ROWS`).
-pub(crate) const GEMV_MAX_ROWS: usize = 8;
-/// Warps per `gemv_bf16` block (must match `GEMV_WARPS`).
-const GEMV_WARPS: usize = 8;
 
 fn shape_err(op: &'static str, detail: String) -> KernelError {
     KernelError::Shape { op, detail }
@@ -49,12 +45,16 @@ pub(crate) fn elems_cfg(n: usize) -> LaunchConfig {
     }
 }
 
+/// Threads of a block that owns one row of `cols` elements.
+pub(crate) fn rows_threads(cols: usize) -> u32 {
+    (cols.div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
 /// One block per row of `cols` elements.
 fn rows_cfg(rows: usize, cols: usize) -> LaunchConfig {
-    let threads = (cols.div_ceil(32) * 32).clamp(32, 1024) as u32;
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
-        block_dim: (threads, 1, 1),
+        block_dim: (rows_threads(cols), 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -63,7 +63,7 @@ fn i32_of(v: usize, op: &'static str) -> Result<i32> {
     i32::try_from(v).map_err(|_| shape_err(op, format!("{v} does not fit in 32 bits")))
 }
 
-fn check_rows(op: &'static str, x: &CudaTensor, step: &CudaStep) -> Result<()> {
+pub(crate) fn check_rows(op: &'static str, x: &CudaTensor, step: &CudaStep) -> Result<()> {
     if x.rows != step.ctx.num_tokens() {
         return Err(shape_err(
             op,
@@ -259,6 +259,47 @@ pub(crate) fn linear(
     Ok(y)
 }
 
+/// Three products of `x` ([`crate::Backend::linear3`]): one tensor-core
+/// GEMV launch where the small-row path takes all three (bf16 weights of
+/// the same input width), else three `linear`s.
+pub(crate) fn linear3(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    w: [&CudaWeight; 3],
+    bias: [Option<&CudaWeight>; 3],
+) -> Result<[CudaTensor; 3]> {
+    let op = "linear";
+    let bf16_weights = w.iter().all(|w| matches!(w.data, WeightBuf::Bf16(_)));
+    let kernel = b.small_linear().kernel_for(x.rows, x.cols);
+    if !bf16_weights || kernel != Some(super::gemv::GemvKernel::Mma) {
+        return Ok([
+            linear(b, x, w[0], bias[0])?,
+            linear(b, x, w[1], bias[1])?,
+            linear(b, x, w[2], bias[2])?,
+        ]);
+    }
+    let biases = [
+        check_linear(op, x, w[0], bias[0])?,
+        check_linear(op, x, w[1], bias[1])?,
+        check_linear(op, x, w[2], bias[2])?,
+    ];
+    let mut ys = [
+        b.output(x.rows, w[0].rows)?,
+        b.output(x.rows, w[1].rows)?,
+        b.output(x.rows, w[2].rows)?,
+    ];
+    let [y0, y1, y2] = &mut ys;
+    let outs: [&mut CudaSlice<bf16>; 3] = [
+        &mut **y0.bf16_mut(op)?,
+        &mut **y1.bf16_mut(op)?,
+        &mut **y2.bf16_mut(op)?,
+    ];
+    let ws = [w[0].bf16(op)?, w[1].bf16(op)?, w[2].bf16(op)?];
+    let dims = [w[0].rows, w[1].rows, w[2].rows];
+    super::gemv::launch3(b, op, (x.rows, x.cols), x.bf16(op)?, ws, dims, biases, outs)?;
+    Ok(ys)
+}
+
 /// `residual += x @ w^T (+ bias)`, unrounded into an f32 residual; a bf16
 /// residual (OPT's post-norm layers make one) takes `linear` then `add`.
 pub(crate) fn add_linear(
@@ -336,33 +377,9 @@ fn product(
         if let Dest::Bf16(y) = &mut dest {
             fill(b, y, rows * out, 0)?;
         }
-    } else if rows <= GEMV_MAX_ROWS && inner % 8 == 0 {
-        // Decode-sized: one pass over the weights, bias fused.
-        let (m, n, k) = (i32_of(rows, op)?, i32_of(out, op)?, i32_of(inner, op)?);
-        let has_bias = i32::from(bias.is_some());
-        let cfg = LaunchConfig {
-            grid_dim: (out.div_ceil(GEMV_WARPS) as u32, 1, 1),
-            block_dim: (32 * GEMV_WARPS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let name = match dest {
-            Dest::Bf16(_) => "gemv_bf16",
-            Dest::AccF32(_) => "gemv_bf16_acc_f32",
-        };
-        let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-        match &mut dest {
-            Dest::Bf16(y) => l.arg(&mut **y),
-            Dest::AccF32(y) => l.arg(&mut **y),
-        };
-        l.arg(xd)
-            .arg(wd)
-            .arg(bias.unwrap_or(wd))
-            .arg(&has_bias)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k);
-        unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (gemv)", e))?;
-        return Ok(());
+    } else if let Some(k) = b.small_linear().kernel_for(rows, inner) {
+        // Decode-sized: one pass over the weights, bias fused (gemv.rs).
+        return super::gemv::launch(b, op, k, (rows, out, inner), xd, wd, bias, &mut dest);
     } else if let (Dest::Bf16(y), Some(bias)) = (&mut dest, bias) {
         // A biased bf16 output: the f32 product plus the bias, rounded to
         // bf16 once (as PyTorch's bf16 F.linear does), never the product

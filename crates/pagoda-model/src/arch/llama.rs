@@ -218,17 +218,27 @@ impl<B: Backend> LlamaFamily<B> {
     ) -> Result<B::Tensor> {
         let hd = self.attn.head_dim;
         // 1. Project.
-        let mut q = b.linear(x, &a.q_proj, a.q_bias.as_ref())?;
-        let mut k = b.linear(x, &a.k_proj, a.k_bias.as_ref())?;
-        let v = b.linear(x, &a.v_proj, a.v_bias.as_ref())?;
-        // 2. Qwen3 normalizes each head of q and k.
-        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            b.head_rms_norm(&mut q, qn, hd, self.eps)?;
-            b.head_rms_norm(&mut k, kn, hd, self.eps)?;
-        }
-        // 3. Rotate by position.
-        b.rope(&mut q, step, &self.cos_sin, hd, RopeStyle::Neox)?;
-        b.rope(&mut k, step, &self.cos_sin, hd, RopeStyle::Neox)?;
+        let [mut q, mut k, v] = b.linear3(
+            x,
+            [&a.q_proj, &a.k_proj, &a.v_proj],
+            [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
+        )?;
+        // 2. Qwen3 normalizes each head of q and k; 3. rotate by position
+        // (one backend op for both steps).
+        let norms = match (&a.q_norm, &a.k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn)),
+            _ => None,
+        };
+        b.qk_norm_rope(
+            &mut q,
+            &mut k,
+            norms,
+            self.eps,
+            step,
+            &self.cos_sin,
+            hd,
+            RopeStyle::Neox,
+        )?;
         // 4. Store this step's K/V, then attend over the whole cached sequence.
         b.store_kv(&k, &v, kv, step)?;
         Ok(b.attention(&q, kv, step, &self.attn)?)

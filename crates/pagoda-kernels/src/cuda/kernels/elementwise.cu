@@ -224,6 +224,14 @@ extern "C" __global__ void add_f32_f32(float* x, const float* y, long long n) {
 // no 64-bit division is done per element. The table row of a position holds
 // rd/2 cosines then rd/2 sines. style 0 = NeoX (i pairs with i + rd/2),
 // 1 = interleaved (2i pairs with 2i + 1).
+// One rotated pair, each product and sum rounded on its own (no fused
+// multiply-add), so every kernel that rotates gives the same bits.
+__device__ __forceinline__ void rope_rotate(bf16* h, int a, int b, float x1, float x2, float c,
+                                            float s) {
+    h[a] = f2bf(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    h[b] = f2bf(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}
+
 template <typename T>
 __device__ void rope_impl(bf16* x, const int* positions, const T* table, int n_rows,
                           int n_heads, int head_dim, int rd, int style) {
@@ -241,10 +249,7 @@ __device__ void rope_impl(bf16* x, const int* positions, const T* table, int n_r
             float s = ld(table, trow + half + i);
             int a = style == 0 ? i : 2 * i;
             int b = style == 0 ? i + half : 2 * i + 1;
-            float x1 = bf2f(h[a]);
-            float x2 = bf2f(h[b]);
-            h[a] = f2bf(x1 * c - x2 * s);
-            h[b] = f2bf(x2 * c + x1 * s);
+            rope_rotate(h, a, b, bf2f(h[a]), bf2f(h[b]), c, s);
         }
     }
 }

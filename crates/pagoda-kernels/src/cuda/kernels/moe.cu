@@ -14,7 +14,9 @@
 // previous pick in the order (probability descending, index ascending), so
 // ties go to the lower index and no list of picks is kept; a NaN
 // probability ranks below every number (it is still a valid id). With
-// renormalize the picked weights are divided by their sum.
+// renormalize the picked weights are divided by their sum. Rows of at most
+// 32 * MR_CACHE experts keep each lane's probabilities in registers between
+// the passes (computed once); wider rows recompute them per pass.
 //
 // moe_group: one block of MG_THREADS. Counts pairs per expert (shared
 // atomics), an exclusive scan of the padded counts (one warp), the expert of
@@ -80,6 +82,7 @@
 // grid-stride over rows * cols.
 
 #define MR_WARPS 4
+#define MR_CACHE 8
 #define MG_THREADS 256
 #define MG_WARPS (MG_THREADS / 32)
 #define MOE_THREADS 128
@@ -120,18 +123,41 @@ __device__ __forceinline__ void moe_route_row(const T* __restrict__ logits, int 
     float picked = 0.0f;
     int* row_ids = ids + (long long)row * top_k;
     float* row_w = weights + (long long)row * top_k;
+    // Up to 32 * MR_CACHE experts, each lane keeps its probabilities in
+    // registers across the top_k passes (computed once, the same values).
+    const bool cached = n_exp <= 32 * MR_CACHE;
+    float p[MR_CACHE];
+#pragma unroll
+    for (int j = 0; j < MR_CACHE; j++) {
+        const int e = lane + 32 * j;
+        float v = cached && e < n_exp ? expf(ld(l, e) - m) / s : -1.0f;
+        p[j] = v != v ? -1.0f : v;
+    }
     for (int t = 0; t < top_k; t++) {
         float best_v = -2.0f;
         int best_i = 0x7fffffff;
-        for (int e = lane; e < n_exp; e += 32) {
-            float v = expf(ld(l, e) - m) / s;
-            if (v != v) {
-                v = -1.0f;
+        if (cached) {
+#pragma unroll
+            for (int j = 0; j < MR_CACHE; j++) {
+                const int e = lane + 32 * j;
+                const float v = p[j];
+                bool after = v < prev_v || (v == prev_v && e > prev_i);
+                if (e < n_exp && after && (v > best_v || (v == best_v && e < best_i))) {
+                    best_v = v;
+                    best_i = e;
+                }
             }
-            bool after = v < prev_v || (v == prev_v && e > prev_i);
-            if (after && (v > best_v || (v == best_v && e < best_i))) {
-                best_v = v;
-                best_i = e;
+        } else {
+            for (int e = lane; e < n_exp; e += 32) {
+                float v = expf(ld(l, e) - m) / s;
+                if (v != v) {
+                    v = -1.0f;
+                }
+                bool after = v < prev_v || (v == prev_v && e > prev_i);
+                if (after && (v > best_v || (v == best_v && e < best_i))) {
+                    best_v = v;
+                    best_i = e;
+                }
             }
         }
         for (int o = 16; o > 0; o >>= 1) {
