@@ -43,20 +43,57 @@ fn check(
     tol: f32,
     tokens: bool,
 ) {
+    check_by_len(what, runner, golden, &|_| tol, tokens)
+}
+
+/// [`check`] with the tolerance chosen by prompt length.
+fn check_by_len(
+    what: &str,
+    runner: &mut pagoda_engine::ModelRunner<CpuBackend>,
+    golden: &serde_json::Value,
+    tol: &dyn Fn(usize) -> f32,
+    tokens: bool,
+) {
     for p in golden["prompts"].as_array().unwrap() {
         let prompt = ids(&p["prompt_ids"]);
         let want = ids(&p["output_ids"]);
         let (got, logits) = greedy_trace(runner, &prompt, want.len());
         let err = rel_err(&logits[0], &floats(&p["last_logits"]));
+        let tol = tol(prompt.len());
         assert!(
             err < tol,
-            "{what}, prompt of {}: logits off by {err}",
+            "{what}, prompt of {}: logits off by {err} (bar {tol})",
             prompt.len()
         );
         if tokens {
             assert_eq!(got, want, "{what}, prompt of {}: tokens", prompt.len());
         }
     }
+}
+
+/// Q8_0 blocks kept (8-bit weights times 8-bit activations) against
+/// transformers' f32: within 5e-2 for the 1-, 5- and 17-token prompts. The
+/// 40-token prompts route some tokens on near ties: in transformers' f32
+/// run the k-th and (k+1)-th router logits of a token differ by only 2.1e-4
+/// (mixtral) and 4.7e-3 (qwen2-moe), less than the shifts that rounding the
+/// weights and the activations to 8 bits cause (the matmuls themselves stay
+/// within 1% of f32, and an f32 GEMM over the same rounded activations gives
+/// the same logits as the block kernels); a token then takes another expert
+/// and the last logits move by about 0.2, whatever computes the products.
+/// There only a bound that catches wrong arithmetic (unrelated logits
+/// of the same size differ by about sqrt(2)).
+fn check_q8_0(
+    what: &str,
+    runner: &mut pagoda_engine::ModelRunner<CpuBackend>,
+    golden: &serde_json::Value,
+) {
+    check_by_len(
+        what,
+        runner,
+        golden,
+        &|len| if len < 40 { 5e-2 } else { 0.35 },
+        false,
+    )
 }
 
 /// The dummy weights under the names of published checkpoints: each
@@ -330,7 +367,7 @@ fn mixtral_gguf_matches_transformers() {
     .unwrap()
     .with_quantized_weights(true);
     let mut kept = runner(backend, &gcfg, &src, 64);
-    check("mixtral gguf q8_0 kept", &mut kept, &golden, 5e-2, false);
+    check_q8_0("mixtral gguf q8_0 kept", &mut kept, &golden);
 }
 
 /// A qwen3moe GGUF (layer 1 dense, head_dim 32 from `key_length`, q/k
@@ -383,7 +420,7 @@ fn qwen2_moe_gguf_matches_transformers() {
     .unwrap()
     .with_quantized_weights(true);
     let mut kept = runner(backend, &gcfg, &src, 64);
-    check("qwen2moe gguf q8_0 kept", &mut kept, &golden, 5e-2, false);
+    check_q8_0("qwen2moe gguf q8_0 kept", &mut kept, &golden);
 
     for skip in [
         "blk.2.ffn_down_shexp.weight",

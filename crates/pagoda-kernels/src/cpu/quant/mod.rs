@@ -5,7 +5,7 @@
 //!   block_size` whole blocks in the file's layout (see
 //!   [`super::storage::CpuWeight`]); [`supported`] lists the types with
 //!   kernels, others are dequantized at load.
-//! - Few rows (decode, [`matmul`]; up to 64 rows, so batched decode too):
+//! - Few rows (decode, [`matmul`]; up to 32 rows, so batched decode too):
 //!   each x row is quantized once per call
 //!   ([`act`]: 32-blocks for Q4_0..Q8_0 and IQ4_NL, 256-blocks with 16-sums
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by

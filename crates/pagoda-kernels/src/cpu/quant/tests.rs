@@ -78,14 +78,14 @@ fn dequant(ty: GgmlType, b: &[u8], elements: usize) -> Vec<f32> {
 
 /// For every type and path: `matmul` against the f64 product of the
 /// dequantized weights, within the bound of the activation rounding.
-fn check(exact_activations: bool) {
+fn check(exact_activations: bool, row_counts: &[usize]) {
     let mut rng = Rng(0x9E3779B97F4A7C15);
     let (n, k) = (37, 512);
     for ty in TYPES {
         let w = random_blocks(ty, n, k, &mut rng);
         let wf = dequant(ty, &w, n * k);
         let qb = if ty.block_size() == 256 { 256 } else { 32 };
-        for rows in [1, 3, 6, 11] {
+        for &rows in row_counts {
             let x: Vec<f32> = if exact_activations {
                 // Multiples of a per-block scale with one |q| = 127 per block.
                 (0..rows * k)
@@ -138,12 +138,20 @@ fn check(exact_activations: bool) {
 
 #[test]
 fn every_path_matches_dequantized_weights_with_exact_activations() {
-    check(true);
+    check(true, &[1, 3, 6, 11]);
 }
 
 #[test]
 fn every_path_stays_within_the_activation_rounding_bound() {
-    check(false);
+    check(false, &[1, 3, 6, 11]);
+}
+
+/// Batched-decode and short-prefill row counts: past the 8-row groups, the
+/// 16 rows the kernels once stopped at, and the 64 rows of one kernel call.
+#[test]
+fn every_path_matches_dequantized_weights_from_17_to_100_rows() {
+    check(true, &[16, 17, 24, 31, 33, 40, 63, 64, 65, 100]);
+    check(false, &[17, 40, 64, 65]);
 }
 
 #[test]
