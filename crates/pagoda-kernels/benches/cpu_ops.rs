@@ -213,6 +213,7 @@ const PARAMS: AttentionParams = AttentionParams {
     scale: 0.125,
     window: None,
     softcap: None,
+    kv_group: 0,
 };
 
 fn kv_shape(tokens: usize) -> KvCacheShape {

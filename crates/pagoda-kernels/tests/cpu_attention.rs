@@ -423,6 +423,7 @@ fn bad_slots_blocks_and_head_layouts_are_errors() {
         scale: 0.3,
         window: None,
         softcap: None,
+        kv_group: 0,
     };
 
     let mut bad = step.ctx.clone();

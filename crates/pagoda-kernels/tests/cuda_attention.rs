@@ -218,6 +218,7 @@ fn bad_layouts_are_errors() {
         scale: 0.125,
         window: None,
         softcap: None,
+        kv_group: 0,
     };
     assert!(matches!(
         g.attention(&q, &cache, &st, &p),

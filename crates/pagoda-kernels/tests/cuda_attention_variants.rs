@@ -62,6 +62,8 @@ impl Case {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window,
             softcap: self.softcap,
+            kv_group: 0,
+            kv_group: 0,
         }
     }
 

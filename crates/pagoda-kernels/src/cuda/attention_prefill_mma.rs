@@ -175,7 +175,7 @@ pub(crate) fn prefill_attention_mma(
     let (cu_q, ctx_lens, tables) = (
         step.view(step.cu_seqlens_q),
         step.view(step.context_lens),
-        step.view(step.block_tables),
+        step.view(step.block_tables_of(p.kv_group)),
     );
     let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let (mbps, bs, nh, nkv) = (
