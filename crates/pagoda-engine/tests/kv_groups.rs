@@ -177,8 +177,9 @@ fn preemption_in_a_small_cache_changes_no_token() {
     }
     let mut kept = engine("gemma3", 400, false, false);
     let want = run(&mut kept, &wave, &mut |_| {});
-    // The longest request: 220 tokens, 14 global blocks plus local windows.
-    let one = 14 + (l.num_groups() - 1) * window;
+    // The longest request (capped at the context): 16 global blocks plus
+    // one window per local group.
+    let one = MAX_MODEL_LEN / BLOCK_SIZE + (l.num_groups() - 1) * window;
     let mut preemptions = 0;
     for num_blocks in [one, one + 10, 2 * one] {
         let mut small = engine("gemma3", num_blocks, false, true);
