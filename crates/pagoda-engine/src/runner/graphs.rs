@@ -169,6 +169,7 @@ mod tests {
             num_decode_tokens: 2,
             logits_indices: vec![0, 1],
             sampling: vec![SamplingRow::GREEDY; 2],
+            ..Default::default()
         };
         ctx.validate().unwrap();
         ctx
