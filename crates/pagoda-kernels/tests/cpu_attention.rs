@@ -158,6 +158,7 @@ fn run_case_scaled(
         scale: 1.0 / (hd as f32).sqrt(),
         window,
         softcap,
+        kv_group: 0,
     };
     let o = b
         .attention(&tensor(b, rows, nh * hd, &q), &cache, &s, &params)

@@ -95,6 +95,7 @@ fn run_case_with(
         scale: 1.0 / (hd as f32).sqrt(),
         window,
         softcap,
+        kv_group: 0,
     };
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
