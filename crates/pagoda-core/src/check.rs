@@ -58,6 +58,39 @@ impl Scheduler {
                     seq.num_released_blocks
                 ));
             }
+            if seq.status == SequenceStatus::Running
+                && seq.group_tables.len() + 1 != kv.num_groups()
+            {
+                return Err(format!("request {id}: not one block table per KV group"));
+            }
+            for (g, (t, w)) in seq.group_tables.iter().zip(&kv.group_windows).enumerate() {
+                let g = g + 1;
+                if t.blocks.len() != seq.block_table.len() {
+                    return Err(format!(
+                        "request {id}: group {g}'s table has another length"
+                    ));
+                }
+                for (i, &b) in t.blocks.iter().enumerate() {
+                    if b.is_null() != (i < t.num_released) {
+                        return Err(format!(
+                            "request {id}: group {g} entry {i} is {b} but {} are released",
+                            t.num_released
+                        ));
+                    }
+                    if !b.is_null() {
+                        *refs.entry(b).or_default() += 1;
+                    }
+                }
+                let first_kept = w.map_or(0, |w| {
+                    first_read_position(seq.num_computed_tokens, w) / self.config.block_size
+                });
+                if t.num_released > first_kept {
+                    return Err(format!(
+                        "request {id}: group {g} released {} blocks but keeps from {first_kept}",
+                        t.num_released
+                    ));
+                }
+            }
             if seq.num_computed_tokens > seq.block_table.len() * self.config.block_size {
                 return Err(format!("request {id}: computed tokens beyond its blocks"));
             }
@@ -70,6 +103,7 @@ impl Scheduler {
             }
             if seq.status != SequenceStatus::Running
                 && (!seq.block_table.is_empty()
+                    || !seq.group_tables.is_empty()
                     || seq.radix_hold.is_some()
                     || seq.radix_cursor.is_some()
                     || seq.num_computed_tokens > 0)

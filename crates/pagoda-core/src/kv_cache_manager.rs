@@ -21,6 +21,18 @@
 //! where the tree no longer holds a released block. A later prefix hit gets
 //! every block of the path and releases the passed ones at once.
 //!
+//! KV cache groups (vLLM's hybrid manager; Gemma 2/3's local and global
+//! layers): the layers may be split into groups, each with its own window
+//! (or none), over this one pool of pages (the runner lays a page out as one
+//! block of every layer slot of a group; see `pagoda_model::KvLayout`). A
+//! sequence has one block table per group, all of the same length: group 0's
+//! is `block_table`, the others' are `group_tables`. Each windowed group
+//! releases its passed blocks as above, on its own; a full-attention group
+//! keeps every block. So a long context costs the full groups' KV plus one
+//! window per local group. With more than one group there is no prefix
+//! caching (a cached block would have to keep every group's pages) and so
+//! no block copies.
+//!
 //! Invariants:
 //! - every block's ref count = references from block tables + from the radix
 //!   tree + pending copy sources (a copy source stays referenced until the
@@ -40,9 +52,9 @@
 //! O(sequence length).
 
 use crate::block_pool::{BlockId, BlockPool};
-use crate::error::Result;
+use crate::error::{CoreError, Result};
 use crate::radix_cache::{NodeId, RadixCache};
-use crate::sequence::{RadixCursor, RadixHold, Sequence};
+use crate::sequence::{GroupTable, RadixCursor, RadixHold, Sequence};
 
 /// Where an unlocked cursor's insert starts: its node while no node was
 /// removed since it was set (so the id still names it), else the root (an
@@ -77,9 +89,11 @@ pub fn max_blocks_in_window(window: usize, max_chunk: usize, block_size: usize) 
 #[derive(Debug, Clone)]
 pub struct KvCacheManager {
     pub(crate) pool: BlockPool,
-    /// The sliding window of every attention layer, where blocks it passes
-    /// are released.
+    /// The sliding window of group 0 (with one group: of every attention
+    /// layer), where blocks it passes are released.
     pub(crate) window: Option<usize>,
+    /// The windows of groups 1.. (`None`: a full-attention group).
+    pub(crate) group_windows: Vec<Option<usize>>,
     pub(crate) radix: Option<RadixCache>,
     /// Copy sources referenced until their step has run.
     pub(crate) pending_copy_srcs: Vec<BlockId>,
@@ -95,9 +109,56 @@ impl KvCacheManager {
         KvCacheManager {
             pool: BlockPool::new(num_blocks, block_size),
             window,
+            group_windows: Vec::new(),
             radix: enable_prefix_caching.then(|| RadixCache::new(block_size)),
             pending_copy_srcs: Vec::new(),
         }
+    }
+
+    /// A manager over KV cache groups with windows `windows` (one entry per
+    /// group, at least one). One group is [`Self::new`]; more than one
+    /// refuses prefix caching (see the module docs).
+    pub fn with_groups(
+        num_blocks: usize,
+        block_size: usize,
+        enable_prefix_caching: bool,
+        windows: &[Option<usize>],
+    ) -> Result<Self> {
+        let Some((&first, rest)) = windows.split_first() else {
+            return Err(CoreError::InvalidConfig("no KV cache group".into()));
+        };
+        if !rest.is_empty() && enable_prefix_caching {
+            return Err(CoreError::InvalidConfig(
+                "prefix caching is not supported with more than one KV cache group".into(),
+            ));
+        }
+        let mut m = Self::new(num_blocks, block_size, enable_prefix_caching, first);
+        m.group_windows = rest.to_vec();
+        Ok(m)
+    }
+
+    /// KV cache groups (at least 1).
+    pub fn num_groups(&self) -> usize {
+        1 + self.group_windows.len()
+    }
+
+    /// Every group's window, group 0 first.
+    pub fn windows(&self) -> impl Iterator<Item = Option<usize>> + '_ {
+        std::iter::once(self.window).chain(self.group_windows.iter().copied())
+    }
+
+    /// The most pages a sequence holds over all groups when its context
+    /// reaches `num_tokens` tokens and it is given slots for at most
+    /// `max_chunk` new tokens at a time.
+    pub fn max_blocks_held(&self, num_tokens: usize, max_chunk: usize) -> usize {
+        let bs = self.bs();
+        let all = num_tokens.div_ceil(bs);
+        self.windows()
+            .map(|w| match w {
+                Some(w) => all.min(max_blocks_in_window(w, max_chunk, bs)),
+                None => all,
+            })
+            .sum()
     }
 
     fn bs(&self) -> usize {
@@ -150,6 +211,17 @@ impl KvCacheManager {
     /// next query (at `num_computed_tokens`); see the module docs. O(blocks
     /// released).
     pub fn release_passed_blocks(&mut self, seq: &mut Sequence) -> Result<()> {
+        let bs = self.bs();
+        for (g, table) in self.group_windows.iter().zip(&mut seq.group_tables) {
+            let Some(window) = *g else { continue };
+            let first = first_read_position(seq.num_computed_tokens, window);
+            let upto = (first / bs).min(table.blocks.len());
+            for b in table.blocks.iter_mut().take(upto).skip(table.num_released) {
+                let id = std::mem::replace(b, BlockId::NULL);
+                self.pool.decref(id)?;
+            }
+            table.num_released = table.num_released.max(upto);
+        }
         let Some(window) = self.window else {
             return Ok(());
         };
@@ -182,9 +254,15 @@ impl KvCacheManager {
     /// release stands: those blocks are never read again).
     pub fn allocate_slots(&mut self, seq: &mut Sequence, num_tokens: usize) -> Result<bool> {
         self.release_passed_blocks(seq)?;
-        let need = num_tokens
+        let groups = self.num_groups();
+        if seq.group_tables.len() + 1 != groups {
+            seq.group_tables
+                .resize_with(groups - 1, GroupTable::default);
+        }
+        let per_group = num_tokens
             .div_ceil(self.bs())
             .saturating_sub(seq.block_table.len());
+        let need = per_group * groups;
         if self.pool.num_free() < need {
             if let Some(radix) = self.radix.as_mut() {
                 radix.evict(&mut self.pool, need)?;
@@ -194,7 +272,12 @@ impl KvCacheManager {
             }
         }
         seq.block_table
-            .extend(std::iter::from_fn(|| self.pool.allocate()).take(need));
+            .extend(std::iter::from_fn(|| self.pool.allocate()).take(per_group));
+        for table in &mut seq.group_tables {
+            table
+                .blocks
+                .extend(std::iter::from_fn(|| self.pool.allocate()).take(per_group));
+        }
         Ok(true)
     }
 
@@ -275,6 +358,13 @@ impl KvCacheManager {
         for b in seq.block_table.drain(..) {
             if !b.is_null() {
                 self.pool.decref(b)?;
+            }
+        }
+        for table in seq.group_tables.drain(..) {
+            for b in table.blocks {
+                if !b.is_null() {
+                    self.pool.decref(b)?;
+                }
             }
         }
         seq.num_released_blocks = 0;

@@ -28,8 +28,11 @@ pub struct ScheduledSequence {
     pub token_ids: Vec<u32>,
     /// Tokens already in the cache (vLLM's `context_len`).
     pub num_computed_tokens: usize,
-    /// Covers at least `seq_len()` tokens.
+    /// Covers at least `seq_len()` tokens (KV cache group 0's table).
     pub block_table: Vec<BlockId>,
+    /// The tables of KV cache groups 1.., each as long as `block_table`
+    /// (empty with one group).
+    pub group_tables: Vec<Vec<BlockId>>,
     /// Whether the last token's logits are sampled (false for a prompt chunk
     /// that does not finish the prompt).
     pub needs_logits: bool,

@@ -32,7 +32,8 @@
 //! takes no cached prefix until its prompt is computed.
 //!
 //! Liveness: a request is admitted only if it fits the whole cache on its own
-//! (with a sliding window: one window of blocks and a step's chunk);
+//! (with a sliding window: one window of blocks and a step's chunk; with KV
+//! cache groups: the sum over the groups);
 //! the oldest running request can be preempted by no one (only paused, by its
 //! client's choice) and, once the others finish or are preempted, has the
 //! whole cache; so every request that is not paused finishes.
@@ -46,7 +47,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::config::SchedulerConfig;
 use crate::error::{CoreError, Result};
-use crate::kv_cache_manager::{max_blocks_in_window, KvCacheManager};
+use crate::kv_cache_manager::KvCacheManager;
 use crate::output::{BlockCopy, RequestUpdate, ScheduledSequence, SchedulerOutput};
 use crate::sequence::{FinishReason, Request, RequestId, Sequence, SequenceStatus};
 use crate::stats::{SchedulerStats, StatCounters};
@@ -80,19 +81,28 @@ impl Scheduler {
     /// window has passed (see [`crate::kv_cache_manager`]), and a request is
     /// admitted when one window of blocks (plus a step's chunk) fits the cache.
     pub fn with_sliding_window(config: SchedulerConfig, window: Option<usize>) -> Result<Self> {
+        Self::with_kv_groups(config, &[window])
+    }
+
+    /// A scheduler over KV cache groups with windows `windows`, group 0
+    /// first (see [`crate::kv_cache_manager`]): `num_blocks` counts pages of
+    /// the one pool all groups share; each windowed group releases the
+    /// blocks its window has passed. One group is
+    /// [`Self::with_sliding_window`]; more refuse prefix caching.
+    pub fn with_kv_groups(config: SchedulerConfig, windows: &[Option<usize>]) -> Result<Self> {
         config.validate()?;
-        if window == Some(0) {
+        if windows.contains(&Some(0)) {
             return Err(CoreError::InvalidConfig(
                 "the sliding window must be at least 1 token".into(),
             ));
         }
         Ok(Scheduler {
-            kv: KvCacheManager::new(
+            kv: KvCacheManager::with_groups(
                 config.num_blocks,
                 config.block_size,
                 config.enable_prefix_caching,
-                window,
-            ),
+                windows,
+            )?,
             config,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
@@ -114,24 +124,23 @@ impl Scheduler {
         &self.config
     }
 
-    /// The sliding window whose passed blocks are released, if any.
+    /// The sliding window whose passed blocks are released, if any (of
+    /// group 0 where there are several KV cache groups).
     pub fn sliding_window(&self) -> Option<usize> {
         self.kv.window
     }
 
-    /// The most blocks a request reaching `num_tokens` tokens holds at once:
-    /// all of them, or (with a sliding window) one window of them plus a
-    /// step's chunk.
+    /// KV cache groups (1 unless the model mixes windows).
+    pub fn num_kv_groups(&self) -> usize {
+        self.kv.num_groups()
+    }
+
+    /// The most pages a request reaching `num_tokens` tokens holds at once,
+    /// summed over the KV cache groups: all of its blocks in a full group,
+    /// one window of them plus a step's chunk in a windowed one.
     pub fn max_blocks_held(&self, num_tokens: usize) -> usize {
-        let all = self.config.blocks_for(num_tokens);
-        match self.kv.window {
-            Some(w) => all.min(max_blocks_in_window(
-                w,
-                self.config.max_num_batched_tokens,
-                self.config.block_size,
-            )),
-            None => all,
-        }
+        self.kv
+            .max_blocks_held(num_tokens, self.config.max_num_batched_tokens)
     }
 
     /// Queues a request, or refuses one that could never be served.
@@ -432,6 +441,7 @@ impl Scheduler {
             token_ids: seq.token_ids[start..end].to_vec(),
             num_computed_tokens: start,
             block_table: seq.block_table.clone(),
+            group_tables: seq.group_tables.iter().map(|t| t.blocks.clone()).collect(),
             needs_logits: end == seq.num_tokens(),
             is_prefill: num_new > 1 || start < seq.num_prompt_tokens,
             num_cached_tokens: seq.num_cached_tokens,

@@ -84,6 +84,15 @@ pub struct RadixCursor {
     pub removals: u64,
 }
 
+/// A sequence's block table in one KV cache group after the first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupTable {
+    /// Indexed by block position; the first `num_released` entries are
+    /// [`BlockId::NULL`] (the group's window has passed them).
+    pub blocks: Vec<BlockId>,
+    pub num_released: usize,
+}
+
 /// One request's state inside the scheduler.
 #[derive(Debug, Clone)]
 pub struct Sequence {
@@ -101,6 +110,9 @@ pub struct Sequence {
     /// Leading block-table entries released because the sliding window has
     /// passed them (0 without a window).
     pub num_released_blocks: usize,
+    /// The block tables of KV cache groups 1.. (empty with one group; see
+    /// [`crate::kv_cache_manager`]), each as long as `block_table`.
+    pub group_tables: Vec<GroupTable>,
     pub status: SequenceStatus,
     pub sampling: SamplingParams,
     pub eos_token_ids: Vec<u32>,
@@ -124,6 +136,7 @@ impl Sequence {
             num_cached_tokens: 0,
             block_table: Vec::new(),
             num_released_blocks: 0,
+            group_tables: Vec::new(),
             status: SequenceStatus::Waiting,
             sampling: request.sampling,
             eos_token_ids: request.eos_token_ids,

@@ -5,7 +5,9 @@
 //! which prefix they were computed for, so every reuse (shared blocks, block
 //! copies, recompute) is checked against the test's own record of each
 //! request's tokens. Paused requests must never be scheduled, hold no
-//! blocks, and finish like the others once resumed.
+//! blocks, and finish like the others once resumed. With KV cache groups
+//! (a mix of full and windowed groups over one pool), every group's table is
+//! checked the same way against its own window.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -120,7 +122,8 @@ struct Live {
 
 struct Harness {
     cfg: SchedulerConfig,
-    window: Option<usize>,
+    /// Every KV cache group's window, group 0 first.
+    windows: Vec<Option<usize>>,
     sched: Scheduler,
     live: BTreeMap<RequestId, Live>,
     /// Live requests paused now.
@@ -153,12 +156,19 @@ impl Harness {
         };
         let final_len =
             (prompt.len() + max_tokens).min(self.cfg.max_model_len.max(prompt.len() + 1));
-        let mut needed = (final_len - 1).div_ceil(self.cfg.block_size);
-        if let Some(w) = self.window {
-            // Positions from an aligned window start to the end of a chunk.
-            let span = w + KV_READ_TILE - 1 + self.cfg.max_num_batched_tokens - 1;
-            needed = needed.min((span + self.cfg.block_size - 1).div_ceil(self.cfg.block_size));
-        }
+        let all = (final_len - 1).div_ceil(self.cfg.block_size);
+        let needed: usize = self
+            .windows
+            .iter()
+            .map(|w| match w {
+                // Positions from an aligned window start to the end of a chunk.
+                Some(w) => {
+                    let span = w + KV_READ_TILE - 1 + self.cfg.max_num_batched_tokens - 1;
+                    all.min((span + self.cfg.block_size - 1).div_ceil(self.cfg.block_size))
+                }
+                None => all,
+            })
+            .sum();
         match self.sched.add_request(req) {
             Ok(()) => {
                 assert!(prompt.len() <= self.cfg.max_model_len && needed <= self.cfg.num_blocks);
@@ -225,47 +235,53 @@ impl Harness {
                 "tokens to compute"
             );
             assert_eq!(s.needs_logits, s.seq_len() == live.tokens.len());
-            // Every position the attention kernels read is present and right;
-            // only blocks wholly before it are released.
-            let first = self
-                .window
-                .map_or(0, |w| first_read_position(s.context_len(), w));
-            for (i, b) in s.block_table.iter().enumerate() {
-                let needed = (i + 1) * bs > first;
-                assert!(
-                    needed != b.is_null(),
-                    "block {i} of {:?} (first read {first})",
-                    s.block_table
-                );
-                if needed {
+            assert_eq!(
+                s.group_tables.len() + 1,
+                self.windows.len(),
+                "one table per group"
+            );
+            let tables = std::iter::once(&s.block_table).chain(&s.group_tables);
+            for (table, &window) in tables.zip(&self.windows) {
+                assert_eq!(table.len(), s.block_table.len(), "tables of one length");
+                // Every position the attention kernels read is present and
+                // right; only blocks wholly before it are released.
+                let first = window.map_or(0, |w| first_read_position(s.context_len(), w));
+                for (i, b) in table.iter().enumerate() {
+                    let needed = (i + 1) * bs > first;
                     assert!(
-                        self.sched.block_ref_count(*b) > 0,
-                        "a held block is allocated"
+                        needed != b.is_null(),
+                        "block {i} of {table:?} (first read {first})"
+                    );
+                    if needed {
+                        assert!(
+                            self.sched.block_ref_count(*b) > 0,
+                            "a held block is allocated"
+                        );
+                    }
+                }
+                if let Some(w) = window {
+                    let held = table.iter().filter(|b| !b.is_null()).count();
+                    assert!(
+                        held <= max_blocks_in_window(w, self.cfg.max_num_batched_tokens, bs),
+                        "holds {held} blocks under window {w}"
                     );
                 }
-            }
-            if let Some(w) = self.window {
-                let held = s.block_table.iter().filter(|b| !b.is_null()).count();
-                assert!(
-                    held <= max_blocks_in_window(w, self.cfg.max_num_batched_tokens, bs),
-                    "holds {held} blocks under window {w}"
-                );
-            }
-            for p in first..s.context_len() {
-                assert_eq!(
-                    self.kv[slot(&s.block_table, p)],
-                    Some(kv_of(&live.tokens[..=p])),
-                    "cached K/V at {p}"
-                );
-            }
-            for p in s.positions() {
-                let b = s.block_table[p / bs];
-                assert_eq!(
-                    self.sched.block_ref_count(b),
-                    1,
-                    "writes only into unshared blocks"
-                );
-                self.kv[slot(&s.block_table, p)] = Some(kv_of(&live.tokens[..=p]));
+                for p in first..s.context_len() {
+                    assert_eq!(
+                        self.kv[slot(table, p)],
+                        Some(kv_of(&live.tokens[..=p])),
+                        "cached K/V at {p}"
+                    );
+                }
+                for p in s.positions() {
+                    let b = table[p / bs];
+                    assert_eq!(
+                        self.sched.block_ref_count(b),
+                        1,
+                        "writes only into unshared blocks"
+                    );
+                    self.kv[slot(table, p)] = Some(kv_of(&live.tokens[..=p]));
+                }
             }
         }
         let mut sampled = Vec::new();
@@ -306,12 +322,10 @@ impl Harness {
     /// Pauses live request `id` (again, if paused: a no-op).
     fn pause(&mut self, id: RequestId) {
         let used = self.sched.stats().num_blocks_used;
-        let held = self
-            .sched
-            .sequence(id)
-            .unwrap()
-            .block_table
-            .iter()
+        let seq = self.sched.sequence(id).unwrap();
+        let held = std::iter::once(&seq.block_table)
+            .chain(seq.group_tables.iter().map(|t| &t.blocks))
+            .flatten()
             .filter(|b| !b.is_null())
             .count();
         self.sched.pause(id).unwrap();
@@ -357,10 +371,10 @@ impl Harness {
 
 /// Runs `ops`, checking everything after each, then drains the queue and
 /// checks that no block leaked.
-fn run_ops(cfg: SchedulerConfig, window: Option<usize>, seed: u64, ops: Vec<Op>) {
+fn run_ops(cfg: SchedulerConfig, windows: &[Option<usize>], seed: u64, ops: Vec<Op>) {
     let mut h = Harness {
-        sched: Scheduler::with_sliding_window(cfg.clone(), window).unwrap(),
-        window,
+        sched: Scheduler::with_kv_groups(cfg.clone(), windows).unwrap(),
+        windows: windows.to_vec(),
         kv: vec![None; cfg.num_blocks * cfg.block_size],
         cfg,
         live: BTreeMap::new(),
@@ -463,7 +477,7 @@ proptest! {
     #[test]
     fn scheduler_keeps_its_invariants_and_drains(cfg in config(), seed in any::<u64>(),
                                                  ops in prop::collection::vec(op(), 1..120)) {
-        run_ops(cfg, None, seed, ops);
+        run_ops(cfg, &[None], seed, ops);
     }
 
     /// With a sliding window: long prompts and outputs (past the window and
@@ -474,6 +488,104 @@ proptest! {
         seed in any::<u64>(),
         ops in prop::collection::vec(op_with(2, 200, 120), 1..80),
     ) {
-        run_ops(cfg, Some(window), seed, ops);
+        run_ops(cfg, &[Some(window)], seed, ops);
     }
+
+    /// KV cache groups over one pool: a full group and one to three
+    /// windowed groups (Gemma's global and local layers), no prefix caching.
+    #[test]
+    fn grouped_scheduler_releases_only_unread_blocks_per_group(
+        (cfg, window) in windowed_config(),
+        groups in prop::collection::vec(prop::option::of(1usize..40), 1..4),
+        seed in any::<u64>(),
+        ops in prop::collection::vec(op_with(2, 200, 120), 1..80),
+    ) {
+        let mut windows = vec![None, Some(window)];
+        windows.extend(groups);
+        let cfg = SchedulerConfig {
+            enable_prefix_caching: false,
+            num_blocks: cfg.num_blocks * windows.len(),
+            ..cfg
+        };
+        run_ops(cfg, &windows, seed, ops);
+    }
+}
+
+/// A long generation under a full group and two windowed groups holds all
+/// of its blocks in the full group and one window of them in each windowed
+/// group; every page returns at the end.
+#[test]
+fn grouped_long_generation_holds_full_plus_one_window_per_local_group() {
+    let (bs, window, budget) = (4, 16, 32);
+    let cfg = SchedulerConfig {
+        block_size: bs,
+        num_blocks: 1000,
+        max_num_batched_tokens: budget,
+        max_num_seqs: 4,
+        max_model_len: 4096,
+        enable_prefix_caching: false,
+    };
+    let mut sched =
+        Scheduler::with_kv_groups(cfg.clone(), &[None, Some(window), Some(window)]).unwrap();
+    assert_eq!(sched.num_kv_groups(), 3);
+    sched
+        .add_request(Request {
+            id: RequestId(0),
+            prompt_token_ids: (0..300).map(|i| 10 + i % 50).collect(),
+            sampling: SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(700)
+            },
+            eos_token_ids: vec![EOS],
+        })
+        .unwrap();
+    let bound = max_blocks_in_window(window, budget, bs);
+    let mut peak = 0;
+    while sched.has_unfinished_requests() {
+        let out = sched.schedule().unwrap();
+        let s = &out.scheduled[0];
+        assert_eq!(s.block_table.iter().filter(|b| b.is_null()).count(), 0);
+        for t in &s.group_tables {
+            assert!(t.iter().filter(|b| !b.is_null()).count() <= bound);
+        }
+        let used = sched.stats().num_blocks_used;
+        assert!(used <= s.block_table.len() + 2 * bound, "{used} pages");
+        peak = peak.max(used);
+        let sampled: Vec<_> = out
+            .scheduled
+            .iter()
+            .filter(|s| s.needs_logits)
+            .map(|s| (s.request_id, 7))
+            .collect();
+        sched.update_from_output(&out, &sampled).unwrap();
+        sched.check_invariants().unwrap();
+    }
+    // 1000 tokens: 250 blocks in the full group; far fewer than 3 x 250.
+    assert!(peak <= 250 + 2 * bound, "peak {peak}");
+    assert!(peak >= 250);
+    assert_eq!(sched.stats().num_blocks_free, 1000);
+}
+
+/// More than one group refuses prefix caching, and a zero window anywhere.
+#[test]
+fn grouped_scheduler_refuses_prefix_caching_and_empty_windows() {
+    let cfg = SchedulerConfig {
+        block_size: 4,
+        num_blocks: 100,
+        max_num_batched_tokens: 32,
+        max_num_seqs: 4,
+        max_model_len: 512,
+        enable_prefix_caching: true,
+    };
+    assert!(matches!(
+        Scheduler::with_kv_groups(cfg.clone(), &[None, Some(8)]),
+        Err(CoreError::InvalidConfig(_))
+    ));
+    assert!(Scheduler::with_kv_groups(cfg.clone(), &[None]).is_ok());
+    let cfg = SchedulerConfig {
+        enable_prefix_caching: false,
+        ..cfg
+    };
+    assert!(Scheduler::with_kv_groups(cfg.clone(), &[None, Some(0)]).is_err());
+    assert!(Scheduler::with_kv_groups(cfg, &[]).is_err());
 }

@@ -72,9 +72,99 @@ pub fn build_forward_context(seqs: &[ScheduledSeq<'_>], block_size: usize) -> Fo
     ctx
 }
 
+/// Gives `ctx` (built by [`build_forward_context`]) KV cache groups
+/// 1..=`extra`: `tables[i * extra + g - 1]` is group `g`'s block table of
+/// sequence `i`, as long as its group-0 table. Slots and table rows are laid
+/// out as group 0's. O(extra * (tokens + table entries)).
+pub fn add_kv_groups(ctx: &mut ForwardContext, extra: usize, tables: &[Vec<u32>]) {
+    let (n, t, w, bs) = (
+        ctx.num_seqs(),
+        ctx.num_tokens(),
+        ctx.max_blocks_per_seq,
+        ctx.block_size,
+    );
+    ctx.extra_kv_groups = extra;
+    ctx.group_slot_mapping.clear();
+    ctx.group_block_tables.clear();
+    ctx.group_slot_mapping.reserve(extra * t);
+    ctx.group_block_tables.resize(extra * n * w, 0);
+    for g in 1..=extra {
+        for i in 0..n {
+            let table = &tables[i * extra + g - 1];
+            let row = ((g - 1) * n + i) * w;
+            ctx.group_block_tables[row..row + table.len()].copy_from_slice(table);
+            for j in ctx.cu_seqlens_q[i]..ctx.cu_seqlens_q[i + 1] {
+                let pos = ctx.positions[j as usize] as usize;
+                let block = table[pos / bs] as i64;
+                ctx.group_slot_mapping
+                    .push(block * bs as i64 + (pos % bs) as i64);
+            }
+        }
+    }
+}
+
+/// Gives `ctx` KV cache groups 1..=`extra` whose tables are group 0's
+/// shifted by `g * stride` pages (each group on pages of its own): for
+/// benchmarks and tests that lay out block tables by hand. Group 0's tables
+/// must use pages below `stride`.
+pub fn shifted_kv_groups(ctx: &mut ForwardContext, extra: usize, stride: usize) {
+    let (n, w, bs) = (ctx.num_seqs(), ctx.max_blocks_per_seq, ctx.block_size);
+    ctx.extra_kv_groups = extra;
+    ctx.group_slot_mapping.clear();
+    ctx.group_block_tables.clear();
+    for g in 1..=extra {
+        let shift = (g * stride) as u32;
+        ctx.group_block_tables
+            .extend(ctx.block_tables[..n * w].iter().map(|&b| b + shift));
+        let slots = ctx.slot_mapping.iter().map(|&s| {
+            if s < 0 {
+                s
+            } else {
+                s + (g * stride * bs) as i64
+            }
+        });
+        ctx.group_slot_mapping.extend(slots.collect::<Vec<_>>());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_tables_and_slots_follow_their_own_pages() {
+        let prompt: Vec<u32> = (0..5).collect();
+        let seqs = [
+            ScheduledSeq {
+                token_ids: &prompt,
+                context_len: 0,
+                block_table: &[7, 3],
+                want_logits: true,
+            },
+            ScheduledSeq {
+                token_ids: &[42],
+                context_len: 4,
+                block_table: &[1, 9],
+                want_logits: true,
+            },
+        ];
+        let mut ctx = build_forward_context(&seqs, 4);
+        // Group 1: [20, 21] and [0, 22]; group 2: [30, 31] and [0, 32]
+        // (0: a released entry).
+        let tables = vec![vec![20, 21], vec![30, 31], vec![0, 22], vec![0, 32]];
+        add_kv_groups(&mut ctx, 2, &tables);
+        ctx.validate().unwrap();
+        assert_eq!(ctx.slot_mapping_of(0), &[28, 29, 30, 31, 12, 36]);
+        assert_eq!(ctx.slot_mapping_of(1), &[80, 81, 82, 83, 84, 88]);
+        assert_eq!(ctx.slot_mapping_of(2), &[120, 121, 122, 123, 124, 128]);
+        assert_eq!(ctx.group_block_table(1, 1), &[0, 22]);
+        assert_eq!(ctx.group_block_table(2, 0), &[30, 31]);
+        let mut shifted = build_forward_context(&seqs, 4);
+        shifted_kv_groups(&mut shifted, 1, 100);
+        shifted.validate().unwrap();
+        assert_eq!(shifted.group_block_table(1, 0), &[107, 103]);
+        assert_eq!(shifted.slot_mapping_of(1)[5], 436);
+    }
 
     #[test]
     fn mixed_step_lays_out_prefill_chunk_and_decode() {

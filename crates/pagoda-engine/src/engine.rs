@@ -12,7 +12,7 @@
 //! for bookkeeping, plus the forward pass and O(vocab) sampling per sequence
 //! that needs a token.
 
-use crate::context::{build_forward_context, ScheduledSeq};
+use crate::context::{add_kv_groups, build_forward_context, ScheduledSeq};
 use crate::logit_rules::LogitRules;
 use crate::output_text::OutputText;
 use crate::prompt_logprobs::{self as plp, PromptLogprob, PromptLogprobsState};
@@ -106,6 +106,9 @@ pub struct LlmEngine<B: Backend> {
     seed_source: RequestRng,
     /// Reused per step: block tables as plain ids.
     tables: Vec<Vec<u32>>,
+    /// Reused per step: the tables of KV cache groups 1.., by sequence then
+    /// group (empty with one group).
+    group_tables: Vec<Vec<u32>>,
     /// The requests of the step being run (or last run), and its tokens.
     in_step: Vec<RequestId>,
     in_step_tokens: usize,
@@ -125,8 +128,11 @@ pub struct LlmEngine<B: Backend> {
 
 impl<B: Backend> LlmEngine<B> {
     /// `config.block_size` and `config.num_blocks` must match the runner's
-    /// cache. Where every attention layer has the same sliding window, running
-    /// requests release the KV blocks the window has passed.
+    /// cache. Running requests release the KV blocks a sliding window has
+    /// passed: in every layer where all share one window, in the local
+    /// layers' KV cache groups where local and global layers mix (see the
+    /// runner's [`pagoda_model::KvLayout`]). With more than one group the
+    /// prefix cache is off (logged).
     pub fn new(
         runner: ModelRunner<B>,
         tokenizer: Option<Arc<Tokenizer>>,
@@ -144,10 +150,21 @@ impl<B: Backend> LlmEngine<B> {
         config: SchedulerConfig,
         release_window_blocks: bool,
     ) -> Result<Self> {
-        let window = runner
-            .config()
-            .uniform_sliding_window()
-            .filter(|_| release_window_blocks);
+        let mut config = config;
+        let windows: Vec<Option<usize>> = runner
+            .kv_layout()
+            .windows
+            .iter()
+            .map(|w| w.filter(|_| release_window_blocks))
+            .collect();
+        if windows.len() > 1 && config.enable_prefix_caching {
+            tracing::warn!(
+                "prefix caching is off: the model's layers form {} KV cache groups \
+                 (local and global attention), which the prefix cache does not support yet",
+                windows.len()
+            );
+            config.enable_prefix_caching = false;
+        }
         let kv = runner.kv_shape();
         if kv.block_size != config.block_size || kv.num_blocks != config.num_blocks {
             return Err(EngineError::Internal(
@@ -168,7 +185,7 @@ impl<B: Backend> LlmEngine<B> {
             .unwrap_or(0);
         Ok(LlmEngine {
             runner,
-            scheduler: Scheduler::with_sliding_window(config, window)?,
+            scheduler: Scheduler::with_kv_groups(config, &windows)?,
             tokenizer,
             detokenize: true,
             eos_token_ids,
@@ -176,6 +193,7 @@ impl<B: Backend> LlmEngine<B> {
             next_id: 0,
             seed_source: RequestRng::new(time_seed),
             tables: Vec::new(),
+            group_tables: Vec::new(),
             in_step: Vec::new(),
             in_step_tokens: 0,
             step_log: StepLog::from_env(),
@@ -466,6 +484,16 @@ impl<B: Backend> LlmEngine<B> {
                     .map(|b| if b.is_null() { 0 } else { b.0 }),
             );
         }
+        let extra = self.scheduler.num_kv_groups() - 1;
+        self.group_tables
+            .resize_with(plan.scheduled.len() * extra, Vec::new);
+        for (i, s) in plan.scheduled.iter().enumerate() {
+            for (g, table) in s.group_tables.iter().enumerate().take(extra) {
+                let t = &mut self.group_tables[i * extra + g];
+                t.clear();
+                t.extend(table.iter().map(|b| if b.is_null() { 0 } else { b.0 }));
+            }
+        }
         let seqs: Vec<ScheduledSeq<'_>> = plan
             .scheduled
             .iter()
@@ -478,6 +506,9 @@ impl<B: Backend> LlmEngine<B> {
             })
             .collect();
         let mut ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
+        if extra > 0 {
+            add_kv_groups(&mut ctx, extra, &self.group_tables);
+        }
         self.lay_out_prompt_rows(&plan, &mut ctx);
         Ok(Some((plan, ctx)))
     }

@@ -1,13 +1,14 @@
 //! The KV-cache footprint of one sequence: bytes per token of context with
 //! every position kept, and with the blocks a sliding window has passed
-//! released (what the scheduler does where every attention layer has the
-//! same window, [`pagoda_model::ModelConfig::uniform_sliding_window`]).
+//! released (what the scheduler does in every windowed KV cache group:
+//! every layer where all share one window, the local layers' groups where
+//! local and global layers mix; see [`pagoda_model::KvLayout`]).
 //!
 //! Pure arithmetic over the config; the figures `pagoda info` and the
 //! start-up log print, and BENCHMARKS.md quotes.
 
 use pagoda_core::kv_cache_manager::max_blocks_in_window;
-use pagoda_model::ModelConfig;
+use pagoda_model::{KvLayout, ModelConfig};
 use serde::Serialize;
 
 /// One sequence's KV bytes at a given context length.
@@ -34,8 +35,10 @@ impl KvFootprint {
 /// The footprint of one sequence of `context_len` tokens for `cfg`, whose
 /// layers take `layer_token_bytes` per position (K and V of one layer:
 /// `2 * kv_dim * element size`), in blocks of `block_size` positions. While
-/// decoding with a window `w`, a layer keeps at most
-/// `max_blocks_in_window(w, 1, block_size)` blocks.
+/// decoding, a KV cache group with a window `w` keeps at most
+/// `max_blocks_in_window(w, 1, block_size)` blocks, each a page of the
+/// layout's `num_slots` layer slots (a group with fewer layers pays for
+/// its empty slots).
 pub fn kv_footprint(
     cfg: &ModelConfig,
     layer_token_bytes: usize,
@@ -45,15 +48,23 @@ pub fn kv_footprint(
     let layers = cfg.num_hidden_layers;
     let bytes_per_token = layer_token_bytes * layers;
     let full_positions = context_len.div_ceil(block_size) * block_size;
-    let held_positions = match cfg.uniform_sliding_window() {
-        Some(w) => full_positions.min(max_blocks_in_window(w, 1, block_size) * block_size),
-        None => full_positions,
-    };
+    let layout = KvLayout::for_config(cfg, true);
+    let page_token_bytes = layer_token_bytes * layout.num_slots;
+    let bytes_released = layout
+        .windows
+        .iter()
+        .map(|w| match w {
+            Some(w) => full_positions.min(max_blocks_in_window(*w, 1, block_size) * block_size),
+            None => full_positions,
+        })
+        .sum::<usize>()
+        * page_token_bytes;
     KvFootprint {
         bytes_per_token,
         context_len,
         bytes_full: full_positions * bytes_per_token,
-        bytes_released: held_positions * bytes_per_token,
+        // Padding slots may cost more than they save on short contexts.
+        bytes_released: bytes_released.min(full_positions * bytes_per_token),
     }
 }
 
@@ -71,7 +82,7 @@ pub fn describe(f: &KvFootprint, dtype: &str) -> String {
         format!(
             "{} bytes ({dtype}) per token of context kept; a {}-token sequence holds {:.1} MiB \
              with every block kept, {:.1} MiB ({:.0} bytes per token) with the blocks its \
-             sliding window passed released",
+             sliding windows passed released",
             f.bytes_per_token,
             f.context_len,
             mib(f.bytes_full),
@@ -111,6 +122,36 @@ mod tests {
         assert_eq!(f.bytes_released, f.bytes_full);
         // A context within the window keeps everything.
         let f = kv_footprint(&mistral(Some(4096)), layer_token, 1000, 16);
+        assert_eq!(f.bytes_released, f.bytes_full);
+    }
+
+    fn gemma3_1b() -> ModelConfig {
+        parse_hf_config(
+            r#"{"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+            "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 256, "max_position_embeddings": 32768, "vocab_size": 262144,
+            "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256}"#,
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn gemma3_1b_keeps_global_layers_and_one_window_per_local_group() {
+        let cfg = gemma3_1b();
+        let layer_token = 2 * 256 * 2; // K and V, one kv head of 256, bf16
+        let f = kv_footprint(&cfg, layer_token, 32768, 16);
+        assert_eq!(f.bytes_per_token, 26 * 1024);
+        assert_eq!(f.bytes_full, 32768 * 26 * 1024);
+        // 4 global layers (one group of 4 slots) keep everything; 6 local
+        // groups of 4 slots keep ceil((512 + 64 + 1 + 16 - 3) / 16) = 37
+        // blocks each.
+        let local = 37 * 16;
+        assert_eq!(f.bytes_released, (32768 + 6 * local) * 4 * 1024);
+        assert!(f.released_bytes_per_token() < 5000.0);
+        // A short context pays no more than with every layer kept.
+        let f = kv_footprint(&cfg, layer_token, 100, 16);
         assert_eq!(f.bytes_released, f.bytes_full);
     }
 }

@@ -52,6 +52,14 @@ fn open() -> Option<ModelFiles> {
     Some(files)
 }
 
+/// The model's KV cache groups (its three global layers apart from the
+/// local ones).
+fn groups(files: &ModelFiles) -> usize {
+    let n = pagoda_model::KvLayout::for_config(&files.config, true).num_groups();
+    assert!(n > 1);
+    n
+}
+
 #[test]
 fn greedy_tokens_and_top5_logits_match_transformers() {
     let Some(files) = open() else { return };
@@ -69,7 +77,8 @@ fn greedy_tokens_and_top5_logits_match_transformers() {
         &files.config,
         files.weights.as_ref(),
         WeightDtype::F32,
-        longest.div_ceil(BLOCK_SIZE),
+        // One table per KV cache group (local layers apart from global).
+        longest.div_ceil(BLOCK_SIZE) * groups(&files),
     );
     for p in golden["prompts"].as_array().unwrap() {
         let text = p["prompt"].as_str().unwrap();
@@ -112,7 +121,8 @@ fn batched_generation_with_chunked_prefill_gives_the_reference_tokens() {
     let num_blocks = prompts
         .iter()
         .map(|p| (ids(&p["prompt_ids"]).len() + 20).div_ceil(BLOCK_SIZE))
-        .sum::<usize>();
+        .sum::<usize>()
+        * groups(&files);
     let runner = cpu_runner(
         &files.config,
         files.weights.as_ref(),

@@ -201,6 +201,7 @@ fn one_seq_step(context: usize, query: usize) -> ForwardContext {
         num_decode_tokens: if query > 1 { 0 } else { 1 },
         logits_indices: vec![query as u32 - 1],
         sampling: Vec::new(),
+        ..Default::default()
     };
     ctx.validate().unwrap();
     ctx
@@ -213,6 +214,7 @@ const PARAMS: AttentionParams = AttentionParams {
     scale: 0.125,
     window: None,
     softcap: None,
+    kv_group: 0,
 };
 
 fn kv_shape(tokens: usize) -> KvCacheShape {

@@ -75,6 +75,9 @@ pub struct AttentionParams {
     /// score `s` becomes `cap * tanh(s / cap)` before the softmax. A cap that
     /// is not positive and finite is an error.
     pub softcap: Option<f32>,
+    /// The KV cache group whose block tables the layer reads (see
+    /// [`crate::ForwardContext::extra_kv_groups`]); 0 for one group.
+    pub kv_group: usize,
 }
 
 impl AttentionParams {
@@ -87,6 +90,7 @@ impl AttentionParams {
             scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
             window: None,
             softcap: None,
+            kv_group: 0,
         }
     }
 
@@ -345,6 +349,18 @@ pub trait Backend: Send + Sync + 'static {
         v: &Self::Tensor,
         cache: &mut Self::KvCache,
         step: &Self::Step,
+    ) -> Result<()> {
+        self.store_kv_in_group(k, v, cache, step, 0)
+    }
+    /// [`Self::store_kv`] at the slots of KV cache group `group` (see
+    /// [`crate::ForwardContext::extra_kv_groups`]).
+    fn store_kv_in_group(
+        &self,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        step: &Self::Step,
+        group: usize,
     ) -> Result<()>;
     /// Copy-on-write of shared prefix blocks: for each `(src, dst, num_tokens)`,
     /// copies the K and V of the first `num_tokens` slots of block `src` into

@@ -33,6 +33,16 @@ pub struct ForwardContext {
     pub block_tables: Vec<u32>,
     /// Width of a `block_tables` row.
     pub max_blocks_per_seq: usize,
+    /// KV cache groups after the first (0 for a model whose layers all
+    /// share one block table; see `pagoda_model::KvLayout`).
+    pub extra_kv_groups: usize,
+    /// The slot mappings of groups 1..=`extra_kv_groups`, one after
+    /// another, `[extra_kv_groups, num_tokens]` (group 0's is `slot_mapping`).
+    pub group_slot_mapping: Vec<i64>,
+    /// The block tables of groups 1..=`extra_kv_groups`, one after
+    /// another, `[extra_kv_groups, num_seqs, max_blocks_per_seq]` (group 0's
+    /// is `block_tables`).
+    pub group_block_tables: Vec<u32>,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Longest query in the step.
@@ -103,6 +113,50 @@ impl ForwardContext {
         &self.block_tables[i * w..(i + 1) * w]
     }
 
+    /// The slot mapping of KV cache group `g` (0: `slot_mapping`).
+    pub fn slot_mapping_of(&self, g: usize) -> &[i64] {
+        if g == 0 {
+            return &self.slot_mapping;
+        }
+        let t = self.num_tokens();
+        &self.group_slot_mapping[(g - 1) * t..g * t]
+    }
+
+    /// All block tables of KV cache group `g` (0: `block_tables`).
+    pub fn block_tables_of(&self, g: usize) -> &[u32] {
+        if g == 0 {
+            return &self.block_tables;
+        }
+        let n = self.num_seqs() * self.max_blocks_per_seq;
+        &self.group_block_tables[(g - 1) * n..g * n]
+    }
+
+    /// Block table row of sequence `i` in KV cache group `g`.
+    pub fn group_block_table(&self, g: usize, i: usize) -> &[u32] {
+        let w = self.max_blocks_per_seq;
+        &self.block_tables_of(g)[i * w..(i + 1) * w]
+    }
+
+    /// Gives the step `extra` KV cache groups after the first that store
+    /// nothing (slot -1) and read block 0: for dummy steps (profiling,
+    /// warm-up) of a model with several groups.
+    pub fn fill_unused_kv_groups(&mut self, extra: usize) {
+        self.extra_kv_groups = extra;
+        self.group_slot_mapping = vec![-1; extra * self.num_tokens()];
+        self.group_block_tables = vec![0; extra * self.num_seqs() * self.max_blocks_per_seq];
+    }
+
+    /// Checks that KV cache group `g` exists in this step.
+    pub fn check_kv_group(&self, g: usize) -> Result<(), String> {
+        if g > self.extra_kv_groups {
+            return Err(format!(
+                "KV cache group {g} but the step has {} groups",
+                self.extra_kv_groups + 1
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the internal consistency of the metadata; backends call this in
     /// debug builds, tests call it always.
     pub fn validate(&self) -> Result<(), String> {
@@ -126,6 +180,12 @@ impl ForwardContext {
         }
         if self.block_tables.len() != n * self.max_blocks_per_seq {
             return Err("block_tables must be num_seqs * max_blocks_per_seq".into());
+        }
+        let g = self.extra_kv_groups;
+        if self.group_slot_mapping.len() != g * t
+            || self.group_block_tables.len() != g * n * self.max_blocks_per_seq
+        {
+            return Err("group slot mappings and block tables must cover every extra group".into());
         }
         for i in 0..n {
             let q = self.query_len(i) as u32;

@@ -158,6 +158,7 @@ fn run_case_scaled(
         scale: 1.0 / (hd as f32).sqrt(),
         window,
         softcap,
+        kv_group: 0,
     };
     let o = b
         .attention(&tensor(b, rows, nh * hd, &q), &cache, &s, &params)
@@ -423,6 +424,7 @@ fn bad_slots_blocks_and_head_layouts_are_errors() {
         scale: 0.3,
         window: None,
         softcap: None,
+        kv_group: 0,
     };
 
     let mut bad = step.ctx.clone();

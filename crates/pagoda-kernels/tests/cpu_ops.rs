@@ -209,6 +209,7 @@ fn step_at(positions: &[u32], ids: &[u32]) -> ForwardContext {
         num_decode_tokens: 0,
         logits_indices: vec![t - 1],
         sampling: Vec::new(),
+        ..Default::default()
     };
     ctx.validate().unwrap();
     ctx

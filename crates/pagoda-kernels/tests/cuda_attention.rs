@@ -95,6 +95,7 @@ fn run_case_with(
         scale: 1.0 / (hd as f32).sqrt(),
         window,
         softcap,
+        kv_group: 0,
     };
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
@@ -247,6 +248,7 @@ fn bad_layouts_are_errors() {
         scale: 0.125,
         window: None,
         softcap: None,
+        kv_group: 0,
     };
     assert!(matches!(
         g.attention(&q, &cache, &st, &p),

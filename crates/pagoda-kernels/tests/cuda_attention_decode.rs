@@ -144,6 +144,7 @@ fn run_case(g: &CudaBackend, rng: &mut Rng, c: &Case) -> Vec<f32> {
         scale: 1.0 / (hd as f32).sqrt(),
         window: None,
         softcap: None,
+        kv_group: 0,
     };
     let gq = g.tensor_from_host(t, nh * hd, &q).unwrap();
     let cq = cpu.tensor_from_host(t, nh * hd, &q).unwrap();
@@ -335,6 +336,7 @@ fn decode_steps_take_the_split_k_path() {
             scale: 0.1,
             window,
             softcap: window.map(|_| 50.0),
+            kv_group: 0,
         };
         let width = step.ctx.max_blocks_per_seq * bs;
         assert!(

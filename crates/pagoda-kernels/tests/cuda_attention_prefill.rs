@@ -69,6 +69,8 @@ impl Case {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: None,
             softcap: None,
+            kv_group: 0,
+            kv_group: 0,
         }
     }
 

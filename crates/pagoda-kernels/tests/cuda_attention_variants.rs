@@ -62,6 +62,8 @@ impl Case {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             window: self.window,
             softcap: self.softcap,
+            kv_group: 0,
+            kv_group: 0,
         }
     }
 
@@ -440,6 +442,7 @@ fn decode_graphs_replay_windowed_attention_for_any_context() {
             scale: 1.0 / (hd as f32).sqrt(),
             window,
             softcap,
+            kv_group: 0,
         };
         let q = g
             .tensor_from_host(n, nh * hd, &rvec(&mut rng, n * nh * hd, 4.0))

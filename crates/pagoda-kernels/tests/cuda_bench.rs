@@ -100,6 +100,7 @@ fn attention_case_with(
         scale: 1.0 / (hd as f32).sqrt(),
         window,
         softcap,
+        kv_group: 0,
     };
     eprintln!(
         "{label}: {:?} kernel",

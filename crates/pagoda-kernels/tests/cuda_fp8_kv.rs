@@ -171,6 +171,7 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case, expect: 
         scale: 1.0 / (hd as f32).sqrt(),
         window: c.window,
         softcap: c.softcap,
+        kv_group: 0,
     };
     let kernel = g.attention_kernel_for(&step.ctx, &p);
     assert_eq!(kernel, expect, "{what}: attention takes {kernel:?}");

@@ -271,6 +271,25 @@ impl ModelConfig {
         }
     }
 
+    /// The window each attention layer applies (`None`: full attention):
+    /// every layer's [`Self::uniform_sliding_window`], or per layer for
+    /// Gemma's mix of local and global layers. What the KV cache groups are
+    /// cut from ([`crate::KvLayout`]).
+    pub fn layer_windows(&self) -> Vec<Option<usize>> {
+        let n = self.num_hidden_layers;
+        if let Some(w) = self.uniform_sliding_window() {
+            return vec![Some(w); n];
+        }
+        match (self.architecture, &self.gemma, self.sliding_window) {
+            (Architecture::Gemma2 | Architecture::Gemma3, Some(g), Some(w))
+                if g.sliding_layers.len() == n =>
+            {
+                g.sliding_layers.iter().map(|&s| s.then_some(w)).collect()
+            }
+            _ => vec![None; n],
+        }
+    }
+
     /// Checks the relations model files rely on; loaders call it before returning.
     pub fn validate(&self) -> Result<(), String> {
         let nonzero = [

@@ -10,9 +10,11 @@
 pub mod arch;
 pub mod config;
 pub mod error;
+pub mod kv_layout;
 pub mod loader;
 pub mod open;
 pub mod tokenizer;
 
 pub use config::{Architecture, GemmaConfig, ModelConfig, MoeConfig, RopeScaling};
 pub use error::{ModelError, Result};
+pub use kv_layout::KvLayout;

@@ -96,6 +96,22 @@ pub fn pad_decode(ctx: &ForwardContext, size: usize, width: usize, out: &mut For
         out.block_tables.resize((i + 1) * width, 0);
     }
     out.block_tables.resize(size * width, 0);
+    // Every KV cache group's slots and tables, padded alike.
+    out.extra_kv_groups = ctx.extra_kv_groups;
+    out.group_slot_mapping.clear();
+    out.group_block_tables.clear();
+    for g in 1..=ctx.extra_kv_groups {
+        out.group_slot_mapping
+            .extend_from_slice(ctx.slot_mapping_of(g));
+        out.group_slot_mapping.resize(g * size, -1);
+        for i in 0..n {
+            let row = (g - 1) * size * width + i * width;
+            out.group_block_tables
+                .extend_from_slice(ctx.group_block_table(g, i));
+            out.group_block_tables.resize(row + width, 0);
+        }
+        out.group_block_tables.resize(g * size * width, 0);
+    }
     out.logits_indices.extend(0..size as u32);
     out.sampling.extend_from_slice(&ctx.sampling);
     out.sampling.resize(size, SamplingRow::GREEDY);
@@ -153,6 +169,7 @@ mod tests {
             num_decode_tokens: 2,
             logits_indices: vec![0, 1],
             sampling: vec![SamplingRow::GREEDY; 2],
+            ..Default::default()
         };
         ctx.validate().unwrap();
         ctx

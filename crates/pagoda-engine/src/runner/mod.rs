@@ -2,8 +2,10 @@
 //! one step's [`ForwardContext`] into sampled tokens (device sampling) or
 //! logits (host sampling).
 //!
-//! Invariants: the KV cache has one `B::KvCache` per layer, each of the same
-//! [`KvCacheShape`]; block ids in a context index those caches. Decode graphs
+//! Invariants: the KV cache has one `B::KvCache` per slot of the model's
+//! [`KvLayout`] (per layer unless the layout groups layers), each of the
+//! same [`KvCacheShape`]; block ids in a context index those caches, and a
+//! context carries one block table and slot mapping per KV cache group. Decode graphs
 //! (see [`graphs`]) are captured against those caches, so resizing the cache
 //! drops them.
 //!
@@ -22,7 +24,7 @@ use pagoda_kernels::{
     SamplingRow, TokenMasks, MAX_LOGIT_ENTRIES, MAX_LOGPROBS,
 };
 use pagoda_model::arch::CausalLm;
-use pagoda_model::ModelConfig;
+use pagoda_model::{KvLayout, ModelConfig};
 use std::collections::BTreeMap;
 
 /// What one step produced.
@@ -73,6 +75,8 @@ pub struct ModelRunner<B: Backend> {
     model: Box<dyn CausalLm<B>>,
     kv: Vec<B::KvCache>,
     kv_shape: KvCacheShape,
+    /// Where each layer's K/V lives (the model's).
+    kv_layout: KvLayout,
     /// Each layer's FP8 KV scales `(k, v)` (empty: 1.0 everywhere), set
     /// again on every cache allocation.
     kv_scales: Vec<(f32, f32)>,
@@ -82,7 +86,8 @@ pub struct ModelRunner<B: Backend> {
 }
 
 impl<B: Backend> ModelRunner<B> {
-    /// Allocates `num_blocks` KV blocks of `block_size` tokens for every layer.
+    /// Allocates `num_blocks` KV pages of `block_size` tokens for every
+    /// slot of the model's [`KvLayout`] (every layer, for one group).
     pub fn new(
         backend: B,
         model: Box<dyn CausalLm<B>>,
@@ -96,7 +101,8 @@ impl<B: Backend> ModelRunner<B> {
             num_kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim(),
         };
-        let kv = (0..cfg.num_hidden_layers)
+        let kv_layout = model.kv_layout();
+        let kv = (0..kv_layout.num_slots)
             .map(|_| backend.alloc_kv_cache(kv_shape))
             .collect::<pagoda_kernels::Result<Vec<_>>>()?;
         Ok(ModelRunner {
@@ -104,6 +110,7 @@ impl<B: Backend> ModelRunner<B> {
             model,
             kv,
             kv_shape,
+            kv_layout,
             kv_scales: Vec::new(),
             graphs: None,
             graph_replays: 0,
@@ -116,8 +123,7 @@ impl<B: Backend> ModelRunner<B> {
         self.graphs = None;
         self.kv.clear();
         self.kv_shape.num_blocks = num_blocks;
-        let layers = self.model.config().num_hidden_layers;
-        self.kv = (0..layers)
+        self.kv = (0..self.kv_layout.num_slots)
             .map(|_| self.backend.alloc_kv_cache(self.kv_shape))
             .collect::<pagoda_kernels::Result<Vec<_>>>()?;
         self.apply_kv_scales()
@@ -128,15 +134,42 @@ impl<B: Backend> ModelRunner<B> {
     /// later cache allocation. A cache that is not FP8 ignores them (as
     /// vLLM does), since its values are stored unscaled.
     pub fn set_kv_scales(&mut self, scales: Vec<(f32, f32)>) -> Result<()> {
-        if scales.len() != self.kv.len() {
+        let layout = &self.kv_layout;
+        if scales.len() != layout.num_layers() {
             return Err(pagoda_kernels::KernelError::Shape {
                 op: "set_kv_scales",
-                detail: format!("{} scale pairs for {} layers", scales.len(), self.kv.len()),
+                detail: format!(
+                    "{} scale pairs for {} layers",
+                    scales.len(),
+                    layout.num_layers()
+                ),
             }
             .into());
         }
-        self.kv_scales = scales;
+        // One pair per slot cache: the layers sharing a slot must agree.
+        let mut per_slot: Vec<Option<(f32, f32)>> = vec![None; layout.num_slots];
+        for (l, &pair) in scales.iter().enumerate() {
+            match per_slot[layout.slot[l]] {
+                Some(p) if p != pair => {
+                    return Err(EngineError::Internal(format!(
+                        "layer {l}'s KV scales {pair:?} differ from those of a layer sharing its \
+                         KV cache slot ({p:?}); FP8 KV scales must agree within a slot"
+                    )))
+                }
+                _ => per_slot[layout.slot[l]] = Some(pair),
+            }
+        }
+        self.kv_scales = per_slot
+            .into_iter()
+            .map(|p| p.unwrap_or((1.0, 1.0)))
+            .collect();
         self.apply_kv_scales()
+    }
+
+    /// Where each layer's K/V lives: the KV cache groups the scheduler
+    /// keeps one block table each for.
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.kv_layout
     }
 
     fn apply_kv_scales(&mut self) -> Result<()> {
@@ -206,7 +239,8 @@ impl<B: Backend> ModelRunner<B> {
             // The two largest steps carry the longest penalty histories and
             // an allow-all token mask on every row, so the backend's mask
             // buffer reaches its largest size here, not while serving.
-            let (ctx, opts) = self.dummy_step(tokens, seqs, width, max_model_len, i < 2);
+            let (mut ctx, opts) = self.dummy_step(tokens, seqs, width, max_model_len, i < 2);
+            ctx.fill_unused_kv_groups(self.kv_layout.num_groups() - 1);
             let rows = if i < 2 { ctx.sampling.len() } else { 0 };
             let words = vocab.div_ceil(32);
             self.execute_masked(&ctx, &opts, &mut || {
@@ -352,6 +386,7 @@ impl<B: Backend> ModelRunner<B> {
         let empty = ForwardContext {
             block_size,
             max_blocks_per_seq: 1,
+            extra_kv_groups: self.kv_layout.num_groups() - 1,
             ..Default::default()
         };
         let mut dummy = ForwardContext::default();
@@ -415,7 +450,8 @@ impl<B: Backend> ModelRunner<B> {
             .unwrap_or_default()
     }
 
-    /// Bytes one KV block takes across all layers of `cfg` on `backend`.
+    /// Bytes one KV page takes (one block of every slot of `cfg`'s
+    /// [`KvLayout`]: of every layer, for one group) on `backend`.
     pub fn kv_bytes_per_block(backend: &B, cfg: &ModelConfig, block_size: usize) -> usize {
         let one = KvCacheShape {
             num_blocks: 1,
@@ -423,7 +459,7 @@ impl<B: Backend> ModelRunner<B> {
             num_kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim(),
         };
-        backend.kv_cache_bytes(one) * cfg.num_hidden_layers
+        backend.kv_cache_bytes(one) * KvLayout::for_config(cfg, true).num_slots
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -487,6 +523,13 @@ impl<B: Backend> ModelRunner<B> {
             ));
         }
         debug_assert_eq!(ctx.validate(), Ok(()));
+        if ctx.extra_kv_groups + 1 != self.kv_layout.num_groups() {
+            return Err(EngineError::Internal(format!(
+                "a step with {} KV cache groups for a model of {}",
+                ctx.extra_kv_groups + 1,
+                self.kv_layout.num_groups()
+            )));
+        }
         // Prompt-logprobs rows are scored with the sampling, on the device.
         let sample = !ctx.sampling.is_empty() || !opts.prompt_rows.is_empty();
         if !sample && !opts.is_empty() {
@@ -550,6 +593,7 @@ impl<B: Backend> ModelRunner<B> {
         if ctx.input_ids.iter().any(|&t| t as usize >= vocab)
             || ctx.positions.iter().any(|&p| p as usize >= g.max_model_len)
             || ctx.block_tables.iter().any(|&b| b >= blocks)
+            || ctx.group_block_tables.iter().any(|&b| b >= blocks)
         {
             return Ok(None);
         }

@@ -154,14 +154,15 @@ impl Backend for FaultyBackend {
     fn gather_logits_rows(&self, x: &Self::Tensor, step: &Self::Step) -> Result<Self::Tensor> {
         self.inner.gather_logits_rows(x, step)
     }
-    fn store_kv(
+    fn store_kv_in_group(
         &self,
         k: &Self::Tensor,
         v: &Self::Tensor,
         cache: &mut Self::KvCache,
         step: &Self::Step,
+        group: usize,
     ) -> Result<()> {
-        self.inner.store_kv(k, v, cache, step)
+        self.inner.store_kv_in_group(k, v, cache, step, group)
     }
     fn copy_blocks(&self, cache: &mut Self::KvCache, copies: &[BlockCopyOp]) -> Result<()> {
         self.inner.copy_blocks(cache, copies)

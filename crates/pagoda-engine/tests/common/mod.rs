@@ -106,7 +106,8 @@ pub fn greedy_trace(
             block_table: &blocks,
             want_logits: true,
         };
-        let ctx = build_forward_context(&[seq], BLOCK_SIZE);
+        let mut ctx = build_forward_context(&[seq], BLOCK_SIZE);
+        with_kv_groups(runner, &mut ctx, blocks.len());
         let logits = runner.execute(&ctx).unwrap().into_logits().unwrap();
         let next = argmax(&logits);
         context_len += input.len();
@@ -115,6 +116,22 @@ pub fn greedy_trace(
         all_logits.push(logits);
     }
     (tokens, all_logits)
+}
+
+/// Gives a hand-built context (group-0 tables on pages below `used`) the
+/// runner's other KV cache groups, each on pages of its own (the cache split
+/// evenly between the groups).
+pub fn with_kv_groups<B: Backend>(
+    runner: &ModelRunner<B>,
+    ctx: &mut pagoda_kernels::ForwardContext,
+    used: usize,
+) {
+    let groups = runner.kv_layout().num_groups();
+    if groups > 1 {
+        let stride = runner.kv_shape().num_blocks / groups;
+        assert!(used <= stride, "{used} pages per group, room for {stride}");
+        pagoda_engine::context::shifted_kv_groups(ctx, groups - 1, stride);
+    }
 }
 
 pub fn argmax(v: &[f32]) -> u32 {

@@ -55,7 +55,9 @@ pub fn blocks_needed(prompts: &[Vec<u32>], steps: usize) -> usize {
     prompts
         .iter()
         .map(|p| (p.len() + steps + 1).div_ceil(BLOCK_SIZE))
-        .sum()
+        .sum::<usize>()
+        // Room for every KV cache group of the tiny models (Gemma 3: 4).
+        * 4
 }
 
 /// All `prompts` prefilled in one step, then `forced[i]` fed one token per
@@ -99,11 +101,18 @@ pub fn forced_trace<B: Backend>(
                 want_logits: true,
             })
             .collect();
-        let logits = runner
-            .execute(&build_forward_context(&seqs, BLOCK_SIZE))
-            .unwrap()
-            .into_logits()
-            .unwrap();
+        let mut ctx = build_forward_context(&seqs, BLOCK_SIZE);
+        // Other KV cache groups (Gemma's local layers) on pages of their own.
+        let groups = runner.kv_layout().num_groups();
+        if groups > 1 {
+            let stride = runner.kv_shape().num_blocks / groups;
+            assert!(
+                next as usize <= stride,
+                "{next} pages per group, room for {stride}"
+            );
+            pagoda_engine::context::shifted_kv_groups(&mut ctx, groups - 1, stride);
+        }
+        let logits = runner.execute(&ctx).unwrap().into_logits().unwrap();
         assert_eq!(logits.len(), prompts.len() * vocab);
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             out[i].push(row.to_vec());

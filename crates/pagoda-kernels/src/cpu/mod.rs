@@ -383,14 +383,15 @@ impl Backend for CpuBackend {
         ops::gather_logits_rows(x, step)
     }
 
-    fn store_kv(
+    fn store_kv_in_group(
         &self,
         k: &CpuTensor,
         v: &CpuTensor,
         cache: &mut CpuKvCache,
         step: &CpuStep,
+        group: usize,
     ) -> Result<()> {
-        attention::store_kv(k, v, cache, step)
+        attention::store_kv(k, v, cache, step, group)
     }
 
     fn copy_blocks(&self, cache: &mut CpuKvCache, copies: &[crate::BlockCopyOp]) -> Result<()> {

@@ -53,6 +53,7 @@ pub(crate) fn store_kv(
     v: &CudaTensor,
     cache: &mut CudaKvCache,
     step: &CudaStep,
+    group: usize,
 ) -> Result<()> {
     let op = "store_kv";
     let width = cache.shape.num_kv_heads * cache.shape.head_dim;
@@ -68,10 +69,13 @@ pub(crate) fn store_kv(
             ));
         }
     }
+    step.ctx
+        .check_kv_group(group)
+        .map_err(|e| shape_err(op, e))?;
     let slots = cache.num_slots() as i64;
     if let Some(&bad) = step
         .ctx
-        .slot_mapping
+        .slot_mapping_of(group)
         .iter()
         .find(|&&s| s < -1 || s >= slots)
     {
@@ -85,7 +89,7 @@ pub(crate) fn store_kv(
         return Ok(());
     }
     let (nr, w) = (i32_of(t, op)?, i32_of(width, op)?);
-    let slot_view = step.view(step.slot_mapping);
+    let slot_view = step.view(step.slot_mapping_of(group));
     // Eight elements per thread where slot rows allow 16-byte accesses.
     let (kernel, per_thread) = match (width.is_multiple_of(8), cache.fp8) {
         (true, false) => ("store_kv_v8_bf16", 8),
@@ -184,6 +188,9 @@ pub(crate) fn check(
     let op = "attention";
     let s = cache.shape;
     p.check_variants().map_err(|e| shape_err(op, e))?;
+    step.ctx
+        .check_kv_group(p.kv_group)
+        .map_err(|e| shape_err(op, e))?;
     if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             op,
@@ -284,7 +291,7 @@ pub(crate) fn attention(
         step.view(step.token_seq),
         step.view(step.cu_seqlens_q),
         step.view(step.context_lens),
-        step.view(step.block_tables),
+        step.view(step.block_tables_of(p.kv_group)),
     );
     let (mbps, bs, nh, nkv, hd) = (
         i32_of(step.ctx.max_blocks_per_seq, op)?,

@@ -219,7 +219,10 @@ pub(crate) fn decode_attention_into(
     };
     let mut part_acc = b.alloc_f32(acc_len)?;
     let mut part_ml = b.alloc_f32(ml_len)?;
-    let (ctx_lens, tables) = (step.view(step.context_lens), step.view(step.block_tables));
+    let (ctx_lens, tables) = (
+        step.view(step.context_lens),
+        step.view(step.block_tables_of(p.kv_group)),
+    );
     let (mbps, bs, nh, nkv, hd, np) = (
         i32_of(step.ctx.max_blocks_per_seq, op)?,
         i32_of(cache.shape.block_size, op)?,

@@ -155,7 +155,7 @@ pub(crate) fn prefill_attention(
     let (cu_q, ctx_lens, tables) = (
         step.view(step.cu_seqlens_q),
         step.view(step.context_lens),
-        step.view(step.block_tables),
+        step.view(step.block_tables_of(p.kv_group)),
     );
     let i32_of = |v: usize| -> Result<i32> {
         i32::try_from(v).map_err(|_| KernelError::Shape {

@@ -705,14 +705,15 @@ impl Backend for CudaBackend {
         ops::gather_logits_rows(self, x, step)
     }
 
-    fn store_kv(
+    fn store_kv_in_group(
         &self,
         k: &CudaTensor,
         v: &CudaTensor,
         cache: &mut CudaKvCache,
         step: &CudaStep,
+        group: usize,
     ) -> Result<()> {
-        attention::store_kv(self, k, v, cache, step)
+        attention::store_kv(self, k, v, cache, step, group)
     }
 
     fn copy_blocks(&self, cache: &mut CudaKvCache, copies: &[BlockCopyOp]) -> Result<()> {

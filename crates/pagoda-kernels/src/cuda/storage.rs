@@ -242,6 +242,10 @@ pub struct Layout {
     pub(crate) cu_seqlens_q: Span,
     pub(crate) context_lens: Span,
     pub(crate) block_tables: Span,
+    /// The slot mappings and block tables of KV cache groups 1.. (see
+    /// [`ForwardContext::extra_kv_groups`]); empty with one group.
+    pub(crate) group_slot_mapping: Span,
+    pub(crate) group_block_tables: Span,
     pub(crate) logits_indices: Span,
     /// [`crate::SamplingRow`]s as 6 ints each: temperature (f32 bits),
     /// top_k, top_p (f32 bits), min_p (f32 bits), random low 32 bits,
@@ -266,6 +270,30 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The slot mapping of KV cache group `g`.
+    pub(crate) fn slot_mapping_of(&self, g: usize) -> Span {
+        if g == 0 {
+            return self.slot_mapping;
+        }
+        let t = self.slot_mapping.len;
+        Span {
+            start: self.group_slot_mapping.start + (g - 1) * t,
+            len: t,
+        }
+    }
+
+    /// The block tables of KV cache group `g`.
+    pub(crate) fn block_tables_of(&self, g: usize) -> Span {
+        if g == 0 {
+            return self.block_tables;
+        }
+        let n = self.block_tables.len;
+        Span {
+            start: self.group_block_tables.start + (g - 1) * n,
+            len: n,
+        }
+    }
+
     /// Whether `other` puts every array at the same place.
     pub(crate) fn same_spans(&self, other: &Layout) -> bool {
         let spans = |l: &Layout| {
@@ -277,6 +305,8 @@ impl Layout {
                 l.cu_seqlens_q,
                 l.context_lens,
                 l.block_tables,
+                l.group_slot_mapping,
+                l.group_block_tables,
                 l.logits_indices,
                 l.sampling,
             ]
@@ -336,16 +366,26 @@ pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout
             (r.random >> 32) as u32 as i32,
         ]);
     }
+    // After everything else, so one group packs as it always did.
+    let group_slot_mapping = Span {
+        start: packed.len(),
+        len: ctx.group_slot_mapping.len(),
+    };
+    for &s in &ctx.group_slot_mapping {
+        packed.push(i32::try_from(s).map_err(|_| too_big("a slot"))?);
+    }
+    let group_block_tables = push_u32(packed, &ctx.group_block_tables, "a block id")?;
     // A trailing element keeps every span (empty ones too) inside the buffer.
     packed.push(0);
     let empty = Span {
         start: packed.len() - 1,
         len: 0,
     };
-    let max_block = (0..ctx.num_seqs())
-        .flat_map(|i| {
+    let max_block = (0..=ctx.extra_kv_groups)
+        .flat_map(|g| (0..ctx.num_seqs()).map(move |i| (g, i)))
+        .flat_map(|(g, i)| {
             let used = (ctx.seq_lens[i] as usize).div_ceil(ctx.block_size);
-            ctx.block_table(i)[..used].iter().copied()
+            ctx.group_block_table(g, i)[..used].iter().copied()
         })
         .max();
     Ok(Layout {
@@ -356,6 +396,8 @@ pub(crate) fn pack(ctx: &ForwardContext, packed: &mut Vec<i32>) -> Result<Layout
         cu_seqlens_q,
         context_lens,
         block_tables,
+        group_slot_mapping,
+        group_block_tables,
         logits_indices,
         sampling,
         options: empty,

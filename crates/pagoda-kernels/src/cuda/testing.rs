@@ -96,6 +96,7 @@ pub fn sampling_step(sampling: Vec<SamplingRow>) -> ForwardContext {
         num_decode_tokens: 0,
         logits_indices: (0..n as u32).collect(),
         sampling,
+        ..Default::default()
     };
     assert_eq!(ctx.validate(), Ok(()), "a consistent test step");
     ctx

@@ -24,7 +24,7 @@
 use super::weights::{load, load_linear, read, read_linear};
 use super::{rope, BuildOptions, CausalLm};
 use crate::loader::WeightSource;
-use crate::{Architecture, GemmaConfig, ModelConfig, ModelError, Result};
+use crate::{Architecture, GemmaConfig, KvLayout, ModelConfig, ModelError, Result};
 use pagoda_kernels::{AttentionParams, Backend, HostTensor, RopeStyle};
 
 struct Layer<B: Backend> {
@@ -63,6 +63,9 @@ pub struct Gemma<B: Backend> {
     attn_local: AttentionParams,
     final_softcap: Option<f32>,
     eps: f32,
+    /// KV cache groups: local and global layers apart, so local layers
+    /// keep one window of pages (see [`KvLayout`]).
+    kv_layout: KvLayout,
 }
 
 /// The prefix of the language model's tensors.
@@ -183,6 +186,7 @@ pub fn build<B: Backend>(
         attn_local,
         final_softcap: g.final_logit_softcapping.map(|c| c as f32),
         eps: cfg.rms_norm_eps as f32,
+        kv_layout: KvLayout::for_config(cfg, true),
     })
 }
 
@@ -195,12 +199,14 @@ impl<B: Backend> Gemma<B> {
         x: &B::Tensor,
         step: &B::Step,
         kv: &mut B::KvCache,
+        kv_group: usize,
     ) -> Result<B::Tensor> {
-        let (params, cos_sin) = if l.sliding {
+        let (base, cos_sin) = if l.sliding {
             (&self.attn_local, &self.cos_sin_local)
         } else {
             (&self.attn_global, &self.cos_sin_global)
         };
+        let params = &AttentionParams { kv_group, ..*base };
         let hd = params.head_dim;
         let mut q = b.linear(x, &l.q_proj, None)?;
         let mut k = b.linear(x, &l.k_proj, None)?;
@@ -211,7 +217,7 @@ impl<B: Backend> Gemma<B> {
         }
         b.rope(&mut q, step, cos_sin, hd, RopeStyle::Neox)?;
         b.rope(&mut k, step, cos_sin, hd, RopeStyle::Neox)?;
-        b.store_kv(&k, &v, kv, step)?;
+        b.store_kv_in_group(&k, &v, kv, step, kv_group)?;
         let a = b.attention(&q, kv, step, params)?;
         Ok(b.linear(&a, &l.o_proj, None)?)
     }
@@ -223,9 +229,18 @@ impl<B: Backend> CausalLm<B> for Gemma<B> {
         // before it is added in.
         let mut x = b.embedding(step, &self.embed_tokens)?;
         b.scale(&mut x, self.embed_scale)?;
-        for (l, cache) in self.layers.iter().zip(kv.iter_mut()) {
+        let layout = &self.kv_layout;
+        if kv.len() != layout.num_slots {
+            return Err(ModelError::Config(format!(
+                "{} KV caches for a layout of {} slots",
+                kv.len(),
+                layout.num_slots
+            )));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &l.input_layernorm, self.eps)?;
-            let a = self.attention(b, l, &h, step, cache)?;
+            let cache = &mut kv[layout.slot[i]];
+            let a = self.attention(b, l, &h, step, cache, layout.group[i])?;
             b.add(
                 &mut x,
                 &b.rms_norm(&a, &l.post_attention_layernorm, self.eps)?,
@@ -250,5 +265,9 @@ impl<B: Backend> CausalLm<B> for Gemma<B> {
 
     fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.kv_layout.clone()
     }
 }

@@ -201,6 +201,7 @@ impl<B: Backend> LlamaFamily<B> {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window: variant.window,
                 softcap: None,
+                kv_group: 0,
             },
             eps: cfg.rms_norm_eps as f32,
         })

@@ -19,7 +19,7 @@ pub mod rope;
 mod weights;
 
 use crate::loader::WeightSource;
-use crate::{Architecture, ModelConfig, Result};
+use crate::{Architecture, KvLayout, ModelConfig, Result};
 use pagoda_kernels::Backend;
 
 pub use gemma3::Gemma;
@@ -29,10 +29,16 @@ pub use opt::Opt;
 /// A decoder-only language model on backend `B`.
 pub trait CausalLm<B: Backend>: Send + Sync {
     /// Runs one forward pass over the step's tokens, storing their K/V in `kv`
-    /// (one cache per layer), and returns `[logits_indices.len(), vocab]` logits.
+    /// (the [`Self::kv_layout`]'s slot caches: one per layer unless the
+    /// layout groups layers), and returns `[logits_indices.len(), vocab]` logits.
     fn forward(&self, backend: &B, step: &B::Step, kv: &mut [B::KvCache]) -> Result<B::Tensor>;
     /// The configuration the model was built from.
     fn config(&self) -> &ModelConfig;
+    /// Where each layer's K/V lives ([`KvLayout::for_config`]: one group,
+    /// layer `l` in cache `l`, unless the layers mix windows).
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout::for_config(self.config(), true)
+    }
 }
 
 /// Options that shape a model at build time.

@@ -136,6 +136,7 @@ pub fn build<B: Backend>(
             scale: 1.0 / (hd as f32).sqrt(),
             window: None,
             softcap: None,
+            kv_group: 0,
         },
         eps: cfg.rms_norm_eps as f32,
     })

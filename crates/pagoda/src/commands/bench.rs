@@ -32,7 +32,7 @@ use crate::progress;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use pagoda_core::SamplingParams;
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_engine::context::{add_kv_groups, build_forward_context, ScheduledSeq};
 use pagoda_engine::sampler::RequestRng;
 use pagoda_engine::{EngineRequest, LlmEngine, StepOutput};
 use pagoda_kernels::{Backend, SamplingRow};
@@ -434,8 +434,14 @@ impl EngineTask for Single<'_> {
                 engine.scheduler_config().max_model_len
             );
         }
-        let blocks: Vec<u32> = (0..total.div_ceil(block_size) as u32).collect();
-        if blocks.len() > engine.scheduler_config().num_blocks {
+        let per_group = total.div_ceil(block_size);
+        let blocks: Vec<u32> = (0..per_group as u32).collect();
+        // Every KV cache group keeps every block, on pages of its own.
+        let extra = engine.runner().kv_layout().num_groups() - 1;
+        let group_tables: Vec<Vec<u32>> = (1..=extra)
+            .map(|g| ((g * per_group) as u32..((g + 1) * per_group) as u32).collect())
+            .collect();
+        if per_group * (extra + 1) > engine.scheduler_config().num_blocks {
             bail!("the KV cache is too small for {total} tokens; raise --kv-cache-memory");
         }
         // Deterministic pseudo-random prompt ids.
@@ -454,6 +460,9 @@ impl EngineTask for Single<'_> {
                 want_logits: true,
             };
             let mut ctx = build_forward_context(&[seq], block_size);
+            if extra > 0 {
+                add_kv_groups(&mut ctx, extra, &group_tables);
+            }
             if runner.samples_on_device() {
                 ctx.sampling = vec![SamplingRow::GREEDY];
             }
@@ -472,6 +481,9 @@ impl EngineTask for Single<'_> {
                     want_logits: true,
                 };
                 let mut ctx = build_forward_context(&[seq], block_size);
+                if extra > 0 {
+                    add_kv_groups(&mut ctx, extra, &group_tables);
+                }
                 if runner.samples_on_device() {
                     ctx.sampling = vec![SamplingRow::GREEDY];
                 }

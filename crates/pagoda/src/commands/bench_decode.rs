@@ -12,7 +12,7 @@
 use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_engine::context::{add_kv_groups, build_forward_context, ScheduledSeq};
 use pagoda_engine::{LlmEngine, StepOutput};
 use pagoda_kernels::{Backend, SamplingRow};
 use serde::Serialize;
@@ -87,20 +87,37 @@ impl EngineTask for Decode<'_> {
         }
         let per_seq = total.div_ceil(bs);
         let runner = engine.runner_mut();
+        // Every KV cache group keeps every block (no window release here).
+        let groups = runner.kv_layout().num_groups();
+        let extra = groups - 1;
         let graphs = !runner.graph_batch_sizes().is_empty();
         let on_device = runner.samples_on_device();
         let mut out = Vec::new();
         for &batch in &a.batch_sizes {
-            if batch * per_seq > sc.num_blocks {
+            if batch * per_seq * groups > sc.num_blocks {
                 bail!(
                     "batch {batch} of {total}-token sequences needs {} KV blocks, the cache has {}",
-                    batch * per_seq,
+                    batch * per_seq * groups,
                     sc.num_blocks
                 );
             }
-            let tables: Vec<Vec<u32>> = (0..batch)
-                .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+            let table = |k: usize| -> Vec<u32> {
+                ((k * per_seq) as u32..((k + 1) * per_seq) as u32).collect()
+            };
+            let tables: Vec<Vec<u32>> = (0..batch).map(table).collect();
+            // Group g's table of sequence i, at `i * extra + g - 1`.
+            let group_tables: Vec<Vec<u32>> = (0..batch)
+                .flat_map(|i| (1..groups).map(move |g| g * batch + i))
+                .map(table)
                 .collect();
+            let with_groups = |first: usize, mut ctx: pagoda_kernels::ForwardContext| {
+                if extra > 0 {
+                    let n = ctx.num_seqs();
+                    let t = &group_tables[first * extra..(first + n) * extra];
+                    add_kv_groups(&mut ctx, extra, t);
+                }
+                ctx
+            };
             let prompts: Vec<Vec<u32>> = (0..batch as u64)
                 .map(|s| {
                     (0..a.context as u64)
@@ -122,7 +139,7 @@ impl EngineTask for Decode<'_> {
                         want_logits: false,
                     })
                     .collect();
-                runner.execute(&build_forward_context(&seqs, bs))?;
+                runner.execute(&with_groups(first, build_forward_context(&seqs, bs)))?;
             }
             let mut tokens: Vec<u32> = prompts.iter().map(|p| p[0]).collect();
             let mut times = Vec::with_capacity(a.steps);
@@ -136,7 +153,7 @@ impl EngineTask for Decode<'_> {
                         want_logits: true,
                     })
                     .collect();
-                let mut ctx = build_forward_context(&seqs, bs);
+                let mut ctx = with_groups(0, build_forward_context(&seqs, bs));
                 if on_device {
                     ctx.sampling = vec![SamplingRow::GREEDY; batch];
                 }

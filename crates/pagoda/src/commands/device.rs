@@ -351,9 +351,21 @@ fn build_engine<B: KvBudget>(
         bytes_per_token,
         (num_blocks * per_block) as f64 / (1u64 << 30) as f64
     );
+    let layout = runner.kv_layout();
+    if layout.num_groups() > 1 {
+        tracing::info!(
+            "KV cache groups: {} ({} layers; windows {:?}), a block is a page of {} layer slots \
+             ({} bytes per token of a page)",
+            layout.num_groups(),
+            layout.num_layers(),
+            layout.windows,
+            layout.num_slots,
+            bytes_per_token
+        );
+    }
     let kv = pagoda_engine::kv_footprint::kv_footprint(
         &cfg,
-        per_block / (cache.block_size * cfg.num_hidden_layers).max(1),
+        per_block / (cache.block_size * layout.num_slots).max(1),
         max_model_len,
         cache.block_size,
     );

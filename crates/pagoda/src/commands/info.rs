@@ -1,6 +1,7 @@
 //! `pagoda info`: what a model is, without running it (with the KV bytes one
 //! sequence of its whole context takes, every block kept and with a sliding
-//! window's passed blocks released); for a GGUF file pagoda cannot run,
+//! window's passed blocks released, and the KV cache groups where local and
+//! global layers mix); for a GGUF file pagoda cannot run,
 //! everything it lacks (architecture, tensor types, tokenizer), read from
 //! the header before anything is loaded.
 
@@ -38,6 +39,15 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "kv cache:             {}",
             kv_footprint::describe(&kv, "bf16")
         );
+        let layout = pagoda_model::KvLayout::for_config(&summary.config, true);
+        if layout.num_groups() > 1 {
+            println!(
+                "kv cache groups:      {} (windows {:?}), pages of {} layer slots",
+                layout.num_groups(),
+                layout.windows,
+                layout.num_slots
+            );
+        }
         for m in &missing {
             println!("pagoda lacks: {m}");
         }

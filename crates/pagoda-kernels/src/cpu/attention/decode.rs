@@ -27,7 +27,7 @@ pub(super) fn part(
     let (hd, nkv) = (p.head_dim, p.num_kv_heads);
     let group = p.num_heads / nkv;
     let ctx = &step.ctx;
-    let table = ctx.block_table(it.seq);
+    let table = ctx.group_block_table(p.kv_group, it.seq);
     let limit = ctx.context_lens[it.seq] as usize + it.t0 + 1;
     let (k0, k1) = (it.k0.max(p.first_key(limit - 1)), it.k1.min(limit));
     let n = k1.saturating_sub(k0);

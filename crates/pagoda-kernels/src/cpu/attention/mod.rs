@@ -47,6 +47,7 @@ pub fn store_kv(
     v: &CpuTensor,
     cache: &mut CpuKvCache,
     step: &CpuStep,
+    group: usize,
 ) -> Result<()> {
     let width = cache.shape.num_kv_heads * cache.shape.head_dim;
     let t = step.ctx.num_tokens();
@@ -61,19 +62,18 @@ pub fn store_kv(
             ));
         }
     }
+    step.ctx
+        .check_kv_group(group)
+        .map_err(|e| shape_err("store_kv", e))?;
+    let slot_mapping = step.ctx.slot_mapping_of(group);
     let slots = cache.num_slots() as i64;
-    if let Some(&bad) = step
-        .ctx
-        .slot_mapping
-        .iter()
-        .find(|&&s| s < -1 || s >= slots)
-    {
+    if let Some(&bad) = slot_mapping.iter().find(|&&s| s < -1 || s >= slots) {
         return Err(shape_err(
             "store_kv",
             format!("slot {bad} outside the cache ({slots} slots)"),
         ));
     }
-    for (i, &s) in step.ctx.slot_mapping.iter().enumerate() {
+    for (i, &s) in slot_mapping.iter().enumerate() {
         if s < 0 {
             continue;
         }
@@ -92,6 +92,9 @@ pub(crate) fn check(
 ) -> Result<()> {
     let s = cache.shape;
     p.check_variants().map_err(|e| shape_err("attention", e))?;
+    step.ctx
+        .check_kv_group(p.kv_group)
+        .map_err(|e| shape_err("attention", e))?;
     if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err(
             "attention",
@@ -130,7 +133,7 @@ pub(crate) fn check(
     }
     for i in 0..step.ctx.num_seqs() {
         let need = (step.ctx.seq_lens[i] as usize).div_ceil(s.block_size);
-        if let Some(&b) = step.ctx.block_table(i)[..need]
+        if let Some(&b) = step.ctx.group_block_table(p.kv_group, i)[..need]
             .iter()
             .find(|&&b| b as usize >= s.num_blocks)
         {

@@ -30,7 +30,7 @@ pub(super) fn part(
     let group = p.num_heads / nkv;
     let bs = cache.shape.block_size;
     let ctx = &step.ctx;
-    let table = ctx.block_table(it.seq);
+    let table = ctx.group_block_table(p.kv_group, it.seq);
     let context_len = ctx.context_lens[it.seq] as usize;
     let tok0 = ctx.cu_seqlens_q[it.seq] as usize + it.t0;
     let m = it.nt * group;

@@ -1,0 +1,205 @@
+//! KV cache groups end to end, on the tiny Gemma 3 and Gemma 2 models (local
+//! layers with a window of 6 and 5, global layers; dummy weights; CPU): the
+//! layout splits local and global layers into groups with one block table
+//! each; long prompts, batched with chunked prefill, give the same greedy
+//! tokens and logprobs (bit for bit) with the local groups' passed blocks
+//! released as with every block kept; a long generation holds its global
+//! blocks plus one window per local group; preemption in a small cache gives
+//! the same tokens. Prefix caching is off with several groups.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use pagoda_core::kv_cache_manager::max_blocks_in_window;
+use pagoda_core::{RequestId, SamplingParams, SchedulerConfig};
+use pagoda_engine::{EngineRequest, LlmEngine};
+use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_model::loader::dummy::DummySource;
+use pagoda_model::loader::hf_config::load_config_file;
+use pagoda_model::KvLayout;
+
+const MAX_MODEL_LEN: usize = 256;
+/// Small, so prompts are chunked.
+const BUDGET: usize = 40;
+
+fn engine(arch: &str, num_blocks: usize, caching: bool, release: bool) -> LlmEngine<CpuBackend> {
+    let path = repo_root().join(format!("tests/golden/tiny-{arch}/config.json"));
+    let cfg = load_config_file(&path).unwrap();
+    assert_eq!(cfg.uniform_sliding_window(), None, "{arch} mixes layers");
+    let src = DummySource::new(&cfg).unwrap();
+    let runner = cpu_runner(&cfg, &src, WeightDtype::F32, num_blocks);
+    let config = SchedulerConfig {
+        max_num_batched_tokens: BUDGET,
+        max_num_seqs: 8,
+        enable_prefix_caching: caching,
+        ..scheduler_config(num_blocks, MAX_MODEL_LEN)
+    };
+    LlmEngine::with_window_release(runner, None, config, release).unwrap()
+}
+
+fn layout(arch: &str) -> KvLayout {
+    let path = repo_root().join(format!("tests/golden/tiny-{arch}/config.json"));
+    KvLayout::for_config(&load_config_file(&path).unwrap(), true)
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(max_tokens)
+    }
+}
+
+/// Per request (in order of submission): its tokens and their logprobs
+/// (chosen and top 3, as bits).
+type Trace = Vec<(Vec<u32>, Vec<Vec<u32>>)>;
+
+fn run(
+    engine: &mut LlmEngine<CpuBackend>,
+    wave: &[(Vec<u32>, usize)],
+    check_used: &mut dyn FnMut(usize),
+) -> Trace {
+    let mut order: Vec<RequestId> = Vec::new();
+    let mut got: HashMap<RequestId, (Vec<u32>, Vec<Vec<u32>>)> = HashMap::new();
+    for (prompt, max_tokens) in wave {
+        let id = engine
+            .add_request(EngineRequest {
+                prompt_token_ids: prompt.clone(),
+                params: greedy(*max_tokens),
+                logprobs: Some(3),
+            })
+            .unwrap();
+        order.push(id);
+    }
+    while engine.has_unfinished_requests() {
+        for out in engine.step().unwrap() {
+            let lp = out.logprobs.unwrap();
+            let mut bits = vec![lp.logprob.to_bits()];
+            for (t, l) in lp.top {
+                bits.extend([t, l.to_bits()]);
+            }
+            let e = got.entry(out.request_id).or_default();
+            e.0.push(out.token_id);
+            e.1.push(bits);
+        }
+        check_used(engine.stats().num_blocks_used);
+    }
+    order.iter().map(|id| got.remove(id).unwrap()).collect()
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 500 + 3)
+        .collect()
+}
+
+#[test]
+fn the_tiny_models_split_local_and_global_layers_into_groups() {
+    // Gemma 3: layers 0, 1, 3 local (window 6), layer 2 global.
+    let l = layout("gemma3");
+    assert_eq!(l.windows, vec![None, Some(6), Some(6), Some(6)]);
+    assert_eq!((l.num_slots, l.group[2]), (1, 0));
+    // Gemma 2: layers 0, 2 local (window 5), layer 1 global.
+    let l = layout("gemma2");
+    assert_eq!(l.windows, vec![None, Some(5), Some(5)]);
+    assert_eq!(l.num_slots, 1);
+}
+
+#[test]
+fn released_local_blocks_change_no_token_or_logprob() {
+    for arch in ["gemma3", "gemma2"] {
+        let wave = vec![
+            (prompt(1, 180), 50),
+            (prompt(2, 150), 70),
+            (prompt(4, 200), 40),
+            (prompt(5, 9), 120),
+        ];
+        // Prefix caching asked for: off with several groups (both runs).
+        for caching in [true, false] {
+            let mut kept = engine(arch, 400, caching, false);
+            let mut peak_kept = 0;
+            let want = run(&mut kept, &wave, &mut |u| peak_kept = peak_kept.max(u));
+            let mut released = engine(arch, 400, caching, true);
+            let mut peak = 0;
+            let got = run(&mut released, &wave, &mut |u| peak = peak.max(u));
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.0, w.0, "{arch} request {i}: tokens");
+                assert_eq!(g.1, w.1, "{arch} request {i}: logprobs");
+            }
+            assert!(peak < peak_kept, "{arch}: peak {peak} vs {peak_kept} pages");
+            assert_eq!(released.stats().radix_cached_tokens, 0);
+        }
+    }
+}
+
+#[test]
+fn a_long_generation_holds_its_global_blocks_and_one_window_per_local_group() {
+    let l = layout("gemma3");
+    let local_groups = l.num_groups() - 1;
+    let window = max_blocks_in_window(6, BUDGET, BLOCK_SIZE);
+    let all = MAX_MODEL_LEN / BLOCK_SIZE;
+    assert!(window < all);
+    let waves = vec![(prompt(9, 30), MAX_MODEL_LEN - 30)];
+    let mut full = engine("gemma3", 200, false, false);
+    let mut peak_full = 0;
+    let want = run(&mut full, &waves, &mut |u| peak_full = peak_full.max(u));
+    assert_eq!(want[0].0.len(), MAX_MODEL_LEN - 30);
+    assert_eq!(peak_full, all * l.num_groups());
+    let bound = all + local_groups * window;
+    let mut released = engine("gemma3", bound, false, true);
+    let mut peak = 0;
+    let got = run(&mut released, &waves, &mut |used| {
+        assert!(used <= bound, "{used} > {bound}");
+        peak = peak.max(used);
+    });
+    assert_eq!(got, want);
+    assert!(peak < peak_full);
+    // Keeping every block, the same cache refuses the request.
+    let mut refused = engine("gemma3", bound, false, false);
+    assert!(refused
+        .add_request(EngineRequest {
+            prompt_token_ids: prompt(9, 30),
+            params: greedy(MAX_MODEL_LEN - 30),
+            logprobs: None,
+        })
+        .is_err());
+}
+
+#[test]
+fn preemption_in_a_small_cache_changes_no_token() {
+    let l = layout("gemma3");
+    let window = max_blocks_in_window(6, BUDGET, BLOCK_SIZE);
+    let mut wave = Vec::new();
+    for i in 0..5u32 {
+        wave.push((prompt(20 + i, 60 + 25 * i as usize), 60 + 10 * i as usize));
+    }
+    let mut kept = engine("gemma3", 400, false, false);
+    let want = run(&mut kept, &wave, &mut |_| {});
+    // The longest request (capped at the context): 16 global blocks plus
+    // one window per local group.
+    let one = MAX_MODEL_LEN / BLOCK_SIZE + (l.num_groups() - 1) * window;
+    let mut preemptions = 0;
+    for num_blocks in [one, one + 10, 2 * one] {
+        let mut small = engine("gemma3", num_blocks, false, true);
+        let got = run(&mut small, &wave, &mut |used| assert!(used <= num_blocks));
+        // Other batch compositions round the CPU GEMMs differently: the
+        // same tokens, logprobs within rounding.
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.0, w.0, "{num_blocks} pages: tokens");
+            for (a, b) in g.1.iter().zip(&w.1) {
+                for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+                    if i % 2 == 1 {
+                        assert_eq!(x, y, "top ids");
+                    } else {
+                        let (x, y) = (f32::from_bits(x), f32::from_bits(y));
+                        assert!((x - y).abs() < 1e-4, "{num_blocks} pages: {x} vs {y}");
+                    }
+                }
+            }
+        }
+        preemptions += small.stats().counters.num_preemptions;
+    }
+    assert!(preemptions > 0, "the small caches preempted");
+}
