@@ -70,7 +70,6 @@ impl Case {
             window: None,
             softcap: None,
             kv_group: 0,
-            kv_group: 0,
         }
     }
 

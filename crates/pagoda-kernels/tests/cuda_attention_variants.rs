@@ -63,7 +63,6 @@ impl Case {
             window: self.window,
             softcap: self.softcap,
             kv_group: 0,
-            kv_group: 0,
         }
     }
 

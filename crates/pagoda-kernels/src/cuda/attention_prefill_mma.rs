@@ -212,7 +212,10 @@ pub(crate) fn prefill_attention_mma_into(
     let (cu_q, ctx_lens, tables) = (
         step.view_from(step.cu_seqlens_q, first),
         step.view_from(step.context_lens, first),
-        step.view_from(step.block_tables_of(p.kv_group), first * ctx.max_blocks_per_seq),
+        step.view_from(
+            step.block_tables_of(p.kv_group),
+            first * ctx.max_blocks_per_seq,
+        ),
     );
     let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let (mbps, bs, nh, nkv) = (
