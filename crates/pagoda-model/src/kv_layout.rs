@@ -12,9 +12,10 @@
 //! different groups that share a slot cache never meet; each group has its
 //! own block table per sequence, and a windowed group releases the pages its
 //! window has passed. The cost of a group with fewer than `G` layers is its
-//! empty slots, so `G` is the largest size whose slot count is within 1/8 of
-//! the fewest slots any size gives (fewer groups: fewer block tables per
-//! step).
+//! empty slots, so `G` divides the number of full-attention layers (their
+//! pages are held for the whole context: no empty slots there) and is the
+//! largest such size whose slot count is within 1/8 of the fewest slots any
+//! such size gives (fewer groups: fewer block tables per step).
 //!
 //! Guarantees: `slot[l] < num_slots`, `group[l] < windows.len()`, no two
 //! layers of one group share a slot, and every layer of group `g` attends
@@ -62,10 +63,14 @@ impl KvLayout {
             .collect();
         let slots_for = |g: usize| counts.iter().map(|c| c.div_ceil(g) * g).sum::<usize>();
         let max_g = counts.iter().copied().max().unwrap_or(1);
-        let fewest = (1..=max_g).map(slots_for).min().unwrap_or(0);
-        let size = (1..=max_g)
-            .rev()
-            .find(|&g| slots_for(g) * 8 <= fewest * 9)
+        // Full-attention pages are held for the whole context: no empty
+        // slots there (sizes dividing their count; kinds[0] is None if any).
+        let full = if kinds[0].is_none() { counts[0] } else { 0 };
+        let sizes = || (1..=max_g).filter(move |g| full.is_multiple_of(*g));
+        let fewest = sizes().map(slots_for).min().unwrap_or(0);
+        let size = sizes()
+            .filter(|&g| slots_for(g) * 8 <= fewest * 9)
+            .max()
             .unwrap_or(1);
         let mut layout = KvLayout {
             windows: Vec::new(),
@@ -167,8 +172,10 @@ mod tests {
             .collect();
         let l = KvLayout::from_layer_windows(&w27);
         check(&l);
-        assert_eq!(l.num_slots, 6);
-        assert_eq!(l.num_groups(), 2 + 9);
+        // 10 global layers: groups of 5 (none empty), 52 local in 11.
+        assert_eq!(l.num_slots, 5);
+        assert_eq!(l.num_groups(), 2 + 11);
+        assert_eq!(l.group_layers(0) + l.group_layers(1), 10);
         // Gemma 2 alternates: equal halves, one group each.
         let w2: Vec<_> = (0..26)
             .map(|i| if i % 2 == 1 { None } else { Some(4096) })

@@ -186,6 +186,9 @@ pub(crate) fn decode_attention_into(
     y: &mut CudaTensor,
 ) -> Result<()> {
     let op = "decode_attention";
+    if seqs == 0 {
+        return Ok(());
+    }
     let Some(name) = kernel_name(p.head_dim, p.num_heads / p.num_kv_heads.max(1), cache.fp8) else {
         return Err(KernelError::Unsupported(format!(
             "decode attention with {p:?}"
