@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::collections::HashMap;
-
+use common::trace::*;
 use common::*;
 use pagoda_core::kv_cache_manager::max_blocks_in_window;
-use pagoda_core::{RequestId, SamplingParams, SchedulerConfig};
+use pagoda_core::SchedulerConfig;
 use pagoda_engine::{EngineRequest, LlmEngine};
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_model::loader::dummy::DummySource;
@@ -44,56 +43,6 @@ fn layout(arch: &str) -> KvLayout {
     KvLayout::for_config(&load_config_file(&path).unwrap(), true)
 }
 
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(max_tokens)
-    }
-}
-
-/// Per request (in order of submission): its tokens and their logprobs
-/// (chosen and top 3, as bits).
-type Trace = Vec<(Vec<u32>, Vec<Vec<u32>>)>;
-
-fn run(
-    engine: &mut LlmEngine<CpuBackend>,
-    wave: &[(Vec<u32>, usize)],
-    check_used: &mut dyn FnMut(usize),
-) -> Trace {
-    let mut order: Vec<RequestId> = Vec::new();
-    let mut got: HashMap<RequestId, (Vec<u32>, Vec<Vec<u32>>)> = HashMap::new();
-    for (prompt, max_tokens) in wave {
-        let id = engine
-            .add_request(EngineRequest {
-                prompt_token_ids: prompt.clone(),
-                params: greedy(*max_tokens),
-                logprobs: Some(3),
-            })
-            .unwrap();
-        order.push(id);
-    }
-    while engine.has_unfinished_requests() {
-        for out in engine.step().unwrap() {
-            let lp = out.logprobs.unwrap();
-            let mut bits = vec![lp.logprob.to_bits()];
-            for (t, l) in lp.top {
-                bits.extend([t, l.to_bits()]);
-            }
-            let e = got.entry(out.request_id).or_default();
-            e.0.push(out.token_id);
-            e.1.push(bits);
-        }
-        check_used(engine.stats().num_blocks_used);
-    }
-    order.iter().map(|id| got.remove(id).unwrap()).collect()
-}
-
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 500 + 3)
-        .collect()
-}
-
 #[test]
 fn the_tiny_models_split_local_and_global_layers_into_groups() {
     // Gemma 3: layers 0, 1, 3 local (window 6), layer 2 global.
@@ -119,10 +68,14 @@ fn released_local_blocks_change_no_token_or_logprob() {
         for caching in [true, false] {
             let mut kept = engine(arch, 400, caching, false);
             let mut peak_kept = 0;
-            let want = run(&mut kept, &wave, &mut |u| peak_kept = peak_kept.max(u));
+            let want = run_waves(&mut kept, std::slice::from_ref(&wave), &mut |u| {
+                peak_kept = peak_kept.max(u)
+            });
             let mut released = engine(arch, 400, caching, true);
             let mut peak = 0;
-            let got = run(&mut released, &wave, &mut |u| peak = peak.max(u));
+            let got = run_waves(&mut released, std::slice::from_ref(&wave), &mut |u| {
+                peak = peak.max(u)
+            });
             assert_eq!(got.len(), want.len());
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.0, w.0, "{arch} request {i}: tokens");
@@ -144,13 +97,15 @@ fn a_long_generation_holds_its_global_blocks_and_one_window_per_local_group() {
     let waves = vec![(prompt(9, 30), MAX_MODEL_LEN - 30)];
     let mut full = engine("gemma3", 200, false, false);
     let mut peak_full = 0;
-    let want = run(&mut full, &waves, &mut |u| peak_full = peak_full.max(u));
+    let want = run_waves(&mut full, std::slice::from_ref(&waves), &mut |u| {
+        peak_full = peak_full.max(u)
+    });
     assert_eq!(want[0].0.len(), MAX_MODEL_LEN - 30);
     assert_eq!(peak_full, all * l.num_groups());
     let bound = all + local_groups * window;
     let mut released = engine("gemma3", bound, false, true);
     let mut peak = 0;
-    let got = run(&mut released, &waves, &mut |used| {
+    let got = run_waves(&mut released, std::slice::from_ref(&waves), &mut |used| {
         assert!(used <= bound, "{used} > {bound}");
         peak = peak.max(used);
     });
@@ -176,14 +131,16 @@ fn preemption_in_a_small_cache_changes_no_token() {
         wave.push((prompt(20 + i, 60 + 25 * i as usize), 60 + 10 * i as usize));
     }
     let mut kept = engine("gemma3", 400, false, false);
-    let want = run(&mut kept, &wave, &mut |_| {});
+    let want = run_waves(&mut kept, std::slice::from_ref(&wave), &mut |_| {});
     // The longest request (capped at the context): 16 global blocks plus
     // one window per local group.
     let one = MAX_MODEL_LEN / BLOCK_SIZE + (l.num_groups() - 1) * window;
     let mut preemptions = 0;
     for num_blocks in [one, one + 10, 2 * one] {
         let mut small = engine("gemma3", num_blocks, false, true);
-        let got = run(&mut small, &wave, &mut |used| assert!(used <= num_blocks));
+        let got = run_waves(&mut small, std::slice::from_ref(&wave), &mut |used| {
+            assert!(used <= num_blocks)
+        });
         // Other batch compositions round the CPU GEMMs differently: the
         // same tokens, logprobs within rounding.
         for (g, w) in got.iter().zip(&want) {

@@ -8,11 +8,10 @@
 
 mod common;
 
-use std::collections::HashMap;
-
+use common::trace::*;
 use common::*;
 use pagoda_core::kv_cache_manager::max_blocks_in_window;
-use pagoda_core::{RequestId, SamplingParams, SchedulerConfig};
+use pagoda_core::SchedulerConfig;
 use pagoda_engine::{EngineRequest, LlmEngine};
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_model::loader::dummy::DummySource;
@@ -35,60 +34,6 @@ fn engine(arch: &str, num_blocks: usize, caching: bool, release: bool) -> LlmEng
         ..scheduler_config(num_blocks, MAX_MODEL_LEN)
     };
     LlmEngine::with_window_release(runner, None, config, release).unwrap()
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(max_tokens)
-    }
-}
-
-/// Per request (in order of submission): its tokens and their logprobs
-/// (chosen and top 3, as bits). Submits `waves` one after the other, each
-/// once the previous has finished; checks every step's held blocks against
-/// `check_used`.
-type Trace = Vec<(Vec<u32>, Vec<Vec<u32>>)>;
-
-fn run(
-    engine: &mut LlmEngine<CpuBackend>,
-    waves: &[Vec<(Vec<u32>, usize)>],
-    check_used: &mut dyn FnMut(usize),
-) -> Trace {
-    let mut order: Vec<RequestId> = Vec::new();
-    let mut got: HashMap<RequestId, (Vec<u32>, Vec<Vec<u32>>)> = HashMap::new();
-    for wave in waves {
-        for (prompt, max_tokens) in wave {
-            let id = engine
-                .add_request(EngineRequest {
-                    prompt_token_ids: prompt.clone(),
-                    params: greedy(*max_tokens),
-                    logprobs: Some(3),
-                })
-                .unwrap();
-            order.push(id);
-        }
-        while engine.has_unfinished_requests() {
-            for out in engine.step().unwrap() {
-                let lp = out.logprobs.unwrap();
-                let mut bits = vec![lp.logprob.to_bits()];
-                for (t, l) in lp.top {
-                    bits.extend([t, l.to_bits()]);
-                }
-                let e = got.entry(out.request_id).or_default();
-                e.0.push(out.token_id);
-                e.1.push(bits);
-            }
-            check_used(engine.stats().num_blocks_used);
-        }
-    }
-    order.iter().map(|id| got.remove(id).unwrap()).collect()
-}
-
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 500 + 3)
-        .collect()
 }
 
 #[test]
@@ -114,10 +59,10 @@ fn released_blocks_change_no_token_or_logprob() {
         for caching in [true, false] {
             let mut kept = engine(arch, 200, caching, false);
             let mut peak_kept = 0;
-            let want = run(&mut kept, &waves, &mut |u| peak_kept = peak_kept.max(u));
+            let want = run_waves(&mut kept, &waves, &mut |u| peak_kept = peak_kept.max(u));
             let mut released = engine(arch, 200, caching, true);
             let mut peak = 0;
-            let got = run(&mut released, &waves, &mut |u| peak = peak.max(u));
+            let got = run_waves(&mut released, &waves, &mut |u| peak = peak.max(u));
             assert_eq!(got.len(), want.len());
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(g.0, w.0, "{arch} (caching {caching}) request {i}: tokens");
@@ -140,18 +85,18 @@ fn a_long_generation_holds_a_bounded_number_of_blocks() {
     assert!(bound < MAX_MODEL_LEN / BLOCK_SIZE);
     let waves = [vec![(prompt(9, 30), MAX_MODEL_LEN - 30)]];
     let mut full = engine("mistral", 64, false, false);
-    let want = run(&mut full, &waves, &mut |_| {});
+    let want = run_waves(&mut full, &waves, &mut |_| {});
     assert_eq!(want[0].0.len(), MAX_MODEL_LEN - 30);
     // Without caching, what the pool has in use is what the request holds.
     let mut released = engine("mistral", 64, false, true);
-    let got = run(&mut released, &waves, &mut |used| {
+    let got = run_waves(&mut released, &waves, &mut |used| {
         assert!(used <= bound, "{used} > {bound}")
     });
     assert_eq!(got, want);
     // With caching, in a cache that holds one window but not the context:
     // the tree gives the passed blocks back as the request needs them.
     let mut small = engine("mistral", bound, true, true);
-    let got = run(&mut small, &waves, &mut |used| assert!(used <= bound));
+    let got = run_waves(&mut small, &waves, &mut |used| assert!(used <= bound));
     assert_eq!(got, want);
     // Keeping every block, the same cache refuses the request.
     let mut refused = engine("mistral", bound, true, false);
@@ -176,12 +121,12 @@ fn preemption_and_eviction_in_a_small_cache_change_nothing() {
     }
     let waves = [wave];
     let mut kept = engine("mistral", 200, true, false);
-    let want = run(&mut kept, &waves, &mut |_| {});
+    let want = run_waves(&mut kept, &waves, &mut |_| {});
     // Room for one to two requests' windows: the others wait or are preempted.
     let mut preemptions = 0;
     for num_blocks in [bound, bound + 2, bound + 5, 2 * bound + 1] {
         let mut small = engine("mistral", num_blocks, true, true);
-        let got = run(&mut small, &waves, &mut |used| assert!(used <= num_blocks));
+        let got = run_waves(&mut small, &waves, &mut |used| assert!(used <= num_blocks));
         // Other batch compositions round the CPU GEMMs differently: the
         // same tokens, logprobs within rounding.
         for (g, w) in got.iter().zip(&want) {

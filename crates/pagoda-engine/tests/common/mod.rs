@@ -5,6 +5,7 @@
 
 pub mod faulty;
 pub mod tiny;
+pub mod trace;
 
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::{ModelRunner, SchedulerConfig};
