@@ -131,12 +131,12 @@ pub fn shifted_kv_groups(ctx: &mut ForwardContext, extra: usize, stride: usize) 
 mod tests {
     use super::*;
 
-    #[test]
-    fn group_tables_and_slots_follow_their_own_pages() {
-        let prompt: Vec<u32> = (0..5).collect();
-        let seqs = [
+    /// A 5-token prompt chunk (blocks 7, 3) then a decode at position 4
+    /// (blocks 1, 9), block size 4.
+    fn mixed_step(prompt: &[u32]) -> [ScheduledSeq<'_>; 2] {
+        [
             ScheduledSeq {
-                token_ids: &prompt,
+                token_ids: prompt,
                 context_len: 0,
                 block_table: &[7, 3],
                 want_logits: true,
@@ -147,7 +147,13 @@ mod tests {
                 block_table: &[1, 9],
                 want_logits: true,
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn group_tables_and_slots_follow_their_own_pages() {
+        let prompt: Vec<u32> = (0..5).collect();
+        let seqs = mixed_step(&prompt);
         let mut ctx = build_forward_context(&seqs, 4);
         // Group 1: [20, 21] and [0, 22]; group 2: [30, 31] and [0, 32]
         // (0: a released entry).
@@ -169,20 +175,7 @@ mod tests {
     #[test]
     fn mixed_step_lays_out_prefill_chunk_and_decode() {
         let prompt: Vec<u32> = (0..5).collect();
-        let seqs = [
-            ScheduledSeq {
-                token_ids: &prompt,
-                context_len: 0,
-                block_table: &[7, 3],
-                want_logits: true,
-            },
-            ScheduledSeq {
-                token_ids: &[42],
-                context_len: 4,
-                block_table: &[1, 9],
-                want_logits: true,
-            },
-        ];
+        let seqs = mixed_step(&prompt);
         let ctx = build_forward_context(&seqs, 4);
         ctx.validate().unwrap();
         assert_eq!(ctx.positions, vec![0, 1, 2, 3, 4, 4]);
