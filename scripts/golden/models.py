@@ -218,7 +218,10 @@ PHI3_ROPE = {
 
 
 def tiny_configs():
-    common = dict(
+    """arch -> (model class, config, legacy keys for config.json). Every
+    decoder shares `base` (vocabulary, width, heads, ids, 2 layers, 2 KV heads,
+    an MLP of 128); each entry names only what it changes."""
+    base = dict(
         vocab_size=VOCAB,
         hidden_size=64,
         num_attention_heads=4,
@@ -226,6 +229,31 @@ def tiny_configs():
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_key_value_heads=2,
+    )
+
+    def tiny_cfg(cls, config_cls, legacy, **changes):
+        return cls, config_cls(**{**base, **changes}), legacy
+
+    def rope(theta):
+        return {"rope_theta": theta, "rope_scaling": None}
+
+    # Qwen2-MoE and Qwen3-MoE: 8 experts, top-2, weights not renormalized,
+    # layer 1 dense (mlp_only_layers).
+    qwen_moe = dict(
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
     )
     llama_rope = {
         "rope_type": "llama3",
@@ -235,233 +263,166 @@ def tiny_configs():
         "original_max_position_embeddings": 32,
     }
     return {
-        "llama": (
+        "llama": tiny_cfg(
             T.LlamaForCausalLM,
-            T.LlamaConfig(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_key_value_heads=2,
-                head_dim=16,
-                rms_norm_eps=1e-5,
-                rope_scaling=dict(llama_rope),
-                rope_theta=500000.0,
-                tie_word_embeddings=True,
-            ),
+            T.LlamaConfig,
             {"rope_theta": 500000.0, "rope_scaling": llama_rope},
+            head_dim=16,
+            rms_norm_eps=1e-5,
+            rope_scaling=dict(llama_rope),
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
         ),
         # Llama with attention_bias: biases on q/k/v and on o_proj.
-        "llama-attnbias": (
+        "llama-attnbias": tiny_cfg(
             T.LlamaForCausalLM,
-            T.LlamaConfig(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_key_value_heads=2,
-                head_dim=16,
-                rms_norm_eps=1e-5,
-                rope_theta=10000.0,
-                attention_bias=True,
-                tie_word_embeddings=False,
-            ),
-            {"rope_theta": 10000.0, "rope_scaling": None},
+            T.LlamaConfig,
+            rope(10000.0),
+            head_dim=16,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            attention_bias=True,
+            tie_word_embeddings=False,
         ),
-        "qwen2": (
+        "qwen2": tiny_cfg(
             T.Qwen2ForCausalLM,
-            T.Qwen2Config(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_key_value_heads=2,
-                rms_norm_eps=1e-6,
-                rope_theta=1000000.0,
-                tie_word_embeddings=False,
-                use_sliding_window=False,
-            ),
-            {"rope_theta": 1000000.0, "rope_scaling": None},
+            T.Qwen2Config,
+            rope(1000000.0),
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
         ),
-        "qwen3": (
+        "qwen3": tiny_cfg(
             T.Qwen3ForCausalLM,
-            T.Qwen3Config(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=3,
-                num_key_value_heads=2,
-                head_dim=32,
-                rms_norm_eps=1e-6,
-                rope_theta=1000000.0,
-                attention_bias=False,
-                tie_word_embeddings=False,
-                use_sliding_window=False,
-            ),
-            {"rope_theta": 1000000.0, "rope_scaling": None},
+            T.Qwen3Config,
+            rope(1000000.0),
+            num_hidden_layers=3,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            attention_bias=False,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
         ),
         # Gemma 3: 2 local (window 6) : 1 global layers, head_dim 32 != 64 / 4,
         # a query scale other than head_dim, linear rope scaling on the global
         # layers, a second rope base on the local ones.
-        "gemma3": (
+        "gemma3": tiny_cfg(
             T.Gemma3ForCausalLM,
-            T.Gemma3TextConfig(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                head_dim=32,
-                rms_norm_eps=1e-6,
-                sliding_window=6,
-                sliding_window_pattern=3,
-                query_pre_attn_scalar=24,
-                rope_parameters={
-                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
-                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                },
-                tie_word_embeddings=True,
-            ),
+            T.Gemma3TextConfig,
             {},
+            num_hidden_layers=4,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            sliding_window=6,
+            sliding_window_pattern=3,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            tie_word_embeddings=True,
         ),
         # Gemma 2: alternating local (window 5) / global layers, attention and
         # final logit soft-capping small enough to bite on these weights.
-        "gemma2": (
+        "gemma2": tiny_cfg(
             T.Gemma2ForCausalLM,
-            T.Gemma2Config(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=3,
-                num_key_value_heads=1,
-                head_dim=32,
-                rms_norm_eps=1e-6,
-                sliding_window=5,
-                query_pre_attn_scalar=32,
-                attn_logit_softcapping=2.0,
-                final_logit_softcapping=3.0,
-                rope_theta=10000.0,
-                tie_word_embeddings=True,
-            ),
+            T.Gemma2Config,
             {"rope_theta": 10000.0},
+            num_hidden_layers=3,
+            num_key_value_heads=1,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            sliding_window=5,
+            query_pre_attn_scalar=32,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+            rope_theta=10000.0,
+            tie_word_embeddings=True,
         ),
         # Mistral v0.1: sliding window (8) on every layer, shorter than the
         # longer prompts.
-        "mistral": (
+        "mistral": tiny_cfg(
             T.MistralForCausalLM,
-            T.MistralConfig(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_key_value_heads=2,
-                rms_norm_eps=1e-5,
-                rope_theta=10000.0,
-                sliding_window=8,
-                tie_word_embeddings=False,
-            ),
+            T.MistralConfig,
             {"rope_theta": 10000.0},
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            sliding_window=8,
+            tie_word_embeddings=False,
         ),
         # Mistral v0.3 / Nemo: no window (null), a 32768-token vocabulary, an
         # explicit head_dim other than hidden / heads.
-        "mistral-v03": (
+        "mistral-v03": tiny_cfg(
             T.MistralForCausalLM,
-            T.MistralConfig(
-                **{**common, "vocab_size": 32768},
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_key_value_heads=1,
-                head_dim=32,
-                rms_norm_eps=1e-5,
-                rope_theta=1000000.0,
-                sliding_window=None,
-                tie_word_embeddings=False,
-            ),
+            T.MistralConfig,
             {"rope_theta": 1000000.0, "sliding_window": None},
+            vocab_size=32768,
+            num_key_value_heads=1,
+            head_dim=32,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            sliding_window=None,
+            tie_word_embeddings=False,
         ),
         # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj, partial rotary
         # (0.75 of head_dim 16: 12 dimensions), LongRoPE with a 4x longer
         # context than the original 64 (attention factor sqrt(1 + ln 4 / ln 64)),
         # and a sliding window of 8 on every layer (Phi-3-mini-4k has 2047).
-        "phi3": (
+        "phi3": tiny_cfg(
             T.Phi3ForCausalLM,
-            T.Phi3Config(
-                **common,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_key_value_heads=2,
-                rms_norm_eps=1e-5,
-                original_max_position_embeddings=64,
-                rope_parameters=dict(PHI3_ROPE, rope_theta=10000.0, partial_rotary_factor=0.75),
-                sliding_window=8,
-                tie_word_embeddings=False,
-            ),
+            T.Phi3Config,
             {
                 "rope_theta": 10000.0,
                 # Phi-3.5's form: "type", no "rope_type".
                 "rope_scaling": {**{k: v for k, v in PHI3_ROPE.items() if k != "rope_type"}, "type": "longrope"},
                 "partial_rotary_factor": 0.75,
             },
+            rms_norm_eps=1e-5,
+            original_max_position_embeddings=64,
+            rope_parameters=dict(PHI3_ROPE, rope_theta=10000.0, partial_rotary_factor=0.75),
+            sliding_window=8,
+            tie_word_embeddings=False,
         ),
         # Qwen3-MoE: 8 experts, top-2, weights not renormalized, layer 1
         # dense (mlp_only_layers); decode steps leave most experts idle.
-        "qwen3-moe": (
+        "qwen3-moe": tiny_cfg(
             T.Qwen3MoeForCausalLM,
-            T.Qwen3MoeConfig(
-                **common,
-                intermediate_size=96,
-                moe_intermediate_size=32,
-                num_experts=8,
-                num_experts_per_tok=2,
-                norm_topk_prob=False,
-                decoder_sparse_step=1,
-                mlp_only_layers=[1],
-                num_hidden_layers=4,
-                num_key_value_heads=2,
-                head_dim=32,
-                rms_norm_eps=1e-6,
-                rope_theta=1000000.0,
-                attention_bias=False,
-                tie_word_embeddings=False,
-                use_sliding_window=False,
-            ),
-            {"rope_theta": 1000000.0, "rope_scaling": None},
+            T.Qwen3MoeConfig,
+            rope(1000000.0),
+            **qwen_moe,
+            num_hidden_layers=4,
+            head_dim=32,
+            attention_bias=False,
         ),
         # Qwen2-MoE: 8 experts, top-2, weights not renormalized, a shared
         # expert (gated by sigmoid(x . shared_expert_gate)) in every sparse
         # layer, layer 1 dense (mlp_only_layers), q/k/v biases.
-        "qwen2-moe": (
+        "qwen2-moe": tiny_cfg(
             T.Qwen2MoeForCausalLM,
-            T.Qwen2MoeConfig(
-                **common,
-                intermediate_size=96,
-                moe_intermediate_size=32,
-                shared_expert_intermediate_size=64,
-                num_experts=8,
-                num_experts_per_tok=2,
-                norm_topk_prob=False,
-                decoder_sparse_step=1,
-                mlp_only_layers=[1],
-                num_hidden_layers=3,
-                num_key_value_heads=2,
-                rms_norm_eps=1e-6,
-                rope_theta=1000000.0,
-                qkv_bias=True,
-                tie_word_embeddings=False,
-                use_sliding_window=False,
-            ),
-            {"rope_theta": 1000000.0, "rope_scaling": None},
+            T.Qwen2MoeConfig,
+            rope(1000000.0),
+            **qwen_moe,
+            shared_expert_intermediate_size=64,
+            num_hidden_layers=3,
+            qkv_bias=True,
         ),
         # Mixtral: 8 experts, top-2 renormalized, in every layer.
-        "mixtral": (
+        "mixtral": tiny_cfg(
             T.MixtralForCausalLM,
-            T.MixtralConfig(
-                **common,
-                intermediate_size=32,
-                num_local_experts=8,
-                num_experts_per_tok=2,
-                num_hidden_layers=3,
-                num_key_value_heads=2,
-                rms_norm_eps=1e-5,
-                rope_theta=1000000.0,
-                sliding_window=None,
-                tie_word_embeddings=False,
-            ),
-            {"rope_theta": 1000000.0, "rope_scaling": None},
+            T.MixtralConfig,
+            rope(1000000.0),
+            intermediate_size=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=3,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            sliding_window=None,
+            tie_word_embeddings=False,
         ),
+        # OPT: its own field names, learned positions, pre-LayerNorm, ReLU.
         "opt": (
             T.OPTForCausalLM,
             T.OPTConfig(
