@@ -86,35 +86,20 @@ fn tiny_models_on_cuda_match_the_cpu_backend() {
     ];
     for arch in archs {
         let Some(dev) = gpu() else { return };
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let src = DummySource::new(&cfg).unwrap();
-        let golden: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-        let prompts: Vec<Vec<u32>> = golden["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| ids(&p["prompt_ids"]))
-            .collect();
-        let blocks = blocks_needed(&prompts, NEW_TOKENS);
+        let TinyGolden {
+            cfg,
+            src,
+            prompts,
+            blocks,
+        } = tiny_golden(arch, NEW_TOKENS);
 
         // The CPU reference: each prompt alone, greedy.
         let mut cpu_runner = runner(cpu(), &cfg, &src, blocks);
-        let mut want_tokens = Vec::new();
-        let mut want_logits = Vec::new();
-        for p in &prompts {
-            let trace = forced_greedy(&mut cpu_runner, p);
-            want_tokens.push(trace.0);
-            want_logits.push(trace.1);
-        }
+        let want = greedy_reference(&mut cpu_runner, &prompts, NEW_TOKENS);
+        let (want_tokens, want_logits) = (&want.tokens, &want.logits);
         // The GPU, all prompts batched, fed the CPU's tokens.
         let mut gpu_runner = runner(dev, &cfg, &src, blocks);
-        let forced: Vec<Vec<u32>> = want_tokens
-            .iter()
-            .map(|t| t[..NEW_TOKENS - 1].to_vec())
-            .collect();
-        let got = forced_trace(&mut gpu_runner, &prompts, &forced);
+        let got = forced_trace(&mut gpu_runner, &prompts, &want.forced);
         let mut tally = Tally {
             near_tie_margin: tiny_tol(arch),
             ..Tally::default()
@@ -166,32 +151,17 @@ fn tiny_moe_models_on_cuda_match_the_cpu_backend() {
     let mut failures = Vec::new();
     for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
         let Some(dev) = gpu() else { return };
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let src = DummySource::new(&cfg).unwrap();
-        let golden: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-        let prompts: Vec<Vec<u32>> = golden["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| ids(&p["prompt_ids"]))
-            .collect();
-        let blocks = blocks_needed(&prompts, NEW_TOKENS);
+        let TinyGolden {
+            cfg,
+            src,
+            prompts,
+            blocks,
+        } = tiny_golden(arch, NEW_TOKENS);
         let mut cpu_runner = runner(cpu(), &cfg, &src, blocks);
-        let mut want_tokens = Vec::new();
-        let mut want_logits = Vec::new();
-        for p in &prompts {
-            let trace = forced_greedy(&mut cpu_runner, p);
-            want_tokens.push(trace.0);
-            want_logits.push(trace.1);
-        }
+        let want = greedy_reference(&mut cpu_runner, &prompts, NEW_TOKENS);
+        let want_logits = &want.logits;
         let mut gpu_runner = runner(dev, &cfg, &src, blocks);
-        let forced: Vec<Vec<u32>> = want_tokens
-            .iter()
-            .map(|t| t[..NEW_TOKENS - 1].to_vec())
-            .collect();
-        let got = forced_trace(&mut gpu_runner, &prompts, &forced);
+        let got = forced_trace(&mut gpu_runner, &prompts, &want.forced);
         let mut errs = Vec::new();
         for (i, p) in prompts.iter().enumerate() {
             for s in 0..NEW_TOKENS {
@@ -232,24 +202,6 @@ fn tiny_moe_models_on_cuda_match_the_cpu_backend() {
         failures.len(),
         failures.join("\n")
     );
-}
-
-/// Greedy decoding of one prompt on the CPU: the tokens and the logits each
-/// was picked from.
-fn forced_greedy(
-    runner: &mut pagoda_engine::ModelRunner<CpuBackend>,
-    prompt: &[u32],
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let prompts = [prompt.to_vec()];
-    let mut tokens: Vec<u32> = Vec::new();
-    // Re-running the trace with one more forced token each time keeps this
-    // simple; the tiny models make it cheap.
-    for _ in 0..NEW_TOKENS {
-        let trace = forced_trace(runner, &prompts, &[tokens.clone()]);
-        tokens.push(argmax(trace[0].last().unwrap()));
-    }
-    let trace = forced_trace(runner, &prompts, &[tokens[..NEW_TOKENS - 1].to_vec()]);
-    (tokens, trace.into_iter().next().unwrap())
 }
 
 /// 8 prompts of 3 to 70 tokens; the first four share a 20-token prefix.

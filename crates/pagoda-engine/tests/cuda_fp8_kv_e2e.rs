@@ -19,8 +19,6 @@ mod cuda_common;
 use cuda_common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_kernels::KvCacheDtype;
-use pagoda_model::loader::dummy::DummySource;
-use pagoda_model::loader::hf_config::load_config_file;
 
 const NEW_TOKENS: usize = 12;
 /// Three times cuda_e2e's bf16 tolerance of the tiny dummy-weight models:
@@ -60,18 +58,12 @@ fn tiny_models_with_an_fp8_cache_on_cuda_match_the_cpu() {
         let dev = dev.with_kv_cache_dtype(KvCacheDtype::Fp8).unwrap();
         dev.force_tiled_prefill(tiled);
         let Some(bf16_dev) = gpu() else { return };
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let src = DummySource::new(&cfg).unwrap();
-        let golden: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-        let prompts: Vec<Vec<u32>> = golden["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| ids(&p["prompt_ids"]))
-            .collect();
-        let blocks = blocks_needed(&prompts, NEW_TOKENS);
+        let TinyGolden {
+            cfg,
+            src,
+            prompts,
+            blocks,
+        } = tiny_golden(arch, NEW_TOKENS);
         let layers = cfg.num_hidden_layers;
         let set = |r: &mut pagoda_engine::ModelRunner<_>| {
             if let Some(s) = scales {
@@ -84,33 +76,15 @@ fn tiny_models_with_an_fp8_cache_on_cuda_match_the_cpu() {
         if let Some(s) = scales {
             cpu_runner.set_kv_scales(vec![s; layers]).unwrap();
         }
-        let mut want_tokens = Vec::new();
-        let mut want_logits = Vec::new();
-        for p in &prompts {
-            let mut tokens: Vec<u32> = Vec::new();
-            for _ in 0..NEW_TOKENS {
-                let t = forced_trace(&mut cpu_runner, std::slice::from_ref(p), &[tokens.clone()]);
-                tokens.push(argmax(t[0].last().unwrap()));
-            }
-            let t = forced_trace(
-                &mut cpu_runner,
-                std::slice::from_ref(p),
-                &[tokens[..NEW_TOKENS - 1].to_vec()],
-            );
-            want_tokens.push(tokens);
-            want_logits.push(t.into_iter().next().unwrap());
-        }
-        let forced: Vec<Vec<u32>> = want_tokens
-            .iter()
-            .map(|t| t[..NEW_TOKENS - 1].to_vec())
-            .collect();
+        let want = greedy_reference(&mut cpu_runner, &prompts, NEW_TOKENS);
+        let (want_tokens, want_logits, forced) = (&want.tokens, &want.logits, &want.forced);
         // The GPU with the FP8 cache, and with its bf16 cache.
         let mut gpu_runner = runner(dev, &cfg, &src, blocks);
         assert!(gpu_runner.kv_cache_fp8());
         set(&mut gpu_runner);
-        let got = forced_trace(&mut gpu_runner, &prompts, &forced);
+        let got = forced_trace(&mut gpu_runner, &prompts, forced);
         let mut bf16_runner = runner(bf16_dev, &cfg, &src, blocks);
-        let exact = forced_trace(&mut bf16_runner, &prompts, &forced);
+        let exact = forced_trace(&mut bf16_runner, &prompts, forced);
 
         let mut tally = Tally {
             near_tie_margin: TOL,

@@ -2,7 +2,8 @@
 //! `pagoda_kernels::cuda::testing`, shared with the kernel tests), the plain
 //! engine-test helpers of `common` (JSON readers, a runner on any backend),
 //! finding the repository on a host where the build's paths do not exist, a
-//! batched teacher-forced trace, and the logits/greedy check with near-tie
+//! batched teacher-forced trace, a tiny golden model with its prompts and
+//! the greedy reference run on it, and the logits/greedy check with near-tie
 //! excuses.
 
 #![allow(dead_code)]
@@ -17,6 +18,9 @@ use pagoda_engine::ModelRunner;
 use pagoda_kernels::cuda::testing;
 pub use pagoda_kernels::cuda::testing::gpu;
 use pagoda_kernels::Backend;
+use pagoda_model::loader::dummy::DummySource;
+use pagoda_model::loader::hf_config::load_config_file;
+use pagoda_model::ModelConfig;
 use std::path::PathBuf;
 
 /// Rounds to bf16 (nearest even), as the device stores logits.
@@ -58,6 +62,75 @@ pub fn blocks_needed(prompts: &[Vec<u32>], steps: usize) -> usize {
         .sum::<usize>()
         // Room for every KV cache group of the tiny models (Gemma 3: 4).
         * 4
+}
+
+/// A tiny golden model (tests/golden/tiny-ARCH) with dummy weights: its
+/// config, weights, golden prompts, and the blocks a trace of `steps` tokens
+/// per prompt needs.
+pub struct TinyGolden {
+    pub cfg: ModelConfig,
+    pub src: DummySource,
+    pub prompts: Vec<Vec<u32>>,
+    pub blocks: usize,
+}
+
+pub fn tiny_golden(arch: &str, steps: usize) -> TinyGolden {
+    let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
+    let cfg = load_config_file(&dir.join("config.json")).unwrap();
+    let src = DummySource::new(&cfg).unwrap();
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let prompts: Vec<Vec<u32>> = golden["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| ids(&p["prompt_ids"]))
+        .collect();
+    let blocks = blocks_needed(&prompts, steps);
+    TinyGolden {
+        cfg,
+        src,
+        prompts,
+        blocks,
+    }
+}
+
+/// The reference side of a teacher-forced comparison: each prompt decoded
+/// alone and greedily for `steps` tokens on `runner`. Returns per prompt the
+/// tokens, the logits each was picked from, and the `steps - 1` tokens to
+/// feed the other side ([`forced_trace`]) so its steps line up.
+pub fn greedy_reference<B: Backend>(
+    runner: &mut ModelRunner<B>,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> GreedyReference {
+    let mut out = GreedyReference::default();
+    for p in prompts {
+        let mut tokens: Vec<u32> = Vec::new();
+        // Re-running the trace with one more forced token each time keeps
+        // this simple; the tiny models make it cheap.
+        for _ in 0..steps {
+            let t = forced_trace(runner, std::slice::from_ref(p), &[tokens.clone()]);
+            tokens.push(argmax(t[0].last().unwrap()));
+        }
+        let forced = tokens[..steps - 1].to_vec();
+        let t = forced_trace(
+            runner,
+            std::slice::from_ref(p),
+            std::slice::from_ref(&forced),
+        );
+        out.tokens.push(tokens);
+        out.logits.push(t.into_iter().next().unwrap());
+        out.forced.push(forced);
+    }
+    out
+}
+
+#[derive(Default)]
+pub struct GreedyReference {
+    pub tokens: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<Vec<f32>>>,
+    pub forced: Vec<Vec<u32>>,
 }
 
 /// All `prompts` prefilled in one step, then `forced[i]` fed one token per
