@@ -91,22 +91,6 @@ fn released_local_blocks_change_no_token_or_logprob() {
     }
 }
 
-/// Runs `waves` as `run_waves` does and returns, per request, the prompt
-/// tokens it took from the prefix cache, with the trace.
-fn run_waves_cached(
-    engine: &mut LlmEngine<pagoda_kernels::cpu::CpuBackend>,
-    waves: &[Vec<(Vec<u32>, usize)>],
-) -> (Trace, Vec<usize>) {
-    let mut trace = Trace::new();
-    let mut cached = Vec::new();
-    for wave in waves {
-        let before = engine.stats().counters.prefix_cache_hit_tokens;
-        trace.extend(run_waves(engine, std::slice::from_ref(wave), &mut |_| {}));
-        cached.push((engine.stats().counters.prefix_cache_hit_tokens - before) as usize);
-    }
-    (trace, cached)
-}
-
 #[test]
 fn a_shared_prefix_past_the_window_is_a_cache_hit_and_changes_nothing() {
     for arch in ["gemma3", "gemma2"] {
