@@ -235,13 +235,30 @@ fn teacher_forced_logprobs_tell_an_off_by_one_window_from_rounding() {
         for off in [w - 1, w + 1] {
             bug.add(&forced(&with_window(&cfg, off), WeightDtype::F32), &want, w);
         }
+        let calib = with_window(&cfg, 4096);
+        let mut calib_rounding = WindowErrors::default();
+        calib_rounding.add(
+            &forced(&calib, WeightDtype::BF16),
+            &forced(&calib, WeightDtype::F32),
+            w,
+        );
         eprintln!("{arch} bf16 weights: {}", rounding.summary());
+        eprintln!(
+            "{arch} bf16 weights, no window: {}",
+            calib_rounding.summary()
+        );
         eprintln!("{arch} window off by one: {}", bug.summary());
         assert!(rounding.inside.len() >= w - 1 && rounding.beyond.len() > 100);
         assert!(
             mean(&bug.beyond) > 10.0 * mean(&rounding.beyond),
             "{arch}: an off-by-one window is not clear of rounding"
         );
+        // The CUDA test's rule, with bf16 weights standing for the GPU:
+        // rounding passes, an off-by-one window does not.
+        let (ok, tol, line) = looks_like_rounding(&rounding, &calib_rounding);
+        assert!(ok, "{arch}: rounding called a window bug: {line}");
+        assert!(mean(&bug.beyond) > 3.0 * tol);
+        assert!(!looks_like_rounding(&bug, &calib_rounding).0);
         // W - 1 differs at q = W - 1 (inside for W): only W + 1 is exact
         // there; W - 1's inside errors sit at that one position.
         assert!(bug.inside.iter().filter(|&&d| d > 0.0).count() <= 1);

@@ -121,6 +121,32 @@ impl WindowErrors {
     }
 }
 
+/// The rule that calls `windowed` (a backend against the reference on a
+/// windowed model) rounding rather than a window bug: within 3x of what
+/// `calibration` (the same comparison with a window past every context)
+/// shows, on the mean and the max beyond the window and the mean inside,
+/// plus small floors. Returns the verdict, the tolerance of the mean
+/// beyond the window, and a line of numbers.
+pub fn looks_like_rounding(
+    windowed: &WindowErrors,
+    calibration: &WindowErrors,
+) -> (bool, f32, String) {
+    let tol_mean = 3.0 * mean(&calibration.beyond) + 1e-3;
+    let tol_max = 3.0 * max(&calibration.beyond) + 1e-2;
+    let tol_inside = 3.0 * mean(&calibration.inside) + 1e-3;
+    let ok = mean(&windowed.beyond) <= tol_mean
+        && max(&windowed.beyond) <= tol_max
+        && mean(&windowed.inside) <= tol_inside;
+    let line = format!(
+        "beyond-window mean {:.2e} (tolerance {tol_mean:.2e}), max {:.2e} ({tol_max:.2e}); \
+         inside mean {:.2e} ({tol_inside:.2e})",
+        mean(&windowed.beyond),
+        max(&windowed.beyond),
+        mean(&windowed.inside)
+    );
+    (ok, tol_mean, line)
+}
+
 pub fn mean(v: &[f32]) -> f32 {
     if v.is_empty() {
         return 0.0;
