@@ -94,9 +94,9 @@ impl Scheduler {
             if seq.num_computed_tokens > seq.block_table.len() * self.config.block_size {
                 return Err(format!("request {id}: computed tokens beyond its blocks"));
             }
-            if seq.radix_cursor.is_some()
-                && (seq.radix_hold.is_some() || seq.num_released_blocks == 0)
-            {
+            let released_any =
+                seq.num_released_blocks > 0 || seq.group_tables.iter().any(|t| t.num_released > 0);
+            if seq.radix_cursor.is_some() && (seq.radix_hold.is_some() || !released_any) {
                 return Err(format!(
                     "request {id}: a radix cursor without released blocks"
                 ));
@@ -124,10 +124,7 @@ impl Scheduler {
                         "request {id}: radix hold is not its computed prefix"
                     ));
                 }
-            } else if seq.status == SequenceStatus::Running
-                && kv.radix.is_some()
-                && seq.num_released_blocks == 0
-            {
+            } else if seq.status == SequenceStatus::Running && kv.radix.is_some() && !released_any {
                 return Err(format!("running request {id} without a radix hold"));
             }
         }

@@ -29,9 +29,25 @@
 //! is `block_table`, the others' are `group_tables`. Each windowed group
 //! releases its passed blocks as above, on its own; a full-attention group
 //! keeps every block. So a long context costs the full groups' KV plus one
-//! window per local group. With more than one group there is no prefix
-//! caching (a cached block would have to keep every group's pages) and so
-//! no block copies.
+//! window per local group.
+//!
+//! Prefix caching with groups (vLLM's hybrid manager's hit rule): a cached
+//! block index holds one page per group (`RadixCache::with_groups`), and
+//! reuse is block-granular (no mid-block hit, so no block copies). A
+//! sequence inserts each block as it completes, before any window passes
+//! it, so the tree normally holds every group's page; a local group's page
+//! is a hole (`NULL`) only where the sequence had released it before the
+//! insert (after the tree evicted part of its path). A hit of `k` blocks is
+//! usable when every group can supply what the query at `p = k * bs` reads:
+//! a full group all `k` pages, a windowed group those from
+//! `first_read_position(p, window) / bs` on; the hit is the longest such
+//! prefix of the tree's match. Pages the hit takes before a window are
+//! released at once (the tree keeps its own reference). As with one
+//! window, a sequence's first release (in any group) swaps its radix lock
+//! for an unlocked cursor, so the cached local pages its windows passed
+//! stay evictable (LRU, a leaf with all its groups' pages at a time) rather
+//! than pinned: a long running context costs no more than without caching
+//! once the tree gives way.
 //!
 //! Invariants:
 //! - every block's ref count = references from block tables + from the radix
@@ -42,8 +58,12 @@
 //!   `radix_hold.num_tokens`; one that has released blocks holds none (at
 //!   most an unlocked `radix_cursor`);
 //! - a sequence's released entries are exactly its first
-//!   `num_released_blocks`, all before the block of `first_read_position` of
-//!   its next query;
+//!   `num_released_blocks` (a group's: its `num_released`), all before the
+//!   block of `first_read_position` of its next query; the entries after
+//!   them are real pages (a prefix hit's holes lie before its window and
+//!   are passed at once);
+//! - a prefix hit never hands out a page the tree does not hold, and holds
+//!   a real page in every group for every block some query will read;
 //! - the radix tree gives way first: allocation evicts the cache before it
 //!   reports a shortage.
 //!
@@ -116,8 +136,8 @@ impl KvCacheManager {
     }
 
     /// A manager over KV cache groups with windows `windows` (one entry per
-    /// group, at least one). One group is [`Self::new`]; more than one
-    /// refuses prefix caching (see the module docs).
+    /// group, at least one). One group is [`Self::new`]; with more, prefix
+    /// caching is block-granular (see the module docs).
     pub fn with_groups(
         num_blocks: usize,
         block_size: usize,
@@ -127,14 +147,33 @@ impl KvCacheManager {
         let Some((&first, rest)) = windows.split_first() else {
             return Err(CoreError::InvalidConfig("no KV cache group".into()));
         };
-        if !rest.is_empty() && enable_prefix_caching {
-            return Err(CoreError::InvalidConfig(
-                "prefix caching is not supported with more than one KV cache group".into(),
-            ));
-        }
         let mut m = Self::new(num_blocks, block_size, enable_prefix_caching, first);
         m.group_windows = rest.to_vec();
+        if enable_prefix_caching {
+            m.radix = Some(RadixCache::with_groups(block_size, windows.len()));
+        }
         Ok(m)
+    }
+
+    /// The longest usable prefix, in blocks, of a match of `k` blocks whose
+    /// pages are `tables` (group 0 first; see the module docs): every
+    /// group has real pages from the block its window's first read at
+    /// `p = k * bs` falls in up to `k`. O(blocks) per group.
+    fn usable_hit_blocks(&self, mut k: usize, tables: &[&[BlockId]]) -> usize {
+        let bs = self.bs();
+        loop {
+            let mut ok = true;
+            for (w, table) in self.windows().zip(tables) {
+                let first = w.map_or(0, |w| first_read_position(k * bs, w) / bs);
+                if let Some(hole) = table[first.min(k)..k].iter().rposition(|b| b.is_null()) {
+                    k = first + hole;
+                    ok = false;
+                }
+            }
+            if ok {
+                return k;
+            }
+        }
     }
 
     /// KV cache groups (at least 1).
@@ -189,9 +228,32 @@ impl KvCacheManager {
         if !allow_partial && m.num_tokens % bs != 0 {
             m = radix.match_prefix(&seq.token_ids[..m.num_tokens - m.num_tokens % bs]);
         }
+        if !m.group_blocks.is_empty() {
+            let tables: Vec<&[BlockId]> = std::iter::once(&m.blocks[..])
+                .chain(m.group_blocks.iter().map(|g| &g[..]))
+                .collect();
+            let k = self.usable_hit_blocks(m.blocks.len(), &tables);
+            if k < m.blocks.len() {
+                let radix = self.radix.as_mut().expect("checked above");
+                m = radix.match_prefix(&seq.token_ids[..k * bs]);
+            }
+        }
+        let radix = self.radix.as_mut().expect("checked above");
         radix.inc_lock_ref(m.node)?;
-        for &b in &m.blocks {
-            self.pool.incref(b)?;
+        for &b in m.blocks.iter().chain(m.group_blocks.iter().flatten()) {
+            if !b.is_null() {
+                self.pool.incref(b)?;
+            }
+        }
+        if !m.group_blocks.is_empty() {
+            seq.group_tables = m
+                .group_blocks
+                .drain(..)
+                .map(|blocks| GroupTable {
+                    blocks,
+                    num_released: 0,
+                })
+                .collect();
         }
         if let Some(src) = m.partial_block {
             self.pool.incref(src)?;
@@ -212,22 +274,29 @@ impl KvCacheManager {
     /// released).
     pub fn release_passed_blocks(&mut self, seq: &mut Sequence) -> Result<()> {
         let bs = self.bs();
+        let mut released_any = false;
         for (g, table) in self.group_windows.iter().zip(&mut seq.group_tables) {
             let Some(window) = *g else { continue };
             let first = first_read_position(seq.num_computed_tokens, window);
             let upto = (first / bs).min(table.blocks.len());
             for b in table.blocks.iter_mut().take(upto).skip(table.num_released) {
                 let id = std::mem::replace(b, BlockId::NULL);
-                self.pool.decref(id)?;
+                if !id.is_null() {
+                    self.pool.decref(id)?;
+                }
+                released_any = true;
             }
             table.num_released = table.num_released.max(upto);
         }
-        let Some(window) = self.window else {
-            return Ok(());
+        let upto = match self.window {
+            Some(window) => {
+                let first = first_read_position(seq.num_computed_tokens, window);
+                (first / bs).min(seq.block_table.len())
+            }
+            None => 0,
         };
-        let first = first_read_position(seq.num_computed_tokens, window);
-        let upto = (first / self.bs()).min(seq.block_table.len());
-        if upto <= seq.num_released_blocks {
+        released_any |= upto > seq.num_released_blocks;
+        if !released_any {
             return Ok(());
         }
         if let Some(hold) = seq.radix_hold.take() {
@@ -240,11 +309,13 @@ impl KvCacheManager {
                 });
             }
         }
-        for b in &mut seq.block_table[seq.num_released_blocks..upto] {
-            let id = std::mem::replace(b, BlockId::NULL);
-            self.pool.decref(id)?;
+        if upto > seq.num_released_blocks {
+            for b in &mut seq.block_table[seq.num_released_blocks..upto] {
+                let id = std::mem::replace(b, BlockId::NULL);
+                self.pool.decref(id)?;
+            }
+            seq.num_released_blocks = upto;
         }
-        seq.num_released_blocks = upto;
         Ok(())
     }
 
@@ -291,32 +362,35 @@ impl KvCacheManager {
             return Ok(());
         };
         let full = seq.num_computed_tokens / bs * bs;
-        let shared = if let Some(hold) = seq.radix_hold {
+        let groups: Vec<&[BlockId]> = seq.group_tables.iter().map(|t| &t.blocks[..]).collect();
+        let out = if let Some(hold) = seq.radix_hold {
             if full <= hold.num_tokens {
                 return Ok(());
             }
-            let out = radix.insert(
+            let out = radix.insert_groups(
                 &mut self.pool,
                 hold.node,
                 &seq.token_ids[..full],
                 &seq.block_table,
+                &groups,
             )?;
             radix.relock(hold.node, out.node)?;
             seq.radix_hold = Some(RadixHold {
                 node: out.node,
                 num_tokens: full,
             });
-            out.shared_blocks
+            out
         } else if let Some(cursor) = seq.radix_cursor {
             if full <= cursor.num_tokens {
                 return Ok(());
             }
             let from = cursor_start(radix, cursor);
-            let out = radix.insert(
+            let out = radix.insert_groups(
                 &mut self.pool,
                 from,
                 &seq.token_ids[..full],
                 &seq.block_table,
+                &groups,
             )?;
             // Where the tree lost released blocks the insert stopped short:
             // the sequence caches nothing more.
@@ -325,16 +399,25 @@ impl KvCacheManager {
                 num_tokens: full,
                 removals: radix.removals(),
             });
-            out.shared_blocks
+            out
         } else {
             return Ok(());
         };
-        for (i, tree_block) in shared {
+        for (i, tree_block) in out.shared_blocks {
             if seq.block_table[i].is_null() {
                 continue;
             }
             self.pool.incref(tree_block)?;
             let own = std::mem::replace(&mut seq.block_table[i], tree_block);
+            self.pool.decref(own)?;
+        }
+        for (g, i, tree_page) in out.shared_group_blocks {
+            let page = &mut seq.group_tables[g].blocks[i];
+            if page.is_null() {
+                continue;
+            }
+            self.pool.incref(tree_page)?;
+            let own = std::mem::replace(page, tree_page);
             self.pool.decref(own)?;
         }
         Ok(())
@@ -346,12 +429,19 @@ impl KvCacheManager {
     pub fn release(&mut self, seq: &mut Sequence) -> Result<()> {
         if let Some(radix) = self.radix.as_mut() {
             let computed = &seq.token_ids[..seq.num_computed_tokens];
+            let groups: Vec<&[BlockId]> = seq.group_tables.iter().map(|t| &t.blocks[..]).collect();
             if let Some(hold) = seq.radix_hold.take() {
-                radix.insert(&mut self.pool, hold.node, computed, &seq.block_table)?;
+                radix.insert_groups(
+                    &mut self.pool,
+                    hold.node,
+                    computed,
+                    &seq.block_table,
+                    &groups,
+                )?;
                 radix.dec_lock_ref(hold.node)?;
             } else if let Some(cursor) = seq.radix_cursor {
                 let from = cursor_start(radix, cursor);
-                radix.insert(&mut self.pool, from, computed, &seq.block_table)?;
+                radix.insert_groups(&mut self.pool, from, computed, &seq.block_table, &groups)?;
             }
         }
         seq.radix_cursor = None;
@@ -393,5 +483,78 @@ impl KvCacheManager {
             self.pool.decref(b)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+    use crate::sequence::{Request, RequestId};
+
+    fn seq(tokens: Vec<u32>) -> Sequence {
+        Sequence::new(Request {
+            id: RequestId(0),
+            prompt_token_ids: tokens,
+            sampling: SamplingParams::greedy(4),
+            eos_token_ids: vec![],
+        })
+    }
+
+    /// Caches 160 tokens in groups [full, window 16] with the local
+    /// group's pages of `holes` released; returns the hit a request
+    /// extending them gets, after checking its tables and every page's return.
+    fn hit_with_holes(windows: &[Option<usize>], holes: std::ops::Range<usize>) -> usize {
+        let bs = 4;
+        let mut m = KvCacheManager::with_groups(200, bs, true, windows).unwrap();
+        let tokens: Vec<u32> = (0..160).collect();
+        let n = tokens.len() / bs;
+        let full: Vec<BlockId> = (0..n).map(|_| m.pool.allocate().unwrap()).collect();
+        let local: Vec<BlockId> = (0..n)
+            .map(|i| match holes.contains(&i) {
+                true => BlockId::NULL,
+                false => m.pool.allocate().unwrap(),
+            })
+            .collect();
+        let radix = m.radix.as_mut().unwrap();
+        radix
+            .insert_groups(&mut m.pool, NodeId::ROOT, &tokens, &full, &[&local])
+            .unwrap();
+        for b in full.iter().chain(&local).filter(|b| !b.is_null()) {
+            m.pool.decref(*b).unwrap();
+        }
+        let mut s = seq(tokens.iter().copied().chain([7, 7]).collect());
+        m.acquire_prefix(&mut s, false).unwrap();
+        let p = s.num_computed_tokens;
+        assert_eq!(s.block_table, full[..p / bs]);
+        let first = windows[1].map_or(0, |w| first_read_position(p, w) / bs);
+        assert!(s.group_tables[0].blocks[first..]
+            .iter()
+            .all(|b| !b.is_null()));
+        let total = s.num_tokens();
+        assert!(m.allocate_slots(&mut s, total).unwrap());
+        let t = &s.group_tables[0];
+        assert!(t.blocks[..t.num_released].iter().all(|b| b.is_null()));
+        assert!(t.blocks[t.num_released..].iter().all(|b| !b.is_null()));
+        m.release(&mut s).unwrap();
+        m.radix.as_mut().unwrap().flush(&mut m.pool).unwrap();
+        assert_eq!(m.pool.num_free(), 200);
+        p
+    }
+
+    /// A hit is the longest prefix every group can serve: a windowed group
+    /// needs only the pages its window's first read (64-aligned) reaches;
+    /// a full group every page.
+    #[test]
+    fn a_hit_stops_where_a_group_would_read_a_released_page() {
+        let (local, full) = ([None, Some(16)], [None, None]);
+        // Released pages 0..16 (positions 0..64): the query at 160 reads
+        // from 128 on, so the windowed group serves all of it.
+        assert_eq!(hit_with_holes(&local, 0..16), 160);
+        assert_eq!(hit_with_holes(&full, 0..16), 0);
+        // Pages 34..36 (positions 136..144) missing: the query at 136
+        // reads from 64, the one at 140 from 64 too (through the hole).
+        assert_eq!(hit_with_holes(&local, 34..36), 136);
+        assert_eq!(hit_with_holes(&local, 0..0), 160);
     }
 }

@@ -88,7 +88,8 @@ impl Scheduler {
     /// first (see [`crate::kv_cache_manager`]): `num_blocks` counts pages of
     /// the one pool all groups share; each windowed group releases the
     /// blocks its window has passed. One group is
-    /// [`Self::with_sliding_window`]; more refuse prefix caching.
+    /// [`Self::with_sliding_window`]; with more, prefix caching is
+    /// block-granular (see [`crate::kv_cache_manager`]).
     pub fn with_kv_groups(config: SchedulerConfig, windows: &[Option<usize>]) -> Result<Self> {
         config.validate()?;
         if windows.contains(&Some(0)) {

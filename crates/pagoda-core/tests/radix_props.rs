@@ -1,6 +1,9 @@
 //! Property tests of the radix prefix cache against a naive model: the list of
 //! stored sequences (longest common prefix by brute force) and a simulated KV
-//! cache whose slots record which prefix they were computed for.
+//! cache whose slots record which prefix they were computed for. With KV
+//! cache groups (one page per group for each block index, block-granular,
+//! windowed groups' pages possibly released before the insert), every
+//! group's pages are checked the same way, tagged with their group.
 
 use pagoda_core::block_pool::{BlockId, BlockPool};
 use pagoda_core::radix_cache::{NodeId, RadixCache};
@@ -36,8 +39,15 @@ fn kv_of(prefix: &[u32]) -> u64 {
     })
 }
 
+/// The simulated K/V of `prefix`'s last position in KV cache group `g`.
+fn group_kv_of(g: usize, prefix: &[u32]) -> u64 {
+    kv_of(prefix) ^ (g as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 struct Model {
     tree: RadixCache,
+    /// KV cache groups past group 0.
+    extra: usize,
     pool: BlockPool,
     /// Simulated KV: one entry per slot.
     kv: Vec<Option<u64>>,
@@ -56,7 +66,14 @@ impl Model {
     }
 
     fn insert(&mut self, seq: &[u32]) {
-        let need = seq.len().div_ceil(self.bs());
+        let bs = self.bs();
+        let n = seq.len().div_ceil(bs);
+        // Each extra group released a leading run of its pages (a window
+        // passed them) before the insert: those are NULL.
+        let holes: Vec<usize> = (0..self.extra)
+            .map(|g| (kv_of(seq) >> (8 * g)) as usize % (n + 1))
+            .collect();
+        let need = n + holes.iter().map(|h| n - h).sum::<usize>();
         if self.pool.num_free() < need {
             self.tree.evict(&mut self.pool, need).unwrap();
             self.evicted = true;
@@ -64,16 +81,39 @@ impl Model {
                 return;
             }
         }
-        let blocks: Vec<_> = (0..need).map(|_| self.pool.allocate().unwrap()).collect();
-        for p in 0..seq.len() {
-            let s = self.slot(blocks[p / self.bs()], p % self.bs());
-            self.kv[s] = Some(kv_of(&seq[..=p]));
+        let blocks: Vec<_> = (0..n).map(|_| self.pool.allocate().unwrap()).collect();
+        let groups: Vec<Vec<BlockId>> = holes
+            .iter()
+            .map(|&h| {
+                (0..n)
+                    .map(|i| {
+                        if i < h {
+                            BlockId::NULL
+                        } else {
+                            self.pool.allocate().unwrap()
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let tables = std::iter::once(&blocks).chain(&groups);
+        for (g, table) in tables.enumerate() {
+            for p in 0..seq.len() {
+                let b = table[p / bs];
+                if !b.is_null() {
+                    let s = self.slot(b, p % bs);
+                    self.kv[s] = Some(group_kv_of(g, &seq[..=p]));
+                }
+            }
         }
+        let group_refs: Vec<&[BlockId]> = groups.iter().map(|g| &g[..]).collect();
         self.tree
-            .insert(&mut self.pool, NodeId::ROOT, seq, &blocks)
+            .insert_groups(&mut self.pool, NodeId::ROOT, seq, &blocks, &group_refs)
             .unwrap();
-        for b in blocks {
-            self.pool.decref(b).unwrap();
+        for b in blocks.into_iter().chain(groups.into_iter().flatten()) {
+            if !b.is_null() {
+                self.pool.decref(b).unwrap();
+            }
         }
         self.stored.push(seq.to_vec());
     }
@@ -86,14 +126,45 @@ impl Model {
             .map(|s| s.iter().zip(q).take_while(|(a, b)| a == b).count())
             .max()
             .unwrap_or(0);
+        let bs = self.bs();
+        // With groups, reuse is block-granular and only whole blocks are stored.
+        let naive = if self.extra > 0 {
+            let stored_whole = self
+                .stored
+                .iter()
+                .map(|s| {
+                    let whole = s.len() / bs * bs;
+                    s[..whole].iter().zip(q).take_while(|(a, b)| a == b).count()
+                })
+                .max()
+                .unwrap_or(0);
+            stored_whole / bs * bs
+        } else {
+            naive
+        };
         if self.evicted {
             assert!(m.num_tokens <= naive);
         } else {
             assert_eq!(m.num_tokens, naive, "match_prefix vs naive LCP");
         }
-        let bs = self.bs();
         assert_eq!(m.blocks.len(), m.num_tokens / bs);
         assert_eq!(m.partial_block.is_some(), !m.num_tokens.is_multiple_of(bs));
+        assert_eq!(m.group_blocks.len(), self.extra);
+        for (g, pages) in m.group_blocks.iter().enumerate() {
+            assert_eq!(pages.len(), m.blocks.len());
+            for p in 0..m.num_tokens {
+                let b = pages[p / bs];
+                if !b.is_null() {
+                    assert!(self.pool.ref_count(b) > 0, "matched page is held");
+                    assert_eq!(
+                        self.kv[self.slot(b, p % bs)],
+                        Some(group_kv_of(g + 1, &q[..=p])),
+                        "K/V of position {p} in group {}",
+                        g + 1
+                    );
+                }
+            }
+        }
         assert_eq!(self.tree.node_end(m.node), Some(m.num_tokens));
         for p in 0..m.num_tokens {
             let b = m.blocks.get(p / bs).copied().or(m.partial_block).unwrap();
@@ -137,43 +208,64 @@ proptest! {
     #[test]
     fn radix_cache_agrees_with_naive_model(bs in 1usize..6, num_blocks in 8usize..48,
                                            ops in prop::collection::vec(op(), 1..60)) {
-        let mut m = Model {
-            tree: RadixCache::new(bs),
-            pool: BlockPool::new(num_blocks, bs),
-            kv: vec![None; num_blocks * bs],
-            stored: Vec::new(),
-            evicted: false,
-            locked: Vec::new(),
-        };
-        for op in ops {
-            match op {
-                Op::Insert(seq) => m.insert(&seq),
-                Op::Match(q) => { m.check_match(&q); }
-                Op::Lock(q) => {
-                    let (node, len) = m.check_match(&q);
-                    m.tree.inc_lock_ref(node).unwrap();
-                    m.locked.push((node, q[..len].to_vec()));
-                }
-                Op::Unlock(i) => {
-                    if !m.locked.is_empty() {
-                        let (node, _) = m.locked.swap_remove(i % m.locked.len());
-                        m.tree.dec_lock_ref(node).unwrap();
-                    }
-                }
-                Op::Evict(k) => {
-                    let target = m.pool.num_free() + k;
-                    m.tree.evict(&mut m.pool, target).unwrap();
-                    m.evicted = true;
+        run_model(bs, num_blocks, 0, ops)?;
+    }
+
+    /// KV cache groups: every group's pages (with holes) against the model.
+    #[test]
+    fn grouped_radix_cache_agrees_with_naive_model(bs in 1usize..6, num_blocks in 8usize..96,
+                                                   extra in 1usize..3,
+                                                   ops in prop::collection::vec(op(), 1..60)) {
+        run_model(bs, num_blocks, extra, ops)?;
+    }
+}
+
+fn run_model(
+    bs: usize,
+    num_blocks: usize,
+    extra: usize,
+    ops: Vec<Op>,
+) -> Result<(), TestCaseError> {
+    let mut m = Model {
+        extra,
+        tree: RadixCache::with_groups(bs, 1 + extra),
+        pool: BlockPool::new(num_blocks, bs),
+        kv: vec![None; num_blocks * bs],
+        stored: Vec::new(),
+        evicted: false,
+        locked: Vec::new(),
+    };
+    for op in ops {
+        match op {
+            Op::Insert(seq) => m.insert(&seq),
+            Op::Match(q) => {
+                m.check_match(&q);
+            }
+            Op::Lock(q) => {
+                let (node, len) = m.check_match(&q);
+                m.tree.inc_lock_ref(node).unwrap();
+                m.locked.push((node, q[..len].to_vec()));
+            }
+            Op::Unlock(i) => {
+                if !m.locked.is_empty() {
+                    let (node, _) = m.locked.swap_remove(i % m.locked.len());
+                    m.tree.dec_lock_ref(node).unwrap();
                 }
             }
-            m.check();
+            Op::Evict(k) => {
+                let target = m.pool.num_free() + k;
+                m.tree.evict(&mut m.pool, target).unwrap();
+                m.evicted = true;
+            }
         }
-        for (node, _) in std::mem::take(&mut m.locked) {
-            m.tree.dec_lock_ref(node).unwrap();
-        }
-        m.tree.flush(&mut m.pool).unwrap();
-        prop_assert_eq!(m.pool.num_free(), num_blocks);
-        prop_assert_eq!(m.tree.num_tokens(), 0);
         m.check();
     }
+    for (node, _) in std::mem::take(&mut m.locked) {
+        m.tree.dec_lock_ref(node).unwrap();
+    }
+    m.tree.flush(&mut m.pool).unwrap();
+    prop_assert_eq!(m.pool.num_free(), num_blocks);
+    prop_assert_eq!(m.tree.num_tokens(), 0);
+    m.check();
+    Ok(())
 }

@@ -7,7 +7,10 @@
 //! request's tokens. Paused requests must never be scheduled, hold no
 //! blocks, and finish like the others once resumed. With KV cache groups
 //! (a mix of full and windowed groups over one pool), every group's table is
-//! checked the same way against its own window.
+//! checked the same way against its own window, each group's pages tagged
+//! with their group (so a page of another group is caught), with and
+//! without prefix caching. Free pages lose their simulated content before
+//! every step, so a hit on a page that went back to the pool is caught.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -112,6 +115,11 @@ fn kv_of(prefix: &[u32]) -> u64 {
     })
 }
 
+/// The simulated K/V of `prefix`'s last position in KV cache group `g`.
+fn group_kv_of(g: usize, prefix: &[u32]) -> u64 {
+    kv_of(prefix) ^ (g as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// The test's own record of a live request.
 struct Live {
     tokens: Vec<u32>,
@@ -192,8 +200,14 @@ impl Harness {
 
     /// Checks the plan, runs it on the simulated KV cache, samples, updates.
     fn step(&mut self, eos_percent: u64) -> SchedulerOutput {
-        let out = self.sched.schedule().unwrap();
         let bs = self.cfg.block_size;
+        // A free page's content is gone (the next holder overwrites it).
+        for b in 0..self.cfg.num_blocks {
+            if self.sched.block_ref_count(BlockId(b as u32)) == 0 {
+                self.kv[b * bs..(b + 1) * bs].fill(None);
+            }
+        }
+        let out = self.sched.schedule().unwrap();
         assert!(
             out.num_scheduled_tokens() <= self.cfg.max_num_batched_tokens,
             "token budget"
@@ -241,7 +255,7 @@ impl Harness {
                 "one table per group"
             );
             let tables = std::iter::once(&s.block_table).chain(&s.group_tables);
-            for (table, &window) in tables.zip(&self.windows) {
+            for (g, (table, &window)) in tables.zip(&self.windows).enumerate() {
                 assert_eq!(table.len(), s.block_table.len(), "tables of one length");
                 // Every position the attention kernels read is present and
                 // right; only blocks wholly before it are released.
@@ -269,8 +283,8 @@ impl Harness {
                 for p in first..s.context_len() {
                     assert_eq!(
                         self.kv[slot(table, p)],
-                        Some(kv_of(&live.tokens[..=p])),
-                        "cached K/V at {p}"
+                        Some(group_kv_of(g, &live.tokens[..=p])),
+                        "cached K/V at {p} in group {g}"
                     );
                 }
                 for p in s.positions() {
@@ -280,7 +294,7 @@ impl Harness {
                         1,
                         "writes only into unshared blocks"
                     );
-                    self.kv[slot(table, p)] = Some(kv_of(&live.tokens[..=p]));
+                    self.kv[slot(table, p)] = Some(group_kv_of(g, &live.tokens[..=p]));
                 }
             }
         }
@@ -492,7 +506,9 @@ proptest! {
     }
 
     /// KV cache groups over one pool: a full group and one to three
-    /// windowed groups (Gemma's global and local layers), no prefix caching.
+    /// windowed groups (Gemma's global and local layers), with and without
+    /// prefix caching (hits over a small vocabulary, eviction under a
+    /// small pool).
     #[test]
     fn grouped_scheduler_releases_only_unread_blocks_per_group(
         (cfg, window) in windowed_config(),
@@ -503,7 +519,6 @@ proptest! {
         let mut windows = vec![None, Some(window)];
         windows.extend(groups);
         let cfg = SchedulerConfig {
-            enable_prefix_caching: false,
             num_blocks: cfg.num_blocks * windows.len(),
             ..cfg
         };
@@ -566,9 +581,10 @@ fn grouped_long_generation_holds_full_plus_one_window_per_local_group() {
     assert_eq!(sched.stats().num_blocks_free, 1000);
 }
 
-/// More than one group refuses prefix caching, and a zero window anywhere.
+/// Several groups take prefix caching; a zero window anywhere, or no
+/// group, is refused.
 #[test]
-fn grouped_scheduler_refuses_prefix_caching_and_empty_windows() {
+fn grouped_scheduler_takes_prefix_caching_and_refuses_empty_windows() {
     let cfg = SchedulerConfig {
         block_size: 4,
         num_blocks: 100,
@@ -577,15 +593,71 @@ fn grouped_scheduler_refuses_prefix_caching_and_empty_windows() {
         max_model_len: 512,
         enable_prefix_caching: true,
     };
-    assert!(matches!(
-        Scheduler::with_kv_groups(cfg.clone(), &[None, Some(8)]),
-        Err(CoreError::InvalidConfig(_))
-    ));
+    assert!(Scheduler::with_kv_groups(cfg.clone(), &[None, Some(8)]).is_ok());
     assert!(Scheduler::with_kv_groups(cfg.clone(), &[None]).is_ok());
-    let cfg = SchedulerConfig {
-        enable_prefix_caching: false,
-        ..cfg
-    };
     assert!(Scheduler::with_kv_groups(cfg.clone(), &[None, Some(0)]).is_err());
     assert!(Scheduler::with_kv_groups(cfg, &[]).is_err());
+}
+
+/// A second request sharing a long prefix (past every window) with a
+/// finished one starts from it: block-granular, every group's table
+/// present from its window's first read on, and the hit ends where the
+/// prompts part (cut to a block).
+#[test]
+fn grouped_prefix_hit_past_the_window() {
+    let (bs, window) = (4, 16);
+    let cfg = SchedulerConfig {
+        block_size: bs,
+        num_blocks: 400,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+        max_model_len: 1024,
+        enable_prefix_caching: true,
+    };
+    let windows = [None, Some(window), Some(2 * window)];
+    let mut sched = Scheduler::with_kv_groups(cfg, &windows).unwrap();
+    let shared: Vec<u32> = (0..203).map(|i| 10 + i % 37).collect();
+    let run = |sched: &mut Scheduler, id: u64, prompt: Vec<u32>| -> usize {
+        sched
+            .add_request(Request {
+                id: RequestId(id),
+                prompt_token_ids: prompt,
+                sampling: SamplingParams {
+                    ignore_eos: true,
+                    ..SamplingParams::greedy(5)
+                },
+                eos_token_ids: vec![EOS],
+            })
+            .unwrap();
+        let mut cached = None;
+        while sched.has_unfinished_requests() {
+            let out = sched.schedule().unwrap();
+            assert!(out.block_copies.is_empty(), "no copies with groups");
+            for s in &out.scheduled {
+                cached.get_or_insert(s.context_len());
+                let tables = std::iter::once(&s.block_table).chain(&s.group_tables);
+                for (t, w) in tables.zip(windows) {
+                    let first = w.map_or(0, |w| first_read_position(s.context_len(), w));
+                    for (i, b) in t.iter().enumerate() {
+                        assert_eq!(b.is_null(), (i + 1) * bs <= first, "block {i}");
+                    }
+                }
+            }
+            let sampled: Vec<_> = out
+                .scheduled
+                .iter()
+                .filter(|s| s.needs_logits)
+                .map(|s| (s.request_id, 7))
+                .collect();
+            sched.update_from_output(&out, &sampled).unwrap();
+            sched.check_invariants().unwrap();
+        }
+        cached.unwrap()
+    };
+    assert_eq!(run(&mut sched, 0, shared.clone()), 0);
+    let mut second = shared.clone();
+    second.extend([1, 2, 3]);
+    assert_eq!(run(&mut sched, 1, second), 200, "block-granular hit");
+    sched.flush_prefix_cache().unwrap();
+    assert_eq!(sched.stats().num_blocks_free, 400);
 }

@@ -132,7 +132,7 @@ impl<B: Backend> LlmEngine<B> {
     /// passed: in every layer where all share one window, in the local
     /// layers' KV cache groups where local and global layers mix (see the
     /// runner's [`pagoda_model::KvLayout`]). With more than one group the
-    /// prefix cache is off (logged).
+    /// prefix cache reuses whole blocks (see `pagoda_core::kv_cache_manager`).
     pub fn new(
         runner: ModelRunner<B>,
         tokenizer: Option<Arc<Tokenizer>>,
@@ -150,21 +150,12 @@ impl<B: Backend> LlmEngine<B> {
         config: SchedulerConfig,
         release_window_blocks: bool,
     ) -> Result<Self> {
-        let mut config = config;
         let windows: Vec<Option<usize>> = runner
             .kv_layout()
             .windows
             .iter()
             .map(|w| w.filter(|_| release_window_blocks))
             .collect();
-        if windows.len() > 1 && config.enable_prefix_caching {
-            tracing::warn!(
-                "prefix caching is off: the model's layers form {} KV cache groups \
-                 (local and global attention), which the prefix cache does not support yet",
-                windows.len()
-            );
-            config.enable_prefix_caching = false;
-        }
         let kv = runner.kv_shape();
         if kv.block_size != config.block_size || kv.num_blocks != config.num_blocks {
             return Err(EngineError::Internal(

@@ -78,6 +78,51 @@ fn released_blocks_change_no_token_or_logprob() {
     }
 }
 
+/// One window on every layer is one KV cache group: the prefix cache stays
+/// token-granular. A chat's second turn takes the first turn's 160 shared
+/// tokens (past the window; they end where the uncached run's prompt
+/// chunks of 40 end, so both runs compute every position in the same
+/// chunks) and gives the same tokens and logprobs bit for bit; so does a
+/// hit ending mid-block (a block copy), within rounding (its chunks differ).
+#[test]
+fn a_shared_prefix_past_the_window_is_a_cache_hit_and_changes_nothing() {
+    for arch in ["mistral", "phi3"] {
+        for (shared_len, exact) in [(160, true), (165, false)] {
+            let shared = prompt(30, shared_len);
+            let turn = |seed: u32, n: usize| -> Vec<u32> {
+                shared.iter().copied().chain(prompt(seed, n)).collect()
+            };
+            let waves = vec![vec![(turn(31, 10), 20)], vec![(turn(32, 25), 30)]];
+            let mut plain = engine(arch, 200, false, true);
+            let (want, none) = run_waves_cached(&mut plain, &waves);
+            assert_eq!(none, vec![0, 0]);
+            for release in [true, false] {
+                let mut cached = engine(arch, 200, true, release);
+                let (got, hits) = run_waves_cached(&mut cached, &waves);
+                assert_eq!(hits, vec![0, shared_len], "{arch}: token-granular");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let what = format!("{arch} {shared_len} (release {release}) request {i}");
+                    assert_eq!(g.0, w.0, "{what}: tokens");
+                    if exact {
+                        assert_eq!(g.1, w.1, "{what}: logprobs");
+                        continue;
+                    }
+                    for (a, b) in g.1.iter().zip(&w.1) {
+                        for (j, (&x, &y)) in a.iter().zip(b).enumerate() {
+                            if j % 2 == 1 {
+                                assert_eq!(x, y, "{what}: top ids");
+                            } else {
+                                let (x, y) = (f32::from_bits(x), f32::from_bits(y));
+                                assert!((x - y).abs() < 1e-4, "{what}: {x} vs {y}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_long_generation_holds_a_bounded_number_of_blocks() {
     let bound = max_blocks_in_window(8, BUDGET, BLOCK_SIZE);

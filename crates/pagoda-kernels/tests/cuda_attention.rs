@@ -3,7 +3,8 @@
 //! mixed varlen steps, GQA ratios 1/2/4/8, head_dim 64 and 128, block sizes
 //! that do and do not divide the lengths, shuffled block tables and slot -1
 //! padding; sliding windows and logit soft-capping (head_dim 64 and 256,
-//! which take the tiled prefill and split-K decode kernels; the
+//! which take the tiled prefill and split-K decode kernels, and 32, the
+//! general kernel, at the tiny Gemma 3 / Gemma 2 shapes and windows; the
 //! `cuda_attention_variants` tests cover those variants in depth). The
 //! output is NaN-poisoned first, so every element must be written. Without a CUDA device every test prints a notice and passes
 //! (fails where PAGODA_REQUIRE_GPU=1 says a GPU must be present).
@@ -282,9 +283,13 @@ fn sliding_window_and_softcap_match_cpu() {
         vec![s(300, 1), s(2, 70), s(5, 1)],
     ];
     for seqs in batches {
-        for (nh, nkv, hd) in [(4, 2, 64), (4, 1, 256)] {
+        // head_dim 32: the general kernel, at the tiny Gemma 3 / Gemma 2
+        // shapes and windows (6, and 5 with a soft-cap of 2).
+        for (nh, nkv, hd) in [(4, 2, 64), (4, 1, 256), (4, 2, 32), (4, 1, 32)] {
             for (window, softcap) in [
                 (Some(1), None),
+                (Some(5), Some(2.0)),
+                (Some(6), None),
                 (Some(7), None),
                 (Some(33), Some(5.0)),
                 (None, Some(0.5)),

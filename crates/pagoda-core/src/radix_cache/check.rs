@@ -58,8 +58,19 @@ impl RadixCache {
                     n.end()
                 ));
             }
+            if n.group_blocks.len() != self.extra_groups
+                || n.group_blocks.iter().any(|g| g.len() != n.blocks.len())
+            {
+                return Err(format!("{id:?}: group pages do not match its blocks"));
+            }
+            if n.blocks.iter().any(|b| b.is_null()) {
+                return Err(format!("{id:?}: a NULL block in group 0"));
+            }
             if n.tail.is_some()
-                && (!n.children.is_empty() || n.end() % bs == 0 || id == NodeId::ROOT)
+                && (self.extra_groups > 0
+                    || !n.children.is_empty()
+                    || n.end() % bs == 0
+                    || id == NodeId::ROOT)
             {
                 return Err(format!("{id:?}: tail on a node that must not have one"));
             }
@@ -81,7 +92,8 @@ impl RadixCache {
             if self.evictable.contains(&(n.last_access, id)) != self.is_evictable(id) {
                 return Err(format!("{id:?}: eviction set membership is stale"));
             }
-            for &b in n.blocks.iter().chain(&n.tail) {
+            let pages = n.group_blocks.iter().flatten().filter(|b| !b.is_null());
+            for &b in n.blocks.iter().chain(&n.tail).chain(pages) {
                 *refs.entry(b).or_default() += 1;
             }
         }

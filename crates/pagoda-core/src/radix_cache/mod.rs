@@ -13,9 +13,19 @@
 //! full blocks plus, when the match ends mid-block, the block to copy the first
 //! `len % bs` slots from (copy-on-write by the caller).
 //!
+//! KV cache groups ([`RadixCache::with_groups`]): a block index then stands
+//! for one page per group; `blocks` holds group 0's pages and `group_blocks`
+//! the other groups', index for index. Group 0's pages are always real; a
+//! page of another group may be [`BlockId::NULL`] where the inserting
+//! sequence's window had already released it (the caller decides which
+//! prefixes such holes leave usable). With groups the cache is
+//! block-granular: matches and inserts are cut down to whole blocks, so no
+//! node has a tail and no match needs a copy.
+//!
 //! Invariants (checked by [`RadixCache::check_invariants`]):
-//! - the tree holds one pool reference for every block in `blocks` and `tail`;
-//! - `blocks.len() == end / bs - start / bs`; a tail only on a leaf with `end % bs != 0`;
+//! - the tree holds one pool reference for every block in `blocks` and `tail`
+//!   and every real page in `group_blocks`;
+//! - `blocks.len() == end / bs - start / bs`, and so is each group's length; a tail only on a leaf with `end % bs != 0`;
 //! - `lock_ref` of a node counts the locks on it and on its descendants
 //!   (as SGLang's), so a locked node and its ancestors are never evicted;
 //! - `evictable` holds exactly the non-root leaves that are unlocked (evict the
@@ -52,6 +62,8 @@ pub(crate) struct Node {
     /// Position of `key[0]` in the sequence.
     start: usize,
     blocks: Vec<BlockId>,
+    /// Groups 1..'s pages of the same block indices (`NULL`: released).
+    group_blocks: Vec<Vec<BlockId>>,
     tail: Option<BlockId>,
     lock_ref: u32,
     last_access: u64,
@@ -75,6 +87,9 @@ pub struct PrefixMatch {
     /// When `num_tokens % block_size != 0`: a block whose first
     /// `num_tokens % block_size` slots hold the rest of the prefix.
     pub partial_block: Option<BlockId>,
+    /// Groups 1..'s pages of `blocks`' indices (entries may be
+    /// [`BlockId::NULL`]); empty without groups.
+    pub group_blocks: Vec<Vec<BlockId>>,
 }
 
 /// Result of [`RadixCache::insert`].
@@ -86,12 +101,17 @@ pub struct InsertOutcome {
     /// index that differs from the caller's: the caller may switch to it and
     /// free its own copy.
     pub shared_blocks: Vec<(usize, BlockId)>,
+    /// The same for groups 1..: `(group - 1, block index, page)` where the
+    /// tree holds a real page that differs from the caller's.
+    pub shared_group_blocks: Vec<(usize, usize, BlockId)>,
 }
 
 /// The radix tree. Block references go through a [`BlockPool`] passed in.
 #[derive(Debug, Clone)]
 pub struct RadixCache {
     block_size: usize,
+    /// KV cache groups past group 0 (0: one group, token-granular reuse).
+    extra_groups: usize,
     nodes: Vec<Option<Node>>,
     free_slots: Vec<u32>,
     evictable: BTreeSet<(u64, NodeId)>,
@@ -108,18 +128,27 @@ fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
 
 impl RadixCache {
     pub fn new(block_size: usize) -> Self {
+        Self::with_groups(block_size, 1)
+    }
+
+    /// A cache whose block indices stand for one page in each of
+    /// `num_groups` KV cache groups (see the module docs); 1 is [`Self::new`].
+    pub fn with_groups(block_size: usize, num_groups: usize) -> Self {
+        let extra_groups = num_groups.saturating_sub(1);
         let root = Node {
             parent: NodeId::ROOT,
             children: HashMap::new(),
             key: Vec::new(),
             start: 0,
             blocks: Vec::new(),
+            group_blocks: vec![Vec::new(); extra_groups],
             tail: None,
             lock_ref: 0,
             last_access: 0,
         };
         RadixCache {
             block_size: block_size.max(1),
+            extra_groups,
             nodes: vec![Some(root)],
             free_slots: Vec::new(),
             evictable: BTreeSet::new(),
@@ -127,6 +156,11 @@ impl RadixCache {
             num_tokens: 0,
             removals: 0,
         }
+    }
+
+    /// KV cache groups each block index holds a page of (at least 1).
+    pub fn num_groups(&self) -> usize {
+        1 + self.extra_groups
     }
 
     /// Tokens stored in the tree (each path token once).
@@ -177,7 +211,9 @@ impl RadixCache {
         }
         // 2. A match ending mid-block needs a source for that block's slots.
         let mut partial_block = None;
-        if let (Some(holder), true) = (last, m % bs != 0) {
+        if self.extra_groups > 0 {
+            m -= m % bs;
+        } else if let (Some(holder), true) = (last, m % bs != 0) {
             partial_block = self.partial_source(holder, m);
             if partial_block.is_none() {
                 m -= m % bs;
@@ -203,8 +239,13 @@ impl RadixCache {
             up = self.n(up).parent;
         }
         let mut blocks = Vec::with_capacity(m / bs);
+        let mut group_blocks = vec![Vec::with_capacity(m / bs); self.extra_groups];
         for &id in path.iter().rev() {
-            blocks.extend_from_slice(&self.n(id).blocks);
+            let n = self.n(id);
+            blocks.extend_from_slice(&n.blocks);
+            for (out, pages) in group_blocks.iter_mut().zip(&n.group_blocks) {
+                out.extend_from_slice(pages);
+            }
             self.touch(id, self.clock);
         }
         PrefixMatch {
@@ -212,6 +253,7 @@ impl RadixCache {
             num_tokens: m,
             blocks,
             partial_block,
+            group_blocks,
         }
     }
 
@@ -229,20 +271,50 @@ impl RadixCache {
         tokens: &[u32],
         blocks: &[BlockId],
     ) -> Result<InsertOutcome> {
+        self.insert_groups(pool, from, tokens, blocks, &[])
+    }
+
+    /// [`Self::insert`] with the pages of groups 1.. (`group_blocks[g - 1]`,
+    /// as long as `blocks`; one slice per extra group). With groups only
+    /// whole blocks are stored; a group's `NULL` pages are stored as holes
+    /// (group 0's still stop the insert).
+    pub fn insert_groups(
+        &mut self,
+        pool: &mut BlockPool,
+        from: NodeId,
+        tokens: &[u32],
+        blocks: &[BlockId],
+        group_blocks: &[&[BlockId]],
+    ) -> Result<InsertOutcome> {
         let bs = self.block_size;
         let from_end = self
             .get(from)
             .ok_or(CoreError::StaleRadixNode(from.0))?
             .end();
-        let end = tokens.len().min(blocks.len() * bs);
+        if group_blocks.len() != self.extra_groups
+            || group_blocks.iter().any(|g| g.len() < blocks.len())
+        {
+            return Err(CoreError::InvalidConfig(format!(
+                "radix insert with {} extra KV group tables for a cache of {}",
+                group_blocks.len(),
+                self.extra_groups
+            )));
+        }
+        let mut end = tokens.len().min(blocks.len() * bs);
+        if self.extra_groups > 0 {
+            end -= end % bs;
+        }
         if end <= from_end {
             return Ok(InsertOutcome {
                 node: from,
                 shared_blocks: Vec::new(),
+                shared_group_blocks: Vec::new(),
             });
         }
-        if let Some(&b) = blocks[..end.div_ceil(bs)]
+        let used = end.div_ceil(bs);
+        if let Some(&b) = blocks[..used]
             .iter()
+            .chain(group_blocks.iter().flat_map(|g| &g[..used]))
             .find(|&&b| !b.is_null() && pool.ref_count(b) == 0)
         {
             return Err(CoreError::BlockNotAllocated(b));
@@ -250,6 +322,7 @@ impl RadixCache {
         self.clock += 1;
         let (mut cur, mut pos) = (from, from_end);
         let mut shared_blocks = Vec::new();
+        let mut shared_group_blocks = Vec::new();
         self.touch(cur, self.clock);
         while pos < end {
             let Some(&child) = self.n(cur).children.get(&tokens[pos]) else {
@@ -263,7 +336,14 @@ impl RadixCache {
                 }
                 let tail = (!end.is_multiple_of(bs)).then(|| blocks[end / bs]);
                 let full = blocks[pos / bs..end / bs].to_vec();
+                let pages: Vec<Vec<BlockId>> = group_blocks
+                    .iter()
+                    .map(|g| g[pos / bs..end / bs].to_vec())
+                    .collect();
                 for &b in full.iter().chain(&tail) {
+                    pool.incref(b)?;
+                }
+                for &b in pages.iter().flatten().filter(|b| !b.is_null()) {
                     pool.incref(b)?;
                 }
                 if let Some(old_tail) = self.n_mut(cur).tail.take() {
@@ -275,6 +355,7 @@ impl RadixCache {
                     key: tokens[pos..end].to_vec(),
                     start: pos,
                     blocks: full,
+                    group_blocks: pages,
                     tail,
                     lock_ref: 0,
                     last_access: self.clock,
@@ -300,6 +381,13 @@ impl RadixCache {
                     shared_blocks.push((first + i, b));
                 }
             }
+            for (g, pages) in n.group_blocks.iter().enumerate() {
+                for (i, &b) in pages.iter().enumerate() {
+                    if !b.is_null() && group_blocks[g][first + i] != b {
+                        shared_group_blocks.push((g, first + i, b));
+                    }
+                }
+            }
             self.touch(next, self.clock);
             cur = next;
             pos += k;
@@ -319,6 +407,7 @@ impl RadixCache {
         Ok(InsertOutcome {
             node: cur,
             shared_blocks,
+            shared_group_blocks,
         })
     }
 

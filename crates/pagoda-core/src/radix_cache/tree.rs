@@ -104,6 +104,11 @@ impl RadixCache {
             key: n.key[..k].to_vec(),
             start: n.start,
             blocks: n.blocks.drain(..upper_full).collect(),
+            group_blocks: n
+                .group_blocks
+                .iter_mut()
+                .map(|g| g.drain(..upper_full).collect())
+                .collect(),
             tail: None,
             lock_ref: n.lock_ref,
             last_access: n.last_access,
@@ -141,14 +146,20 @@ impl RadixCache {
         // A parent left as a leaf that ends mid-block keeps this block's slots
         // of its own tokens as its tail.
         let p = self.n(parent);
-        let keep = (parent != NodeId::ROOT && node.start % bs != 0 && p.children.is_empty())
-            .then(|| self.block_at(&node, node.start / bs))
-            .flatten();
+        let keep = (self.extra_groups == 0
+            && parent != NodeId::ROOT
+            && node.start % bs != 0
+            && p.children.is_empty())
+        .then(|| self.block_at(&node, node.start / bs))
+        .flatten();
         let mut freed = 0;
         for &b in node.blocks.iter().chain(&node.tail) {
             if Some(b) != keep {
                 freed += pool.decref(b)? as usize;
             }
+        }
+        for &b in node.group_blocks.iter().flatten().filter(|b| !b.is_null()) {
+            freed += pool.decref(b)? as usize;
         }
         if keep.is_some() {
             self.n_mut(parent).tail = keep;

@@ -6,6 +6,7 @@
 pub mod faulty;
 pub mod tiny;
 pub mod trace;
+pub mod window_check;
 
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::{ModelRunner, SchedulerConfig};

@@ -56,6 +56,22 @@ pub fn run_waves(
     order.iter().map(|id| got.remove(id).unwrap()).collect()
 }
 
+/// Runs `waves` as [`run_waves`] does and returns, with the trace, the
+/// prompt tokens each wave took from the prefix cache.
+pub fn run_waves_cached(
+    engine: &mut LlmEngine<CpuBackend>,
+    waves: &[Vec<(Vec<u32>, usize)>],
+) -> (Trace, Vec<usize>) {
+    let mut trace = Trace::new();
+    let mut cached = Vec::new();
+    for wave in waves {
+        let before = engine.stats().counters.prefix_cache_hit_tokens;
+        trace.extend(run_waves(engine, std::slice::from_ref(wave), &mut |_| {}));
+        cached.push((engine.stats().counters.prefix_cache_hit_tokens - before) as usize);
+    }
+    (trace, cached)
+}
+
 /// A deterministic prompt of `len` ids in 3..503.
 pub fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32)

@@ -12,7 +12,7 @@
 mod common;
 
 #[allow(unused_imports)] // each test binary uses some of them
-pub use common::{argmax, floats, ids, rel_err, runner, BLOCK_SIZE};
+pub use common::{argmax, floats, ids, rel_err, runner, window_check, BLOCK_SIZE};
 use pagoda_engine::context::{build_forward_context, ScheduledSeq};
 use pagoda_engine::ModelRunner;
 use pagoda_kernels::cuda::testing;

@@ -377,7 +377,7 @@ impl EngineTask for Throughput<'_> {
             total_tok_per_s: (input_tokens + output_tokens) as f64 / seconds,
             cached_tokens,
             preemptions: engine.stats().counters.num_preemptions,
-            prefix_caching: !a.cache.no_prefix_caching,
+            prefix_caching: engine.scheduler_config().enable_prefix_caching,
             shared_prefix: a.shared_prefix,
             logprobs_fraction: a.logprobs_fraction,
             logprobs: a.logprobs,

@@ -355,12 +355,16 @@ fn build_engine<B: KvBudget>(
     if layout.num_groups() > 1 {
         tracing::info!(
             "KV cache groups: {} ({} layers; windows {:?}), a block is a page of {} layer slots \
-             ({} bytes per token of a page)",
+             ({} bytes per token of a page); prefix cache: {}",
             layout.num_groups(),
             layout.num_layers(),
             layout.windows,
             layout.num_slots,
-            bytes_per_token
+            bytes_per_token,
+            match cache.no_prefix_caching {
+                true => "off",
+                false => "on, whole blocks",
+            }
         );
     }
     let kv = pagoda_engine::kv_footprint::kv_footprint(

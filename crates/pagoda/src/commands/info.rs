@@ -42,7 +42,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         let layout = pagoda_model::KvLayout::for_config(&summary.config, true);
         if layout.num_groups() > 1 {
             println!(
-                "kv cache groups:      {} (windows {:?}), pages of {} layer slots",
+                "kv cache groups:      {} (windows {:?}), pages of {} layer slots; \
+                 prefix cache reuses whole blocks",
                 layout.num_groups(),
                 layout.windows,
                 layout.num_slots
