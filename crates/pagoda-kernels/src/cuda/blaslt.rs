@@ -7,13 +7,23 @@
 //! an f32 `y` ([`LtGemm::gemm_acc_f32`]: beta = 1 with C = D, how
 //! `add_linear` adds a projection into the f32 residual stream unrounded).
 //!
-//! FP8 weights ([`LtGemm::gemm_fp8`]): A (the weight) and B (the input)
-//! are E4M3 codes, each with an outer-vector f32 scale
-//! (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`, cuBLASLt 12.9+): one per
-//! row of op(A) (the weight's output channels) and one per column of B (the
-//! tokens), so `y[t, o] = sx[t] * sw[o] * sum qx[t, :] * qw[o, :]` in f32,
-//! out in either mode above. Scale pointers are set on the plan's
-//! descriptor before each call (under the plans' lock).
+//! FP8 weights: A (the weight) and B (the input) are E4M3 codes (TN, as
+//! cuBLASLt's FP8 kernels require; `k` a multiple of 16 so every row is
+//! 16-byte aligned), f32 accumulation, in one of two scalings
+//! ([`Fp8Scaling`]; `fp8_path.rs` picks the one the device runs):
+//! - [`LtGemm::gemm_fp8`], outer-vector scales
+//!   (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`, cuBLASLt 12.9+): one f32
+//!   per row of op(A) (the weight's output channels) and one per column of B
+//!   (the tokens), so `y[t, o] = sx[t] * sw[o] * sum qx[t, :] * qw[o, :]`,
+//!   out in either mode above. The scale pointers are set on the plan's
+//!   descriptor before each call (under the plans' lock). cuBLASLt refuses
+//!   this mode where it has no such kernel (`CUBLAS_STATUS_INVALID_VALUE`
+//!   from `cublasLtMatmul` itself, not from the heuristic).
+//! - [`LtGemm::gemm_fp8_unit`], tensor-wide scales of 1 (the default scalar
+//!   scale mode, as `torch._scaled_mm` runs tensor-wise FP8 on Hopper; both
+//!   scale pointers at one static device 1.0): the raw sums `sum qx[t, :] * qw[o, :]` into an
+//!   f32 D (C = D, beta 0, the FP8 type combination A/B E4M3, C/D f32), for
+//!   a rescaling kernel to finish.
 //!
 //! Plans are keyed by `(out, bucket(rows), in, mode)`: [`bucket`] rounds the
 //! row count up to one of a few dozen sizes (multiples of 16 up to 128, then
@@ -38,6 +48,8 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
+
+type DevPtr = cudarc::driver::sys::CUdeviceptr;
 
 /// Workspace cuBLASLt may use (NVIDIA's recommendation for Hopper).
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -94,12 +106,28 @@ pub(crate) fn bucket(n: u64) -> u64 {
     n.div_ceil(step) * step
 }
 
-/// What a plan computes: f32 accumulation into C (else a bf16 output), and
-/// FP8 operands with outer-vector scales (else bf16 operands).
+/// How an FP8 GEMM applies its operands' scales (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Fp8Scaling {
+    /// One f32 scale per output feature and one per input row, in cuBLASLt.
+    OuterVec,
+    /// Scales of 1: the raw sums into an f32 D, rescaled by the caller.
+    Unit,
+}
+
+/// What a plan computes: f32 accumulation into C (else a fresh output), and
+/// FP8 operands with their scaling (else bf16 operands). The output is bf16,
+/// except when accumulating and for [`Fp8Scaling::Unit`] (f32, beta 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Mode {
     acc_f32: bool,
-    fp8: bool,
+    fp8: Option<Fp8Scaling>,
+}
+
+impl Mode {
+    fn out_f32(self) -> bool {
+        self.acc_f32 || self.fp8 == Some(Fp8Scaling::Unit)
+    }
 }
 
 /// The per-row scales of an FP8 GEMM: `w` one per output feature (`m`),
@@ -113,6 +141,8 @@ pub(crate) struct Fp8Scales<'a> {
 pub(crate) struct LtGemm {
     handle: sys::cublasLtHandle_t,
     workspace: DeviceBuf<u8>,
+    /// A static device 1.0f: the tensor-wide scales of [`Fp8Scaling::Unit`].
+    one: DeviceBuf<f32>,
     plans: Mutex<HashMap<(u64, u64, u64, Mode), Plan>>,
     stream: Arc<CudaStream>,
 }
@@ -133,9 +163,14 @@ impl LtGemm {
             .bind_to_thread()
             .map_err(|e| device_err("bind context", e))?;
         let handle = result::create_handle().map_err(|e| lt_err("create handle", e))?;
+        let mut one = pool.take_static::<f32>(1)?;
+        stream
+            .memcpy_htod(&[1.0f32], &mut *one)
+            .map_err(|e| device_err("FP8 unit scale", e))?;
         Ok(LtGemm {
             handle,
             workspace: pool.take_static::<u8>(WORKSPACE_BYTES)?,
+            one,
             plans: Mutex::new(HashMap::new()),
             stream,
         })
@@ -144,12 +179,12 @@ impl LtGemm {
     /// The plan of `(m, n, k)` in `mode`.
     fn plan(&self, m: u64, n: u64, k: u64, mode: Mode) -> Result<Plan> {
         let bf = sys::cudaDataType::CUDA_R_16BF;
-        let out_type = if mode.acc_f32 {
+        let out_type = if mode.out_f32() {
             sys::cudaDataType::CUDA_R_32F
         } else {
             bf
         };
-        let in_type = if mode.fp8 {
+        let in_type = if mode.fp8.is_some() {
             sys::cudaDataType::CUDA_R_8F_E4M3
         } else {
             bf
@@ -170,7 +205,31 @@ impl LtGemm {
                 std::mem::size_of::<i32>(),
             )
             .map_err(|e| lt_err("transa", e))?;
-            if mode.fp8 {
+            if mode.fp8 == Some(Fp8Scaling::Unit) {
+                // The default (scalar) scale modes, pointed at a device 1.0
+                // that lives as long as the plans.
+                let (one, _g1) = self.one.device_ptr(&self.stream);
+                let one = one as *const c_void;
+                for (attr, what) in [
+                    (
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                        "A scale pointer",
+                    ),
+                    (
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                        "B scale pointer",
+                    ),
+                ] {
+                    result::set_matmul_desc_attribute(
+                        desc,
+                        attr,
+                        (&one) as *const *const c_void as *const c_void,
+                        std::mem::size_of::<*const c_void>(),
+                    )
+                    .map_err(|e| lt_err(what, e))?;
+                }
+            }
+            if mode.fp8 == Some(Fp8Scaling::OuterVec) {
                 let outer =
                     sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
                 for (attr, what) in [
@@ -211,10 +270,10 @@ impl LtGemm {
             let heuristic = result::get_matmul_algo_heuristic(self.handle, desc, a, b, c, c, pref);
             let _ = result::destroy_matmul_pref(pref);
             let heuristic = heuristic.map_err(|e| {
-                let what = if mode.fp8 {
-                    "an FP8 (outer-vector scaled)"
-                } else {
-                    "a bf16"
+                let what = match mode.fp8 {
+                    Some(Fp8Scaling::OuterVec) => "an FP8 (outer-vector scaled)",
+                    Some(Fp8Scaling::Unit) => "an FP8 (unit scaled, f32 out)",
+                    None => "a bf16",
                 };
                 lt_err(
                     &format!("no algorithm for {what} GEMM of m={m} n={n} k={k}"),
@@ -244,12 +303,14 @@ impl LtGemm {
         y: &mut CudaSlice<bf16>,
     ) -> Result<()> {
         check_len(m, n, k, w.len(), x.len(), y.len())?;
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (xp, _gx) = x.device_ptr(&self.stream);
         let (yp, _gy) = y.device_ptr_mut(&self.stream);
         let mode = Mode {
             acc_f32: false,
-            fp8: false,
+            fp8: None,
         };
-        self.run(m, n, k, w, x, yp, mode, None)
+        self.run(m, n, k, (wp, xp, yp), mode, None)
     }
 
     /// `y += op(w) * x` with `y` f32 (see [`Self::gemm`] for the shapes).
@@ -263,17 +324,20 @@ impl LtGemm {
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
         check_len(m, n, k, w.len(), x.len(), y.len())?;
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (xp, _gx) = x.device_ptr(&self.stream);
         let (yp, _gy) = y.device_ptr_mut(&self.stream);
         let mode = Mode {
             acc_f32: true,
-            fp8: false,
+            fp8: None,
         };
-        self.run(m, n, k, w, x, yp, mode, None)
+        self.run(m, n, k, (wp, xp, yp), mode, None)
     }
 
-    /// The FP8 product (see the module docs): `w` `[m, k]` and `x` `[n, k]`
-    /// E4M3 codes with their scales, into a bf16 `y` or added into an f32
-    /// `y` (`acc_f32`), given as its device pointer of `y_len` elements.
+    /// The FP8 product with outer-vector scales (see the module docs): `w`
+    /// `[m, k]` and `x` `[n, k]` E4M3 codes with their scales, into a bf16
+    /// `y` or added into an f32 `y` (`acc_f32`), given as its device pointer
+    /// of `y_len` elements.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_fp8(
         &self,
@@ -294,27 +358,62 @@ impl LtGemm {
                 detail: format!("scales too short for a GEMM of m={m} n={n}"),
             });
         }
-        // cuBLASLt's FP8 kernels need 16-byte aligned rows.
-        if !k.is_multiple_of(16) {
-            return Err(KernelError::Unsupported(format!(
-                "an FP8 GEMM with in_features = {k} (must be a multiple of 16)"
-            )));
-        }
-        let mode = Mode { acc_f32, fp8: true };
-        self.run(m, n, k, w, x, yp, mode, Some(scales))
+        check_fp8_shape(m, k)?;
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let mode = Mode {
+            acc_f32,
+            fp8: Some(Fp8Scaling::OuterVec),
+        };
+        self.run(m, n, k, (wp, xp, yp), mode, Some(scales))
     }
 
-    /// One `cublasLtMatmul` with the cached plan of the shape and mode;
-    /// `yp` is C and D (beta 1 when accumulating, else 0).
+    /// The FP8 product with unit scales (see the module docs): `w` `[m, k]`
+    /// codes times rows `x_row0..x_row0 + n` of the `[_, k]` codes `x`, the
+    /// raw f32 sums into `d` (`[n, m]` row-major; overwritten).
     #[allow(clippy::too_many_arguments)]
-    fn run<T>(
+    pub fn gemm_fp8_unit(
         &self,
         m: usize,
         n: usize,
         k: usize,
-        w: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        yp: cudarc::driver::sys::CUdeviceptr,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<u8>,
+        x_row0: usize,
+        d: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let x_rows = x.len() / k.max(1);
+        if x_row0 + n > x_rows {
+            return Err(KernelError::Shape {
+                op: "linear (fp8)",
+                detail: format!("rows {x_row0}..{} of an input of {x_rows}", x_row0 + n),
+            });
+        }
+        check_len(m, n, k, w.len(), n * k, d.len())?;
+        check_fp8_shape(m, k)?;
+        let (wp, _gw) = w.device_ptr(&self.stream);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (dp, _gd) = d.device_ptr_mut(&self.stream);
+        // Still 16-byte aligned: buffers start on 512-byte granules (or
+        // cuMemAlloc's 256), and a row is `k` bytes, a multiple of 16.
+        let xp = xp + (x_row0 * k) as u64;
+        let mode = Mode {
+            acc_f32: false,
+            fp8: Some(Fp8Scaling::Unit),
+        };
+        self.run(m, n, k, (wp, xp, dp), mode, None)
+    }
+
+    /// One `cublasLtMatmul` with the cached plan of the shape and mode;
+    /// `yp` is C and D (beta 1 when accumulating, else 0).
+    /// `(wp, xp, yp)` are live device buffers the caller checked (and holds
+    /// until the matmul is queued).
+    fn run(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        (wp, xp, yp): (DevPtr, DevPtr, DevPtr),
         mode: Mode,
         scales: Option<Fp8Scales<'_>>,
     ) -> Result<()> {
@@ -333,7 +432,7 @@ impl LtGemm {
         if let Some(sc) = &scales {
             self.set_scales(p, sc)?;
         }
-        if self.matmul(p, w, x, yp, mode.acc_f32).is_ok() {
+        if self.matmul(p, wp, xp, yp, mode.acc_f32).is_ok() {
             return Ok(());
         }
         // The bucket's algorithm does not take this row count: a one-off
@@ -342,7 +441,7 @@ impl LtGemm {
         if let Some(sc) = &scales {
             self.set_scales(&exact, sc)?;
         }
-        self.matmul(&exact, w, x, yp, mode.acc_f32)
+        self.matmul(&exact, wp, xp, yp, mode.acc_f32)
     }
 
     /// Points an FP8 plan's A and B scales at this call's vectors.
@@ -381,19 +480,10 @@ impl LtGemm {
 
     /// One `cublasLtMatmul` of plan `p` (its layouts set to the call's
     /// shape); `yp` is C and D (beta 1 when accumulating, else 0).
-    fn matmul<T>(
-        &self,
-        p: &Plan,
-        w: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        yp: cudarc::driver::sys::CUdeviceptr,
-        acc_f32: bool,
-    ) -> Result<()> {
+    fn matmul(&self, p: &Plan, wp: DevPtr, xp: DevPtr, yp: DevPtr, acc_f32: bool) -> Result<()> {
         let alpha = 1.0f32;
         let beta = if acc_f32 { 1.0f32 } else { 0.0f32 };
         let stream = &self.stream;
-        let (wp, _gw) = w.device_ptr(stream);
-        let (xp, _gx) = x.device_ptr(stream);
         let (ws, _gws) = self.workspace.device_ptr(stream);
         // SAFETY: the plan's layouts match the sizes checked by the caller;
         // the pointers are live device buffers; the workspace is
@@ -426,6 +516,19 @@ impl LtGemm {
     pub fn num_plans(&self) -> usize {
         self.plans.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
+}
+
+/// cuBLASLt's FP8 layout rules for `m` output features and `k` inputs:
+/// rows of the codes (`k` bytes) and of a bf16 or f32 output (`m`
+/// elements) whole 16-byte groups.
+fn check_fp8_shape(m: usize, k: usize) -> Result<()> {
+    if !k.is_multiple_of(16) || !m.is_multiple_of(8) {
+        return Err(KernelError::Unsupported(format!(
+            "an FP8 GEMM of {m} outputs and in_features = {k} (in_features must be a \
+             multiple of 16 and outputs of 8)"
+        )));
+    }
+    Ok(())
 }
 
 /// Shape check of a GEMM's buffers (elements of w, x and y).

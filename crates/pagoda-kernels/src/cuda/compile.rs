@@ -99,6 +99,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "gemv_bf16",
     "gemv_bf16_acc_f32",
     "quant_rows_fp8",
+    "fp8_rescale_bf16",
+    "fp8_rescale_acc_f32",
     "sample_bf16",
     "penalize_bf16",
     "logprobs_bf16",
