@@ -75,13 +75,21 @@ pub(crate) fn product(
     x: &CudaTensor,
     w: (&CudaSlice<u8>, &CudaSlice<f32>, usize),
     bias: Option<&CudaSlice<bf16>>,
-    dest: Dest<'_>,
+    mut dest: Dest<'_>,
 ) -> Result<()> {
     let path = super::fp8_path::select(b)?;
-    product_on(b, path, op, x, w, bias, dest)
+    match product_on(b, path, op, x, w, bias, &mut dest) {
+        // A shape cuBLASLt has no outer-vector kernel for (refused before
+        // anything is written): this call takes the other path.
+        Err(e) if path == Fp8GemmPath::OuterVec && super::fp8_path::is_refusal(&e) => {
+            product_on(b, Fp8GemmPath::UnitScaled, op, x, w, bias, &mut dest)
+        }
+        r => r,
+    }
 }
 
-/// [`product`] on a given path (`fp8_path.rs` tries each at load).
+/// [`product`] on a given path, with no fallback (`fp8_path.rs` checks
+/// each path with it at load).
 pub(crate) fn product_on(
     b: &CudaBackend,
     path: Fp8GemmPath,
@@ -89,7 +97,7 @@ pub(crate) fn product_on(
     x: &CudaTensor,
     (codes, w_scales, out): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
     bias: Option<&CudaSlice<bf16>>,
-    dest: Dest<'_>,
+    dest: &mut Dest<'_>,
 ) -> Result<()> {
     let xd = x.bf16(op)?;
     let (rows, inner) = (x.rows, x.cols);
@@ -126,9 +134,10 @@ pub(crate) fn product_on(
         rows,
         inner,
     };
+    let w = (codes, w_scales, out);
     match path {
-        Fp8GemmPath::OuterVec => outer_vec(b, op, &q, (codes, w_scales, out), bias, dest),
-        Fp8GemmPath::UnitScaled => unit_scaled(b, op, &q, (codes, w_scales, out), bias, dest),
+        Fp8GemmPath::OuterVec => outer_vec(b, op, &q, w, bias, dest),
+        Fp8GemmPath::UnitScaled => unit_scaled(b, op, &q, w, bias, dest),
     }
 }
 
@@ -148,14 +157,14 @@ fn outer_vec(
     q: &Quantized<'_>,
     (codes, w_scales, out): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
     bias: Option<&CudaSlice<bf16>>,
-    mut dest: Dest<'_>,
+    dest: &mut Dest<'_>,
 ) -> Result<()> {
     let (rows, inner, xq, xs) = (q.rows, q.inner, q.codes, q.scales);
     let scales = |xs| Fp8Scales { w: w_scales, x: xs };
     let n = rows * out;
     let (nr, nc) = (to_i32(rows, op)?, to_i32(out, op)?);
     let stream = b.dev.stream.clone();
-    match (&mut dest, bias) {
+    match (dest, bias) {
         (Dest::Bf16(y), Some(bias)) => {
             // f32 product plus the bias, rounded to bf16 once.
             let mut acc = b.alloc_f32(n)?;
@@ -198,11 +207,11 @@ fn unit_scaled(
     q: &Quantized<'_>,
     (codes, w_scales, out): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
     bias: Option<&CudaSlice<bf16>>,
-    mut dest: Dest<'_>,
+    dest: &mut Dest<'_>,
 ) -> Result<()> {
     let (rows, inner) = (q.rows, q.inner);
     let needed = rows * out;
-    let have = match &dest {
+    let have = match dest {
         Dest::Bf16(y) => y.len(),
         Dest::AccF32(y) => y.len(),
     };
@@ -219,7 +228,7 @@ fn unit_scaled(
         let n = chunk.min(rows - row0);
         b.lt.gemm_fp8_unit(out, n, inner, codes, q.codes, row0, &mut acc)?;
         let scales = (&*acc, q.scales, w_scales);
-        launch_rescale(b, op, &mut dest, scales, bias, (row0, n, out))?;
+        launch_rescale(b, op, dest, scales, bias, (row0, n, out))?;
         row0 += n;
     }
     Ok(())

@@ -15,6 +15,9 @@
 //! - any other failure, or `UnitScaled` failing too, is an error of the
 //!   load: FP8 weights are then unavailable, never silently wrong.
 //!
+//! Where `OuterVec` was taken, a later shape cuBLASLt refuses it for runs
+//! that one call unit-scaled (`fp8_linear.rs`).
+//!
 //! [`CudaBackend::with_fp8_gemm_path`] forces one path (tests, benchmarks):
 //! it is still checked, and its failure is the load's error.
 //! [`CudaBackend::fp8_gemm_note`] says what was chosen and why, for the
@@ -142,7 +145,7 @@ pub(crate) fn select(b: &CudaBackend) -> Result<Fp8GemmPath> {
 
 /// Whether an error is cuBLASLt declining a configuration (so another path
 /// may serve), rather than a device failure.
-fn is_refusal(e: &KernelError) -> bool {
+pub(crate) fn is_refusal(e: &KernelError) -> bool {
     let s = e.to_string();
     s.contains("cuBLASLt")
         && (s.contains("INVALID_VALUE")
@@ -191,8 +194,10 @@ fn check(b: &CudaBackend, path: Fp8GemmPath) -> Result<std::result::Result<(), S
     let mut y = b.alloc_bf16(rows * out)?;
     let mut r = b.upload(residual.clone(), op)?;
     let mut run = || -> Result<()> {
-        super::fp8_linear::product_on(b, path, op, &gx, weight, None, Dest::Bf16(&mut y))?;
-        super::fp8_linear::product_on(b, path, op, &gx, weight, None, Dest::AccF32(&mut r))
+        let mut dest = Dest::Bf16(&mut y);
+        super::fp8_linear::product_on(b, path, op, &gx, weight, None, &mut dest)?;
+        let mut dest = Dest::AccF32(&mut r);
+        super::fp8_linear::product_on(b, path, op, &gx, weight, None, &mut dest)
     };
     match run() {
         Ok(()) => {}
