@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(chunk_rows(1 << 30), 16);
         for out in [8, 24, 4096, 28_672, 152_064] {
             let c = chunk_rows(out);
-            assert!(c % 16 == 0 && c * out * 4 <= SCRATCH_BYTES.max(16 * out * 4));
+            assert!(c.is_multiple_of(16) && c * out * 4 <= SCRATCH_BYTES.max(16 * out * 4));
         }
     }
 
