@@ -139,6 +139,10 @@ fn qwen3_in_fp8_is_as_accurate_as_pytorch_fp8() {
         files.weights.as_ref(),
         blocks_needed(&prompts, 1) + 4,
     );
+    eprintln!(
+        "notice: {}",
+        r.backend().fp8_gemm_note().unwrap_or_default()
+    );
     let got = forced_trace(&mut r, &prompts, &vec![Vec::new(); prompts.len()]);
     let mut lines = Vec::new();
     let mut failures = Vec::new();
