@@ -302,9 +302,10 @@ fn fp8_tuning_on(g: &CudaBackend, path: Fp8GemmPath, cs: &[Case]) {
     assert_eq!(text.lines().count(), a.tuned + 1, "{text}");
     // Every GEMM here is FP8, and each entry names its scaling and output:
     // outer-vector plans write bf16 or add into f32; unit-scaled ones write
-    // f32 sums (the bias and the residual are the rescaling kernel's).
+    // f32 sums (the bias and the residual are the rescaling kernel's). A
+    // shape cuBLASLt has no outer-vector kernel for runs unit-scaled.
     let allowed: &[&str] = match path {
-        Fp8GemmPath::OuterVec => &["fp8_outer", "fp8_outer_acc_f32"],
+        Fp8GemmPath::OuterVec => &["fp8_outer", "fp8_outer_acc_f32", "fp8_unit_f32"],
         Fp8GemmPath::UnitScaled => &["fp8_unit_f32"],
     };
     for tag in cache_tags(&text) {
