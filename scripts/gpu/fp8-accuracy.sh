@@ -6,7 +6,8 @@
 # torch._scaled_mm (scripts/gpu/fp8_torch_error.py, the same scheme: per
 # output channel weights, per token inputs), then runs the cuda_fp8 test,
 # which prints both errors per prompt and fails when pagoda's exceeds 1.5x
-# PyTorch's. Logs land in $OUT/fp8-accuracy.txt.
+# PyTorch's; before it, the FP8 layer tests (cuda_fp8_linear). Logs land in
+# $OUT/fp8-accuracy.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/pagoda-gpu-run}
@@ -22,5 +23,10 @@ if [ ! -f "$PAGODA_QWEN3_DIR/reference.json" ]; then
     PYTHONUNBUFFERED=1 python3 scripts/gpu/make_qwen3.py "$PAGODA_QWEN3_DIR" 2>&1 | tee -a "$LOG"
 fi
 PYTHONUNBUFFERED=1 python3 scripts/gpu/fp8_torch_error.py "$PAGODA_QWEN3_DIR" 2>&1 | tee -a "$LOG"
+# The layer tests first: each FP8 GEMM path the device runs (the chosen one
+# is printed as "notice: FP8 weights: ...") against the CPU reference.
+.device-bin/cuda_fp8_linear --test-threads=1 --nocapture 2>&1 | tee -a "$LOG"
+linear_rc=${PIPESTATUS[0]}
 .device-bin/cuda_fp8 --test-threads=1 --nocapture 2>&1 | tee -a "$LOG"
-exit "${PIPESTATUS[0]}"
+model_rc=${PIPESTATUS[0]}
+[ "$linear_rc" -eq 0 ] && [ "$model_rc" -eq 0 ]

@@ -4,7 +4,9 @@
 //!    with their dense layers quantized at load, on CUDA against the CPU
 //!    reference path (same codes and scales; activations quantized per token
 //!    on both): every step's logits of a batched teacher-forced trace (one
-//!    prefill of all prompts, then decode steps) within [`TOL`]; and the
+//!    prefill of all prompts, then decode steps) within [`TOL`], on the FP8
+//!    GEMM path the device chooses and on each one forced that the device
+//!    runs (a forced path it refuses must say so at load); and the
 //!    compressed-tensors checkpoint tests/golden/tiny-qwen3-fp8 loaded as
 //!    stored, against PyTorch's logits for the same FP8 arithmetic.
 //! 2. The Qwen3 comparison model of scripts/gpu/make_qwen3.py
@@ -20,6 +22,8 @@ mod cuda_common;
 
 use cuda_common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
+use pagoda_kernels::cuda::{CudaBackend, Fp8GemmPath};
+use pagoda_kernels::{Backend, Fp8Matrix};
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 use pagoda_model::loader::safetensors::open_hf_dir;
@@ -47,6 +51,28 @@ fn cpu_fp8() -> CpuBackend {
     })
     .unwrap()
     .with_fp8_weights(true)
+}
+
+/// A CUDA backend quantizing to FP8 at load, on `path` (`None`: the one
+/// it chooses); `None` where the device refuses the forced path, which
+/// only outer-vector scales may be (cuBLASLt without such kernels).
+fn cuda_fp8(path: Option<Fp8GemmPath>) -> Option<CudaBackend> {
+    let g = gpu()?.with_fp8_weights(true);
+    let Some(path) = path else { return Some(g) };
+    let g = g.with_fp8_gemm_path(path);
+    let probe = Fp8Matrix::quantize(16, 32, &[0.25; 16 * 32]).unwrap();
+    match g.load_fp8_linear(probe) {
+        Ok(_) => Some(g),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                path == Fp8GemmPath::OuterVec && e.contains("outer-vector"),
+                "forced {path:?} refused: {e}"
+            );
+            eprintln!("notice: forced {path:?} refused as expected: {e}");
+            None
+        }
+    }
 }
 
 /// Logits of every step of the golden prompts, prefilled together then
@@ -80,16 +106,25 @@ fn tiny_models_in_fp8_on_cuda_match_the_cpu_reference() {
         let golden: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
         let src = DummySource::new(&cfg).unwrap();
-        let g = gpu().unwrap().with_fp8_weights(true);
-        let got = trace(g, &cfg, &src, &golden, 8);
         let want = trace(cpu_fp8(), &cfg, &src, &golden, 8);
-        for (p, (gs, ws)) in got.iter().zip(&want).enumerate() {
-            for (s, (g, w)) in gs.iter().zip(ws).enumerate() {
-                let err = rel_err_l2(g, w);
-                assert!(
-                    err < TOL,
-                    "{arch} prompt {p} step {s}: CUDA fp8 vs CPU fp8 {err}"
-                );
+        let paths = [
+            None,
+            Some(Fp8GemmPath::OuterVec),
+            Some(Fp8GemmPath::UnitScaled),
+        ];
+        for path in paths {
+            let Some(g) = cuda_fp8(path) else { continue };
+            let got = trace(g, &cfg, &src, &golden, 8);
+            assert_eq!(got.len(), want.len(), "{arch}: prompts");
+            for (p, (gs, ws)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(gs.len(), ws.len(), "{arch} prompt {p}: steps");
+                for (s, (g, w)) in gs.iter().zip(ws).enumerate() {
+                    let err = rel_err_l2(g, w);
+                    assert!(
+                        err < TOL,
+                        "{arch} ({path:?}) prompt {p} step {s}: CUDA fp8 vs CPU fp8 {err}"
+                    );
+                }
             }
         }
     }
@@ -138,6 +173,10 @@ fn qwen3_in_fp8_is_as_accurate_as_pytorch_fp8() {
         &files.config,
         files.weights.as_ref(),
         blocks_needed(&prompts, 1) + 4,
+    );
+    eprintln!(
+        "notice: {}",
+        r.backend().fp8_gemm_note().unwrap_or_default()
     );
     let got = forced_trace(&mut r, &prompts, &vec![Vec::new(); prompts.len()]);
     let mut lines = Vec::new();

@@ -9,6 +9,12 @@
 //!   every plan from the file, times none, and gives bit-identical outputs;
 //!   `refresh` times them again; plans first seen after the tuning closed
 //!   take the first heuristic result;
+//! - FP8 weights' GEMMs are tuned and cached alike, on each FP8 GEMM path
+//!   the device runs (outer-vector scales, or unit scales into f32 and the
+//!   rescaling kernel): tuned outputs agree with untuned ones, the cache
+//!   file names each plan's scaling and output in its tag, a second start
+//!   reads them all back bit for bit, and an entry of another mode's tag
+//!   at the same shape (a bf16 algorithm) is never taken for an FP8 plan;
 //! - `gemm_tuning_timings_llama_8b` (ignored; `--ignored --nocapture`)
 //!   prints, per Llama-3.1-8B layer GEMM at 64 to 8,192 rows, the time of
 //!   the first heuristic choice and of the tuned one.
@@ -25,8 +31,8 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cpu::WeightDtype;
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, median_secs, rel_err_l2};
-use pagoda_kernels::cuda::{CudaBackend, CudaWeight, GemmTuning};
-use pagoda_kernels::{Backend, HostTensor};
+use pagoda_kernels::cuda::{CudaBackend, CudaWeight, Fp8GemmPath, GemmTuning};
+use pagoda_kernels::{Backend, Fp8Matrix, HostTensor};
 
 /// `(rows, out, in)`: above the GEMV cut-off, on and off the buckets.
 const SHAPES: &[(usize, usize, usize)] = &[
@@ -217,6 +223,127 @@ fn tuning_choices_round_trip_through_the_cache_file() {
     let z = g.gemm_tuning_stats();
     assert_eq!(z.tuned, 0, "{z:?}");
     assert!(z.untuned > 0, "{z:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The cache file's mode tags (fourth field of each entry line).
+fn cache_tags(text: &str) -> Vec<String> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_ascii_whitespace().nth(3).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn fp8_gemms_are_tuned_and_cached_per_scaling() {
+    if gpu().is_none() {
+        return;
+    }
+    for path in [Fp8GemmPath::OuterVec, Fp8GemmPath::UnitScaled] {
+        let g = gpu().unwrap().with_fp8_gemm_path(path);
+        // The load-time check may refuse outer-vector scales (the device's
+        // cuBLASLt has no such kernels; cuda_fp8_linear holds that to its
+        // rules): that path is not run here.
+        let probe = Fp8Matrix::quantize(16, 32, &[0.25; 16 * 32]).unwrap();
+        if let Err(e) = g.load_fp8_linear(probe) {
+            assert_eq!(path, Fp8GemmPath::OuterVec, "{e}");
+            eprintln!("notice: FP8 {path:?} not run on this device: {e}");
+            continue;
+        }
+        let mut rng = Rng::new(0xf8);
+        // FP8 weights of the shapes (the biases stay bf16).
+        let cases: Vec<Case> = SHAPES
+            .iter()
+            .map(|&(rows, out, inner)| {
+                let w = rvec_f32(&mut rng, out * inner, 0.05);
+                let m = Fp8Matrix::quantize(out, inner, &w).unwrap();
+                Case {
+                    rows,
+                    out,
+                    w: g.load_fp8_linear(m).unwrap(),
+                    bias: g
+                        .load_weight(HostTensor::f32(vec![out], rvec(&mut rng, out, 0.5)))
+                        .unwrap(),
+                    x: rvec(&mut rng, rows * inner, 1.0),
+                    res: rvec_f32(&mut rng, rows * out, 1.0),
+                }
+            })
+            .collect();
+        assert_eq!(g.fp8_gemm_path(), Some(path));
+        fp8_tuning_on(&g, path, &cases);
+    }
+}
+
+/// [`fp8_gemms_are_tuned_and_cached_per_scaling`] on one backend whose
+/// FP8 weights `cs` run on `path`.
+fn fp8_tuning_on(g: &CudaBackend, path: Fp8GemmPath, cs: &[Case]) {
+    let dir = std::env::temp_dir().join(format!(
+        "pagoda-gemm-tuning-fp8-{path:?}-{}",
+        std::process::id()
+    ));
+    let file = dir.join("algos.txt");
+    let _ = std::fs::remove_dir_all(&dir);
+    g.set_gemm_tuning(GemmTuning::Off, None);
+    let first = outputs(g, cs);
+
+    g.set_gemm_tuning(GemmTuning::On, Some(file.clone()));
+    let tuned = outputs(g, cs);
+    let a = g.finish_gemm_tuning();
+    eprintln!("notice: FP8 {path:?} tuning: {}", a.summary());
+    assert!(a.tuned > 0 && a.from_cache == 0, "{path:?}: {a:?}");
+    for (c, (t, f)) in cs.iter().zip(tuned.iter().zip(&first)) {
+        for (k, kind) in KINDS.iter().enumerate() {
+            let what = format!("FP8 {path:?} {kind} rows {} out {}", c.rows, c.out);
+            let tol = if k < 2 { 4e-3 } else { 1e-5 };
+            check(&format!("{what}: tuned vs first"), &t[k], &f[k], tol);
+        }
+    }
+    let text = std::fs::read_to_string(&file).expect("cache file");
+    assert_eq!(text.lines().count(), a.tuned + 1, "{text}");
+    // Every GEMM here is FP8, and each entry names its scaling and output:
+    // outer-vector plans write bf16 or add into f32; unit-scaled ones write
+    // f32 sums (the bias and the residual are the rescaling kernel's). A
+    // shape cuBLASLt has no outer-vector kernel for runs unit-scaled.
+    let allowed: &[&str] = match path {
+        Fp8GemmPath::OuterVec => &["fp8_outer", "fp8_outer_acc_f32", "fp8_unit_f32"],
+        Fp8GemmPath::UnitScaled => &["fp8_unit_f32"],
+    };
+    for tag in cache_tags(&text) {
+        assert!(
+            allowed.contains(&tag.as_str()),
+            "{path:?}: tag {tag}\n{text}"
+        );
+    }
+
+    // A second start takes every FP8 plan from the file, bit for bit.
+    g.set_gemm_tuning(GemmTuning::On, Some(file.clone()));
+    let again = outputs(g, cs);
+    let b = g.gemm_tuning_stats();
+    assert_eq!((b.tuned, b.from_cache), (0, a.tuned), "{path:?}: {b:?}");
+    assert!(
+        tuned == again,
+        "{path:?}: outputs differ with the cached algorithms"
+    );
+
+    // The same entries under the bf16 tag: no FP8 plan takes them.
+    let header = text.lines().next().unwrap();
+    let relabeled: String = std::iter::once(format!("{header}\n"))
+        .chain(text.lines().skip(1).map(|l| {
+            let mut f: Vec<&str> = l.split(' ').collect();
+            f[3] = "bf16";
+            format!("{}\n", f.join(" "))
+        }))
+        .collect();
+    std::fs::write(&file, relabeled).unwrap();
+    g.set_gemm_tuning(GemmTuning::On, Some(file.clone()));
+    let _ = outputs(g, cs);
+    let r = g.gemm_tuning_stats();
+    assert_eq!(
+        r.from_cache, 0,
+        "{path:?}: a bf16 entry served an FP8 plan: {r:?}"
+    );
+    assert_eq!(r.tuned, a.tuned, "{path:?}: {r:?}");
+    g.set_gemm_tuning(GemmTuning::Off, None);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

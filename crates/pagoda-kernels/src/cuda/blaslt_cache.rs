@@ -2,7 +2,8 @@
 //!
 //! [`super::blaslt_tune`] times several of cuBLASLt's heuristic candidates
 //! for each GEMM plan (output features `m`, row bucket `n`, inner `k`,
-//! output mode) and keeps the fastest. This module owns what survives a
+//! mode: bf16 or FP8 operands, the FP8 scaling, the output) and keeps the
+//! fastest. This module owns what survives a
 //! restart: a text file under `$XDG_CACHE_HOME/pagoda/gemm/` (or
 //! `~/.cache/pagoda/gemm/`), one per GPU name and cuBLASLt version, whose
 //! first line repeats that key (plus the workspace size and a format
@@ -70,11 +71,19 @@ impl GemmTuning {
 }
 
 /// A plan's identity: output features, row bucket, inner size and the
-/// output mode's tag (see `Mode::tag` in `blaslt.rs`).
+/// mode's tag (see `Mode::tag` in `blaslt.rs`; a tag not in [`MODE_TAGS`]
+/// makes its line malformed).
 pub(crate) type AlgoKey = (u64, u64, u64, &'static str);
 
-/// The four mode tags a key may carry.
-pub(crate) const MODE_TAGS: [&str; 4] = ["bf16", "acc_f32", "fp8", "fp8_acc_f32"];
+/// The mode tags a key may carry (operands, FP8 scaling, output).
+pub(crate) const MODE_TAGS: [&str; 6] = [
+    "bf16",
+    "acc_f32",
+    "fp8_outer",
+    "fp8_outer_acc_f32",
+    "fp8_unit_f32",
+    "fp8_unit_acc_f32",
+];
 
 /// An algorithm's opaque words (`cublasLtMatmulAlgo_t::data`).
 pub(crate) type AlgoWords = [u64; 8];
@@ -183,7 +192,8 @@ mod tests {
         let mut e = HashMap::new();
         e.insert((6144, 256, 4096, "bf16"), [1, 2, 3, 4, 5, 6, 7, u64::MAX]);
         e.insert((4096, 256, 4096, "acc_f32"), [0; 8]);
-        e.insert((28672, 8192, 4096, "fp8_acc_f32"), [0xdead_beef; 8]);
+        e.insert((28672, 8192, 4096, "fp8_outer_acc_f32"), [0xdead_beef; 8]);
+        e.insert((28672, 1168, 4096, "fp8_unit_f32"), [7; 8]);
         e
     }
 
@@ -192,7 +202,7 @@ mod tests {
         let h = header("NVIDIA H200", 130_100, 32 << 20);
         let text = format(&h, &sample());
         assert!(text.starts_with(&h));
-        assert_eq!(text.lines().count(), 4);
+        assert_eq!(text.lines().count(), 5);
         assert_eq!(parse(&text, &h), sample());
         // Key order, so equal tables give equal files.
         assert_eq!(format(&h, &parse(&text, &h)), text);
@@ -222,6 +232,7 @@ mod tests {
             "4096 256 4096 bf16 0 0 0 0 0 0 0",     // seven words
             "4096 256 4096 bf16 0 0 0 0 0 0 0 1 2", // nine words
             "4096 256 4096 int8 0 0 0 0 0 0 0 1",   // unknown mode
+            "4096 256 4096 fp8 0 0 0 0 0 0 0 1",    // FP8 without its scaling
             "4096 x 4096 bf16 0 0 0 0 0 0 0 1",     // not a number
             "4096 512 4096 bf16 0 0 0 0 0 0 0 zz",  // not hex
             "",

@@ -15,23 +15,25 @@
 //!    than [`MARGIN`];
 //! 3. otherwise cuBLASLt's first heuristic result (as with tuning off).
 //!
-//! The candidates all compute the same product with f32 accumulation; they
-//! differ in tiling, split-K and reduction order, so the outputs agree to
-//! rounding. Timing runs write only the call's own output (bf16: `y` is
-//! overwritten, then the chosen algorithm writes it again) or, when the
-//! product is added into `y` (`acc_f32`), a scratch `D` of `y`'s size (a
-//! static allocation freed right after), so the call's result is exactly
-//! the chosen algorithm's. A plan, once made, keeps its algorithm, so a
+//! Every mode is tuned alike: bf16 and FP8 operands, either FP8 scaling,
+//! each output (the cache tells them apart by `Mode::tag`). The candidates
+//! all compute the same product with f32 accumulation; they differ in
+//! tiling, split-K and reduction order, so the outputs agree to rounding.
+//! Timing runs write only the call's own output (outputs of beta 0: bf16,
+//! or the f32 sums of unit-scaled FP8, overwritten, then the chosen
+//! algorithm writes them again) or, when the product is added into `y`
+//! (`acc_f32`), a scratch `D` of `y`'s size (a static allocation freed
+//! right after), so the call's result is exactly the chosen algorithm's. A plan, once made, keeps its algorithm, so a
 //! captured graph replays what was captured; after the freeze no plan is
 //! timed (a row count first seen then gets the first heuristic result, as
 //! do plans under capture) and the new choices are written to disk.
 
-use super::blaslt::{LtGemm, Mode, Plan, WORKSPACE_BYTES};
+use super::blaslt::{DevPtr, LtGemm, Mode, Plan, WORKSPACE_BYTES};
 use super::blaslt_cache::{self as cache, AlgoKey, AlgoWords, GemmTuning};
 use super::device_err;
 use crate::Result;
 use cudarc::cublaslt::sys;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -275,17 +277,14 @@ pub(super) fn pick(ms: &[Option<f32>]) -> Option<usize> {
 
 impl LtGemm {
     /// The plan of `key = (m, bucket, k, mode)` for a first call of `n`
-    /// rows on these operands (FP8 `scales` set on it): its algorithm is
-    /// chosen as the module docs say; `yp` ends up as the call left it
-    /// before (bf16) or untouched (`acc_f32`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new_plan<T>(
+    /// rows on the operands `(wp, xp, yp)` (outer-vector FP8 `scales` set
+    /// on it): its algorithm is chosen as the module docs say; `yp` is left
+    /// overwritten (outputs of beta 0) or untouched (`acc_f32`).
+    pub(super) fn new_plan(
         &self,
         key: (u64, u64, u64, Mode),
         n: u64,
-        w: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        yp: cudarc::driver::sys::CUdeviceptr,
+        (wp, xp, yp): (DevPtr, DevPtr, DevPtr),
         scales: Option<&super::blaslt::Fp8Scales<'_>>,
     ) -> Result<Plan> {
         let (m, nb, k, mode) = key;
@@ -337,7 +336,7 @@ impl LtGemm {
             None => yp,
         };
         let ms = time_candidates(&self.stream, cands.len(), |i| {
-            self.matmul_with(&p, &cands[i], w, x, yp, dp, mode.acc_f32)
+            self.matmul_with(&p, &cands[i], (wp, xp), yp, dp, mode.acc_f32)
         })?;
         drop(scratch);
         let Some(best) = pick(&ms) else {

@@ -106,6 +106,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "qk_norm_rope_f32",
     "qk_norm_rope_bf16",
     "quant_rows_fp8",
+    "fp8_rescale_bf16",
+    "fp8_rescale_acc_f32",
     "sample_bf16",
     "penalize_bf16",
     "logprobs_bf16",

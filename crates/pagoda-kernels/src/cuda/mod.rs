@@ -22,7 +22,8 @@
 //! attention; the kernel choice in [`attention_path`], the split-K decode,
 //! grouped prefill and tiled prefill kernels' launches in `attention_decode`,
 //! `attention_prefill_mma` and `attention_prefill`), [`moe`] (mixture-of-experts routing and expert
-//! MLPs), [`testing`] (helpers of the CUDA test binaries); the kernels
+//! MLPs), [`fp8_linear`] and [`fp8_path`] (FP8 weights' linear layers and
+//! the GEMM path the device runs them on), [`testing`] (helpers of the CUDA test binaries); the kernels
 //! themselves are in `kernels/*.cu`.
 
 mod attention;
@@ -36,6 +37,7 @@ mod blaslt_tune;
 mod compile;
 mod device;
 mod fp8_linear;
+mod fp8_path;
 mod gemv;
 mod graph;
 mod logit_adjust;
@@ -54,6 +56,7 @@ pub use attention_path::{
 };
 pub use blaslt_cache::{GemmTuning, GEMM_TUNING_ENV};
 pub use blaslt_tune::GemmTuningStats;
+pub use fp8_path::Fp8GemmPath;
 pub use gemv::{GemvKernel, SmallLinear, SMALL_LINEAR_ENV};
 pub use graph::CudaGraphRunner;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
@@ -98,6 +101,8 @@ pub struct CudaBackend {
     kv_fp8: bool,
     /// Whether `load_linear` quantizes to FP8 (see [`fp8_linear`]).
     fp8_weights: bool,
+    /// The FP8 GEMM path (see [`fp8_path`]).
+    fp8_gemm: fp8_path::Fp8PathState,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -146,6 +151,7 @@ impl CudaBackend {
             masks: Default::default(),
             kv_fp8: false,
             fp8_weights: false,
+            fp8_gemm: Default::default(),
         })
     }
 
@@ -476,6 +482,7 @@ impl Backend for CudaBackend {
 
     fn load_fp8_linear(&self, w: crate::Fp8Matrix) -> Result<CudaWeight> {
         fp8_linear::check_shape(w.rows, w.cols)?;
+        fp8_path::select(self)?;
         let (rows, cols) = (w.rows, w.cols);
         let codes = self.upload(w.codes, "load_fp8_linear")?;
         let scales = self.upload(w.scales, "load_fp8_linear")?;

@@ -2,8 +2,9 @@
 //! pagoda-engine (the backend itself never calls them): opening the device
 //! for a test, the relative L2 error the op and model comparisons
 //! measure, the one-token-per-row step the sampling tests run, the
-//! median timing of the kernel timing binaries, and the device's FP8
-//! conversions on given values ([`fp8_codec`]).
+//! median timing of the kernel timing binaries, the device's FP8
+//! conversions on given values ([`fp8_codec`]) and the FP8 GEMM's
+//! rescaling epilogue on given values ([`fp8_rescale`]).
 //!
 //! A machine without CUDA skips the CUDA tests with a notice, unless the
 //! environment variable [`REQUIRE_GPU_ENV`] is set (to anything but empty or
@@ -148,6 +149,52 @@ pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec
         .arg(&mi);
     unsafe { l.launch(super::ops::elems_cfg(n.max(m))) }.map_err(|e| super::device_err(op, e))?;
     Ok((g.download_raw(&enc, n)?, g.download_raw(&dec, 2 * m)?))
+}
+
+/// The rescaling epilogue of the unit-scaled FP8 GEMM on given values
+/// (waits for the device): `acc` `[rows, cols]` raw sums, `sx` one scale a
+/// row, `sw` one a column, `bias` (rounded to bf16 on upload). Without
+/// `residual`: `fp8_rescale_bf16`'s bf16 output (as f32); with it: the f32
+/// residual after `fp8_rescale_acc_f32` added into it.
+pub fn fp8_rescale(
+    g: &CudaBackend,
+    acc: &[f32],
+    sx: &[f32],
+    sw: &[f32],
+    bias: Option<&[f32]>,
+    residual: Option<&[f32]>,
+) -> crate::Result<Vec<f32>> {
+    use super::ops::Dest;
+    let op = "fp8_rescale";
+    let (rows, cols) = (sx.len(), sw.len());
+    let n = rows * cols;
+    if acc.len() != n || residual.is_some_and(|r| r.len() != n) {
+        return Err(crate::KernelError::Shape {
+            op,
+            detail: format!("values for [{rows}, {cols}]"),
+        });
+    }
+    let acc_d = g.upload(acc.to_vec(), op)?;
+    let sx_d = g.upload(sx.to_vec(), op)?;
+    let sw_d = g.upload(sw.to_vec(), op)?;
+    let bias_d = match bias {
+        Some(b) => Some(g.upload(b.iter().map(|&v| half::bf16::from_f32(v)).collect(), op)?),
+        None => None,
+    };
+    let rescale =
+        |y| super::fp8_linear::rescale(g, y, &acc_d, &sx_d, &sw_d, bias_d.as_ref(), rows, cols);
+    match residual {
+        Some(r) => {
+            let mut y = g.upload(r.to_vec(), op)?;
+            rescale(Dest::AccF32(&mut y))?;
+            g.download_raw(&y, n)
+        }
+        None => {
+            let mut y = g.upload(vec![half::bf16::from_bits(0x7fc0); n], op)?;
+            rescale(Dest::Bf16(&mut y))?;
+            g.download(&y, n)
+        }
+    }
 }
 
 #[cfg(test)]

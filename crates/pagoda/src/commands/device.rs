@@ -165,6 +165,11 @@ trait KvBudget: Backend {
     /// the activation peak has been profiled; `util` is
     /// --gpu-memory-utilization.
     fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize>;
+
+    /// A line for the start-up log on how the loaded weights run, if any.
+    fn weight_note(&self) -> Option<String> {
+        None
+    }
 }
 
 fn cpu_backend(model: &ModelArgs) -> Result<CpuBackend> {
@@ -213,6 +218,11 @@ impl KvBudget for pagoda_kernels::cuda::CudaBackend {
     /// None: offline work keeps its throughput (`pagoda serve` sets its own,
     /// see `SERVE_MIXED_PREFILL_BUDGET`).
     const DEFAULT_MIXED_PREFILL_BUDGET: Option<usize> = None;
+
+    /// The FP8 GEMM path chosen when FP8 weights loaded.
+    fn weight_note(&self) -> Option<String> {
+        self.fp8_gemm_note()
+    }
 
     fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize> {
         if let Some(size) = &cache.kv_cache_memory {
@@ -282,6 +292,9 @@ fn build_engine<B: KvBudget>(
         },
     )?;
     pb.finish_and_clear();
+    if let Some(note) = backend.weight_note() {
+        tracing::info!("{note}");
+    }
     // An FP8 cache takes the checkpoint's per-layer scales, where it has them.
     let kv_scales = if backend.kv_cache_fp8() {
         pagoda_model::loader::kv_scales::kv_cache_scales(

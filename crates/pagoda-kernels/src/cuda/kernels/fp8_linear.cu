@@ -1,5 +1,6 @@
 // FP8 linear layers: the per-token quantization of a bf16 activation before
-// the FP8 GEMM (cuBLASLt, see fp8_linear.rs). One block per row: the row's
+// the FP8 GEMM (cuBLASLt, see fp8_linear.rs), and the rescaling epilogue of
+// the unit-scaled GEMM (at the end of this file). Quantization, one block per row: the row's
 // absolute maximum, its scale (amax / 448, 1 for an all-zero row) and the
 // E4M3 codes of x / scale (f2fp8: round to nearest even, saturating), as
 // fp8_matrix.rs's quantize_row does on the host, bit for bit. Rows whose
@@ -80,4 +81,81 @@ extern "C" __global__ void __launch_bounds__(QFP8_THREADS)
             qr[c] = f2fp8(bf2f(xr[c]) / s);
         }
     }
+}
+
+// The rescaling epilogue of the unit-scaled FP8 GEMM (fp8_linear.rs): rows
+// row0 .. row0 + rows of y [_, cols] from the GEMM's raw f32 sums acc
+// [rows, cols] (row-major), each product p = acc * (sx[row] * sw[col]) with
+// the input's per-row and the weight's per-column scales (both products
+// rounded once, no FMA contraction, so the host can replay it bit for bit).
+// fp8_rescale_bf16: y = bf16(p + bias), rounded once; fp8_rescale_acc_f32:
+// y = (y + p) + bias into the f32 residual, the order of the bf16 path's
+// add_linear (GEMM with beta 1, then add_bias_f32). Each thread takes 4
+// adjacent columns (cols a multiple of 4, every row 16-byte aligned) of the
+// rows blockIdx.y, blockIdx.y + gridDim.y, ...
+
+#define FP8_RESCALE_THREADS 256
+
+template <bool ACC>
+__device__ __forceinline__ void fp8_rescale_impl(void* y, const float* __restrict__ acc,
+                                                 const float* __restrict__ sx,
+                                                 const float* __restrict__ sw,
+                                                 const bf16* __restrict__ bias, int has_bias,
+                                                 int row0, int rows, int cols) {
+    const int c = (blockIdx.x * FP8_RESCALE_THREADS + threadIdx.x) * 4;
+    if (c >= cols) {
+        return;
+    }
+    const float4 w = *(const float4*)(sw + c);
+    const float ws[4] = {w.x, w.y, w.z, w.w};
+    float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (has_bias) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            b[j] = bf2f(bias[c + j]);
+        }
+    }
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float s = sx[row0 + r];
+        const float4 a4 = *(const float4*)(acc + (long long)r * cols + c);
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+        float p[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            p[j] = __fmul_rn(a[j], __fmul_rn(s, ws[j]));
+        }
+        const long long o = (long long)(row0 + r) * cols + c;
+        if (ACC) {
+            float4* yp = (float4*)((float*)y + o);
+            float4 v = *yp;
+            float out[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                out[j] = __fadd_rn(out[j], p[j]);
+                if (has_bias) {
+                    out[j] = __fadd_rn(out[j], b[j]);
+                }
+            }
+            *yp = make_float4(out[0], out[1], out[2], out[3]);
+        } else {
+            unsigned int h[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                h[j] = f2bf(has_bias ? __fadd_rn(p[j], b[j]) : p[j]);
+            }
+            *(uint2*)((bf16*)y + o) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FP8_RESCALE_THREADS)
+    fp8_rescale_bf16(bf16* y, const float* acc, const float* sx, const float* sw,
+                     const bf16* bias, int has_bias, int row0, int rows, int cols) {
+    fp8_rescale_impl<false>(y, acc, sx, sw, bias, has_bias, row0, rows, cols);
+}
+
+extern "C" __global__ void __launch_bounds__(FP8_RESCALE_THREADS)
+    fp8_rescale_acc_f32(float* y, const float* acc, const float* sx, const float* sw,
+                        const bf16* bias, int has_bias, int row0, int rows, int cols) {
+    fp8_rescale_impl<true>(y, acc, sx, sw, bias, has_bias, row0, rows, cols);
 }
