@@ -19,7 +19,7 @@ use crate::prompt_logprobs::{self as plp, PromptLogprob, PromptLogprobsState};
 use crate::runner::{ModelRunner, StepOutput};
 use crate::sampler::{self, RequestRng, TokenLogprobs};
 use crate::step_log::{StepClock, StepLog};
-use crate::structured::step::{PendingMasks, StructuredEngine};
+use crate::structured::step::{PendingMasks, StructuredBuild, StructuredEngine};
 use crate::structured::{apply_mask, Advanced, Guide, MaskStats};
 use crate::token_history::TokenHistory;
 use crate::{EngineError, Result};
@@ -117,8 +117,12 @@ pub struct LlmEngine<B: Backend> {
     /// Reused per step: the sampling rows' penalties and logprobs requests.
     sampling_options: SamplingOptions,
     /// Grammar compiler and mask workers, made at the first constrained
-    /// request.
+    /// request (from `structured_build` where that was started).
     structured: Option<StructuredEngine>,
+    /// Where the forward pass runs on a device, the compiler is built on a
+    /// thread of its own from the engine's start (a few hundred ms of CPU
+    /// that the first constrained request would otherwise wait for).
+    structured_build: Option<StructuredBuild>,
     /// Reused per row: the logit rules' entries of a step.
     rule_entries: Vec<(u32, f32)>,
     /// Per scheduled sequence of the step: the rows of its chunk whose
@@ -170,6 +174,14 @@ impl<B: Backend> LlmEngine<B> {
                 }
             }
         }
+        let structured_build = match &tokenizer {
+            Some(t) if runner.samples_on_device() => Some(StructuredBuild::start(
+                t.clone(),
+                runner.config().vocab_size,
+                eos_token_ids.clone(),
+            )),
+            _ => None,
+        };
         let time_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -190,6 +202,7 @@ impl<B: Backend> LlmEngine<B> {
             step_log: StepLog::from_env(),
             sampling_options: SamplingOptions::default(),
             structured: None,
+            structured_build,
             rule_entries: Vec::new(),
             prompt_rows: Vec::new(),
         })
@@ -282,11 +295,16 @@ impl<B: Backend> LlmEngine<B> {
         let guide = match &r.params.structured {
             Some(c) => {
                 if self.structured.is_none() {
-                    let s = StructuredEngine::new(
-                        self.tokenizer.as_ref(),
-                        self.runner.config().vocab_size,
-                        &self.eos_token_ids,
-                    )
+                    let built = self.structured_build.take().and_then(StructuredBuild::join);
+                    let s = match built {
+                        Some(s) => s,
+                        None => StructuredEngine::new(
+                            self.tokenizer.as_ref(),
+                            self.runner.config().vocab_size,
+                            &self.eos_token_ids,
+                            self.runner.samples_on_device(),
+                        ),
+                    }
                     .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
                     self.structured = Some(s);
                 }

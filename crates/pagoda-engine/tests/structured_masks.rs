@@ -49,6 +49,9 @@ fn shared_lexer_families_give_the_masks_of_guides_compiled_alone() {
     assert_eq!(alone_fams, (0..rows).collect::<Vec<_>>());
     let mut rng = 0x2545f4914f6cdd1du64;
     let mut steps_checked = 0;
+    // The mask buffer goes back into the next step uncleared, as the
+    // engine's does.
+    let mut bits = Vec::new();
     for _ in 0..40 {
         let live: Vec<(usize, (Guide, Guide))> = guides
             .iter_mut()
@@ -63,13 +66,15 @@ fn shared_lexer_families_give_the_masks_of_guides_compiled_alone() {
         let words = fam[0].mask_words();
         let job = workers.spawn(
             ids.iter().copied().zip(fam).collect(),
-            Vec::new(),
+            std::mem::take(&mut bits),
             words,
             eos.clone(),
         );
         let r = job.join().unwrap();
         assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(r.row_cpu_secs.len(), r.guides.len());
         let mut to_advance = Vec::new();
+        bits = r.bits.clone();
         for (k, ((i, g), a)) in r.guides.into_iter().zip(alone.iter_mut()).enumerate() {
             let mut want = vec![0u32; words];
             a.fill_mask(&mut want, &eos).unwrap();
@@ -90,8 +95,11 @@ fn shared_lexer_families_give_the_masks_of_guides_compiled_alone() {
             order.push(i);
             work.push((g, t, Advanced::Pending));
         }
-        // Enough rows for the pool path as well as the serial one.
-        workers.advance(&mut work);
+        // Enough rows for the pool path as well as the serial one; every
+        // row timed but the last.
+        let mut secs = vec![-1f32; work.len().saturating_sub(1)];
+        workers.advance_timed(&mut work, &mut secs);
+        assert!(secs.iter().all(|&s| s >= 0.0), "{secs:?}");
         for ((i, (g, t, got)), mut a) in order.into_iter().zip(work).zip(alone) {
             let want = match a.advance(t) {
                 Ok(()) => Advanced::Continues(!a.is_finished()),

@@ -2,9 +2,14 @@
 //! pool while the forward pass runs, and joined before sampling; and the
 //! advance of the rows' guides past their sampled tokens, on the same pool.
 //!
-//! Rows are split by lexer family ([`Guide::family`] modulo the workers):
-//! a family's rows share one lexer and run in turn on one worker, so the
-//! shared lexer is never contended.
+//! Rows are split by lexer family ([`Guide::family`]): a family's rows
+//! share one lexer and run in turn on one worker, so the shared lexer is
+//! never contended; the families are taken by whichever worker is free
+//! (rayon's work stealing). [`FAMILIES_PER_WORKER`] families per worker:
+//! more would spread the rows of a costly lexer state (a bounded string's,
+//! ~0.5 ms a row against ~10 us for most) more evenly, but every family
+//! builds its lexer's states anew, which costs more than the balance
+//! gains (`examples/mask_bench.rs` measures both).
 //!
 //! Guarantees: a job takes the guides of the step's constrained rows by
 //! value and hands every one back on [`MaskJob::join`] (with its mask, in
@@ -20,6 +25,9 @@ use rayon::prelude::*;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Lexer families per mask worker (see the module's header).
+pub const FAMILIES_PER_WORKER: usize = 1;
 
 /// Most per-step timings kept (the oldest are dropped past it).
 const MAX_SAMPLES: usize = 1 << 20;
@@ -57,6 +65,27 @@ pub struct MaskResult<K> {
     pub elapsed: Duration,
     /// Seconds each row's mask took, in the order of `guides`.
     pub row_secs: Vec<f32>,
+    /// CPU seconds of each row's mask on its worker thread (unlike
+    /// `row_secs`, not counting time the thread was not running: the cost
+    /// of the row on a busy host).
+    pub row_cpu_secs: Vec<f32>,
+}
+
+/// CPU seconds the calling thread has run (0 where the platform has no
+/// per-thread clock).
+pub fn thread_cpu_secs() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec the call writes.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        }
+    }
+    0.0
 }
 
 /// A guide after [`MaskWorkers::advance`].
@@ -118,22 +147,36 @@ impl MaskWorkers {
     /// Advances every `(guide, token)` past its token on the workers (in
     /// place, waiting for all); the outcome lands in the third field.
     pub fn advance(&self, rows: &mut [(Guide, u32, Advanced)]) {
-        let one = |(g, t, out): &mut (Guide, u32, Advanced)| {
+        self.advance_timed(rows, &mut []);
+    }
+
+    /// [`Self::advance`] that also writes each row's advance time in CPU
+    /// seconds of its worker thread ([`thread_cpu_secs`]) into `secs`
+    /// (rows past its length are not timed).
+    pub fn advance_timed(&self, rows: &mut [(Guide, u32, Advanced)], secs: &mut [f32]) {
+        let one = |((g, t, out), secs): (&mut (Guide, u32, Advanced), Option<&mut f32>)| {
+            let start = secs.is_some().then(thread_cpu_secs);
             *out = match g.advance(*t) {
                 Ok(()) => Advanced::Continues(!g.is_finished()),
                 Err(e) => Advanced::Broken(e),
+            };
+            if let (Some(s), Some(start)) = (secs, start) {
+                *s = (thread_cpu_secs() - start) as f32;
             }
         };
+        let timed = secs
+            .iter_mut()
+            .map(Some)
+            .chain(std::iter::repeat_with(|| None));
         // Small batches are not worth a hand-off to the pool.
         if rows.len() < 16 {
-            rows.iter_mut().for_each(one);
+            rows.iter_mut().zip(timed).for_each(one);
             return;
         }
-        let n = self.pool.current_num_threads();
-        let mut buckets: Vec<Vec<&mut (Guide, u32, Advanced)>> =
-            (0..n).map(|_| Vec::new()).collect();
-        for r in rows.iter_mut() {
-            buckets[r.0.family() % n].push(r);
+        let n = rows.iter().map(|r| r.0.family() + 1).max().unwrap_or(1);
+        let mut buckets: Vec<Vec<_>> = (0..n).map(|_| Vec::new()).collect();
+        for r in rows.iter_mut().zip(timed) {
+            buckets[r.0 .0.family()].push(r);
         }
         self.pool.install(|| {
             buckets
@@ -155,26 +198,34 @@ impl MaskWorkers {
         let (tx, rx) = mpsc::sync_channel(1);
         self.pool.spawn(move || {
             let start = Instant::now();
-            bits.clear();
+            // Every word of every row is written below (a mask or only
+            // EOS): no need to clear the reused buffer.
             bits.resize(guides.len() * words, 0);
             let mut row_secs = vec![0f32; guides.len()];
-            // A family's rows (which share a lexer) on one worker, in turn.
-            let n = rayon::current_num_threads().max(1);
+            let mut row_cpu_secs = vec![0f32; guides.len()];
+            // A family's rows (which share a lexer) on one worker, in turn;
+            // the families go to whichever worker is free.
+            let n = guides
+                .iter()
+                .map(|(_, g)| g.family() + 1)
+                .max()
+                .unwrap_or(1);
             let mut buckets: Vec<Vec<_>> = (0..n).map(|_| Vec::new()).collect();
             let rows = guides
                 .iter_mut()
                 .zip(bits.chunks_mut(words.max(1)))
-                .zip(row_secs.iter_mut());
+                .zip(row_secs.iter_mut().zip(row_cpu_secs.iter_mut()));
             for row in rows {
-                buckets[row.0 .0 .1.family() % n].push(row);
+                buckets[row.0 .0 .1.family()].push(row);
             }
             let errors: Vec<(K, String)> = buckets
                 .into_par_iter()
                 .flat_map_iter(|b| {
-                    b.into_iter().filter_map(|(((k, g), out), secs)| {
-                        let t = Instant::now();
+                    b.into_iter().filter_map(|(((k, g), out), (secs, cpu))| {
+                        let (t, c) = (Instant::now(), thread_cpu_secs());
                         let r = g.fill_mask(out, &eos).err().map(|e| (*k, e));
                         *secs = t.elapsed().as_secs_f32();
+                        *cpu = (thread_cpu_secs() - c) as f32;
                         r
                     })
                 })
@@ -186,6 +237,7 @@ impl MaskWorkers {
                 errors,
                 elapsed: start.elapsed(),
                 row_secs,
+                row_cpu_secs,
             });
         });
         MaskJob { rx }

@@ -29,8 +29,10 @@ pub mod gbnf;
 mod masks;
 pub(crate) mod step;
 
-pub use masks::{Advanced, MaskJob, MaskResult, MaskStats, MaskWorkers};
-pub use step::mask_threads;
+pub use masks::{
+    thread_cpu_secs, Advanced, MaskJob, MaskResult, MaskStats, MaskWorkers, FAMILIES_PER_WORKER,
+};
+pub use step::{mask_threads, mask_threads_for};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
@@ -249,13 +251,13 @@ impl GrammarCompiler {
         Ok(GrammarCompiler {
             factory,
             vocab_size,
-            families: step::mask_threads(),
+            families: step::mask_threads() * masks::FAMILIES_PER_WORKER,
             templates: Mutex::new(Vec::new()),
         })
     }
 
-    /// Sets the number of lexer families per constraint (the mask worker
-    /// count is the natural choice; at least one).
+    /// Sets the number of lexer families per constraint (a few per mask
+    /// worker, [`FAMILIES_PER_WORKER`]; at least one).
     pub fn with_families(mut self, families: usize) -> Self {
         self.families = families.max(1);
         self
