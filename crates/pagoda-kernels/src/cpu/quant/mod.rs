@@ -20,6 +20,7 @@
 //!   takes the `Isa`).
 
 pub mod act;
+pub mod fused;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
