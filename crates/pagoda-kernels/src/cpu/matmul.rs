@@ -76,6 +76,60 @@ pub fn linear(
     Ok(y)
 }
 
+/// Three projections of the same `x` (q, k and v) through quantized
+/// weights in one parallel pass ([`quant::fused`]: the activations quantized
+/// once, one fork-join for the three). `None` (nothing computed) when some
+/// weight is not kept in blocks, the step has more than `QUANT_MAX_ROWS`
+/// rows, or a shape or bias does not fit: the caller then runs three
+/// `linear` calls, which report any shape error.
+pub fn linear3_quant(
+    x: &CpuTensor,
+    w: [&CpuWeight; 3],
+    bias: [Option<&CpuWeight>; 3],
+    threads: usize,
+) -> Option<[CpuTensor; 3]> {
+    let (rows, k) = (x.rows, x.cols);
+    if rows == 0 || rows > QUANT_MAX_ROWS || k == 0 {
+        return None;
+    }
+    let mut types = [crate::GgmlType::F32; 3];
+    let mut biases: [Option<&[f32]>; 3] = [None; 3];
+    for i in 0..3 {
+        let ViewData::Quant(ty, _) = w[i].view().data else {
+            return None;
+        };
+        if w[i].cols != k || w[i].fp8_act {
+            return None;
+        }
+        types[i] = ty;
+        if let Some(b) = bias[i] {
+            biases[i] = Some(b.as_f32().filter(|v| v.len() == w[i].rows)?);
+        }
+    }
+    let mut ys = w.map(|w| CpuTensor::for_overwrite(rows, w.rows));
+    let views = w.map(|w| w.view());
+    let mut targets: Vec<quant::fused::Target<'_>> = Vec::with_capacity(3);
+    for ((y, v), ty) in ys.iter_mut().zip(&views).zip(types) {
+        let ViewData::Quant(_, bytes) = v.data else {
+            return None;
+        };
+        targets.push(quant::fused::Target {
+            ty,
+            w: bytes,
+            y: &mut y.data,
+        });
+    }
+    let isa = quant::Isa::detect();
+    if !quant::fused::matmul_many(&x.data, rows, k, &mut targets, threads, isa) {
+        return None;
+    }
+    for (y, b) in ys.iter_mut().zip(biases) {
+        let n = y.cols;
+        add_bias(&mut y.data, n, b);
+    }
+    Some(ys)
+}
+
 /// `y = x @ w^T (+ bias)` for `x: [rows, w.cols]` and `y: [rows, w.rows]`
 /// (every element of `y` written), on any rows of a weight; shapes are the
 /// caller's to check.

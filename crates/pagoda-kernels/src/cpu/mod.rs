@@ -292,6 +292,23 @@ impl Backend for CpuBackend {
         self.run(|| matmul::linear(x, w, bias, self.threads))
     }
 
+    fn linear3(
+        &self,
+        x: &CpuTensor,
+        w: [&CpuWeight; 3],
+        bias: [Option<&CpuWeight>; 3],
+    ) -> Result<[CpuTensor; 3]> {
+        // Decode-sized steps on quantized weights: one pass for the three.
+        if let Some(ys) = self.run(|| matmul::linear3_quant(x, w, bias, self.threads)) {
+            return Ok(ys);
+        }
+        Ok([
+            self.linear(x, w[0], bias[0])?,
+            self.linear(x, w[1], bias[1])?,
+            self.linear(x, w[2], bias[2])?,
+        ])
+    }
+
     fn rms_norm(&self, x: &CpuTensor, w: &CpuWeight, eps: f32) -> Result<CpuTensor> {
         self.run_rows(x.data.len(), || norm::rms_norm(x, w, eps))
     }

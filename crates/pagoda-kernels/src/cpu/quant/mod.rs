@@ -11,6 +11,8 @@
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call.
+//! - Several matrices of the same x rows (a step's q, k and v): [`fused`],
+//!   one pass over all of them with the activations quantized once.
 //! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
 //!   ([`dequantize`], with SIMD for Q4_1, Q4_K and Q6_K: [`widen`]) and runs
 //!   the f32 GEMM, as for f16 weights.
@@ -20,6 +22,7 @@
 //!   takes the `Isa`).
 
 pub mod act;
+pub mod fused;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
