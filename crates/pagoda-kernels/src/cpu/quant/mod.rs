@@ -11,15 +11,21 @@
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call.
-//! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
-//!   ([`dequantize`], with SIMD for Q4_1, Q4_K and Q6_K: [`widen`]) and runs
-//!   the f32 GEMM, as for f16 weights.
+//! - Many rows (prefill): Q4_K, Q5_K and Q6_K on AVX2 or better take
+//!   [`kgemm`], an integer GEMM that unpacks each block once per call;
+//!   other types (and machines without AVX2) go through [`super::matmul`],
+//!   which dequantizes tiles of rows to f32 ([`dequantize`], with SIMD for
+//!   Q4_1, Q4_K and Q6_K: [`widen`]) and runs the f32 GEMM, as for f16
+//!   weights.
 //! - Dispatch ([`Isa`]): AVX-512 VNNI, AVX2 or portable scalar, detected at
 //!   run time ([`Isa::detect`]); each path is a table of per-type row dot
 //!   products ([`scalar`], [`x86`]). Tests force each path ([`matmul`]
 //!   takes the `Isa`).
 
 pub mod act;
+pub mod kgemm;
+#[cfg(test)]
+mod kgemm_tests;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
