@@ -18,7 +18,7 @@
 //!   per-sub-block sums times it.
 //! - A group's value for one (x row, weight row) pair is
 //!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; tiles of 2 x rows by
-//!   2 weight rows share each load.
+//!   4 x rows by 2 weight rows share each load.
 //!
 //! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
 //! [`matmul`] returns false and the caller takes the dequantized tiles.
@@ -110,9 +110,13 @@ mod x86 {
     // SAFETY: tasks of `matmul` write disjoint columns of `y`.
     unsafe impl Sync for SharedOut {}
 
-    /// Most bytes of reordered weights per task (kept in L2 while every x
-    /// row passes over them).
+    /// Most bytes of reordered weights per task and K slice (kept in L2
+    /// while every x row passes over them).
     const PANEL_BYTES: usize = 192 * 1024;
+
+    /// Elements of K per slice: a tile's x rows and weight rows of one
+    /// slice stay in L1 while it runs.
+    const SLICE: usize = 1024;
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
@@ -126,7 +130,6 @@ mod x86 {
         vnni: bool,
     ) {
         let sub = sub_len(ty).expect("checked by the caller");
-        let groups = k / (8 * sub);
         let n = y.len() / rows;
         ACTS.with(|cell| {
             let mut fresh = Acts::default();
@@ -137,7 +140,7 @@ mod x86 {
             };
             prepare_acts(x, rows, k, sub, acts);
             let rb = super::super::row_bytes(ty, k);
-            let per_row = k + 64 * groups;
+            let per_row = k.min(SLICE) * 5 / 4;
             let by_bytes = (PANEL_BYTES / per_row).max(2);
             let by_tasks = n.div_ceil(threads.max(1) * 4).max(2);
             let chunk = by_bytes.min(by_tasks).next_multiple_of(2);
@@ -257,7 +260,8 @@ mod x86 {
     }
 
     /// Every x row against the panel's weight rows `j0..j1`, in tiles of
-    /// 2 x 2, written to columns `j0..j1` of `out` (`[rows, n]`).
+    /// `MR` x `NR`, K slice by K slice (summed into the output), written to
+    /// columns `j0..j1` of `out` (`[rows, n]`).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn multiply(
@@ -273,57 +277,74 @@ mod x86 {
         vnni: bool,
     ) {
         let groups = k / (8 * sub);
+        let per_slice = (SLICE / (8 * sub)).max(1);
         let cols = j1 - j0;
-        let mut t = [[0f32; 2]; 2];
-        for r0 in (0..rows).step_by(2) {
-            let rn = (rows - r0).min(2);
-            for c0 in (0..cols).step_by(2) {
-                let cn = (cols - c0).min(2);
-                let tile = Tile {
-                    aq: [0, 1].map(|i| a.q.as_ptr().add((r0 + i.min(rn - 1)) * k)),
-                    ad: [0, 1].map(|i| a.d.as_ptr().add((r0 + i.min(rn - 1)) * groups)),
-                    as_: [0, 1].map(|i| a.s.as_ptr().add((r0 + i.min(rn - 1)) * groups * 8)),
-                    wq: [0, 1].map(|i| p.q.as_ptr().add((c0 + i.min(cn - 1)) * k)),
-                    wf: [0, 1].map(|i| p.f.as_ptr().add((c0 + i.min(cn - 1)) * groups * 16)),
-                    groups,
-                };
-                match (sub == 32, vnni, rn, cn) {
-                    (true, true, 2, 2) => tile.run::<2, 2, 8, true>(&mut t),
-                    (true, true, 2, _) => tile.run::<2, 1, 8, true>(&mut t),
-                    (true, true, _, 2) => tile.run::<1, 2, 8, true>(&mut t),
-                    (true, true, _, _) => tile.run::<1, 1, 8, true>(&mut t),
-                    (true, false, 2, 2) => tile.run::<2, 2, 8, false>(&mut t),
-                    (true, false, 2, _) => tile.run::<2, 1, 8, false>(&mut t),
-                    (true, false, _, 2) => tile.run::<1, 2, 8, false>(&mut t),
-                    (true, false, _, _) => tile.run::<1, 1, 8, false>(&mut t),
-                    (false, true, 2, 2) => tile.run::<2, 2, 4, true>(&mut t),
-                    (false, true, 2, _) => tile.run::<2, 1, 4, true>(&mut t),
-                    (false, true, _, 2) => tile.run::<1, 2, 4, true>(&mut t),
-                    (false, true, _, _) => tile.run::<1, 1, 4, true>(&mut t),
-                    (false, false, 2, 2) => tile.run::<2, 2, 4, false>(&mut t),
-                    (false, false, 2, _) => tile.run::<2, 1, 4, false>(&mut t),
-                    (false, false, _, 2) => tile.run::<1, 2, 4, false>(&mut t),
-                    (false, false, _, _) => tile.run::<1, 1, 4, false>(&mut t),
-                }
-                for (r, tr) in t.iter().enumerate().take(rn) {
-                    for (c, v) in tr.iter().enumerate().take(cn) {
-                        // SAFETY: `(r0 + r) * n + j0 + c0 + c < rows * n`,
-                        // a column of this task's alone.
-                        *out.0.add((r0 + r) * n + j0 + c0 + c) = *v;
+        let mut t = [[0f32; NR]; MR];
+        for g0 in (0..groups).step_by(per_slice) {
+            let g1 = (g0 + per_slice).min(groups);
+            for r0 in (0..rows).step_by(MR) {
+                let rn = (rows - r0).min(MR);
+                for c0 in (0..cols).step_by(NR) {
+                    let cn = (cols - c0).min(NR);
+                    let row = |i: usize| r0 + i.min(rn - 1);
+                    let col = |i: usize| c0 + i.min(cn - 1);
+                    let tile = Tile {
+                        aq: std::array::from_fn(|i| a.q.as_ptr().add(row(i) * k)),
+                        ad: std::array::from_fn(|i| a.d.as_ptr().add(row(i) * groups)),
+                        as_: std::array::from_fn(|i| a.s.as_ptr().add(row(i) * groups * 8)),
+                        wq: std::array::from_fn(|i| p.q.as_ptr().add(col(i) * k)),
+                        wf: std::array::from_fn(|i| p.f.as_ptr().add(col(i) * groups * 16)),
+                        g0,
+                        g1,
+                    };
+                    macro_rules! go {
+                        ($s:literal, $v:literal) => {
+                            match (rn, cn) {
+                                (4, 2) => tile.run::<4, 2, 1, $s, $v>(&mut t),
+                                (3, 2) => tile.run::<3, 2, 1, $s, $v>(&mut t),
+                                (2, 2) => tile.run::<2, 2, 2, $s, $v>(&mut t),
+                                (1, 2) => tile.run::<1, 2, 2, $s, $v>(&mut t),
+                                (4, _) => tile.run::<4, 1, 2, $s, $v>(&mut t),
+                                (3, _) => tile.run::<3, 1, 2, $s, $v>(&mut t),
+                                (2, _) => tile.run::<2, 1, 2, $s, $v>(&mut t),
+                                _ => tile.run::<1, 1, 2, $s, $v>(&mut t),
+                            }
+                        };
+                    }
+                    match (sub == 32, vnni) {
+                        (true, true) => go!(8, true),
+                        (true, false) => go!(8, false),
+                        (false, true) => go!(4, true),
+                        (false, false) => go!(4, false),
+                    }
+                    for (r, tr) in t.iter().enumerate().take(rn) {
+                        for (c, v) in tr.iter().enumerate().take(cn) {
+                            // SAFETY: `(r0 + r) * n + j0 + c0 + c < rows * n`,
+                            // a column of this task's alone.
+                            let o = out.0.add((r0 + r) * n + j0 + c0 + c);
+                            *o = if g0 == 0 { *v } else { *o + *v };
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Pointers to up to 2 reordered x rows and 2 weight rows.
+    /// x rows per tile.
+    const MR: usize = 4;
+    /// Weight rows per tile.
+    const NR: usize = 2;
+
+    /// Pointers to up to `MR` reordered x rows and `NR` weight rows.
     struct Tile {
-        aq: [*const i8; 2],
-        ad: [*const f32; 2],
-        as_: [*const f32; 2],
-        wq: [*const u8; 2],
-        wf: [*const f32; 2],
-        groups: usize,
+        aq: [*const i8; MR],
+        ad: [*const f32; MR],
+        as_: [*const f32; MR],
+        wq: [*const u8; NR],
+        wf: [*const f32; NR],
+        /// The groups of this K slice.
+        g0: usize,
+        g1: usize,
     }
 
     /// `acc + u . s` per 4 bytes (`u` unsigned, at most 63; `s` signed).
@@ -358,18 +379,26 @@ mod x86 {
 
     impl Tile {
         /// `out[r][c]` for the first `R` x rows and `C` weight rows, groups of
-        /// `S` steps (VNNI: `vpdpbusd`).
+        /// `S` steps (VNNI: `vpdpbusd`), the integer sums spread over `P`
+        /// sets of registers (enough independent chains to hide latency).
         #[target_feature(enable = "avx2,fma")]
         #[inline]
-        unsafe fn run<const R: usize, const C: usize, const S: usize, const VNNI: bool>(
+        unsafe fn run<
+            const R: usize,
+            const C: usize,
+            const P: usize,
+            const S: usize,
+            const VNNI: bool,
+        >(
             &self,
-            out: &mut [[f32; 2]; 2],
+            out: &mut [[f32; NR]; MR],
         ) {
             let zero = _mm256_setzero_si256();
             let mut acc = [[_mm256_setzero_ps(); C]; R];
-            for g in 0..self.groups {
-                let mut isum = [[zero; C]; R];
+            for g in self.g0..self.g1 {
+                let mut part = [[[zero; C]; R]; P];
                 for s in 0..S {
+                    let isum = &mut part[s % P];
                     let off = (g * S + s) * 32;
                     let mut wv = [zero; C];
                     for (c, v) in wv.iter_mut().enumerate() {
@@ -379,6 +408,14 @@ mod x86 {
                         let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
                         for (c, v) in row.iter_mut().enumerate() {
                             *v = dot::<VNNI>(*v, wv[c], av);
+                        }
+                    }
+                }
+                let mut isum = part[0];
+                for q in &part[1..] {
+                    for r in 0..R {
+                        for c in 0..C {
+                            isum[r][c] = _mm256_add_epi32(isum[r][c], q[r][c]);
                         }
                     }
                 }
