@@ -5,7 +5,7 @@
 //!   weights per group of up to 4 rows, memory-bandwidth bound; for
 //!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
 //!   integer block dot products, one pass over the blocks.
-//! - more rows (prefill): for Q4_K / Q5_K / Q6_K blocks on AVX2 or better,
+//! - more rows (prefill): for Q4_K / Q5_K / Q6_K blocks on AVX-512 VNNI,
 //!   [`super::quant::kgemm`]'s integer GEMM over 8-bit activations; else
 //!   the `gemm` crate's f32 kernels (multi-threaded).
 //!   Weights stored as f16/bf16 or quantized blocks are widened to f32 in chunks of output
@@ -106,7 +106,8 @@ pub(crate) fn linear_into(
         let done = if rows <= QUANT_MAX_ROWS {
             quant::matmul(x, rows, k, ty, bytes, y, threads, isa)
         } else {
-            quant::kgemm::matmul(x, rows, k, ty, bytes, y, threads, isa)
+            quant::kgemm::preferred(ty, isa)
+                && quant::kgemm::matmul(x, rows, k, ty, bytes, y, threads, isa)
         };
         if done {
             add_bias(y, n, bias);

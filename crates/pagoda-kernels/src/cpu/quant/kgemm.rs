@@ -21,7 +21,8 @@
 //!   4 x rows by 2 weight rows share each load.
 //!
 //! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
-//! [`matmul`] returns false and the caller takes the dequantized tiles.
+//! [`matmul`] returns false and the caller takes the dequantized tiles,
+//! as it does on AVX2 ([`preferred`]).
 
 use super::Isa;
 use crate::GgmlType;
@@ -42,6 +43,15 @@ pub fn handles(ty: GgmlType, isa: Isa) -> bool {
         && sub_len(ty).is_some()
         && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
         && isa.is_available()
+}
+
+/// Whether prefill rows take this GEMM on `isa` ([`super::super::matmul`]):
+/// on the VNNI path only. On AVX2 it ran level with the dequantized f32
+/// tiles (Q4_K / Q6_K at 512 rows on the AVX-512 machine of BENCHMARKS.md,
+/// forced to AVX2: 77-100 against 82-94 GFLOP per CPU second), against
+/// about twice their rate with VNNI.
+pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
+    isa == Isa::Avx512Vnni && handles(ty, isa)
 }
 
 /// `y[r * n + j] = dot(x[r], w[j])` for the `n = y.len() / rows` rows of `w`

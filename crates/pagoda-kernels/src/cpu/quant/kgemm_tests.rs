@@ -45,8 +45,10 @@ fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
     for isa in paths() {
         for ty in TYPES {
             assert!(kgemm::handles(ty, isa));
+            assert_eq!(kgemm::preferred(ty, isa), isa == Isa::Avx512Vnni);
         }
     }
+    assert!(!kgemm::preferred(GgmlType::Q4_K, Isa::Scalar));
 }
 
 #[test]
@@ -216,12 +218,16 @@ fn kgemm_timing() {
         } else {
             f64::NAN
         };
+        let mut y = vec![0f32; rows * n];
+        let ta = time(&mut || {
+            kgemm::matmul(&x, rows, k, ty, &bytes, &mut y, 2, Isa::Avx2);
+        });
         let mut buf = vec![0f32; n * k];
         let tw = time(&mut || dequantize(ty, &bytes, &mut buf));
         let gf = |t: f64| 2.0 * (rows * n * k) as f64 / t / 1e9;
         println!(
-            "{ty:?} [{n}, {k}] x {rows}: kgemm {:.2} cpu-ms ({:.0} GFLOP per cpu-s); f32 gemm {:.2} cpu-ms ({:.0}) + dequant {:.2} cpu-ms",
-            tk * 1e3, gf(tk), tg * 1e3, gf(tg), tw * 1e3
+            "{ty:?} [{n}, {k}] x {rows}: kgemm {:.2} cpu-ms ({:.0} GFLOP per cpu-s), on AVX2 {:.0}; f32 gemm {:.2} cpu-ms ({:.0}) + dequant {:.2} cpu-ms",
+            tk * 1e3, gf(tk), gf(ta), tg * 1e3, gf(tg), tw * 1e3
         );
     }
 }

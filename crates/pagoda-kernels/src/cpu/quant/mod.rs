@@ -11,9 +11,9 @@
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call.
-//! - Many rows (prefill): Q4_K, Q5_K and Q6_K on AVX2 or better take
+//! - Many rows (prefill): Q4_K, Q5_K and Q6_K on AVX-512 VNNI take
 //!   [`kgemm`], an integer GEMM that unpacks each block once per call;
-//!   other types (and machines without AVX2) go through [`super::matmul`],
+//!   other types (and machines without VNNI) go through [`super::matmul`],
 //!   which dequantizes tiles of rows to f32 ([`dequantize`], with SIMD for
 //!   Q4_1, Q4_K and Q6_K: [`widen`]) and runs the f32 GEMM, as for f16
 //!   weights.

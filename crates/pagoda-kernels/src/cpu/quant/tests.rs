@@ -241,8 +241,8 @@ fn backend_linear_on_kept_blocks_matches_the_dequantizing_backend() {
                 // |x| < 1: activation rounding errs by at most 1/254 per element.
                 // Both the block kernels and the k-quant GEMM (prefill rows)
                 // take 8-bit activations.
-                let blocks =
-                    rows <= crate::cpu::matmul::QUANT_MAX_ROWS || kgemm::handles(ty, Isa::detect());
+                let blocks = rows <= crate::cpu::matmul::QUANT_MAX_ROWS
+                    || kgemm::preferred(ty, Isa::detect());
                 let tol = if blocks { wsum / 254.0 + 1e-4 } else { 1e-4 };
                 assert!(
                     (a - b).abs() <= tol,
