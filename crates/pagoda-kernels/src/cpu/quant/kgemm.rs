@@ -17,8 +17,9 @@
 //!   same), reordered like the weights, with the block scale and the
 //!   per-sub-block sums times it.
 //! - A group's value for one (x row, weight row) pair is
-//!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; tiles of 2 x rows by
-//!   4 x rows by 2 weight rows share each load.
+//!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; in tiles of 4 x rows
+//!   by 2 weight rows each load serves several products, and K is taken in
+//!   slices of 1024 so that a tile's operands stay in L1.
 //!
 //! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
 //! [`matmul`] returns false and the caller takes the dequantized tiles,
