@@ -5,7 +5,9 @@
 //!   weights per group of up to 4 rows, memory-bandwidth bound; for
 //!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
 //!   integer block dot products, one pass over the blocks.
-//! - more rows (prefill): the `gemm` crate's f32 kernels (multi-threaded).
+//! - more rows (prefill): for Q4_K / Q5_K / Q6_K blocks on AVX-512 VNNI,
+//!   [`super::quant::kgemm`]'s integer GEMM over 8-bit activations; else
+//!   the `gemm` crate's f32 kernels (multi-threaded).
 //!   Weights stored as f16/bf16 or quantized blocks are widened to f32 in chunks of output
 //!   features first (once per call, shared by every row), so a narrow weight
 //!   costs `n * k` conversions against `2 * rows * n * k` flops. The f32
@@ -154,12 +156,16 @@ pub(crate) fn linear_into(
         return;
     }
     if let ViewData::Quant(ty, bytes) = w.data {
-        if rows <= QUANT_MAX_ROWS {
-            let isa = quant::Isa::detect();
-            if quant::matmul(x, rows, k, ty, bytes, y, threads, isa) {
-                add_bias(y, n, bias);
-                return;
-            }
+        let isa = quant::Isa::detect();
+        let done = if rows <= QUANT_MAX_ROWS {
+            quant::matmul(x, rows, k, ty, bytes, y, threads, isa)
+        } else {
+            quant::kgemm::preferred(ty, isa)
+                && quant::kgemm::matmul(x, rows, k, ty, bytes, y, threads, isa)
+        };
+        if done {
+            add_bias(y, n, bias);
+            return;
         }
         gemm_chunked(x, rows, k, w, bias, y, threads);
         return;

@@ -13,9 +13,12 @@
 //!   in L1 across the x rows, so the weights stream once per call.
 //! - Several matrices of the same x rows (a step's q, k and v): [`fused`],
 //!   one pass over all of them with the activations quantized once.
-//! - Many rows (prefill): [`super::matmul`] dequantizes tiles of rows to f32
-//!   ([`dequantize`], with SIMD for Q4_1, Q4_K and Q6_K: [`widen`]) and runs
-//!   the f32 GEMM, as for f16 weights.
+//! - Many rows (prefill): Q4_K, Q5_K and Q6_K on AVX-512 VNNI take
+//!   [`kgemm`], an integer GEMM that unpacks each block once per call;
+//!   other types (and machines without VNNI) go through [`super::matmul`],
+//!   which dequantizes tiles of rows to f32 ([`dequantize`], with SIMD for
+//!   Q4_1, Q4_K and Q6_K: [`widen`]) and runs the f32 GEMM, as for f16
+//!   weights.
 //! - Dispatch ([`Isa`]): AVX-512 VNNI, AVX2 or portable scalar, detected at
 //!   run time ([`Isa::detect`]); each path is a table of per-type row dot
 //!   products ([`scalar`], [`x86`]). Tests force each path ([`matmul`]
@@ -23,6 +26,9 @@
 
 pub mod act;
 pub mod fused;
+pub mod kgemm;
+#[cfg(test)]
+mod kgemm_tests;
 pub mod scalar;
 #[cfg(test)]
 mod tests;

@@ -27,7 +27,7 @@ const TYPES: [GgmlType; 12] = [
 ];
 
 /// xorshift64*: deterministic test data without a dependency.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -38,7 +38,7 @@ impl Rng {
     }
 
     /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
+    pub(super) fn f(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
@@ -57,7 +57,7 @@ fn half_fields(ty: GgmlType) -> &'static [usize] {
 }
 
 /// `rows` rows of `k` columns of random blocks with finite, modest scales.
-fn random_blocks(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+pub(super) fn random_blocks(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let mut b: Vec<u8> = (0..rows * row_bytes(ty, k))
         .map(|_| rng.next() as u8)
         .collect();
@@ -70,7 +70,7 @@ fn random_blocks(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> 
     b
 }
 
-fn dequant(ty: GgmlType, b: &[u8], elements: usize) -> Vec<f32> {
+pub(super) fn dequant(ty: GgmlType, b: &[u8], elements: usize) -> Vec<f32> {
     let mut out = vec![0f32; elements];
     pagoda_gguf::dequant::dequantize_into(ty, b, &mut out).unwrap();
     out
@@ -196,8 +196,8 @@ fn detected_path_is_available_and_unknown_types_have_no_kernel() {
 }
 
 /// The backend's `linear` on kept blocks (decode rows through the block
-/// kernels, prefill rows through dequantized tiles) against the same blocks
-/// dequantized at load.
+/// kernels, prefill rows through the k-quant GEMM or dequantized tiles)
+/// against the same blocks dequantized at load.
 #[test]
 fn backend_linear_on_kept_blocks_matches_the_dequantizing_backend() {
     let mut rng = Rng(777);
@@ -239,7 +239,10 @@ fn backend_linear_on_kept_blocks_matches_the_dequantizing_backend() {
                 let (r, j) = (i / n, i % n);
                 let wsum: f32 = wf[j * k..(j + 1) * k].iter().map(|v| v.abs()).sum();
                 // |x| < 1: activation rounding errs by at most 1/254 per element.
-                let blocks = rows <= crate::cpu::matmul::QUANT_MAX_ROWS;
+                // Both the block kernels and the k-quant GEMM (prefill rows)
+                // take 8-bit activations.
+                let blocks = rows <= crate::cpu::matmul::QUANT_MAX_ROWS
+                    || kgemm::preferred(ty, Isa::detect());
                 let tol = if blocks { wsum / 254.0 + 1e-4 } else { 1e-4 };
                 assert!(
                     (a - b).abs() <= tol,

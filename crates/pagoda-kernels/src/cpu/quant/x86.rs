@@ -129,18 +129,18 @@ unsafe fn scales16(lo: i32, hi: i32) -> __m256i {
 /// activation sums (`bsums`). The block's value against activations `a` is
 /// `d * a.d * (sum_j sc[j] (u[j] . a[j]) [+ mg . bsums]) [+ dm * a.d * (mg . bsums)]`,
 /// the bracketed term folded into the integer sum when `dm` is unused.
-struct KBlock {
-    u: [__m256i; 8],
+pub(super) struct KBlock {
+    pub(super) u: [__m256i; 8],
     sc: [__m256i; 8],
     mg: __m256i,
-    d: f32,
-    dm: f32,
+    pub(super) d: f32,
+    pub(super) dm: f32,
 }
 
 /// Q4_K (`FIVE` = false, 144 bytes) and Q5_K (176 bytes): `x = d sc q - dmin m`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
+pub(super) unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
     let sb = std::slice::from_raw_parts(b.add(4), 12);
     let qs = if FIVE { b.add(48) } else { b.add(16) };
     let qh = if FIVE {
@@ -178,7 +178,7 @@ unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
 /// Q6_K (210 bytes): `x = d sc (q - 32)`; the `-32` folded into `mg`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn unpack_q6_k(b: *const u8) -> KBlock {
+pub(super) unsafe fn unpack_q6_k(b: *const u8) -> KBlock {
     let sb = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
     let zero = _mm256_setzero_si256();
     let (mut u, mut sc) = ([zero; 8], [zero; 8]);

@@ -1,0 +1,452 @@
+//! Many-row products of k-quant weights (Q4_K, Q5_K, Q6_K), for prefill:
+//! an integer GEMM over 8-bit activations in which every weight block is
+//! unpacked once per call and reused by every x row.
+//!
+//! - Groups: a block's sub-blocks (8 of 32 elements for Q4_K / Q5_K, 16 of
+//!   16 for Q6_K) are taken 8 at a time, one per i32 lane of a 256-bit
+//!   register: step `s` of a group holds elements `4 s..4 s + 4` of each of
+//!   its 8 sub-blocks. `vpdpbusd` (or `vpmaddubsw` + `vpmaddwd` on AVX2)
+//!   over the steps leaves each lane with one sub-block's integer dot
+//!   product, so the per-sub-block scales are applied once per group in f32
+//!   (`d sc` per lane) rather than once per step.
+//! - Weights: each task unpacks a panel of output features into unsigned
+//!   quants in that order plus, per group, `d sc` and the offset factor
+//!   (`-dmin m` for Q4_K / Q5_K, `-32 d sc` for Q6_K) per lane.
+//! - Activations: each x row is quantized once per call to 256-blocks as
+//!   for the block kernels ([`super::act::quantize_q8k`], so the integer sums are the
+//!   same), reordered like the weights, with the block scale and the
+//!   per-sub-block sums times it.
+//! - A group's value for one (x row, weight row) pair is
+//!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; in tiles of 4 x rows
+//!   by 2 weight rows each load serves several products, and K is taken in
+//!   slices of 1024 so that a tile's operands stay in L1.
+//!
+//! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
+//! [`matmul`] returns false and the caller takes the dequantized tiles,
+//! as it does on AVX2 ([`preferred`]).
+
+use super::Isa;
+use crate::GgmlType;
+
+/// Elements per sub-block (one lane of a group) of `ty`, for the types this
+/// GEMM handles.
+fn sub_len(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => Some(32),
+        GgmlType::Q6_K => Some(16),
+        _ => None,
+    }
+}
+
+/// Whether [`matmul`] handles `ty` on `isa`.
+pub fn handles(ty: GgmlType, isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64")
+        && sub_len(ty).is_some()
+        && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && isa.is_available()
+}
+
+/// Whether prefill rows take this GEMM on `isa` ([`super::super::matmul`]):
+/// on the VNNI path only. On AVX2 it ran level with the dequantized f32
+/// tiles (Q4_K / Q6_K at 512 rows on the AVX-512 machine of BENCHMARKS.md,
+/// forced to AVX2: 77-100 against 82-94 GFLOP per CPU second), against
+/// about twice their rate with VNNI.
+pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
+    isa == Isa::Avx512Vnni && handles(ty, isa)
+}
+
+/// `y[r * n + j] = dot(x[r], w[j])` for the `n = y.len() / rows` rows of `w`
+/// (blocks of `ty`, `k` columns), as [`super::matmul`]; returns false
+/// (computing nothing) when [`handles`] says no.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    ty: GgmlType,
+    w: &[u8],
+    y: &mut [f32],
+    threads: usize,
+    isa: Isa,
+) -> bool {
+    if !handles(ty, isa) {
+        return false;
+    }
+    assert!(k.is_multiple_of(256) && x.len() == rows * k);
+    assert!(rows > 0 && y.len().is_multiple_of(rows));
+    assert!(w.len() >= y.len() / rows * super::row_bytes(ty, k));
+    #[cfg(target_arch = "x86_64")]
+    x86::matmul(x, rows, k, ty, w, y, threads, isa == Isa::Avx512Vnni);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, y, threads);
+    true
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::act::{quantize_q8k, BlockQ8K};
+    use super::super::scalar::scale_min_k4;
+    use super::super::x86::{unpack_q45_k, unpack_q6_k, KBlock};
+    use super::sub_len;
+    use crate::GgmlType;
+    use rayon::prelude::*;
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    use std::cell::RefCell;
+
+    /// Reordered activations: `q` (`rows * k` bytes), per (row, group) the
+    /// block scale `d` and 8 lanes of `d * sum(q over the lane's sub-block)`.
+    #[derive(Default)]
+    struct Acts {
+        q: Vec<i8>,
+        d: Vec<f32>,
+        s: Vec<f32>,
+    }
+
+    /// A task's reordered weight rows: `q` (`k` bytes per row) and per
+    /// (row, group) 8 lanes of `d sc` then 8 of the offset factor.
+    #[derive(Default)]
+    struct Panel {
+        q: Vec<u8>,
+        f: Vec<f32>,
+    }
+
+    thread_local! {
+        static ACTS: RefCell<Acts> = RefCell::new(Acts::default());
+        static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
+    }
+
+    /// `y`, written from several tasks at once, each at its own columns.
+    struct SharedOut(*mut f32);
+    // SAFETY: tasks of `matmul` write disjoint columns of `y`.
+    unsafe impl Sync for SharedOut {}
+
+    /// Most bytes of reordered weights per task and K slice (kept in L2
+    /// while every x row passes over them).
+    const PANEL_BYTES: usize = 192 * 1024;
+
+    /// Elements of K per slice: a tile's x rows and weight rows of one
+    /// slice stay in L1 while it runs.
+    const SLICE: usize = 1024;
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn matmul(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        ty: GgmlType,
+        w: &[u8],
+        y: &mut [f32],
+        threads: usize,
+        vnni: bool,
+    ) {
+        let sub = sub_len(ty).expect("checked by the caller");
+        let n = y.len() / rows;
+        ACTS.with(|cell| {
+            let mut fresh = Acts::default();
+            let mut held = cell.try_borrow_mut();
+            let acts = match held.as_mut() {
+                Ok(a) => &mut **a,
+                Err(_) => &mut fresh,
+            };
+            prepare_acts(x, rows, k, sub, acts);
+            let rb = super::super::row_bytes(ty, k);
+            let per_row = k.min(SLICE) * 5 / 4;
+            let by_bytes = (PANEL_BYTES / per_row).max(2);
+            let by_tasks = n.div_ceil(threads.max(1) * 4).max(2);
+            let chunk = by_bytes.min(by_tasks).next_multiple_of(2);
+            let out = SharedOut(y.as_mut_ptr());
+            let (out, acts) = (&out, &*acts);
+            (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
+                let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(n));
+                PANEL.with(|cell| {
+                    let mut fresh = Panel::default();
+                    let mut held = cell.try_borrow_mut();
+                    let panel = match held.as_mut() {
+                        Ok(p) => &mut **p,
+                        Err(_) => &mut fresh,
+                    };
+                    // SAFETY: AVX2 (and VNNI where `vnni`) checked by
+                    // `handles`; `w` holds `n` rows of `rb` bytes.
+                    unsafe {
+                        prepare_panel(ty, &w[j0 * rb..j1 * rb], j1 - j0, k, sub, panel);
+                        multiply(acts, panel, rows, j0, j1, n, k, sub, out, vnni);
+                    }
+                });
+            });
+        });
+    }
+
+    /// Reorders `nat` (one block, natural order) into `out` by groups: step
+    /// `s` of group `g` holds 4 elements of each of its 8 sub-blocks.
+    fn interleave<T: Copy>(nat: &[T; 256], sub: usize, out: &mut [T]) {
+        let steps = sub / 4;
+        for g in 0..256 / (8 * sub) {
+            for s in 0..steps {
+                for l in 0..8 {
+                    let (src, dst) = (g * 8 * sub + l * sub + 4 * s, (g * steps + s) * 32 + 4 * l);
+                    out[dst..dst + 4].copy_from_slice(&nat[src..src + 4]);
+                }
+            }
+        }
+    }
+
+    /// Quantizes every x row to 256-blocks and reorders it into `a`.
+    fn prepare_acts(x: &[f32], rows: usize, k: usize, sub: usize, a: &mut Acts) {
+        let groups = k / (8 * sub);
+        a.q.resize(rows * k, 0);
+        a.d.resize(rows * groups, 0.0);
+        a.s.resize(rows * groups * 8, 0.0);
+        a.q.par_chunks_mut(k)
+            .zip(a.d.par_chunks_mut(groups))
+            .zip(a.s.par_chunks_mut(groups * 8))
+            .zip(x.par_chunks(k))
+            .for_each(|(((q, d), s), x)| {
+                let mut b = [BlockQ8K::default()];
+                let gb = 256 / (8 * sub);
+                for (i, xb) in x.chunks_exact(256).enumerate() {
+                    quantize_q8k(xb, &mut b);
+                    let b = &b[0];
+                    interleave(&b.q, sub, &mut q[256 * i..256 * (i + 1)]);
+                    for g in 0..gb {
+                        d[gb * i + g] = b.d;
+                        for l in 0..8 {
+                            let v = if sub == 32 {
+                                b.bsums[2 * l] as i32 + b.bsums[2 * l + 1] as i32
+                            } else {
+                                b.bsums[8 * g + l] as i32
+                            };
+                            s[8 * (gb * i + g) + l] = b.d * v as f32;
+                        }
+                    }
+                }
+            });
+    }
+
+    /// Unpacks `cols` weight rows of `ty` into the panel.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prepare_panel(
+        ty: GgmlType,
+        w: &[u8],
+        cols: usize,
+        k: usize,
+        sub: usize,
+        p: &mut Panel,
+    ) {
+        let (ts, groups) = (ty.type_size(), k / (8 * sub));
+        let gb = 256 / (8 * sub);
+        p.q.resize(cols * k, 0);
+        p.f.resize(cols * groups * 16, 0.0);
+        let mut nat = [0u8; 256];
+        for i in 0..cols * k / 256 {
+            let b = w.as_ptr().add(i * ts);
+            let kb: KBlock = match ty {
+                GgmlType::Q4_K => unpack_q45_k::<false>(b),
+                GgmlType::Q5_K => unpack_q45_k::<true>(b),
+                _ => unpack_q6_k(b),
+            };
+            for (j, u) in kb.u.iter().enumerate() {
+                _mm256_storeu_si256(nat.as_mut_ptr().add(32 * j) as *mut __m256i, *u);
+            }
+            interleave(&nat, sub, &mut p.q[256 * i..256 * (i + 1)]);
+            let f = &mut p.f[16 * gb * i..16 * gb * (i + 1)];
+            if sub == 32 {
+                let sb = std::slice::from_raw_parts(b.add(4), 12);
+                for l in 0..8 {
+                    let (sc, m) = scale_min_k4(l, sb);
+                    f[l] = kb.d * sc as f32;
+                    f[8 + l] = kb.dm * m as f32;
+                }
+            } else {
+                let sb = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+                for g in 0..2 {
+                    for l in 0..8 {
+                        let ds = kb.d * sb[8 * g + l] as f32;
+                        f[16 * g + l] = ds;
+                        f[16 * g + 8 + l] = -32.0 * ds;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every x row against the panel's weight rows `j0..j1`, in tiles of
+    /// `MR` x `NR`, K slice by K slice (summed into the output), written to
+    /// columns `j0..j1` of `out` (`[rows, n]`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn multiply(
+        a: &Acts,
+        p: &Panel,
+        rows: usize,
+        j0: usize,
+        j1: usize,
+        n: usize,
+        k: usize,
+        sub: usize,
+        out: &SharedOut,
+        vnni: bool,
+    ) {
+        let groups = k / (8 * sub);
+        let per_slice = (SLICE / (8 * sub)).max(1);
+        let cols = j1 - j0;
+        let mut t = [[0f32; NR]; MR];
+        for g0 in (0..groups).step_by(per_slice) {
+            let g1 = (g0 + per_slice).min(groups);
+            for r0 in (0..rows).step_by(MR) {
+                let rn = (rows - r0).min(MR);
+                for c0 in (0..cols).step_by(NR) {
+                    let cn = (cols - c0).min(NR);
+                    let row = |i: usize| r0 + i.min(rn - 1);
+                    let col = |i: usize| c0 + i.min(cn - 1);
+                    let tile = Tile {
+                        aq: std::array::from_fn(|i| a.q.as_ptr().add(row(i) * k)),
+                        ad: std::array::from_fn(|i| a.d.as_ptr().add(row(i) * groups)),
+                        as_: std::array::from_fn(|i| a.s.as_ptr().add(row(i) * groups * 8)),
+                        wq: std::array::from_fn(|i| p.q.as_ptr().add(col(i) * k)),
+                        wf: std::array::from_fn(|i| p.f.as_ptr().add(col(i) * groups * 16)),
+                        g0,
+                        g1,
+                    };
+                    macro_rules! go {
+                        ($s:literal, $v:literal) => {
+                            match (rn, cn) {
+                                (4, 2) => tile.run::<4, 2, 1, $s, $v>(&mut t),
+                                (3, 2) => tile.run::<3, 2, 1, $s, $v>(&mut t),
+                                (2, 2) => tile.run::<2, 2, 2, $s, $v>(&mut t),
+                                (1, 2) => tile.run::<1, 2, 2, $s, $v>(&mut t),
+                                (4, _) => tile.run::<4, 1, 2, $s, $v>(&mut t),
+                                (3, _) => tile.run::<3, 1, 2, $s, $v>(&mut t),
+                                (2, _) => tile.run::<2, 1, 2, $s, $v>(&mut t),
+                                _ => tile.run::<1, 1, 2, $s, $v>(&mut t),
+                            }
+                        };
+                    }
+                    match (sub == 32, vnni) {
+                        (true, true) => go!(8, true),
+                        (true, false) => go!(8, false),
+                        (false, true) => go!(4, true),
+                        (false, false) => go!(4, false),
+                    }
+                    for (r, tr) in t.iter().enumerate().take(rn) {
+                        for (c, v) in tr.iter().enumerate().take(cn) {
+                            // SAFETY: `(r0 + r) * n + j0 + c0 + c < rows * n`,
+                            // a column of this task's alone.
+                            let o = out.0.add((r0 + r) * n + j0 + c0 + c);
+                            *o = if g0 == 0 { *v } else { *o + *v };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// x rows per tile.
+    const MR: usize = 4;
+    /// Weight rows per tile.
+    const NR: usize = 2;
+
+    /// Pointers to up to `MR` reordered x rows and `NR` weight rows.
+    struct Tile {
+        aq: [*const i8; MR],
+        ad: [*const f32; MR],
+        as_: [*const f32; MR],
+        wq: [*const u8; NR],
+        wf: [*const f32; NR],
+        /// The groups of this K slice.
+        g0: usize,
+        g1: usize,
+    }
+
+    /// `acc + u . s` per 4 bytes (`u` unsigned, at most 63; `s` signed).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn dot<const VNNI: bool>(mut acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        if VNNI {
+            asm!(
+                "vpdpbusd {a}, {u}, {s}",
+                a = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack)
+            );
+            acc
+        } else {
+            // Pairwise 16-bit sums stay below 2 * 63 * 127: no saturation.
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+            _mm256_add_epi32(acc, p)
+        }
+    }
+
+    /// Sum of the 8 lanes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    impl Tile {
+        /// `out[r][c]` for the first `R` x rows and `C` weight rows, groups of
+        /// `S` steps (VNNI: `vpdpbusd`), the integer sums spread over `P`
+        /// sets of registers (enough independent chains to hide latency).
+        #[target_feature(enable = "avx2,fma")]
+        #[inline]
+        unsafe fn run<
+            const R: usize,
+            const C: usize,
+            const P: usize,
+            const S: usize,
+            const VNNI: bool,
+        >(
+            &self,
+            out: &mut [[f32; NR]; MR],
+        ) {
+            let zero = _mm256_setzero_si256();
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            for g in self.g0..self.g1 {
+                let mut part = [[[zero; C]; R]; P];
+                for s in 0..S {
+                    let isum = &mut part[s % P];
+                    let off = (g * S + s) * 32;
+                    let mut wv = [zero; C];
+                    for (c, v) in wv.iter_mut().enumerate() {
+                        *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
+                    }
+                    for (r, row) in isum.iter_mut().enumerate() {
+                        let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
+                        for (c, v) in row.iter_mut().enumerate() {
+                            *v = dot::<VNNI>(*v, wv[c], av);
+                        }
+                    }
+                }
+                let mut isum = part[0];
+                for q in &part[1..] {
+                    for r in 0..R {
+                        for c in 0..C {
+                            isum[r][c] = _mm256_add_epi32(isum[r][c], q[r][c]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let d = _mm256_set1_ps(*self.ad[r].add(g));
+                    let sums = _mm256_loadu_ps(self.as_[r].add(8 * g));
+                    for c in 0..C {
+                        let f = self.wf[c].add(16 * g);
+                        let scale = _mm256_mul_ps(_mm256_loadu_ps(f), d);
+                        let v = _mm256_cvtepi32_ps(isum[r][c]);
+                        let a = _mm256_fmadd_ps(v, scale, acc[r][c]);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(f.add(8)), sums, a);
+                    }
+                }
+            }
+            for r in 0..R {
+                for c in 0..C {
+                    out[r][c] = hsum(acc[r][c]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! [`super::kgemm`] against the f64 product of the dequantized weights
+//! (within the activation rounding bound, as in [`super::tests`]) and
+//! against the block kernels on the portable path (the same 8-bit
+//! activations and integer sums, so equal to f32 rounding), at row counts
+//! around the tiles' and the dispatch's edges, on every path here.
+
+use super::tests::{dequant, random_blocks, Rng};
+use super::*;
+
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const ROWS: [usize; 6] = [1, 7, 32, 33, 100, 512];
+
+/// The paths here that run the GEMM (none without AVX2).
+fn paths() -> Vec<Isa> {
+    Isa::available()
+        .into_iter()
+        .filter(|&isa| kgemm::handles(GgmlType::Q4_K, isa))
+        .collect()
+}
+
+#[test]
+fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
+    assert!(!kgemm::handles(GgmlType::Q4_K, Isa::Scalar));
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q3_K,
+        GgmlType::IQ4_XS,
+    ] {
+        for isa in Isa::available() {
+            assert!(!kgemm::handles(ty, isa), "{ty:?} {isa:?}");
+            let mut y = [0f32; 1];
+            assert!(!kgemm::matmul(
+                &[0.0; 256],
+                1,
+                256,
+                ty,
+                &[0; 256],
+                &mut y,
+                1,
+                isa
+            ));
+        }
+    }
+    for isa in paths() {
+        for ty in TYPES {
+            assert!(kgemm::handles(ty, isa));
+            assert_eq!(kgemm::preferred(ty, isa), isa == Isa::Avx512Vnni);
+        }
+    }
+    assert!(!kgemm::preferred(GgmlType::Q4_K, Isa::Scalar));
+}
+
+#[test]
+fn gemm_matches_dequantized_weights_and_the_block_kernels() {
+    let mut rng = Rng(0xC0FFEE);
+    // Odd n: tiles of one weight row and a short last panel.
+    let (n, k) = (37, 768);
+    for ty in TYPES {
+        let w = random_blocks(ty, n, k, &mut rng);
+        let wf = dequant(ty, &w, n * k);
+        for rows in ROWS {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| rng.f() * (1 + i % 7) as f32)
+                .collect();
+            let mut blocks = vec![0f32; rows * n];
+            assert!(matmul(&x, rows, k, ty, &w, &mut blocks, 2, Isa::Scalar));
+            for isa in paths() {
+                let mut got = vec![f32::NAN; rows * n];
+                assert!(kgemm::matmul(&x, rows, k, ty, &w, &mut got, 2, isa));
+                for (i, (&g, &b)) in got.iter().zip(&blocks).enumerate() {
+                    let (r, j) = (i / n, i % n);
+                    let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
+                    let want: f64 = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let mag: f64 = xr.iter().zip(wr).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                    let mut bound = 1e-5 * mag + 1e-6;
+                    for (xb, wb) in xr.chunks(256).zip(wr.chunks(256)) {
+                        let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                        let wsum: f64 = wb.iter().map(|v| v.abs() as f64).sum();
+                        bound += wsum * d / 2.0;
+                    }
+                    assert!(
+                        (g as f64 - want).abs() <= bound,
+                        "{ty:?} {isa:?} rows {rows} [{r}, {j}]: {g} vs {want} (bound {bound})"
+                    );
+                    // Same quantized activations and integer sums as the
+                    // block kernels: only f32 rounding differs.
+                    assert!(
+                        ((g - b) as f64).abs() <= 2e-5 * mag + 1e-6,
+                        "{ty:?} {isa:?} rows {rows} [{r}, {j}]: {g} vs blocks {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Weights at the extremes of their ranges (all quants and scales at their
+/// largest) still sum without integer overflow or 16-bit saturation.
+#[test]
+fn gemm_handles_extreme_quants() {
+    let (n, k, rows) = (3, 4096, 5);
+    for ty in TYPES {
+        let mut w = vec![0xFFu8; n * row_bytes(ty, k)];
+        for block in w.chunks_exact_mut(ty.type_size()) {
+            let one = half::f16::from_f32(0.001).to_bits().to_le_bytes();
+            let halves: &[usize] = if ty == GgmlType::Q6_K {
+                &[208]
+            } else {
+                &[0, 2]
+            };
+            for &o in halves {
+                block[o..o + 2].copy_from_slice(&one);
+            }
+            if ty == GgmlType::Q6_K {
+                // The most negative signed scale.
+                block[192..208].fill(0x80);
+            }
+        }
+        let wf = dequant(ty, &w, n * k);
+        // Even rows all 3 (the largest sums), odd rows alternating in sign.
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| {
+                if (i / k) % 2 == 0 || i % 2 == 0 {
+                    3.0
+                } else {
+                    -3.0
+                }
+            })
+            .collect();
+        for isa in paths() {
+            let mut got = vec![0f32; rows * n];
+            assert!(kgemm::matmul(&x, rows, k, ty, &w, &mut got, 1, isa));
+            for (i, &g) in got.iter().enumerate() {
+                let (r, j) = (i / n, i % n);
+                let want: f64 = x[r * k..(r + 1) * k]
+                    .iter()
+                    .zip(&wf[j * k..(j + 1) * k])
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+                let mag: f64 = wf[j * k..(j + 1) * k]
+                    .iter()
+                    .map(|v| 3.0 * v.abs() as f64)
+                    .sum();
+                assert!(
+                    (g as f64 - want).abs() <= 1e-5 * mag + 1e-4,
+                    "{ty:?} {isa:?}: {g} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+/// Timing at Qwen2.5-1.5B shapes against the dequantized tiles (f32 GEMM
+/// plus the per-call dequantization): `cargo test --release -p
+/// pagoda-kernels --lib kgemm_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn kgemm_timing() {
+    use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
+    use crate::{Backend, HostData, HostTensor, QuantData};
+    use std::time::Instant;
+    let opts = CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F32,
+    };
+    let quant = CpuBackend::new(opts).unwrap().with_quantized_weights(true);
+    let dense = CpuBackend::new(opts).unwrap();
+    let mut rng = Rng(5);
+    let rows = 512;
+    for (ty, n, k) in [
+        (GgmlType::Q4_K, 1536, 1536),
+        (GgmlType::Q4_K, 8960, 1536),
+        (GgmlType::Q6_K, 1536, 8960),
+        (GgmlType::Q4_K, 1536, 8960),
+    ] {
+        let bytes = random_blocks(ty, n, k, &mut rng);
+        let host = HostTensor {
+            shape: vec![n, k],
+            data: HostData::Quant(QuantData {
+                ty,
+                bytes: bytes.clone(),
+            }),
+        };
+        let (wq, wd) = (
+            quant.load_weight(host.clone()).unwrap(),
+            dense.load_weight(host).unwrap(),
+        );
+        let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+        let xt = quant.tensor_from_host(rows, k, &x).unwrap();
+        // Process CPU seconds (all threads; the machine may be loaded).
+        let cpu = || {
+            let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+            let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
+                .split(' ')
+                .map(|v| v.parse().unwrap_or(0.0))
+                .collect();
+            (f[11] + f[12]) / 100.0
+        };
+        let time = |f: &mut dyn FnMut()| {
+            let (t, c) = (Instant::now(), cpu());
+            let mut runs = 0;
+            while cpu() - c < 1.0 || runs < 2 {
+                f();
+                runs += 1;
+            }
+            let _ = t;
+            (cpu() - c) / runs as f64
+        };
+        let tk = time(&mut || {
+            std::hint::black_box(quant.linear(&xt, &wq, None).unwrap());
+        });
+        // The f32 side only with KGEMM_F32=1 (it is slow and steady).
+        let tg = if std::env::var_os("KGEMM_F32").is_some() {
+            time(&mut || {
+                std::hint::black_box(dense.linear(&xt, &wd, None).unwrap());
+            })
+        } else {
+            f64::NAN
+        };
+        let mut y = vec![0f32; rows * n];
+        let ta = time(&mut || {
+            kgemm::matmul(&x, rows, k, ty, &bytes, &mut y, 2, Isa::Avx2);
+        });
+        let mut buf = vec![0f32; n * k];
+        let tw = time(&mut || dequantize(ty, &bytes, &mut buf));
+        let gf = |t: f64| 2.0 * (rows * n * k) as f64 / t / 1e9;
+        println!(
+            "{ty:?} [{n}, {k}] x {rows}: kgemm {:.2} cpu-ms ({:.0} GFLOP per cpu-s), on AVX2 {:.0}; f32 gemm {:.2} cpu-ms ({:.0}) + dequant {:.2} cpu-ms",
+            tk * 1e3, gf(tk), gf(ta), tg * 1e3, gf(tg), tw * 1e3
+        );
+    }
+}
