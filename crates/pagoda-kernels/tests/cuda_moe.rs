@@ -9,7 +9,8 @@
 //! tokens, one expert for every token, rows 1 / 7 / 64 / 300 / past one
 //! chunk, widths that are not tile multiples (and not multiples of 8), and
 //! Qwen3-30B-A3B's sizes; the grouped path forced at 1, 16, 256 and 2,048
-//! rows on random, skewed and one-expert routes; bitwise determinism and batch independence; bad
+//! rows on random, skewed and one-expert routes; `moe_experts_add` into a
+//! residual on both paths; bitwise determinism and batch independence; bad
 //! routes and shapes as errors; a captured graph replayed with new routes,
 //! on both paths. The GEMV path (few rows) at 1, 2, 4, 8 and 16 rows and
 //! just past the switch-over, odd top_k and repeated experts, against the
@@ -606,6 +607,64 @@ fn grouped_path_at_decode_and_prefill_sizes() {
             );
         }
     }
+}
+
+/// `moe_experts_add` (the sum added into a residual, rounded once) on the
+/// GEMV path (1 and 4 rows), the grouped one (64 and 300 rows) and past one
+/// chunk, against `residual + reference` in f64 and the CPU backend's
+/// `moe_experts_add`; a residual of the wrong shape is an error.
+#[test]
+fn experts_add_into_the_residual() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = Rng::new(11);
+    let (e, hidden, inter, k) = (16, 96, 40, 2);
+    let l = Layer::random(&mut rng, e, hidden, inter);
+    let (gw, cw) = (l.gpu(&g), l.cpu(&c));
+    for rows in [1, 4, 64, 300, 4200] {
+        let x = rvec(&mut rng, rows * hidden, 1.0);
+        let res = rvec(&mut rng, rows * hidden, 1.0);
+        let (ids, w) = random_routes(&mut rng, rows, e, k);
+        let want: Vec<f64> = l
+            .reference(&x, &ids, &w, k)
+            .iter()
+            .zip(&res)
+            .map(|(&y, &r)| y + r as f64)
+            .collect();
+        let xt = g.tensor_from_host(rows, hidden, &x).unwrap();
+        let mut rt = g.tensor_from_host(rows, hidden, &res).unwrap();
+        let routes = g.moe_routes_from_host(&ids, &w, k).unwrap();
+        g.moe_experts_add(&mut rt, &xt, &routes, &gw.0, &gw.1, e)
+            .unwrap();
+        let got = g.tensor_to_host(&rt).unwrap();
+        let label = format!("experts_add rows {rows}");
+        check_rel(&format!("{label} cuda vs f64"), &got, &want, 1e-2);
+        let xc = c.tensor_from_host(rows, hidden, &x).unwrap();
+        let mut rc = c.tensor_from_host(rows, hidden, &res).unwrap();
+        if let Some(routes_c) = cpu_result(c.moe_routes_from_host(&ids, &w, k)) {
+            if cpu_result(c.moe_experts_add(&mut rc, &xc, &routes_c, &cw.0, &cw.1, e)).is_some() {
+                let cpu_out: Vec<f64> = c
+                    .tensor_to_host(&rc)
+                    .unwrap()
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                check_rel(&format!("{label} cuda vs cpu"), &got, &cpu_out, 1e-2);
+            }
+        }
+    }
+    let x = g
+        .tensor_from_host(3, hidden, &rvec(&mut rng, 3 * hidden, 1.0))
+        .unwrap();
+    let mut wrong = g
+        .tensor_from_host(2, hidden, &rvec(&mut rng, 2 * hidden, 1.0))
+        .unwrap();
+    let (ids, w) = random_routes(&mut rng, 3, e, k);
+    let routes = g.moe_routes_from_host(&ids, &w, k).unwrap();
+    shape(
+        g.moe_experts_add(&mut wrong, &x, &routes, &gw.0, &gw.1, e),
+        "residual of 2 rows for 3",
+    );
 }
 
 #[test]

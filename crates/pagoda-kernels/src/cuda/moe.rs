@@ -562,8 +562,68 @@ pub(crate) fn experts_on(
     path: Option<MoePath>,
     limit: usize,
 ) -> Result<CudaTensor> {
-    let op = "moe_experts";
     let d = check(x, routes, gate_up, down, n_exp)?;
+    let mut out = b.output(d.rows, d.hidden)?;
+    run(
+        b, &d, x, routes, gate_up, down, &mut out, false, path, limit,
+    )?;
+    Ok(out)
+}
+
+/// `Backend::moe_experts_add`: `residual += moe_experts(x)`, the sum added
+/// in f32 by the kernel that combines each row's pairs (rounded once).
+pub(crate) fn experts_add(
+    b: &CudaBackend,
+    residual: &mut CudaTensor,
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    n_exp: usize,
+) -> Result<()> {
+    let op = "moe_experts_add";
+    let d = check(x, routes, gate_up, down, n_exp)?;
+    residual.bf16(op)?;
+    if (residual.rows, residual.cols) != (d.rows, d.hidden) {
+        return Err(shape_err(
+            op,
+            format!(
+                "residual is [{}, {}], x is [{}, {}]",
+                residual.rows, residual.cols, d.rows, d.hidden
+            ),
+        ));
+    }
+    run(
+        b,
+        &d,
+        x,
+        routes,
+        gate_up,
+        down,
+        residual,
+        true,
+        None,
+        usize::MAX,
+    )
+}
+
+/// The launches of [`experts_on`] (`add`: into `out`'s values, else over
+/// them).
+#[allow(clippy::too_many_arguments)]
+fn run(
+    b: &CudaBackend,
+    d: &Dims,
+    x: &CudaTensor,
+    routes: &CudaRoutes,
+    gate_up: &CudaWeight,
+    down: &CudaWeight,
+    out: &mut CudaTensor,
+    add: bool,
+    path: Option<MoePath>,
+    limit: usize,
+) -> Result<()> {
+    let op = "moe_experts";
+    let n_exp = d.n_exp;
     let path = path.unwrap_or(MoePath::for_shape(
         d.rows, d.top_k, n_exp, d.hidden, d.inter,
     ));
@@ -576,18 +636,18 @@ pub(crate) fn experts_on(
             ),
         ));
     }
-    let mut out = b.output(d.rows, d.hidden)?;
     if d.rows == 0 || d.hidden == 0 {
-        return Ok(out);
+        return Ok(());
     }
     if d.inter == 0 {
         // Every expert is the zero map.
-        super::ops::fill(b, out.bf16_mut(op)?, d.rows * d.hidden, 0)?;
-        return Ok(out);
+        if !add {
+            super::ops::fill(b, out.bf16_mut(op)?, d.rows * d.hidden, 0)?;
+        }
+        return Ok(());
     }
     if path == MoePath::Gemv {
-        gemv(b, &d, x, routes, gate_up, down, &mut out, limit)?;
-        return Ok(out);
+        return gemv(b, d, x, routes, gate_up, down, out, add, limit);
     }
     // Scratch for every chunk, reused by the next (stream order).
     let tile_gemv = path == MoePath::GroupedGemv;
@@ -603,15 +663,15 @@ pub(crate) fn experts_on(
     while r0 < d.rows {
         let n = CHUNK_ROWS.min(d.rows - r0);
         run_chunk(
-            b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n, tile_gemv, limit,
+            b, d, x, routes, gate_up, down, out, add, &mut s, r0, n, tile_gemv, limit,
         )?;
         r0 += n;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The GEMV path's two launches over all rows (widths multiples of 8), the
-/// first `limit` of them.
+/// first `limit` of them; `add`: the sums are added into `out`.
 #[allow(clippy::too_many_arguments)]
 fn gemv(
     b: &CudaBackend,
@@ -621,6 +681,7 @@ fn gemv(
     gate_up: &CudaWeight,
     down: &CudaWeight,
     out: &mut CudaTensor,
+    add: bool,
     limit: usize,
 ) -> Result<()> {
     let op = "moe_experts";
@@ -638,6 +699,7 @@ fn gemv(
         i32_of(d.inter, op)?,
     );
     let mut h = b.alloc_bf16(pairs * d.inter)?;
+    let add_i = i32::from(add);
     let stream = &b.dev.stream;
     let cfg = |cols: usize, y: usize| LaunchConfig {
         grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, y as u32, 1),
@@ -671,7 +733,8 @@ fn gemv(
             .arg(&k_i)
             .arg(&e_i)
             .arg(&hid_i)
-            .arg(&int_i);
+            .arg(&int_i)
+            .arg(&add_i);
         // SAFETY: reads ids and weights below rows * top_k, h rows below
         // pairs, down rows below E * hidden (other ids read expert 0's row
         // and add nothing); writes out[rows, hidden].
@@ -736,6 +799,7 @@ fn run_chunk(
     gate_up: &CudaWeight,
     down: &CudaWeight,
     out: &mut CudaTensor,
+    add: bool,
     s: &mut Scratch,
     r0: usize,
     n: usize,
@@ -789,14 +853,16 @@ fn run_chunk(
         let mut od = out
             .bf16_mut(op)?
             .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
+        let add_i = i32::from(add);
         let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
         l.arg(&mut od)
             .arg(&s.y)
             .arg(&s.pair_slot)
             .arg(&rows_i)
             .arg(&k_i)
-            .arg(&hid_i);
-        // SAFETY: writes n * hidden outputs (the view holds them), reads
+            .arg(&hid_i)
+            .arg(&add_i);
+        // SAFETY: reads and writes n * hidden outputs (the view holds them), reads
         // pair_slot below `pairs` and y rows below tiles * bm.
         unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
     }

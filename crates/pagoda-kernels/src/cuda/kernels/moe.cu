@@ -49,7 +49,9 @@
 // fewer than 64 pairs, BM 128 on 8 warps (2 x 4) beyond.
 //
 // moe_combine_bf16: out[r, c] = bf16(sum over k, in k order, of y[slot of
-// (r, k), c]) in f32; pairs without a slot add nothing.
+// (r, k), c]) in f32; pairs without a slot add nothing. With add, the sum
+// is added to out[r, c] in f32 (moe_experts_add: the residual stream) and
+// rounded once; moe_gemv_down likewise.
 //
 // The GEMV path, for steps with few pairs (decode at small batch, where the
 // grouped GEMM's tiles are mostly padding and a step is a pass over the
@@ -514,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm_down_m128(MOE_GEMM_AR
 // Grid-stride over rows * n output elements.
 extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* __restrict__ y,
                                             const int* __restrict__ pair_slot, int rows,
-                                            int top_k, int n) {
+                                            int top_k, int n, int add) {
     long long total = (long long)rows * n;
     GRID_STRIDE(i, total) {
         long long r = i / n;
@@ -526,7 +528,7 @@ extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* 
                 s += bf2f(y[(long long)slot * n + c]);
             }
         }
-        out[i] = f2bf(s);
+        out[i] = f2bf(add ? bf2f(out[i]) + s : s);
     }
 }
 
@@ -610,7 +612,7 @@ moe_gemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* _
 extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
 moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __restrict__ w,
               const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,
-              int n_exp, int hidden, int inter) {
+              int n_exp, int hidden, int inter, int add) {
     const int lane = threadIdx.x & 31;
     const int c = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -646,7 +648,8 @@ moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __
         }
     }
     if (lane == 0) {
-        out[(long long)r * hidden + c] = f2bf(total);
+        const long long o = (long long)r * hidden + c;
+        out[o] = f2bf(add ? bf2f(out[o]) + total : total);
     }
 }
 
