@@ -39,8 +39,9 @@
 // WM x WN warps, each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate),
 // BN 64, K walked 64 at a time (128 contiguous bytes of each weight row per
 // stage) through a cp.async pipeline of 3 or 4 stages in dynamic shared
-// memory (16-byte copies where K % 8 == 0, element copies otherwise; zero
-// past K). Only the tile's rows up to its last real slot are loaded, and
+// memory (rows unpadded, 16-byte chunks XOR-swizzled: at most 96 KB a
+// block, within sm_86/89's 99 KB; 16-byte copies where K % 8 == 0, element
+// copies otherwise; zero past K). Only the tile's rows up to its last real slot are loaded, and
 // 16-row fragments past it issue no ldmatrix or mma: a decode-sized step
 // (a few pairs per expert) costs one pass over each touched expert's
 // weights whatever the tile height. Fragment addressing as in
@@ -90,7 +91,14 @@
 #define MG_THREADS 1024
 #define MOE_BN 64
 #define MOE_BK 64
-#define MOE_LD (MOE_BK + 8)
+
+// Offset (bf16 elements) of 16-byte chunk `chunk` of row `r` of a GEMM tile
+// in shared memory: rows are MOE_BK = 64 elements (128 bytes) with no
+// padding, chunk c stored at c ^ (r % 8), so the 8 consecutive rows one
+// ldmatrix matrix reads fall in distinct banks.
+__device__ __forceinline__ int moe_sw(int r, int chunk) {
+    return r * MOE_BK + ((chunk ^ (r & 7)) << 3);
+}
 #define MV_WARPS 8
 #define MV_BM 8
 
@@ -297,13 +305,13 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     constexpr int MI = BM / (16 * WM);
     constexpr int NI = MOE_BN / (8 * WN);
     constexpr int CPR = MOE_BK / 8;  // 16-byte chunks per tile row
-    constexpr int A_STAGE = BM * MOE_LD;
-    constexpr int B_STAGE = BROWS * MOE_LD;
+    constexpr int A_STAGE = BM * MOE_BK;
+    constexpr int B_STAGE = BROWS * MOE_BK;
     static_assert(BM <= THREADS, "one slot per thread");
     static_assert(MI >= 1 && NI % 2 == 0, "warp tiling");
 
-    bf16* s_a = reinterpret_cast<bf16*>(moe_dsmem);  // [STAGES][BM * MOE_LD]
-    bf16* s_b = s_a + STAGES * A_STAGE;              // [STAGES][BROWS * MOE_LD]
+    bf16* s_a = reinterpret_cast<bf16*>(moe_dsmem);  // [STAGES][BM * MOE_BK], swizzled
+    bf16* s_b = s_a + STAGES * A_STAGE;              // [STAGES][BROWS * MOE_BK], swizzled
     __shared__ const bf16* a_rows[BM];
     __shared__ const bf16* b_rows[BROWS];
     __shared__ int s_pair[BM];
@@ -353,7 +361,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
             if (src == nullptr) {
                 continue;
             }
-            bf16* dst = r < hi ? &sa[r * MOE_LD + col] : &sb[(r - hi) * MOE_LD + col];
+            bf16* dst = r < hi ? &sa[moe_sw(r, c % CPR)] : &sb[moe_sw(r - hi, c % CPR)];
             int kk = k0 + col;
             if (vec) {
                 if (kk < k) {
@@ -417,7 +425,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
             for (int mi = 0; mi < MI; mi++) {
                 if (wrow0 + mi * 16 < hi) {
                     int r = wrow0 + mi * 16 + a_r;
-                    pf_ldsm_x4(pf_smem_addr(&sa[r * MOE_LD + ks * 16 + a_c]), af[mi][0],
+                    pf_ldsm_x4(pf_smem_addr(&sa[moe_sw(r, 2 * ks + (a_c >> 3))]), af[mi][0],
                                af[mi][1], af[mi][2], af[mi][3]);
                 }
             }
@@ -427,7 +435,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
                 for (int np = 0; np < NI / 2; np++) {
                     unsigned b0, b1, b2, b3;
                     int r = s * MOE_BN + (wn * NI + 2 * np) * 8 + b_r;
-                    pf_ldsm_x4(pf_smem_addr(&sb[r * MOE_LD + ks * 16 + b_c]), b0, b1, b2, b3);
+                    pf_ldsm_x4(pf_smem_addr(&sb[moe_sw(r, 2 * ks + (b_c >> 3))]), b0, b1, b2, b3);
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
                         if (wrow0 + mi * 16 < hi) {
