@@ -766,6 +766,18 @@ impl Backend for CudaBackend {
         moe::experts(self, x, routes, gate_up, down, num_experts)
     }
 
+    fn moe_experts_add(
+        &self,
+        residual: &mut CudaTensor,
+        x: &CudaTensor,
+        routes: &CudaRoutes,
+        gate_up: &CudaWeight,
+        down: &CudaWeight,
+        num_experts: usize,
+    ) -> Result<()> {
+        moe::experts_add(self, residual, x, routes, gate_up, down, num_experts)
+    }
+
     fn sigmoid_gate_rows(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
         moe::sigmoid_gate_rows(self, x, gate)
     }
