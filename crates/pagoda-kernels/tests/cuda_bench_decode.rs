@@ -15,8 +15,40 @@
 //! graph), which shows the launch cost the graph hides.
 //!
 //! Each layer has its own weights and KV cache, so nothing stays in L2
-//! across layers. Random weights and an uninitialized cache: timings only
+//! across layers. Random weights and a zeroed cache: timings only
 //! (correctness is cuda_decode_fusion's and cuda_gemv's job).
+//!
+//! # The kernels of a batch-1 decode step (Qwen3 / Llama, bf16 cache)
+//!
+//! Per step, in the graph: `gather_rows_bf16_f32` (embedding into the f32
+//! residual); the layers; `rms_norm_f32` (final norm),
+//! `gather_rows_bf16` (the logits rows), the LM head (`gemv_bf16` at one
+//! row; cuBLASLt from 2 rows for these heads, over 24 MiB). After the graph:
+//! `sample_bf16` (plus `penalize_bf16` / `logprobs_bf16` where a request
+//! asks), then the one download.
+//!
+//! Per layer, fusions on (the default) where the CUDA-core GEMV runs the
+//! products (1 row; 2-4 rows of weights under 24 MiB), 7 launches:
+//! 1. `gemv3_norm_bf16`: input RMSNorm folded into the q, k, v GEMV;
+//! 2. `qk_norm_rope_store_{f32,bf16}_bf16`: Qwen3's q/k head norms (Llama:
+//!    none), rope, and K/V into the cache;
+//! 3. `paged_decode_attention_bf16_hd128_g{2,4}` (Qwen3-0.6B 16 over 8
+//!    heads, Llama-3.1-8B 32 over 8);
+//! 4. `paged_decode_reduce_bf16` (the partitions of 512 tokens merged;
+//!    a 1,000-token context has two);
+//! 5. `gemv_bf16_acc_f32`: o_proj added into the residual;
+//! 6. `gemv_norm_silu_bf16`: post-attention RMSNorm, gate/up and SiLU;
+//! 7. `gemv_bf16_acc_f32`: down added into the residual.
+//!
+//! Before (and with `PAGODA_DECODE_FUSION=off`), 13: `rms_norm_f32`,
+//! `gemv_bf16` x 3 (q, k, v; one `gemv_mma3_bf16` on the tensor-core
+//! path), `qk_norm_rope_bf16`, `store_kv_v8_bf16`, the two attention
+//! kernels, `gemv_bf16_acc_f32`, `rms_norm_f32`, `gemv_bf16`,
+//! `silu_mul_v8_bf16`, `gemv_bf16_acc_f32` (q, k, v now one `gemv3_bf16`
+//! launch on that path too: 11). Where cuBLASLt runs the products (the 8B
+//! from 2 rows) each product is a cuBLASLt GEMM (a `fill_u32` and an
+//! `add_bias_round_bf16` more with a bias) and the norms and SiLU stay
+//! separate; the tensor-core GEMV (5-16 rows of small weights) likewise.
 #![cfg(feature = "cuda")]
 
 mod common;
