@@ -226,6 +226,35 @@ pub trait Backend: Send + Sync + 'static {
             self.linear(x, w[2], bias[2])?,
         ])
     }
+    /// `linear3(rms_norm(x, norm, eps), w, bias)`: an attention layer's
+    /// input norm and q, k, v projections (what this default does; a
+    /// backend may fold the norm into the products' input load, with the
+    /// results of the sequence up to the norm's rounding).
+    fn norm_linear3(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Weight,
+        eps: f32,
+        w: [&Self::Weight; 3],
+        bias: [Option<&Self::Weight>; 3],
+    ) -> Result<[Self::Tensor; 3]> {
+        let h = self.rms_norm(x, norm, eps)?;
+        self.linear3(&h, w, bias)
+    }
+    /// `silu_mul(linear(rms_norm(x, norm, eps), gate_up))`: a dense SwiGLU
+    /// MLP's input norm, stacked gate/up product and activation (what this
+    /// default does; a backend may run them as one pass, with the results
+    /// of the sequence up to the norm's rounding).
+    fn norm_gate_up_silu(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Weight,
+        eps: f32,
+        gate_up: &Self::Weight,
+    ) -> Result<Self::Tensor> {
+        let h = self.rms_norm(x, norm, eps)?;
+        self.silu_mul(&self.linear(&h, gate_up, None)?)
+    }
     /// `residual += x @ w^T (+ bias)`: a projection added into the residual
     /// stream at the residual's precision (on CUDA the GEMM accumulates into
     /// the f32 residual, so the projection is never rounded to bf16).
@@ -299,6 +328,26 @@ pub trait Backend: Send + Sync + 'static {
         }
         self.rope(q, step, cos_sin, head_dim, style)?;
         self.rope(k, step, cos_sin, head_dim, style)
+    }
+    /// [`Self::qk_norm_rope`], then [`Self::store_kv`] of the final k and
+    /// `v` into `cache` (what this default does; a backend may store from
+    /// the same pass, with the same results).
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_store_kv(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        norms: Option<(&Self::Weight, &Self::Weight)>,
+        eps: f32,
+        step: &Self::Step,
+        cos_sin: &Self::Weight,
+        head_dim: usize,
+        style: RopeStyle,
+        cache: &mut Self::KvCache,
+    ) -> Result<()> {
+        self.qk_norm_rope(q, k, norms, eps, step, cos_sin, head_dim, style)?;
+        self.store_kv(k, v, cache, step)
     }
     /// `silu(gate) * up` for `gate_up: [rows, 2 * n]` (gate in the first half).
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor>;

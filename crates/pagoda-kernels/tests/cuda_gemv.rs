@@ -10,7 +10,8 @@
 //! - the tensor-core GEMV gives each row the same bits whatever the step's
 //!   row count (a row's result does not depend on its batch);
 //! - which kernel a shape takes ([`SmallLinear::kernel_for`]);
-//! - `linear3` (q, k and v in one launch) has the bits of three `linear`s.
+//! - `linear3` (q, k and v in one launch, on either GEMV) has the bits of
+//!   three `linear`s.
 //!
 //! Outputs are NaN-poisoned, so an element left unwritten fails.
 //!
@@ -29,7 +30,12 @@ use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
 use pagoda_kernels::cuda::{CudaBackend, GemvKernel, SmallLinear};
 use pagoda_kernels::{Backend, HostTensor};
 
-const PATHS: [SmallLinear; 3] = [SmallLinear::Mma, SmallLinear::Warp, SmallLinear::Cublas];
+const PATHS: [SmallLinear; 4] = [
+    SmallLinear::Auto,
+    SmallLinear::Mma,
+    SmallLinear::Warp,
+    SmallLinear::Cublas,
+];
 
 /// (inner, out): K = 8, K % 32 != 0, N % 8 != 0, N = 1, a router-like and
 /// a wider shape.
@@ -87,12 +93,12 @@ fn weight<B: Backend>(b: &B, shape: Vec<usize>, data: &[f32]) -> B::Weight {
 #[test]
 fn kernel_choice_by_rows_and_path() {
     for rows in 1..=17 {
-        let mma = SmallLinear::Mma.kernel_for(rows, 4096);
+        let mma = SmallLinear::Mma.kernel_for(rows, 64, 4096);
         assert_eq!(mma, (rows <= 16).then_some(GemvKernel::Mma), "rows {rows}");
-        let warp = SmallLinear::Warp.kernel_for(rows, 4096);
+        let warp = SmallLinear::Warp.kernel_for(rows, 64, 4096);
         assert_eq!(warp, (rows <= 8).then_some(GemvKernel::Warp), "rows {rows}");
-        assert_eq!(SmallLinear::Cublas.kernel_for(rows, 4096), None);
-        assert_eq!(SmallLinear::Mma.kernel_for(rows, 4100), None);
+        assert_eq!(SmallLinear::Cublas.kernel_for(rows, 64, 4096), None);
+        assert_eq!(SmallLinear::Mma.kernel_for(rows, 64, 4100), None);
     }
 }
 
@@ -198,7 +204,7 @@ fn mma_gemv_rows_do_not_depend_on_the_batch() {
     }
 }
 
-/// `linear3` (q, k, v in one launch on the tensor-core GEMV) gives the bits
+/// `linear3` (q, k, v in one launch on either GEMV) gives the bits
 /// of three `linear`s on every path and row count, with a bias on some of
 /// the three, and matches the CPU's `linear3`.
 #[test]

@@ -47,11 +47,12 @@ fn i32_of(v: usize, op: &'static str) -> Result<i32> {
     i32::try_from(v).map_err(|_| shape_err(op, format!("{v} does not fit in 32 bits")))
 }
 
-pub(crate) fn store_kv(
-    b: &CudaBackend,
+/// `store_kv`'s checks: k and v `[tokens, kv width]`, the group valid,
+/// every slot in the cache or -1.
+pub(crate) fn check_store(
     k: &CudaTensor,
     v: &CudaTensor,
-    cache: &mut CudaKvCache,
+    cache: &CudaKvCache,
     step: &CudaStep,
     group: usize,
 ) -> Result<()> {
@@ -84,6 +85,21 @@ pub(crate) fn store_kv(
             format!("slot {bad} outside the cache ({slots} slots)"),
         ));
     }
+    Ok(())
+}
+
+pub(crate) fn store_kv(
+    b: &CudaBackend,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    cache: &mut CudaKvCache,
+    step: &CudaStep,
+    group: usize,
+) -> Result<()> {
+    let op = "store_kv";
+    check_store(k, v, cache, step, group)?;
+    let width = cache.shape.num_kv_heads * cache.shape.head_dim;
+    let t = step.ctx.num_tokens();
     let n = t * width;
     if n == 0 {
         return Ok(());

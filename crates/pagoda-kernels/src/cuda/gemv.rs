@@ -1,19 +1,29 @@
 //! The one place that decides which kernel runs a dense bf16 `linear` /
-//! `add_linear` of few rows (decode steps), and its launch.
+//! `add_linear` of few rows (decode steps), and its launches.
 //!
-//! [`SmallLinear::kernel_for`] maps (path, rows, inner) to a GEMV kernel or
-//! to `None` (cuBLASLt): the choice depends only on the step's shape, so a
-//! captured decode graph always replays the kernel it recorded.
+//! [`SmallLinear::kernel_for`] maps (path, rows, out, inner) to a GEMV
+//! kernel or to `None` (cuBLASLt): the choice depends only on the step's
+//! shape and the weight's, so a captured decode graph always replays the
+//! kernel it recorded.
 //!
+//! - [`SmallLinear::Auto`] (the default): by rows and weight size, from
+//!   H200 measurements: the CUDA-core GEMV at 1 row, and at 2-4 rows of a
+//!   weight under [`LARGE_WEIGHT_BYTES`]; the tensor-core GEMV at 5-16 rows
+//!   of such a weight; cuBLASLt for the rest (at the Llama-3.1-8B shape
+//!   cuBLASLt reads the weights faster from 2 rows up; at the 2,048-wide
+//!   MoE shape the CUDA-core GEMV is fastest to 4 rows, the tensor-core one
+//!   at 8-16).
 //! - [`SmallLinear::Mma`] runs `gemv_mma_*` (kernels/gemv_mma.cu)
 //!   for 1..=[`MMA_MAX_ROWS`] rows, tensor cores, 8 outputs per block.
-//! - [`SmallLinear::Warp`] (the default): the CUDA-core `gemv_*` kernels (kernels/gemv.cu,
-//!   one warp per output) for 1..=[`WARP_MAX_ROWS`] rows (on an H200 the
-//!   fastest at 1-2 rows at both the 8B and the MoE shapes).
+//! - [`SmallLinear::Warp`]: the CUDA-core `gemv_*` kernels (kernels/gemv.cu,
+//!   one warp per output) for 1..=[`WARP_MAX_ROWS`] rows.
 //! - [`SmallLinear::Cublas`]: no GEMV, every product on cuBLASLt.
 //!
-//! [`launch3`] runs three products of one x (q, k, v) as one tensor-core
-//! GEMV launch.
+//! [`launch3`] runs three products of one x (q, k, v) as one GEMV launch on
+//! either kernel. Where the CUDA-core GEMV is chosen, [`launch_norm3`] and
+//! [`launch_norm_silu`] also fold the RMSNorm before the product into its
+//! input load, and the gated MLP's SiLU after it into its output
+//! (`gemv3_norm_bf16`, `gemv_norm_silu_bf16`; [`norm_fits`] says when).
 //!
 //! Both GEMV kernels need `inner % 8 == 0` (16-byte rows); other shapes go to
 //! cuBLASLt on every path. New backends start from [`SMALL_LINEAR_ENV`].
@@ -25,8 +35,21 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 /// The environment variable choosing the small-row path of new backends:
-/// `warp` (default), `mma` or `cublas`.
+/// `auto` (default), `warp`, `mma` or `cublas`.
 pub const SMALL_LINEAR_ENV: &str = "PAGODA_SMALL_LINEAR";
+
+/// The environment variable turning the decode fusions of new backends
+/// off (`off`, `0` or `false`; anything else leaves them on).
+pub const DECODE_FUSION_ENV: &str = "PAGODA_DECODE_FUSION";
+
+/// Whether [`DECODE_FUSION_ENV`] leaves the fusions on.
+pub(crate) fn fusion_from_env() -> bool {
+    let v = std::env::var(DECODE_FUSION_ENV).unwrap_or_default();
+    !matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "off" | "0" | "false"
+    )
+}
 
 /// Most rows the tensor-core GEMV takes (its two m16 row halves).
 pub const MMA_MAX_ROWS: usize = 16;
@@ -37,16 +60,27 @@ const MMA_OUTPUTS: usize = 8;
 const MMA_WARPS: u32 = 8;
 /// Warps per `gemv_bf16` block (must match `GEMV_WARPS`).
 const WARP_WARPS: usize = 8;
+/// Weights of at least this many bytes (all three of a `linear3`) take
+/// cuBLASLt from 2 rows on the [`SmallLinear::Auto`] path: the Llama-3.1-8B
+/// layer's products (32 MiB and up) are over it, the 2,048-wide MoE
+/// model's attention products (16-20 MiB) and Qwen3-0.6B's under.
+pub const LARGE_WEIGHT_BYTES: usize = 24 << 20;
+/// Most bytes of normalized x rows a fused-norm GEMV block stages in shared
+/// memory (under the 48 KiB a block gets without opting in, with room for
+/// the kernel's static reduction buffer).
+pub const NORM_SMEM_BYTES: usize = 44 << 10;
 
 /// Which kernels run linear layers of few rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SmallLinear {
+    /// By rows and weight size ([`SmallLinear::kernel_for`]).
+    #[default]
+    Auto,
     /// Tensor-core GEMV up to [`MMA_MAX_ROWS`] rows (measured on an H200:
     /// ahead at 8-16 rows of the MoE shape's small products, behind
     /// cuBLASLt at the 8B shape's; not the default yet).
     Mma,
     /// CUDA-core GEMV (one warp per output) up to [`WARP_MAX_ROWS`] rows.
-    #[default]
     Warp,
     /// cuBLASLt at every row count.
     Cublas,
@@ -62,17 +96,19 @@ pub enum GemvKernel {
 }
 
 impl SmallLinear {
-    /// The path [`SMALL_LINEAR_ENV`] names (unset, empty or unknown: `Warp`).
+    /// The path [`SMALL_LINEAR_ENV`] names (unset, empty or unknown: `Auto`).
     pub fn from_env() -> SmallLinear {
         Self::parse(&std::env::var(SMALL_LINEAR_ENV).unwrap_or_default())
     }
 
-    /// `mma` and `cublas` (any case, trimmed); anything else is `Warp`.
+    /// `warp`, `mma` and `cublas` (any case, trimmed); anything else is
+    /// `Auto`.
     pub fn parse(v: &str) -> SmallLinear {
         match v.trim().to_ascii_lowercase().as_str() {
             "mma" => SmallLinear::Mma,
             "cublas" => SmallLinear::Cublas,
-            _ => SmallLinear::Warp,
+            "warp" => SmallLinear::Warp,
+            _ => SmallLinear::Auto,
         }
     }
 
@@ -81,41 +117,56 @@ impl SmallLinear {
             SmallLinear::Mma => 0,
             SmallLinear::Warp => 1,
             SmallLinear::Cublas => 2,
+            SmallLinear::Auto => 3,
         }
     }
 
     pub(crate) fn from_u8(v: u8) -> SmallLinear {
         match v {
             0 => SmallLinear::Mma,
+            1 => SmallLinear::Warp,
             2 => SmallLinear::Cublas,
-            _ => SmallLinear::Warp,
+            _ => SmallLinear::Auto,
         }
     }
 
-    /// Most rows a product takes a GEMV on this path (0: never).
-    pub fn max_gemv_rows(self) -> usize {
+    /// Fewest rows at which some product takes cuBLASLt on this path (its
+    /// GEMM plans are warmed up from there).
+    pub fn min_cublas_rows(self) -> usize {
         match self {
-            SmallLinear::Mma => MMA_MAX_ROWS,
-            SmallLinear::Warp => WARP_MAX_ROWS,
-            SmallLinear::Cublas => 0,
+            SmallLinear::Auto => 2,
+            SmallLinear::Mma => MMA_MAX_ROWS + 1,
+            SmallLinear::Warp => WARP_MAX_ROWS + 1,
+            SmallLinear::Cublas => 1,
         }
     }
 
-    /// The GEMV kernel for a product of `rows` x `inner` on this path, or
-    /// `None` for cuBLASLt.
-    pub fn kernel_for(self, rows: usize, inner: usize) -> Option<GemvKernel> {
+    /// The GEMV kernel for a product of `rows` x `inner` by an `[out,
+    /// inner]` weight (for `linear3`, `out` the three weights' rows
+    /// together) on this path, or `None` for cuBLASLt.
+    pub fn kernel_for(self, rows: usize, out: usize, inner: usize) -> Option<GemvKernel> {
         if rows == 0 || inner == 0 || !inner.is_multiple_of(8) {
             return None;
         }
-        if rows > self.max_gemv_rows() {
-            return None;
-        }
+        let large = out.saturating_mul(inner).saturating_mul(2) >= LARGE_WEIGHT_BYTES;
         match self {
-            SmallLinear::Mma => Some(GemvKernel::Mma),
-            SmallLinear::Warp => Some(GemvKernel::Warp),
+            SmallLinear::Mma => (rows <= MMA_MAX_ROWS).then_some(GemvKernel::Mma),
+            SmallLinear::Warp => (rows <= WARP_MAX_ROWS).then_some(GemvKernel::Warp),
             SmallLinear::Cublas => None,
+            SmallLinear::Auto => match rows {
+                1 => Some(GemvKernel::Warp),
+                2..=4 if !large => Some(GemvKernel::Warp),
+                5..=MMA_MAX_ROWS if !large => Some(GemvKernel::Mma),
+                _ => None,
+            },
         }
     }
+}
+
+/// Whether the CUDA-core GEMV can fold the RMSNorm of its `rows` x `inner`
+/// input into its load (the normalized rows fit its shared memory).
+pub(crate) fn norm_fits(rows: usize, inner: usize) -> bool {
+    rows.saturating_mul(inner).saturating_mul(2) <= NORM_SMEM_BYTES
 }
 
 fn i32_of(v: usize, op: &'static str) -> Result<i32> {
@@ -183,40 +234,76 @@ pub(crate) fn launch(
     Ok(())
 }
 
+/// The input of a fused GEMV: bf16 rows, or the f32 residual stream
+/// normalized on load by an RMSNorm weight and epsilon.
+pub(crate) enum GemvInput<'a> {
+    Bf16(&'a CudaSlice<bf16>),
+    Norm(&'a CudaSlice<f32>, &'a CudaSlice<bf16>, f32),
+}
+
 /// `outs[i] = x @ w[i]^T (+ bias[i])` for three weights of `dims[i]`
-/// outputs and x `[rows, inner]`, all checked by the caller, in one
-/// `gemv_mma3_bf16` launch (the tensor-core GEMV's rows and width limits
-/// hold: the caller asked [`SmallLinear::kernel_for`]).
+/// outputs and x `[rows, inner]`, all checked by the caller, in one launch
+/// of kernel `k` (`gemv_mma3_bf16`, `gemv3_bf16`, or with a normalized
+/// input `gemv3_norm_bf16`, which only the CUDA-core family has; the
+/// caller asked [`SmallLinear::kernel_for`], and [`norm_fits`] for a
+/// normalized input).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch3(
     b: &CudaBackend,
     op: &'static str,
+    k: GemvKernel,
     (rows, inner): (usize, usize),
-    xd: &CudaSlice<bf16>,
+    x: GemvInput<'_>,
     w: [&CudaSlice<bf16>; 3],
     dims: [usize; 3],
     bias: [Option<&CudaSlice<bf16>>; 3],
     outs: [&mut CudaSlice<bf16>; 3],
 ) -> Result<()> {
-    let blocks: usize = dims.iter().map(|n| n.div_ceil(MMA_OUTPUTS)).sum();
+    let per_block = match k {
+        GemvKernel::Mma => MMA_OUTPUTS,
+        GemvKernel::Warp => WARP_WARPS,
+    };
+    let blocks: usize = match k {
+        GemvKernel::Mma => dims.iter().map(|n| n.div_ceil(per_block)).sum(),
+        GemvKernel::Warp => dims.iter().sum::<usize>().div_ceil(per_block),
+    };
     if rows == 0 || blocks == 0 {
         return Ok(());
     }
-    let (m, k) = (i32_of(rows, op)?, i32_of(inner, op)?);
+    let (m, kk) = (i32_of(rows, op)?, i32_of(inner, op)?);
     let n = [
         i32_of(dims[0], op)?,
         i32_of(dims[1], op)?,
         i32_of(dims[2], op)?,
     ];
     let mask: i32 = (0..3).filter(|&i| bias[i].is_some()).map(|i| 1 << i).sum();
+    let (name, threads, smem) = match (k, &x) {
+        (GemvKernel::Mma, GemvInput::Bf16(_)) => ("gemv_mma3_bf16", 32 * MMA_WARPS, 0),
+        (GemvKernel::Warp, GemvInput::Bf16(_)) => ("gemv3_bf16", 32 * WARP_WARPS as u32, 0),
+        (GemvKernel::Warp, GemvInput::Norm(..)) => (
+            "gemv3_norm_bf16",
+            32 * WARP_WARPS as u32,
+            norm_smem(rows, inner, op)?,
+        ),
+        (GemvKernel::Mma, GemvInput::Norm(..)) => {
+            return Err(KernelError::Shape {
+                op,
+                detail: "the tensor-core GEMV takes no normalized input".into(),
+            })
+        }
+    };
     let cfg = LaunchConfig {
         grid_dim: (i32_of(blocks, op)? as u32, 1, 1),
-        block_dim: (32 * MMA_WARPS, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("gemv_mma3_bf16")?);
+    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
     let [o0, o1, o2] = outs;
-    l.arg(o0).arg(o1).arg(o2).arg(xd);
+    l.arg(o0).arg(o1).arg(o2);
+    match &x {
+        GemvInput::Bf16(xd) => l.arg(*xd),
+        GemvInput::Norm(xr, nw, eps) => l.arg(*xr).arg(*nw).arg(eps),
+    };
     l.arg(w[0]).arg(w[1]).arg(w[2]);
     // A missing bias is never read: its weight stands in.
     for (bi, wi) in bias.iter().zip(w) {
@@ -227,8 +314,59 @@ pub(crate) fn launch3(
         .arg(&n[0])
         .arg(&n[1])
         .arg(&n[2])
-        .arg(&k);
+        .arg(&kk);
     unsafe { l.launch(cfg) }.map_err(|e| device_err("linear3 (gemv)", e))?;
+    Ok(())
+}
+
+/// Dynamic shared memory of a fused-norm launch: its normalized rows.
+fn norm_smem(rows: usize, inner: usize, op: &'static str) -> Result<u32> {
+    if !norm_fits(rows, inner) || rows > WARP_MAX_ROWS {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("{rows} normalized rows of {inner} do not fit the GEMV"),
+        });
+    }
+    Ok((rows * inner * 2) as u32)
+}
+
+/// `y = silu(h @ gate^T) * (h @ up^T)` with `h = RMSNorm(xres)` (weight
+/// `nw`, `eps`), for the stacked `[2 * n, inner]` `gate_up` weight and y
+/// `[rows, n]`, in one `gemv_norm_silu_bf16` launch; shapes checked by the
+/// caller, [`norm_fits`] true.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_norm_silu(
+    b: &CudaBackend,
+    op: &'static str,
+    (rows, n, inner): (usize, usize, usize),
+    xres: &CudaSlice<f32>,
+    nw: &CudaSlice<bf16>,
+    eps: f32,
+    gate_up: &CudaSlice<bf16>,
+    y: &mut CudaSlice<bf16>,
+) -> Result<()> {
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let (m, nn, kk) = (i32_of(rows, op)?, i32_of(n, op)?, i32_of(inner, op)?);
+    let cfg = LaunchConfig {
+        grid_dim: (i32_of(n.div_ceil(WARP_WARPS), op)? as u32, 1, 1),
+        block_dim: (32 * WARP_WARPS as u32, 1, 1),
+        shared_mem_bytes: norm_smem(rows, inner, op)?,
+    };
+    let mut l = b
+        .dev
+        .stream
+        .launch_builder(b.dev.kernel("gemv_norm_silu_bf16")?);
+    l.arg(y)
+        .arg(xres)
+        .arg(nw)
+        .arg(&eps)
+        .arg(gate_up)
+        .arg(&m)
+        .arg(&nn)
+        .arg(&kk);
+    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     Ok(())
 }
 
@@ -239,24 +377,97 @@ mod tests {
     #[test]
     fn selection_depends_on_shape_and_path_only() {
         let mma = SmallLinear::Mma;
-        assert_eq!(mma.kernel_for(1, 4096), Some(GemvKernel::Mma));
-        assert_eq!(mma.kernel_for(16, 2048), Some(GemvKernel::Mma));
-        assert_eq!(mma.kernel_for(17, 2048), None);
-        assert_eq!(mma.kernel_for(4, 4100), None);
-        assert_eq!(mma.kernel_for(0, 64), None);
+        assert_eq!(mma.kernel_for(1, 64, 4096), Some(GemvKernel::Mma));
+        assert_eq!(mma.kernel_for(16, 1 << 20, 2048), Some(GemvKernel::Mma));
+        assert_eq!(mma.kernel_for(17, 64, 2048), None);
+        assert_eq!(mma.kernel_for(4, 64, 4100), None);
+        assert_eq!(mma.kernel_for(0, 64, 64), None);
         let warp = SmallLinear::Warp;
-        assert_eq!(warp.kernel_for(8, 64), Some(GemvKernel::Warp));
-        assert_eq!(warp.kernel_for(9, 64), None);
-        assert_eq!(SmallLinear::Cublas.kernel_for(1, 64), None);
+        assert_eq!(warp.kernel_for(8, 64, 64), Some(GemvKernel::Warp));
+        assert_eq!(warp.kernel_for(9, 64, 64), None);
+        assert_eq!(SmallLinear::Cublas.kernel_for(1, 64, 64), None);
+    }
+
+    /// The default path's decisions at the shapes it was measured on.
+    #[test]
+    fn auto_choice_by_rows_and_weight_size() {
+        let auto = |rows, out, inner| SmallLinear::Auto.kernel_for(rows, out, inner);
+        let (w, m) = (Some(GemvKernel::Warp), Some(GemvKernel::Mma));
+        // Llama-3.1-8B: qkv together, o_proj, gate_up, down, LM head.
+        let l8 = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)];
+        for (out, inner) in l8.into_iter().chain([(128256, 4096)]) {
+            assert_eq!(auto(1, out, inner), w, "8B {out}x{inner} at 1 row");
+            for rows in [2, 3, 4, 8, 16, 17] {
+                assert_eq!(auto(rows, out, inner), None, "8B {out}x{inner} at {rows}");
+            }
+        }
+        // Qwen3-0.6B: qkv together, o_proj, gate_up, down; the
+        // Qwen3-30B-A3B attention products (hidden 2048).
+        let small = [
+            (4096, 1024),
+            (1024, 2048),
+            (6144, 1024),
+            (1024, 3072),
+            (5120, 2048),
+            (2048, 4096),
+        ];
+        for (out, inner) in small {
+            for rows in 1..=4 {
+                assert_eq!(auto(rows, out, inner), w, "{out}x{inner} at {rows}");
+            }
+            for rows in 5..=16 {
+                assert_eq!(auto(rows, out, inner), m, "{out}x{inner} at {rows}");
+            }
+            assert_eq!(auto(17, out, inner), None);
+        }
+        // A large weight (Qwen3-0.6B's tied LM head) from 2 rows; widths
+        // the GEMVs do not take; no rows.
+        assert_eq!(auto(1, 151936, 1024), w);
+        assert_eq!(auto(2, 151936, 1024), None);
+        assert_eq!(auto(1, 64, 1020), None);
+        assert_eq!(auto(0, 64, 64), None);
+        // The boundary itself.
+        let edge = LARGE_WEIGHT_BYTES / 2 / 1024;
+        assert_eq!(auto(2, edge - 1, 1024), w);
+        assert_eq!(auto(2, edge, 1024), None);
+    }
+
+    #[test]
+    fn cublas_warm_up_starts_where_cublas_may_run() {
+        for p in [
+            SmallLinear::Auto,
+            SmallLinear::Mma,
+            SmallLinear::Warp,
+            SmallLinear::Cublas,
+        ] {
+            let first = (1..=64)
+                .find(|&r| p.kernel_for(r, 1 << 20, 4096).is_none())
+                .unwrap();
+            assert_eq!(p.min_cublas_rows(), first, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn norm_fusion_fits_shared_memory() {
+        assert!(norm_fits(8, 1024));
+        assert!(norm_fits(5, 4096));
+        assert!(!norm_fits(6, 4096));
+        assert!(!norm_fits(2, 16384));
     }
 
     #[test]
     fn env_values_parse() {
-        assert_eq!(SmallLinear::parse(""), SmallLinear::Warp);
+        assert_eq!(SmallLinear::parse(""), SmallLinear::Auto);
+        assert_eq!(SmallLinear::parse("other"), SmallLinear::Auto);
         assert_eq!(SmallLinear::parse(" Warp "), SmallLinear::Warp);
         assert_eq!(SmallLinear::parse("CUBLAS"), SmallLinear::Cublas);
         assert_eq!(SmallLinear::parse("mma"), SmallLinear::Mma);
-        for p in [SmallLinear::Mma, SmallLinear::Warp, SmallLinear::Cublas] {
+        for p in [
+            SmallLinear::Mma,
+            SmallLinear::Warp,
+            SmallLinear::Cublas,
+            SmallLinear::Auto,
+        ] {
             assert_eq!(SmallLinear::from_u8(p.to_u8()), p);
         }
     }

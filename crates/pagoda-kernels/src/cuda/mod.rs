@@ -57,7 +57,10 @@ pub use attention_path::{
 pub use blaslt_cache::{GemmTuning, GEMM_TUNING_ENV};
 pub use blaslt_tune::GemmTuningStats;
 pub use fp8_path::Fp8GemmPath;
-pub use gemv::{GemvKernel, SmallLinear, SMALL_LINEAR_ENV};
+pub use gemv::{
+    GemvKernel, SmallLinear, DECODE_FUSION_ENV, LARGE_WEIGHT_BYTES, NORM_SMEM_BYTES,
+    SMALL_LINEAR_ENV,
+};
 pub use graph::CudaGraphRunner;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
 pub use pool::DeviceBuf;
@@ -95,6 +98,8 @@ pub struct CudaBackend {
     /// The small-row linear path ([`SmallLinear`] as `to_u8`; see
     /// [`CudaBackend::set_small_linear`]).
     small_linear: AtomicU8,
+    /// Decode fusions on (see [`CudaBackend::set_decode_fusion`]).
+    decode_fusion: AtomicBool,
     /// Token masks of structured outputs (see [`token_masks`]).
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
     /// KV caches hold FP8 E4M3 bytes (see [`crate::kv_dtype`]), else bf16.
@@ -148,6 +153,7 @@ impl CudaBackend {
             syncs: AtomicU64::new(0),
             tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
             small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
+            decode_fusion: AtomicBool::new(gemv::fusion_from_env()),
             masks: Default::default(),
             kv_fp8: false,
             fp8_weights: false,
@@ -183,10 +189,33 @@ impl CudaBackend {
     }
 
     /// Which kernels run linear layers of few rows (see [`gemv`]); new
-    /// backends start from [`SMALL_LINEAR_ENV`], else [`SmallLinear::Mma`].
+    /// backends start from [`SMALL_LINEAR_ENV`], else [`SmallLinear::Auto`].
     /// Graphs captured before a change keep the kernels they recorded.
     pub fn set_small_linear(&self, path: SmallLinear) {
         self.small_linear.store(path.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Whether `norm_linear3` / `norm_gate_up_silu` fold the RMSNorm (and
+    /// the SiLU) into the CUDA-core GEMV where it runs them; off, they run
+    /// the op sequence. New backends start from [`DECODE_FUSION_ENV`]
+    /// (`off`), else on. Graphs captured before a change keep theirs.
+    pub fn set_decode_fusion(&self, on: bool) {
+        self.decode_fusion.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the decode fusions are on.
+    pub fn decode_fusion(&self) -> bool {
+        self.decode_fusion.load(Ordering::Relaxed)
+    }
+
+    /// Whether a fused-norm product (`norm_linear3`, `norm_gate_up_silu`)
+    /// of `rows` x `inner` by bf16 weights of `out` rows in all runs as one
+    /// GEMV launch: the fusions on, the small-row path choosing the
+    /// CUDA-core GEMV, the normalized rows fitting its shared memory.
+    pub fn norm_fusion_for(&self, rows: usize, out: usize, inner: usize) -> bool {
+        self.decode_fusion()
+            && self.small_linear().kernel_for(rows, out, inner) == Some(GemvKernel::Warp)
+            && gemv::norm_fits(rows, inner)
     }
 
     /// The current small-row linear path.
@@ -600,6 +629,27 @@ impl Backend for CudaBackend {
         ops::linear3(self, x, w, bias)
     }
 
+    fn norm_linear3(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaWeight,
+        eps: f32,
+        w: [&CudaWeight; 3],
+        bias: [Option<&CudaWeight>; 3],
+    ) -> Result<[CudaTensor; 3]> {
+        ops::norm_linear3(self, x, norm, eps, w, bias)
+    }
+
+    fn norm_gate_up_silu(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaWeight,
+        eps: f32,
+        gate_up: &CudaWeight,
+    ) -> Result<CudaTensor> {
+        ops::norm_gate_up_silu(self, x, norm, eps, gate_up)
+    }
+
     fn add_linear(
         &self,
         residual: &mut CudaTensor,
@@ -668,6 +718,24 @@ impl Backend for CudaBackend {
         style: RopeStyle,
     ) -> Result<()> {
         qk_norm_rope::qk_norm_rope(self, q, k, norms, eps, step, cos_sin, head_dim, style)
+    }
+
+    fn qk_norm_rope_store_kv(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        v: &CudaTensor,
+        norms: Option<(&CudaWeight, &CudaWeight)>,
+        eps: f32,
+        step: &CudaStep,
+        cos_sin: &CudaWeight,
+        head_dim: usize,
+        style: RopeStyle,
+        cache: &mut CudaKvCache,
+    ) -> Result<()> {
+        qk_norm_rope::qk_norm_rope_store_kv(
+            self, q, k, v, norms, eps, step, cos_sin, head_dim, style, cache,
+        )
     }
 
     fn silu_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor> {
@@ -785,7 +853,7 @@ impl Backend for CudaBackend {
     fn warmup_row_counts(&self, max_rows: usize) -> Vec<usize> {
         // Every GEMM plan bucket above the gemv sizes, below the largest step.
         let mut rows = Vec::new();
-        let mut n = self.small_linear().max_gemv_rows() as u64 + 1;
+        let mut n = self.small_linear().min_cublas_rows() as u64;
         while (n as usize) < max_rows {
             let b = blaslt::bucket(n);
             if b as usize >= max_rows {

@@ -259,9 +259,9 @@ pub(crate) fn linear(
     Ok(y)
 }
 
-/// Three products of `x` ([`crate::Backend::linear3`]): one tensor-core
-/// GEMV launch where the small-row path takes all three (bf16 weights of
-/// the same input width), else three `linear`s.
+/// Three products of `x` ([`crate::Backend::linear3`]): one GEMV launch
+/// where the small-row path takes all three together (bf16 weights of the
+/// same input width), else three `linear`s.
 pub(crate) fn linear3(
     b: &CudaBackend,
     x: &CudaTensor,
@@ -270,19 +270,35 @@ pub(crate) fn linear3(
 ) -> Result<[CudaTensor; 3]> {
     let op = "linear";
     let bf16_weights = w.iter().all(|w| matches!(w.data, WeightBuf::Bf16(_)));
-    let kernel = b.small_linear().kernel_for(x.rows, x.cols);
-    if !bf16_weights || kernel != Some(super::gemv::GemvKernel::Mma) {
+    let out: usize = w.iter().map(|w| w.rows).sum();
+    let kernel = b.small_linear().kernel_for(x.rows, out, x.cols);
+    let Some(kernel) = kernel.filter(|_| bf16_weights) else {
         return Ok([
             linear(b, x, w[0], bias[0])?,
             linear(b, x, w[1], bias[1])?,
             linear(b, x, w[2], bias[2])?,
         ]);
-    }
+    };
     let biases = [
         check_linear(op, x, w[0], bias[0])?,
         check_linear(op, x, w[1], bias[1])?,
         check_linear(op, x, w[2], bias[2])?,
     ];
+    let input = super::gemv::GemvInput::Bf16(x.bf16(op)?);
+    launch_linear3(b, op, kernel, x, input, w, biases)
+}
+
+/// The one GEMV launch of a checked `linear3` / `norm_linear3` into fresh
+/// outputs.
+fn launch_linear3(
+    b: &CudaBackend,
+    op: &'static str,
+    kernel: super::gemv::GemvKernel,
+    x: &CudaTensor,
+    input: super::gemv::GemvInput<'_>,
+    w: [&CudaWeight; 3],
+    biases: [Option<&CudaSlice<bf16>>; 3],
+) -> Result<[CudaTensor; 3]> {
     let mut ys = [
         b.output(x.rows, w[0].rows)?,
         b.output(x.rows, w[1].rows)?,
@@ -296,8 +312,80 @@ pub(crate) fn linear3(
     ];
     let ws = [w[0].bf16(op)?, w[1].bf16(op)?, w[2].bf16(op)?];
     let dims = [w[0].rows, w[1].rows, w[2].rows];
-    super::gemv::launch3(b, op, (x.rows, x.cols), x.bf16(op)?, ws, dims, biases, outs)?;
+    super::gemv::launch3(
+        b,
+        op,
+        kernel,
+        (x.rows, x.cols),
+        input,
+        ws,
+        dims,
+        biases,
+        outs,
+    )?;
     Ok(ys)
+}
+
+/// Whether the CUDA-core GEMV takes a fused-norm product of the f32
+/// residual `x` by bf16 weights of `out` rows in all (the decode fusions
+/// on, the small-row path choosing that kernel, the rows fitting).
+fn norm_fused(b: &CudaBackend, x: &CudaTensor, w: &[&CudaWeight], out: usize) -> bool {
+    matches!(x.data, Act::F32(_))
+        && w.iter()
+            .all(|w| matches!(w.data, WeightBuf::Bf16(_)) && w.cols == x.cols)
+        && b.norm_fusion_for(x.rows, out, x.cols)
+}
+
+/// [`crate::Backend::norm_linear3`]: one fused-norm GEMV launch where
+/// [`norm_fused`] allows, else `rms_norm` then `linear3`.
+pub(crate) fn norm_linear3(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    norm: &CudaWeight,
+    eps: f32,
+    w: [&CudaWeight; 3],
+    bias: [Option<&CudaWeight>; 3],
+) -> Result<[CudaTensor; 3]> {
+    let op = "norm_linear3";
+    let out: usize = w.iter().map(|w| w.rows).sum();
+    let (Act::F32(xr), true) = (&x.data, norm_fused(b, x, &w, out)) else {
+        let h = rms_norm(b, x, norm, eps)?;
+        return linear3(b, &h, w, bias);
+    };
+    let nw = norm.vector(x.cols, op)?;
+    let biases = [
+        bias[0].map(|bb| bb.vector(w[0].rows, op)).transpose()?,
+        bias[1].map(|bb| bb.vector(w[1].rows, op)).transpose()?,
+        bias[2].map(|bb| bb.vector(w[2].rows, op)).transpose()?,
+    ];
+    let input = super::gemv::GemvInput::Norm(xr, nw, eps);
+    let kernel = super::gemv::GemvKernel::Warp;
+    launch_linear3(b, op, kernel, x, input, w, biases)
+}
+
+/// [`crate::Backend::norm_gate_up_silu`]: one fused-norm GEMV launch with
+/// the SiLU gate in its output where [`norm_fused`] allows, else
+/// `rms_norm`, `linear` and `silu_mul`.
+pub(crate) fn norm_gate_up_silu(
+    b: &CudaBackend,
+    x: &CudaTensor,
+    norm: &CudaWeight,
+    eps: f32,
+    gate_up: &CudaWeight,
+) -> Result<CudaTensor> {
+    let op = "norm_gate_up_silu";
+    let fused = gate_up.rows.is_multiple_of(2) && norm_fused(b, x, &[gate_up], gate_up.rows);
+    let (Act::F32(xr), true) = (&x.data, fused) else {
+        let h = rms_norm(b, x, norm, eps)?;
+        return silu_mul(b, &linear(b, &h, gate_up, None)?);
+    };
+    let nw = norm.vector(x.cols, op)?;
+    let n = gate_up.rows / 2;
+    let mut y = b.output(x.rows, n)?;
+    let dims = (x.rows, n, x.cols);
+    let wd = gate_up.bf16(op)?;
+    super::gemv::launch_norm_silu(b, op, dims, xr, nw, eps, wd, y.bf16_mut(op)?)?;
+    Ok(y)
 }
 
 /// `residual += x @ w^T (+ bias)`, unrounded into an f32 residual; a bf16
@@ -377,7 +465,7 @@ fn product(
         if let Dest::Bf16(y) = &mut dest {
             fill(b, y, rows * out, 0)?;
         }
-    } else if let Some(k) = b.small_linear().kernel_for(rows, inner) {
+    } else if let Some(k) = b.small_linear().kernel_for(rows, out, inner) {
         // Decode-sized: one pass over the weights, bias fused (gemv.rs).
         return super::gemv::launch(b, op, k, (rows, out, inner), xd, wd, bias, &mut dest);
     } else if let (Dest::Bf16(y), Some(bias)) = (&mut dest, bias) {

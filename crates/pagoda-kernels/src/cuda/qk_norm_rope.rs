@@ -4,10 +4,15 @@
 //! twice). Every check of those ops is made here too, so a bad shape is the
 //! same [`KernelError::Shape`]; shapes the kernel does not take (head_dim
 //! over 1024, an FP8 table) run the four ops instead.
+//!
+//! [`qk_norm_rope_store_kv`] also stores the step's K/V into the KV cache
+//! from the same launch (`qk_norm_rope_store_*`: store_kv's checks and
+//! bits), where the decode fusions are on and the one-launch kernel takes
+//! the shape; else it runs `qk_norm_rope` then `store_kv`.
 
 use super::ops::{check_rows, rows_threads};
-use super::storage::{CudaStep, CudaTensor, CudaWeight, WeightBuf};
-use super::{device_err, ops, CudaBackend};
+use super::storage::{CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
+use super::{attention, device_err, ops, CudaBackend};
 use crate::{KernelError, Result, RopeStyle};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -34,17 +39,78 @@ pub(crate) fn qk_norm_rope(
     head_dim: usize,
     style: RopeStyle,
 ) -> Result<()> {
-    let op = "qk_norm_rope";
+    launch(b, q, k, norms, eps, step, cos_sin, head_dim, style, None)
+}
+
+/// `qk_norm_rope`, then `store_kv` of k and v into `cache` (group 0), in
+/// one launch where the fusions are on and the shapes allow.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qk_norm_rope_store_kv(
+    b: &CudaBackend,
+    q: &mut CudaTensor,
+    k: &mut CudaTensor,
+    v: &CudaTensor,
+    norms: Option<(&CudaWeight, &CudaWeight)>,
+    eps: f32,
+    step: &CudaStep,
+    cos_sin: &CudaWeight,
+    head_dim: usize,
+    style: RopeStyle,
+    cache: &mut CudaKvCache,
+) -> Result<()> {
+    let fits = b.decode_fusion()
+        && cache.shape.head_dim == head_dim
+        && k.cols == cache.shape.num_kv_heads * head_dim;
+    if fits && fused(q, k, cos_sin, head_dim) {
+        attention::check_store(k, v, cache, step, 0)?;
+        return launch(
+            b,
+            q,
+            k,
+            norms,
+            eps,
+            step,
+            cos_sin,
+            head_dim,
+            style,
+            Some((v, cache)),
+        );
+    }
+    qk_norm_rope(b, q, k, norms, eps, step, cos_sin, head_dim, style)?;
+    attention::store_kv(b, k, v, cache, step, 0)
+}
+
+/// Whether the one-launch kernel takes these shapes.
+fn fused(q: &CudaTensor, k: &CudaTensor, cos_sin: &CudaWeight, head_dim: usize) -> bool {
     let rd = cos_sin.cols;
-    let fused = head_dim > 0
+    head_dim > 0
         && head_dim <= 1024
         && !matches!(cos_sin.data, WeightBuf::Fp8 { .. })
         && q.rows == k.rows
         && q.cols.is_multiple_of(head_dim)
         && k.cols.is_multiple_of(head_dim)
         && rd <= head_dim
-        && rd.is_multiple_of(2);
-    if !fused {
+        && rd.is_multiple_of(2)
+}
+
+/// The launch of `qk_norm_rope`, storing K/V into a cache (checked by the
+/// caller) when `store` gives one.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    b: &CudaBackend,
+    q: &mut CudaTensor,
+    k: &mut CudaTensor,
+    norms: Option<(&CudaWeight, &CudaWeight)>,
+    eps: f32,
+    step: &CudaStep,
+    cos_sin: &CudaWeight,
+    head_dim: usize,
+    style: RopeStyle,
+    store: Option<(&CudaTensor, &mut CudaKvCache)>,
+) -> Result<()> {
+    let op = "qk_norm_rope";
+    let rd = cos_sin.cols;
+    if !fused(q, k, cos_sin, head_dim) {
         // The four ops, with their own checks and errors.
         if let Some((qn, kn)) = norms {
             ops::head_rms_norm(b, q, qn, head_dim, eps)?;
@@ -74,9 +140,13 @@ pub(crate) fn qk_norm_rope(
     }
     let (qh, kh) = (q.cols / head_dim, k.cols / head_dim);
     let blocks = q.rows * (qh + kh);
-    // Nothing to normalize, and no pair to rotate: nothing changes.
+    // Nothing to normalize, and no pair to rotate: nothing changes (but
+    // K/V still go to the cache).
     if blocks == 0 || (norms.is_none() && rd == 0) {
-        return Ok(());
+        return match store {
+            Some((v, cache)) if blocks > 0 => attention::store_kv(b, k, v, cache, step, 0),
+            _ => Ok(()),
+        };
     }
     let cfg = LaunchConfig {
         grid_dim: (i32_of(blocks)? as u32, 1, 1),
@@ -90,10 +160,16 @@ pub(crate) fn qk_norm_rope(
     };
     let (qhi, khi, hd, rdi) = (i32_of(qh)?, i32_of(kh)?, i32_of(head_dim)?, i32_of(rd)?);
     let positions = step.view(step.positions);
-    let name = match cos_sin.data {
-        WeightBuf::F32(_) => "qk_norm_rope_f32",
-        _ => "qk_norm_rope_bf16",
+    let f32_table = matches!(cos_sin.data, WeightBuf::F32(_));
+    let name = match (f32_table, store.as_ref().map(|(_, c)| c.fp8)) {
+        (true, None) => "qk_norm_rope_f32",
+        (false, None) => "qk_norm_rope_bf16",
+        (true, Some(false)) => "qk_norm_rope_store_f32_bf16",
+        (false, Some(false)) => "qk_norm_rope_store_bf16_bf16",
+        (true, Some(true)) => "qk_norm_rope_store_f32_fp8",
+        (false, Some(true)) => "qk_norm_rope_store_bf16_fp8",
     };
+    let slots = step.view(step.slot_mapping_of(0));
     let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
     l.arg(q.bf16_mut(op)?).arg(k.bf16_mut(op)?);
     // Without norms the kernel reads no weight: the table stands in.
@@ -115,6 +191,13 @@ pub(crate) fn qk_norm_rope(
         .arg(&rdi)
         .arg(&style)
         .arg(&eps);
+    if let Some((v, cache)) = store {
+        l.arg(&mut cache.k)
+            .arg(&mut cache.v)
+            .arg(v.bf16(op)?)
+            .arg(&cache.scales)
+            .arg(&slots);
+    }
     unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     Ok(())
 }

@@ -207,67 +207,83 @@ impl<B: Backend> LlamaFamily<B> {
         })
     }
 
-    /// Self-attention up to (not including) o_proj, which the caller adds
-    /// into the residual stream.
+    /// Self-attention of the residual stream `x` normalized by `norm`, up
+    /// to (not including) o_proj, which the caller adds into the residual
+    /// stream.
     fn attention(
         &self,
         b: &B,
         a: &Attention<B>,
         x: &B::Tensor,
+        norm: &B::Weight,
         step: &B::Step,
         kv: &mut B::KvCache,
     ) -> Result<B::Tensor> {
         let hd = self.attn.head_dim;
-        // 1. Project.
-        let [mut q, mut k, v] = b.linear3(
+        // 1. Normalize and project (one backend op).
+        let [mut q, mut k, v] = b.norm_linear3(
             x,
+            norm,
+            self.eps,
             [&a.q_proj, &a.k_proj, &a.v_proj],
             [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
         )?;
         // 2. Qwen3 normalizes each head of q and k; 3. rotate by position
-        // (one backend op for both steps).
+        // (one backend op for 2-4).
         let norms = match (&a.q_norm, &a.k_norm) {
             (Some(qn), Some(kn)) => Some((qn, kn)),
             _ => None,
         };
-        b.qk_norm_rope(
+        // 4. Store this step's K/V (the same op), then attend over the
+        // whole cached sequence.
+        b.qk_norm_rope_store_kv(
             &mut q,
             &mut k,
+            &v,
             norms,
             self.eps,
             step,
             &self.cos_sin,
             hd,
             RopeStyle::Neox,
+            kv,
         )?;
-        // 4. Store this step's K/V, then attend over the whole cached sequence.
-        b.store_kv(&k, &v, kv, step)?;
         Ok(b.attention(&q, kv, step, &self.attn)?)
     }
 }
 
 impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
     fn forward(&self, b: &B, step: &B::Step, kv: &mut [B::KvCache]) -> Result<B::Tensor> {
-        // `x` is the residual stream (f32 on every backend); `h` the
-        // normalized input of the next block. The two output projections of
-        // a layer add straight into `x`.
+        // `x` is the residual stream (f32 on every backend). Each block's
+        // input norm goes with the block's first products (backend ops that
+        // may fold it into them); the two output projections of a layer add
+        // straight into `x`.
+        //
+        // A decode step's launches per layer on CUDA, where the CUDA-core
+        // GEMV runs the products (gemv.rs: 1 row, or 2-4 rows of small
+        // weights): norm_linear3 (1: RMSNorm folded into the q/k/v GEMV),
+        // qk_norm_rope_store_kv (1: head norms, rope and the KV store),
+        // attention (2: split-K decode and its reduction), o_proj
+        // add_linear (1), norm_gate_up_silu (1: RMSNorm and SiLU folded
+        // into the gate/up GEMV), down add_linear (1): 7. Unfused
+        // (PAGODA_DECODE_FUSION=off), or where cuBLASLt or the tensor-core
+        // GEMV runs the products: rms_norm, q/k/v (1, or 3 on cuBLASLt),
+        // qk_norm_rope, store_kv, attention (2), o_proj, rms_norm,
+        // gate_up, silu_mul, down: 11-13. Per step: embedding, the final
+        // rms_norm, gather_logits_rows, the LM head (then sampling, outside
+        // the graph).
         let mut x = b.embedding(step, &self.embed_tokens)?;
-        let Some(first) = self.layers.first() else {
+        if self.layers.is_empty() {
             return Err(crate::ModelError::Config("model has no layers".into()));
-        };
-        let mut h = b.rms_norm(&x, &first.input_layernorm, self.eps)?;
-        for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
-            let attn = self.attention(b, &layer.self_attn, &h, step, cache)?;
-            let o = &layer.self_attn;
-            b.add_linear(&mut x, &attn, &o.o_proj, o.o_bias.as_ref())?;
-            h = b.rms_norm(&x, &layer.post_attention_layernorm, self.eps)?;
-            layer.mlp.add_to(b, &mut x, &h)?;
-            let next_norm = match self.layers.get(i + 1) {
-                Some(next) => &next.input_layernorm,
-                None => &self.norm,
-            };
-            h = b.rms_norm(&x, next_norm, self.eps)?;
         }
+        for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
+            let a = &layer.self_attn;
+            let attn = self.attention(b, a, &x, &layer.input_layernorm, step, cache)?;
+            b.add_linear(&mut x, &attn, &a.o_proj, a.o_bias.as_ref())?;
+            let norm = &layer.post_attention_layernorm;
+            layer.mlp.add_normed(b, &mut x, norm, self.eps)?;
+        }
+        let h = b.rms_norm(&x, &self.norm, self.eps)?;
         let last = b.gather_logits_rows(&h, step)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         Ok(b.linear(&last, head, None)?)

@@ -162,6 +162,26 @@ impl<B: Backend> FeedForward<B> {
         }))
     }
 
+    /// `x += ffn(rms_norm(x, norm, eps))`: a dense block's norm, gate/up
+    /// product and activation are one backend op
+    /// ([`Backend::norm_gate_up_silu`]).
+    pub fn add_normed(&self, b: &B, x: &mut B::Tensor, norm: &B::Weight, eps: f32) -> Result<()> {
+        match self {
+            FeedForward::Dense {
+                gate_up_proj,
+                down_proj,
+            } => {
+                let act = b.norm_gate_up_silu(x, norm, eps, gate_up_proj)?;
+                b.add_linear(x, &act, down_proj, None)?;
+                Ok(())
+            }
+            FeedForward::Sparse(_) => {
+                let h = b.rms_norm(x, norm, eps)?;
+                self.add_to(b, x, &h)
+            }
+        }
+    }
+
     /// `x += ffn(h)`: `x` the residual stream, `h` its normalized rows.
     pub fn add_to(&self, b: &B, x: &mut B::Tensor, h: &B::Tensor) -> Result<()> {
         match self {

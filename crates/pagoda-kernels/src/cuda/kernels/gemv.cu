@@ -14,6 +14,21 @@
 // The two numbers (Qwen3-0.6B, batch 1): every decode step reads each weight
 // once, ~1.2 GB with the tied LM head, ~0.28 ms at 4.2 TB/s; FLOPs are 2
 // per weight per row, negligible. Each warp keeps 2 chunks of w in flight.
+//
+// One kernel family, its fusions template parameters of gemv_warp (the decode
+// step's launches per layer drop from ~12 to ~7, see cuda/gemv.rs):
+// - up to three weights of one x (q, k, v) in one launch: the warps of the
+//   grid are cut into segments, one per weight (gemv3_*);
+// - NORM: x is the f32 residual stream, RMS-normalized on load: each block
+//   sums the squares of its rows, writes the normalized bf16 rows (rounded
+//   as rms_norm rounds them) to shared memory and reads x from there
+//   (gemv3_norm_bf16, gemv_norm_silu_bf16; M * K * 2 bytes of shared memory);
+// - OUT: y = product (rounded once), y += product (the f32 residual), or
+//   the gated MLP's act(gate) * up of two weight rows (n and n_out + n of a
+//   stacked [2 * n_out, K] gate_up weight), each rounded to bf16 first, as
+//   linear then silu_mul round them.
+// A warp's sums are taken in the same order in every variant, so the fused
+// products equal the unfused ones bit for bit given the same x.
 
 #define GEMV_MAX_ROWS 8
 #define GEMV_WARPS 8
@@ -30,98 +45,289 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
     }
 }
 
-// Y = bf16: y = x w^T (+ bias); Y = float: y += x w^T (+ bias).
-template <int M, typename Y>
-__device__ __forceinline__ void gemv_rows(Y* __restrict__ y, const bf16* __restrict__ x,
-                                          const bf16* __restrict__ w,
-                                          const bf16* __restrict__ bias, int has_bias, int n_out,
-                                          int k) {
-    int lane = threadIdx.x & 31;
-    int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n >= n_out) {
-        return;
+#define GEMV_OUT_BF16 0
+#define GEMV_OUT_ACC 1
+#define GEMV_OUT_SILU 2
+
+// A 16-byte chunk of x: through the read-only cache from global memory, or
+// from the block's staged rows in shared memory (SX).
+template <bool SX>
+__device__ __forceinline__ uint4 ld_x(const uint4* p) {
+    if constexpr (SX) {
+        return *p;
+    } else {
+        return __ldg(p);
     }
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (long long)n * k);
+}
+
+// acc[r][m] = sum_c w[r][c] * x[m][c] over the warp's R weight rows and the
+// M rows of x (row stride k), warp-reduced (every lane holds the sums).
+template <int M, int R, bool SX>
+__device__ __forceinline__ void gemv_dot(float (&acc)[R][M], const bf16* const (&w)[R],
+                                         const bf16* x, int k) {
+    int lane = threadIdx.x & 31;
     int chunks = k >> 3;
-    float acc[M];
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        acc[m] = 0.0f;
+    for (int r = 0; r < R; r++) {
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            acc[r][m] = 0.0f;
+        }
     }
     int c = lane;
-    // Two weight chunks in flight per lane.
+    // Two weight chunks of each row in flight per lane.
     for (; c + 32 < chunks; c += 64) {
-        uint4 wa = __ldg(wr + c);
-        uint4 wb = __ldg(wr + c + 32);
-        float fa[8], fb[8];
-        bf16x8_to_f32(wa, fa);
-        bf16x8_to_f32(wb, fb);
+        float fa[R][8], fb[R][8];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4* wr = reinterpret_cast<const uint4*>(w[r]);
+            bf16x8_to_f32(__ldg(wr + c), fa[r]);
+            bf16x8_to_f32(__ldg(wr + c + 32), fb[r]);
+        }
 #pragma unroll
         for (int m = 0; m < M; m++) {
             const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)m * k);
             float xa[8], xb[8];
-            bf16x8_to_f32(__ldg(xr + c), xa);
-            bf16x8_to_f32(__ldg(xr + c + 32), xb);
+            bf16x8_to_f32(ld_x<SX>(xr + c), xa);
+            bf16x8_to_f32(ld_x<SX>(xr + c + 32), xb);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                acc[m] = fmaf(fa[i], xa[i], acc[m]);
-                acc[m] = fmaf(fb[i], xb[i], acc[m]);
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[r][m] = fmaf(fa[r][i], xa[i], acc[r][m]);
+                    acc[r][m] = fmaf(fb[r][i], xb[i], acc[r][m]);
+                }
             }
         }
     }
     for (; c < chunks; c += 32) {
-        float fa[8];
-        bf16x8_to_f32(__ldg(wr + c), fa);
+        float fa[R][8];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w[r]) + c), fa[r]);
+        }
 #pragma unroll
         for (int m = 0; m < M; m++) {
             const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)m * k);
             float xa[8];
-            bf16x8_to_f32(__ldg(xr + c), xa);
+            bf16x8_to_f32(ld_x<SX>(xr + c), xa);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                acc[m] = fmaf(fa[i], xa[i], acc[m]);
+            for (int r = 0; r < R; r++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    acc[r][m] = fmaf(fa[r][i], xa[i], acc[r][m]);
+                }
             }
         }
     }
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        acc[m] = warp_sum(acc[m]);
-    }
-    if (lane == 0) {
-        float b = has_bias ? bf2f(bias[n]) : 0.0f;
+    for (int r = 0; r < R; r++) {
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            store_gemv(y, (long long)m * n_out + n, acc[m] + b);
+            acc[r][m] = warp_sum(acc[r][m]);
         }
     }
 }
 
-template <typename Y>
-__device__ __forceinline__ void gemv_dispatch(Y* __restrict__ y, const bf16* __restrict__ x,
-                                              const bf16* __restrict__ w,
-                                              const bf16* __restrict__ bias, int has_bias, int m,
-                                              int n_out, int k) {
-    switch (m) {
-        case 1: gemv_rows<1>(y, x, w, bias, has_bias, n_out, k); break;
-        case 2: gemv_rows<2>(y, x, w, bias, has_bias, n_out, k); break;
-        case 3: gemv_rows<3>(y, x, w, bias, has_bias, n_out, k); break;
-        case 4: gemv_rows<4>(y, x, w, bias, has_bias, n_out, k); break;
-        case 5: gemv_rows<5>(y, x, w, bias, has_bias, n_out, k); break;
-        case 6: gemv_rows<6>(y, x, w, bias, has_bias, n_out, k); break;
-        case 7: gemv_rows<7>(y, x, w, bias, has_bias, n_out, k); break;
-        default: gemv_rows<8>(y, x, w, bias, has_bias, n_out, k); break;
+// Up to three products of one x: weight s has n[s] outputs (0: absent),
+// writes y[s] and adds bias[s] where bit s of bias_mask is set.
+struct GemvSegs {
+    void* y[3];
+    const bf16* w[3];
+    const bf16* bias[3];
+    int n[3];
+    int bias_mask;
+};
+
+// Stages RMSNorm(xres) (M rows of k f32, weight nw) in shared memory as
+// bf16, rounded as rms_norm_f32 rounds; every thread of the block calls it.
+template <int M>
+__device__ __forceinline__ const bf16* gemv_stage_norm(const float* __restrict__ xres,
+                                                       const bf16* __restrict__ nw, float eps,
+                                                       int k) {
+    extern __shared__ uint4 gemv_smem[];
+    bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float* xr = xres + (long long)m * k;
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < k; c += blockDim.x) {
+            float v = xr[c];
+            ss += v * v;
+        }
+        float inv = rsqrtf(block_sum(ss) / (float)k + eps);
+        for (int c = threadIdx.x; c < k; c += blockDim.x) {
+            xs[m * k + c] = f2bf(xr[c] * inv * bf2f(nw[c]));
+        }
+    }
+    __syncthreads();
+    return xs;
+}
+
+// One warp per output of the segments (OUT_BF16 / OUT_ACC) or per gated
+// output pair (OUT_SILU: segment 0 only, n[0] outputs of a [2 * n[0], k]
+// weight). x: M bf16 rows (global, or staged in shared memory when SX).
+template <int M, int OUT, bool SX>
+__device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int k) {
+    int lane = threadIdx.x & 31;
+    int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    // The segment of output n (selects, not indexing: s stays in registers).
+    int seg = 0;
+    if (n >= s.n[0]) {
+        n -= s.n[0];
+        seg = 1;
+        if (n >= s.n[1]) {
+            n -= s.n[1];
+            seg = 2;
+            if (n >= s.n[2]) {
+                return;
+            }
+        }
+    }
+    const int n_out = seg == 0 ? s.n[0] : seg == 1 ? s.n[1] : s.n[2];
+    const bf16* ws = seg == 0 ? s.w[0] : seg == 1 ? s.w[1] : s.w[2];
+    void* ys = seg == 0 ? s.y[0] : seg == 1 ? s.y[1] : s.y[2];
+    if constexpr (OUT == GEMV_OUT_SILU) {
+        const bf16* const w[2] = {ws + (long long)n * k, ws + (long long)(n_out + n) * k};
+        float acc[2][M];
+        gemv_dot<M, 2, SX>(acc, w, x, k);
+        if (lane == 0) {
+            bf16* y = static_cast<bf16*>(ys);
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float g = bf2f(f2bf(acc[0][m]));
+                float u = bf2f(f2bf(acc[1][m]));
+                y[(long long)m * n_out + n] = f2bf(gate_act<0>(g) * u);
+            }
+        }
+    } else {
+        const bf16* const w[1] = {ws + (long long)n * k};
+        float acc[1][M];
+        gemv_dot<M, 1, SX>(acc, w, x, k);
+        if (lane == 0) {
+            const bf16* bs = seg == 0 ? s.bias[0] : seg == 1 ? s.bias[1] : s.bias[2];
+            float b = (s.bias_mask >> seg) & 1 ? bf2f(bs[n]) : 0.0f;
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                long long i = (long long)m * n_out + n;
+                if constexpr (OUT == GEMV_OUT_ACC) {
+                    store_gemv(static_cast<float*>(ys), i, acc[0][m] + b);
+                } else {
+                    store_gemv(static_cast<bf16*>(ys), i, acc[0][m] + b);
+                }
+            }
+        }
     }
 }
 
-// Grid: ceil(n_out / GEMV_WARPS) blocks of 32 * GEMV_WARPS threads.
+// The row-count dispatch (M <= GEMV_MAX_ROWS), optionally staging the
+// normalized residual first.
+template <int OUT, bool NORM>
+__device__ __forceinline__ void gemv_family(const GemvSegs& s, const bf16* x,
+                                            const float* xres, const bf16* nw, float eps, int m,
+                                            int k) {
+#define GEMV_CASE(MM)                                                    \
+    case MM:                                                             \
+        if constexpr (NORM) {                                            \
+            gemv_warp<MM, OUT, true>(s, gemv_stage_norm<MM>(xres, nw, eps, k), k); \
+        } else {                                                         \
+            gemv_warp<MM, OUT, false>(s, x, k);                          \
+        }                                                                \
+        break;
+    switch (m) {
+        GEMV_CASE(1)
+        GEMV_CASE(2)
+        GEMV_CASE(3)
+        GEMV_CASE(4)
+        GEMV_CASE(5)
+        GEMV_CASE(6)
+        GEMV_CASE(7)
+        default:
+        GEMV_CASE(8)
+    }
+#undef GEMV_CASE
+}
+
+__device__ __forceinline__ GemvSegs gemv_one(void* y, const bf16* w, const bf16* bias,
+                                             int has_bias, int n_out) {
+    GemvSegs s;
+    s.y[0] = y;
+    s.w[0] = w;
+    s.bias[0] = bias;
+    s.n[0] = n_out;
+    for (int i = 1; i < 3; i++) {
+        s.y[i] = nullptr;
+        s.w[i] = w;
+        s.bias[i] = bias;
+        s.n[i] = 0;
+    }
+    s.bias_mask = has_bias ? 1 : 0;
+    return s;
+}
+
+__device__ __forceinline__ GemvSegs gemv_three(bf16* y0, bf16* y1, bf16* y2, const bf16* w0,
+                                               const bf16* w1, const bf16* w2, const bf16* b0,
+                                               const bf16* b1, const bf16* b2, int bias_mask,
+                                               int n0, int n1, int n2) {
+    GemvSegs s;
+    s.y[0] = y0;
+    s.y[1] = y1;
+    s.y[2] = y2;
+    s.w[0] = w0;
+    s.w[1] = w1;
+    s.w[2] = w2;
+    s.bias[0] = b0;
+    s.bias[1] = b1;
+    s.bias[2] = b2;
+    s.n[0] = n0;
+    s.n[1] = n1;
+    s.n[2] = n2;
+    s.bias_mask = bias_mask;
+    return s;
+}
+
+// Grid: ceil(outputs / GEMV_WARPS) blocks of 32 * GEMV_WARPS threads (the
+// NORM kernels with m * k * 2 bytes of dynamic shared memory).
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
           const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
-    gemv_dispatch(y, x, w, bias, has_bias, m, n_out, k);
+    gemv_family<GEMV_OUT_BF16, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr,
+                                      nullptr, 0.0f, m, k);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_acc_f32(float* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
                   const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
-    gemv_dispatch(y, x, w, bias, has_bias, m, n_out, k);
+    gemv_family<GEMV_OUT_ACC, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr, nullptr,
+                                     0.0f, m, k);
+}
+
+// q, k and v of one x in one launch (linear3).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv3_bf16(bf16* y0, bf16* y1, bf16* y2, const bf16* __restrict__ x, const bf16* w0,
+           const bf16* w1, const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2,
+           int bias_mask, int m, int n0, int n1, int n2, int k) {
+    gemv_family<GEMV_OUT_BF16, false>(
+        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), x, nullptr,
+        nullptr, 0.0f, m, k);
+}
+
+// linear3(rms_norm(xres, nw), ...) in one launch (norm_linear3).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv3_norm_bf16(bf16* y0, bf16* y1, bf16* y2, const float* __restrict__ xres,
+                const bf16* __restrict__ nw, float eps, const bf16* w0, const bf16* w1,
+                const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2, int bias_mask,
+                int m, int n0, int n1, int n2, int k) {
+    gemv_family<GEMV_OUT_BF16, true>(
+        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), nullptr, xres, nw,
+        eps, m, k);
+}
+
+// silu_mul(linear(rms_norm(xres, nw), gate_up)) in one launch
+// (norm_gate_up_silu): y [m, n_inter], w [2 * n_inter, k].
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_norm_silu_bf16(bf16* __restrict__ y, const float* __restrict__ xres,
+                    const bf16* __restrict__ nw, float eps, const bf16* __restrict__ w, int m,
+                    int n_inter, int k) {
+    gemv_family<GEMV_OUT_SILU, true>(gemv_one(y, w, w, 0, n_inter), nullptr, xres, nw, eps, m, k);
 }
