@@ -70,7 +70,7 @@ if has tests; then
         [ -x "$bin" ] || continue
         name=$(basename "$bin")
         # The binary, the PyTorch comparison and the timings run below.
-        case "$name" in pagoda | cuda_qwen3_torch | cuda_bench) continue ;; esac
+        case "$name" in pagoda | cuda_qwen3_torch | cuda_bench | mask_bench) continue ;; esac
         start=$(date +%s%N)
         "$bin" --test-threads=1 --nocapture > "$LOGS/$name.log" 2>&1
         rc=$?
