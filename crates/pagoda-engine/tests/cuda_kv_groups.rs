@@ -243,6 +243,10 @@ fn released_local_blocks_on_cuda_match_kept_blocks_and_the_cpu() {
                 compared += 1;
             }
         }
-        assert!(compared > 60, "{arch}: only {compared} tokens compared");
+        // The greedy runs stop at each request's first (excused) near-tie
+        // flip, which on tiny Gemma 3 comes within 8-16 tokens (an H200 run
+        // compared 34); the teacher-forced check above covers every
+        // position, so this only guards against a vacuous comparison.
+        assert!(compared >= 24, "{arch}: only {compared} tokens compared");
     }
 }

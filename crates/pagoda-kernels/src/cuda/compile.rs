@@ -346,6 +346,25 @@ mod tests {
                 names.push(name.to_string());
             }
         }
+        // A kernel declared by a macro (`#define M(NAME, ...)` whose body
+        // declares `NAME`) is declared once per line `M(name, ...)`.
+        for (i, _) in src.match_indices("#define ") {
+            let line = &src[i + 8..];
+            let Some(open) = line.find('(') else { continue };
+            let (macro_name, params) = (&line[..open], &line[open + 1..]);
+            let Some(first) = params.split([',', ')']).next().map(str::trim) else {
+                continue;
+            };
+            if let Some(at) = names.iter().position(|n| n == first) {
+                names.remove(at);
+                for (j, _) in src.match_indices(&format!("\n{macro_name}(")) {
+                    let args = &src[j + macro_name.len() + 2..];
+                    if let Some(name) = args.split([',', ')']).next() {
+                        names.push(name.trim().to_string());
+                    }
+                }
+            }
+        }
         names
     }
 

@@ -843,6 +843,12 @@ impl Backend for CudaBackend {
         down: &CudaWeight,
         num_experts: usize,
     ) -> Result<()> {
+        if residual.is_f32() {
+            // The f32 residual stream: the combine writes bf16 rows, added
+            // in f32 by the residual add.
+            let y = self.moe_experts(x, routes, gate_up, down, num_experts)?;
+            return self.add(residual, &y);
+        }
         moe::experts_add(self, residual, x, routes, gate_up, down, num_experts)
     }
 
