@@ -483,21 +483,6 @@ pub trait Backend: Send + Sync + 'static {
             "mixture-of-experts MLPs on this backend".into(),
         ))
     }
-    /// `residual += moe_experts(x, ..)` (the layer's output added to the
-    /// residual stream, `residual: [rows, hidden]`). A backend may fuse the
-    /// add into its last kernel and round the sum once.
-    fn moe_experts_add(
-        &self,
-        residual: &mut Self::Tensor,
-        x: &Self::Tensor,
-        routes: &Self::Routes,
-        gate_up: &Self::Weight,
-        down: &Self::Weight,
-        num_experts: usize,
-    ) -> Result<()> {
-        let y = self.moe_experts(x, routes, gate_up, down, num_experts)?;
-        self.add(residual, &y)
-    }
     /// A shared expert's gate (Qwen2-MoE): `x[r, :] *= sigmoid(gate[r, 0])`
     /// for each row, `gate: [rows, c]` with `c >= 1` (only column 0 is
     /// read; a model may pad its gate weight so the product has aligned

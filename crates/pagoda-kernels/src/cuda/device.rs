@@ -108,7 +108,6 @@ impl Device {
         }
         super::attention_prefill::configure(&kernels)?;
         super::attention_prefill_mma::configure(&kernels)?;
-        super::moe::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
         Ok(Device {

@@ -834,24 +834,6 @@ impl Backend for CudaBackend {
         moe::experts(self, x, routes, gate_up, down, num_experts)
     }
 
-    fn moe_experts_add(
-        &self,
-        residual: &mut CudaTensor,
-        x: &CudaTensor,
-        routes: &CudaRoutes,
-        gate_up: &CudaWeight,
-        down: &CudaWeight,
-        num_experts: usize,
-    ) -> Result<()> {
-        if residual.is_f32() {
-            // The f32 residual stream: the combine writes bf16 rows, added
-            // in f32 by the residual add.
-            let y = self.moe_experts(x, routes, gate_up, down, num_experts)?;
-            return self.add(residual, &y);
-        }
-        moe::experts_add(self, residual, x, routes, gate_up, down, num_experts)
-    }
-
     fn sigmoid_gate_rows(&self, x: &mut CudaTensor, gate: &CudaTensor) -> Result<()> {
         moe::sigmoid_gate_rows(self, x, gate)
     }

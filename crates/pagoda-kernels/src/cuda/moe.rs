@@ -20,13 +20,7 @@
 //!   GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused
 //!   (`[slots, inter]`), the down GEMM with the routing weight folded in
 //!   (`[slots, hidden]`), and `moe_combine_bf16` (each row's k outputs
-//!   summed in k order, f32, rounded once). The GEMMs' tile height is 64
-//!   slots while experts average fewer than 64 pairs, 128 beyond
-//!   ([`GEMM_SHAPES`]); a tile's rows past its last pair cost nothing.
-//!
-//! [`experts_add`] (`Backend::moe_experts_add`) adds the result into a
-//! residual in the kernel that forms it (`moe_gemv_down` or the combine),
-//! in f32, rounded once: no separate add.
+//!   summed in k order, f32, rounded once).
 //!
 //! Nothing waits for the device and nothing depends on the routing on the
 //! host: every grid is sized from the rows (the grouped GEMMs' at most
@@ -49,18 +43,18 @@ use super::pool::DeviceBuf;
 use super::storage::{Act, CudaTensor, CudaWeight};
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result};
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use std::collections::HashMap;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Rows per chunk of `experts`: bounds the scratch (about `CHUNK_ROWS *
 /// top_k * (hidden + inter) * 2` bytes) and the single-block grouping.
 pub(crate) const CHUNK_ROWS: usize = 4096;
-/// Largest expert count (the group kernel keeps `2 * E` ints in shared
+/// Largest expert count (the group kernel keeps `10 * E` ints in shared
 /// memory, under the 48 KiB a launch gets without opting in).
 pub(crate) const MAX_EXPERTS: usize = 1024;
 /// `MG_THREADS` of the group kernel.
-const GROUP_THREADS: u32 = 1024;
+const GROUP_THREADS: u32 = 256;
+/// `MG_WARPS`.
+const GROUP_WARPS: usize = 8;
 /// Rows per block of the routing kernel (`MR_WARPS`).
 const ROUTE_WARPS: usize = 4;
 /// Warps of a GEMV block (`MV_WARPS`): output features per block.
@@ -70,95 +64,9 @@ const GEMV_WARPS: usize = 8;
 pub const GEMV_MAX_ROWS: usize = 16;
 /// Slots of a grouped-GEMV tile (`MV_BM`).
 const GGEMV_BM: usize = 8;
-/// The GEMMs' column tile (`MOE_BN`) and K step (`MOE_BK`, also the shared
-/// row pitch in bf16: rows are swizzled, not padded).
+/// Threads of a GEMM block (`MOE_THREADS`) and its column tile (BN).
+const GEMM_THREADS: u32 = 128;
 const GEMM_BN: usize = 64;
-const GEMM_BK: usize = 64;
-
-/// One instance of the grouped GEMM (`moe_gemm_*` in `kernels/moe.cu`, whose
-/// template arguments these repeat).
-struct GemmShape {
-    name: &'static str,
-    bm: usize,
-    threads: u32,
-    /// Weight row sets per tile: 2 (gate and up) or 1 (down).
-    sets: usize,
-    stages: usize,
-}
-
-impl GemmShape {
-    /// Dynamic shared memory of one block: the pipeline's A and B tiles.
-    const fn smem_bytes(&self) -> usize {
-        self.stages * (self.bm + self.sets * GEMM_BN) * GEMM_BK * 2
-    }
-}
-
-/// Every instance: gate_up and down at tile heights 64 and 128.
-const GEMM_SHAPES: [GemmShape; 4] = [
-    GemmShape {
-        name: "moe_gemm_gate_up_m64",
-        bm: 64,
-        threads: 128,
-        sets: 2,
-        stages: 4,
-    },
-    GemmShape {
-        name: "moe_gemm_gate_up_m128",
-        bm: 128,
-        threads: 256,
-        sets: 2,
-        stages: 3,
-    },
-    GemmShape {
-        name: "moe_gemm_down_m64",
-        bm: 64,
-        threads: 128,
-        sets: 1,
-        stages: 4,
-    },
-    GemmShape {
-        name: "moe_gemm_down_m128",
-        bm: 128,
-        threads: 256,
-        sets: 1,
-        stages: 4,
-    },
-];
-
-/// The instance for a projection (`sets` 2: gate_up, 1: down) at tile
-/// height `bm` (64 or 128).
-fn gemm_shape(sets: usize, bm: usize) -> &'static GemmShape {
-    GEMM_SHAPES
-        .iter()
-        .find(|s| s.sets == sets && s.bm == bm)
-        .unwrap_or(&GEMM_SHAPES[0])
-}
-
-/// Lets the grouped GEMMs use the dynamic shared memory they need (at most
-/// 98,304 bytes: within the opt-in limit per block of every GPU that runs
-/// these kernels, sm_80 and newer: 99 KB on sm_86/89, 163 KB on sm_80,
-/// 227 KB on sm_90).
-pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
-    for s in &GEMM_SHAPES {
-        let bytes = s.smem_bytes();
-        let Some(f) = kernels.get(s.name) else {
-            continue;
-        };
-        if bytes > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(|e| {
-                KernelError::Device(format!(
-                    "{} needs {bytes} bytes of shared memory per block: {e:?}",
-                    s.name
-                ))
-            })?;
-        }
-    }
-    Ok(())
-}
 
 /// The expert choices of a step's rows, on the device.
 pub struct CudaRoutes {
@@ -213,45 +121,7 @@ impl CudaBackend {
         num_experts: usize,
         path: MoePath,
     ) -> Result<CudaTensor> {
-        experts_on(
-            self,
-            x,
-            routes,
-            gate_up,
-            down,
-            num_experts,
-            Some(path),
-            usize::MAX,
-        )
-    }
-
-    /// [`CudaBackend::moe_experts_on`] running only the first `launches`
-    /// kernels of each chunk (the GEMV path: of the step), for timing one
-    /// kernel as the difference of two counts; with fewer than all the
-    /// output is incomplete. The grouped paths launch, per chunk, the
-    /// grouping, the gate_up and down products and the combine; the GEMV
-    /// path gate_up and down.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_experts_launches(
-        &self,
-        x: &CudaTensor,
-        routes: &CudaRoutes,
-        gate_up: &CudaWeight,
-        down: &CudaWeight,
-        num_experts: usize,
-        path: MoePath,
-        launches: usize,
-    ) -> Result<CudaTensor> {
-        experts_on(
-            self,
-            x,
-            routes,
-            gate_up,
-            down,
-            num_experts,
-            Some(path),
-            launches,
-        )
+        experts_on(self, x, routes, gate_up, down, num_experts, Some(path))
     }
 }
 
@@ -459,15 +329,13 @@ fn max_tiles(pairs: usize, n_exp: usize, bm: usize) -> usize {
     pairs.div_ceil(bm) + n_exp.min(pairs)
 }
 
-/// The tile height for a chunk: 64 while the average expert gets fewer than
-/// 64 pairs (decode: a tile's rows past its last pair cost nothing), 128
-/// beyond (prefill: each weight tile feeds more rows). Depends only on the
-/// shape.
+/// The tile height for a chunk: 16 while the average expert gets fewer than
+/// 32 pairs (decode), 64 beyond. Depends only on the shape.
 fn tile_rows(pairs: usize, n_exp: usize) -> usize {
-    if pairs < 64 * n_exp {
-        64
+    if pairs < 32 * n_exp {
+        16
     } else {
-        128
+        64
     }
 }
 
@@ -551,13 +419,11 @@ pub(crate) fn experts(
     down: &CudaWeight,
     n_exp: usize,
 ) -> Result<CudaTensor> {
-    experts_on(b, x, routes, gate_up, down, n_exp, None, usize::MAX)
+    experts_on(b, x, routes, gate_up, down, n_exp, None)
 }
 
-/// [`experts`] on the given path (`None`: [`MoePath::for_shape`]), with
-/// only the first `limit` launches of each chunk (timing); the GEMV path
-/// refuses widths that are not multiples of 8.
-#[allow(clippy::too_many_arguments)]
+/// [`experts`] on the given path (`None`: [`MoePath::for_shape`]); the
+/// GEMV path refuses widths that are not multiples of 8.
 pub(crate) fn experts_on(
     b: &CudaBackend,
     x: &CudaTensor,
@@ -566,70 +432,9 @@ pub(crate) fn experts_on(
     down: &CudaWeight,
     n_exp: usize,
     path: Option<MoePath>,
-    limit: usize,
 ) -> Result<CudaTensor> {
-    let d = check(x, routes, gate_up, down, n_exp)?;
-    let mut out = b.output(d.rows, d.hidden)?;
-    run(
-        b, &d, x, routes, gate_up, down, &mut out, false, path, limit,
-    )?;
-    Ok(out)
-}
-
-/// `Backend::moe_experts_add`: `residual += moe_experts(x)`, the sum added
-/// in f32 by the kernel that combines each row's pairs (rounded once).
-pub(crate) fn experts_add(
-    b: &CudaBackend,
-    residual: &mut CudaTensor,
-    x: &CudaTensor,
-    routes: &CudaRoutes,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
-    n_exp: usize,
-) -> Result<()> {
-    let op = "moe_experts_add";
-    let d = check(x, routes, gate_up, down, n_exp)?;
-    residual.bf16(op)?;
-    if (residual.rows, residual.cols) != (d.rows, d.hidden) {
-        return Err(shape_err(
-            op,
-            format!(
-                "residual is [{}, {}], x is [{}, {}]",
-                residual.rows, residual.cols, d.rows, d.hidden
-            ),
-        ));
-    }
-    run(
-        b,
-        &d,
-        x,
-        routes,
-        gate_up,
-        down,
-        residual,
-        true,
-        None,
-        usize::MAX,
-    )
-}
-
-/// The launches of [`experts_on`] (`add`: into `out`'s values, else over
-/// them).
-#[allow(clippy::too_many_arguments)]
-fn run(
-    b: &CudaBackend,
-    d: &Dims,
-    x: &CudaTensor,
-    routes: &CudaRoutes,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
-    out: &mut CudaTensor,
-    add: bool,
-    path: Option<MoePath>,
-    limit: usize,
-) -> Result<()> {
     let op = "moe_experts";
-    let n_exp = d.n_exp;
+    let d = check(x, routes, gate_up, down, n_exp)?;
     let path = path.unwrap_or(MoePath::for_shape(
         d.rows, d.top_k, n_exp, d.hidden, d.inter,
     ));
@@ -642,18 +447,18 @@ fn run(
             ),
         ));
     }
+    let mut out = b.output(d.rows, d.hidden)?;
     if d.rows == 0 || d.hidden == 0 {
-        return Ok(());
+        return Ok(out);
     }
     if d.inter == 0 {
         // Every expert is the zero map.
-        if !add {
-            super::ops::fill(b, out.bf16_mut(op)?, d.rows * d.hidden, 0)?;
-        }
-        return Ok(());
+        super::ops::fill(b, out.bf16_mut(op)?, d.rows * d.hidden, 0)?;
+        return Ok(out);
     }
     if path == MoePath::Gemv {
-        return gemv(b, d, x, routes, gate_up, down, out, add, limit);
+        gemv(b, &d, x, routes, gate_up, down, &mut out)?;
+        return Ok(out);
     }
     // Scratch for every chunk, reused by the next (stream order).
     let tile_gemv = path == MoePath::GroupedGemv;
@@ -669,16 +474,14 @@ fn run(
     while r0 < d.rows {
         let n = CHUNK_ROWS.min(d.rows - r0);
         run_chunk(
-            b, d, x, routes, gate_up, down, out, add, &mut s, r0, n, tile_gemv, limit,
+            b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n, tile_gemv,
         )?;
         r0 += n;
     }
-    Ok(())
+    Ok(out)
 }
 
-/// The GEMV path's two launches over all rows (widths multiples of 8), the
-/// first `limit` of them; `add`: the sums are added into `out`.
-#[allow(clippy::too_many_arguments)]
+/// The GEMV path's two launches over all rows (widths multiples of 8).
 fn gemv(
     b: &CudaBackend,
     d: &Dims,
@@ -687,8 +490,6 @@ fn gemv(
     gate_up: &CudaWeight,
     down: &CudaWeight,
     out: &mut CudaTensor,
-    add: bool,
-    limit: usize,
 ) -> Result<()> {
     let op = "moe_experts";
     let pairs = d.rows * d.top_k;
@@ -705,14 +506,13 @@ fn gemv(
         i32_of(d.inter, op)?,
     );
     let mut h = b.alloc_bf16(pairs * d.inter)?;
-    let add_i = i32::from(add);
     let stream = &b.dev.stream;
     let cfg = |cols: usize, y: usize| LaunchConfig {
         grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, y as u32, 1),
         block_dim: (32 * GEMV_WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    if limit >= 1 {
+    {
         let mut l = stream.launch_builder(b.dev.kernel("moe_gemv_gate_up")?);
         l.arg(&mut h)
             .arg(x.bf16(op)?)
@@ -729,7 +529,7 @@ fn gemv(
         // aligned: widths are multiples of 8 and buffers 512-byte aligned.
         unsafe { l.launch(cfg(d.inter, pairs)) }.map_err(|e| device_err(op, e))?;
     }
-    if limit >= 2 {
+    {
         let mut l = stream.launch_builder(b.dev.kernel("moe_gemv_down")?);
         l.arg(out.bf16_mut(op)?)
             .arg(&h)
@@ -739,8 +539,7 @@ fn gemv(
             .arg(&k_i)
             .arg(&e_i)
             .arg(&hid_i)
-            .arg(&int_i)
-            .arg(&add_i);
+            .arg(&int_i);
         // SAFETY: reads ids and weights below rows * top_k, h rows below
         // pairs, down rows below E * hidden (other ids read expert 0's row
         // and add nothing); writes out[rows, hidden].
@@ -795,7 +594,7 @@ struct Scratch {
     y: DeviceBuf<half::bf16>,
 }
 
-/// The four launches of rows `r0 .. r0 + n`, the first `limit` of them.
+/// The four launches of rows `r0 .. r0 + n`.
 #[allow(clippy::too_many_arguments)]
 fn run_chunk(
     b: &CudaBackend,
@@ -805,12 +604,10 @@ fn run_chunk(
     gate_up: &CudaWeight,
     down: &CudaWeight,
     out: &mut CudaTensor,
-    add: bool,
     s: &mut Scratch,
     r0: usize,
     n: usize,
     tile_gemv: bool,
-    limit: usize,
 ) -> Result<()> {
     let op = "moe_experts";
     let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp, tile_gemv);
@@ -827,7 +624,7 @@ fn run_chunk(
     let stream = &b.dev.stream;
 
     // Grouping: one block.
-    if limit >= 1 {
+    {
         let mut l = stream.launch_builder(b.dev.kernel("moe_group")?);
         l.arg(&ids)
             .arg(&p_i)
@@ -839,36 +636,34 @@ fn run_chunk(
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (GROUP_THREADS, 1, 1),
-            shared_mem_bytes: (2 * d.n_exp * 4) as u32,
+            shared_mem_bytes: ((2 + GROUP_WARPS) * d.n_exp * 4) as u32,
         };
         // SAFETY: reads `pairs` ids; writes meta[0 ..= tiles] (the padded
         // counts of `pairs` pairs fill at most `tiles` tiles of `bm`),
         // slot_pair below `tiles * bm` and pair_slot below `pairs`, all
         // inside the scratch (`capacity` covers every chunk's plan);
-        // shared memory is 2 * E ints.
+        // shared memory is 10 * E ints.
         unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
     }
 
     if tile_gemv {
-        grouped_gemv(b, d, x, gate_up, down, s, &weights, r0, n, tiles, limit)?;
+        grouped_gemv(b, d, x, gate_up, down, s, &weights, r0, n, tiles)?;
     } else {
-        grouped_gemm(b, d, x, gate_up, down, s, &weights, r0, n, bm, tiles, limit)?;
+        grouped_gemm(b, d, x, gate_up, down, s, &weights, r0, n, bm, tiles)?;
     }
     // Combine the k outputs of each row.
-    if limit >= 4 {
+    {
         let mut od = out
             .bf16_mut(op)?
             .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
-        let add_i = i32::from(add);
         let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
         l.arg(&mut od)
             .arg(&s.y)
             .arg(&s.pair_slot)
             .arg(&rows_i)
             .arg(&k_i)
-            .arg(&hid_i)
-            .arg(&add_i);
-        // SAFETY: reads and writes n * hidden outputs (the view holds them), reads
+            .arg(&hid_i);
+        // SAFETY: writes n * hidden outputs (the view holds them), reads
         // pair_slot below `pairs` and y rows below tiles * bm.
         unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
     }
@@ -889,23 +684,26 @@ fn grouped_gemm(
     n: usize,
     bm: usize,
     tiles: usize,
-    limit: usize,
 ) -> Result<()> {
     let op = "moe_experts";
     let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
     let stream = &b.dev.stream;
     let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
-    let (gu, dn) = (gemm_shape(2, bm), gemm_shape(1, bm));
-    let gemm_cfg = |cols: usize, s: &GemmShape| LaunchConfig {
+    let (gu_name, dn_name) = if bm == 16 {
+        ("moe_gemm_gate_up_m16", "moe_gemm_down_m16")
+    } else {
+        ("moe_gemm_gate_up_m64", "moe_gemm_down_m64")
+    };
+    let gemm_cfg = |cols: usize| LaunchConfig {
         grid_dim: (tiles as u32, cols.div_ceil(GEMM_BN) as u32, 1),
-        block_dim: (s.threads, 1, 1),
-        shared_mem_bytes: s.smem_bytes() as u32,
+        block_dim: (GEMM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
     };
     // gate_up with SiLU(gate) * up: h[slot, inter].
-    if limit >= 2 {
+    {
         let vec = vec_k(d.hidden);
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = stream.launch_builder(b.dev.kernel(gu.name)?);
+        let mut l = stream.launch_builder(b.dev.kernel(gu_name)?);
         l.arg(&mut s.h)
             .arg(&xd)
             .arg(gate_up.bf16(op)?)
@@ -921,12 +719,12 @@ fn grouped_gemm(
         // (checked against the weight); x rows are pair / top_k < n; h rows
         // are slots below tiles * bm (the scratch holds them); the grid's
         // x extent is `tiles`, the bound meta[0] stays under.
-        unsafe { l.launch(gemm_cfg(d.inter, gu)) }.map_err(|e| device_err(op, e))?;
+        unsafe { l.launch(gemm_cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
     }
     // down with the routing weight: y[slot, hidden].
-    if limit >= 3 {
+    {
         let vec = vec_k(d.inter);
-        let mut l = stream.launch_builder(b.dev.kernel(dn.name)?);
+        let mut l = stream.launch_builder(b.dev.kernel(dn_name)?);
         l.arg(&mut s.y)
             .arg(&s.h)
             .arg(down.bf16(op)?)
@@ -939,7 +737,7 @@ fn grouped_gemm(
             .arg(&vec);
         // SAFETY: as for gate_up: down rows below E * hidden, h and y rows
         // below tiles * bm, weights read at pair indices below `pairs`.
-        unsafe { l.launch(gemm_cfg(d.hidden, dn)) }.map_err(|e| device_err(op, e))?;
+        unsafe { l.launch(gemm_cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
     }
     Ok(())
 }
@@ -958,7 +756,6 @@ fn grouped_gemv(
     r0: usize,
     n: usize,
     tiles: usize,
-    limit: usize,
 ) -> Result<()> {
     let op = "moe_experts";
     if tiles > 65535 {
@@ -974,7 +771,7 @@ fn grouped_gemv(
         block_dim: (32 * GEMV_WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    if limit >= 2 {
+    {
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
         let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_gate_up")?);
         l.arg(&mut s.h)
@@ -991,7 +788,7 @@ fn grouped_gemv(
         // multiples of 8, buffers 512-byte aligned).
         unsafe { l.launch(cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
     }
-    if limit >= 3 {
+    {
         let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_down")?);
         l.arg(&mut s.y)
             .arg(&s.h)
@@ -1028,7 +825,7 @@ mod tests {
         };
         for n_exp in [1, 3, 8, 64, 128, 1024] {
             for pairs in [1, 2, 15, 16, 17, 100, 4096, 33000] {
-                for bm in [GGEMV_BM, 64, 128] {
+                for bm in [16, 64] {
                     let bound = max_tiles(pairs, n_exp, bm);
                     // All on one expert, spread one by one, and at random.
                     let mut one = vec![0; n_exp];
@@ -1083,27 +880,9 @@ mod tests {
 
     #[test]
     fn tile_height_follows_pairs_per_expert() {
-        assert_eq!(plan(1, 8, 128, false).bm, 64);
-        assert_eq!(plan(256, 8, 128, false).bm, 64);
-        assert_eq!(plan(1023, 8, 128, false).bm, 64);
-        assert_eq!(plan(1024, 8, 128, false).bm, 128);
-        assert_eq!(plan(2048, 8, 128, false).bm, 128);
-        assert_eq!(plan(300, 2, 8, false).bm, 128);
-        assert_eq!(plan(300, 2, 8, true).bm, GGEMV_BM);
-    }
-
-    #[test]
-    fn every_tile_height_has_both_gemms_within_shared_memory() {
-        for bm in [64, 128] {
-            for sets in [1, 2] {
-                let s = gemm_shape(sets, bm);
-                assert_eq!((s.bm, s.sets), (bm, sets), "{}", s.name);
-                // One slot per thread, within sm_86's 99 KB a block (two
-                // blocks an sm_90 SM).
-                assert!(bm <= s.threads as usize, "{}", s.name);
-                assert!(s.smem_bytes() <= 98_304, "{}", s.name);
-            }
-        }
-        assert_eq!(GEMM_SHAPES[0].smem_bytes(), 4 * 192 * 128);
+        assert_eq!(plan(1, 8, 128, false).bm, 16);
+        assert_eq!(plan(256, 8, 128, false).bm, 16);
+        assert_eq!(plan(512, 8, 128, false).bm, 64);
+        assert_eq!(plan(300, 2, 8, false).bm, 64);
     }
 }

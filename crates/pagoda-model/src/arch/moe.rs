@@ -6,7 +6,7 @@
 //! `MixtralSparseMoeBlock`: router logits `h @ gate^T` -> softmax, top-k
 //! (renormalized where the config says) -> each token's experts' MLPs,
 //! weighted and summed -> added to the residual stream. Everything runs
-//! through [`Backend::moe_route`] and [`Backend::moe_experts_add`], whose
+//! through [`Backend::moe_route`] and [`Backend::moe_experts`], whose
 //! experts are stacked in two weights: `gate_up` `[E * 2 * inter, hidden]`
 //! (expert e's gate rows, then its up rows) and `down` `[E * hidden, inter]`.
 //!
@@ -196,9 +196,9 @@ impl<B: Backend> FeedForward<B> {
                 // 1. Route: each row's top-k experts and their weights.
                 let logits = b.linear(h, &m.gate, None)?;
                 let routes = b.moe_route(&logits, m.top_k, m.renormalize)?;
-                // 2. The chosen experts' MLPs, weighted, summed per row and
-                //    added to the residual stream.
-                b.moe_experts_add(x, h, &routes, &m.gate_up, &m.down, m.num_experts)?;
+                // 2. The chosen experts' MLPs, weighted and summed per row.
+                let y = b.moe_experts(h, &routes, &m.gate_up, &m.down, m.num_experts)?;
+                b.add(x, &y)?;
                 // 3. The shared expert, gated per row.
                 if let Some(s) = &m.shared {
                     let mut act = b.silu_mul(&b.linear(h, &s.gate_up, None)?)?;

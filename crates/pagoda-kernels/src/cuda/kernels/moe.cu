@@ -20,14 +20,13 @@
 //
 // moe_group: one block of MG_THREADS. Counts pairs per expert (shared
 // atomics), an exclusive scan of the padded counts (one warp), the expert of
-// every tile and the -1 of every padding slot, then the scatter: each pair
-// takes the next free slot of its expert from a shared atomic counter, so
-// expert e's pairs fill its first count[e] slots (real slots lead each
-// tile) in an order that may differ between runs; no output depends on it
-// (every slot's GEMM row is computed alone and the combine sums a row's
-// pairs in k order). Output: meta = [tile count, expert of tile 0, 1, ...],
-// slot_pair[slot] = q or -1, pair_slot[q] = slot, or -1 for an id outside
-// 0..E (never computed; the host refuses such routes before).
+// every tile and the -1 of every padding slot, then a stable scatter: pairs
+// in rounds of MG_THREADS; within a warp __match_any_sync ranks equal
+// experts, across the round's warps a per-warp count table (tagged with the
+// round, so it needs no clearing) gives the offset; the slot of pair q is
+// off[e] + (pairs of e before q). Output: meta = [tile count, expert of tile
+// 0, 1, ...], slot_pair[slot] = q or -1, pair_slot[q] = slot, or -1 for an
+// id outside 0..E (never computed; the host refuses such routes before).
 //
 // moe_gemm_*: the grouped GEMM, grid (max_tiles, ceil(N / BN)); blocks past
 // meta[0] exit at once, so the grid depends only on the chunk's rows. Block
@@ -36,23 +35,19 @@
 //            up rows e*2N + N + n, out h[slot, n] = bf16(silu(g) * u);
 //   down:    A row = h[slot], B = rows e*N + n of down, out
 //            y[slot, n] = bf16(weight[pair] * acc).
-// WM x WN warps, each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate),
-// BN 64, K walked 64 at a time (128 contiguous bytes of each weight row per
-// stage) through a cp.async pipeline of 3 or 4 stages in dynamic shared
-// memory (rows unpadded, 16-byte chunks XOR-swizzled: at most 96 KB a
-// block, within sm_86/89's 99 KB; 16-byte copies where K % 8 == 0, element
-// copies otherwise; zero past K). Only the tile's rows up to its last real slot are loaded, and
-// 16-row fragments past it issue no ldmatrix or mma: a decode-sized step
-// (a few pairs per expert) costs one pass over each touched expert's
-// weights whatever the tile height. Fragment addressing as in
-// attention_prefill.cu, whose pf_* helpers (ldmatrix, mma, cp.async) this
-// file uses. Two shapes: BM 64 on 4 warps (1 x 4) while experts average
-// fewer than 64 pairs, BM 128 on 8 warps (2 x 4) beyond.
+// 4 warps (WM x WN), each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate);
+// K walked 32 at a time through a cp.async pipeline of 3 to 6 stages (as
+// many as 48 KB of static shared memory hold: decode-sized tiles are bound
+// by the weight stream and keep more of it in flight; 16-byte copies where
+// K % 8 == 0, element copies otherwise; zero past K, past N and for padding
+// slots). Fragment addressing as in attention_prefill.cu, whose
+// pf_* helpers (ldmatrix, mma, cp.async) this file uses. Two shapes: BM 64 x
+// BN 64 (warps 2 x 2) for steps with many pairs per expert, BM 16 x BN 64
+// (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
+// padding.
 //
 // moe_combine_bf16: out[r, c] = bf16(sum over k, in k order, of y[slot of
-// (r, k), c]) in f32; pairs without a slot add nothing. With add, the sum
-// is added to out[r, c] in f32 (moe_experts_add: the residual stream) and
-// rounded once; moe_gemv_down likewise.
+// (r, k), c]) in f32; pairs without a slot add nothing.
 //
 // The GEMV path, for steps with few pairs (decode at small batch, where the
 // grouped GEMM's tiles are mostly padding and a step is a pass over the
@@ -88,17 +83,11 @@
 
 #define MR_WARPS 4
 #define MR_CACHE 8
-#define MG_THREADS 1024
-#define MOE_BN 64
-#define MOE_BK 64
-
-// Offset (bf16 elements) of 16-byte chunk `chunk` of row `r` of a GEMM tile
-// in shared memory: rows are MOE_BK = 64 elements (128 bytes) with no
-// padding, chunk c stored at c ^ (r % 8), so the 8 consecutive rows one
-// ldmatrix matrix reads fall in distinct banks.
-__device__ __forceinline__ int moe_sw(int r, int chunk) {
-    return r * MOE_BK + ((chunk ^ (r & 7)) << 3);
-}
+#define MG_THREADS 256
+#define MG_WARPS (MG_THREADS / 32)
+#define MOE_THREADS 128
+#define MOE_BK 32
+#define MOE_LD (MOE_BK + 8)
 #define MV_WARPS 8
 #define MV_BM 8
 
@@ -209,19 +198,23 @@ moe_route_f32(const float* __restrict__ logits, int rows, int n_exp, int top_k, 
     moe_route_row(logits, rows, n_exp, top_k, renormalize, ids, weights);
 }
 
-// One block of MG_THREADS; dynamic shared memory 2 * n_exp ints.
+// One block of MG_THREADS; dynamic shared memory (2 + MG_WARPS) * n_exp ints.
 // meta holds 1 + max_tiles ints, slot_pair max_tiles * bm, pair_slot pairs.
 extern "C" __global__ void __launch_bounds__(MG_THREADS)
 moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __restrict__ meta,
           int* __restrict__ slot_pair, int* __restrict__ pair_slot) {
     extern __shared__ int mg_smem[];
-    int* count = mg_smem;         // pairs per expert
-    int* next = mg_smem + n_exp;  // next free slot of each expert
+    int* count = mg_smem;           // pairs per expert
+    int* next = mg_smem + n_exp;    // next free slot of each expert
+    int* wcount = next + n_exp;     // [MG_WARPS][n_exp]: (round + 1) << 8 | count
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
     for (int i = tid; i < n_exp; i += MG_THREADS) {
         count[i] = 0;
+    }
+    for (int i = tid; i < MG_WARPS * n_exp; i += MG_THREADS) {
+        wcount[i] = 0;
     }
     __syncthreads();
     for (int q = tid; q < pairs; q += MG_THREADS) {
@@ -268,103 +261,107 @@ moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __rest
             slot_pair[s] = -1;
         }
     }
-    __syncthreads();  // every read of next[] above is done
-    // Scatter: expert e's pairs take its first count[e] slots, in the order
-    // the shared atomics grant them (outputs do not depend on it).
-    for (int q = tid; q < pairs; q += MG_THREADS) {
-        int e = ids[q];
-        if (e >= 0 && e < n_exp) {
-            int s = atomicAdd(&next[e], 1);
+    // Stable scatter, MG_THREADS pairs per round.
+    for (int base = 0, round = 1; base < pairs; base += MG_THREADS, round++) {
+        int q = base + tid;
+        int e = q < pairs ? ids[q] : -1;
+        bool valid = q < pairs && e >= 0 && e < n_exp;
+        int key = valid ? e : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, key);
+        int rank = __popc(peers & ((1u << lane) - 1u));
+        int leader = __ffs(peers) - 1;
+        if (valid && lane == leader) {
+            wcount[warp * n_exp + e] = (round << 8) | __popc(peers);
+        }
+        __syncthreads();
+        int before = 0;
+        bool last = false;
+        if (valid) {
+            for (int w = 0; w < MG_WARPS; w++) {
+                int v = wcount[w * n_exp + e];
+                int c = (v >> 8) == round ? (v & 0xff) : 0;
+                if (w < warp) {
+                    before += c;
+                }
+            }
+            // The round's last pair of e: the highest lane of the last warp holding e.
+            last = lane == 31 - __clz(peers);
+            for (int w = warp + 1; w < MG_WARPS; w++) {
+                if ((wcount[w * n_exp + e] >> 8) == round) {
+                    last = false;
+                }
+            }
+            int s = next[e] + before + rank;
             slot_pair[s] = q;
             pair_slot[q] = s;
-        } else {
+        } else if (q < pairs) {
             pair_slot[q] = -1;
         }
+        __syncthreads();  // every read of next[] is done
+        if (last) {
+            next[e] += before + rank + 1;
+        }
+        __syncthreads();
     }
 }
 
-extern __shared__ __align__(16) unsigned char moe_dsmem[];
-
-// The grouped GEMM of one (tile, column block); MODE 0 gate_up, 1 down.
-// Rows of the tile past the last real slot are neither loaded nor
-// multiplied (16-row fragments wholly past it are skipped); A rows of
-// padding slots and B rows past n are not loaded (their shared rows hold
-// stale values, which reach only outputs that are never stored: an mma's
-// output row depends on its A row alone, its column on its B row alone).
-// Elements past k are zero in both operands.
-template <int BM, int WM, int WN, int STAGES, int MODE>
+// The grouped GEMM of one (column block, tile); MODE 0 gate_up, 1 down.
+template <int BM, int BN, int WM, int WN, int STAGES, int MODE>
 __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16* __restrict__ a,
                                               const bf16* __restrict__ w,
                                               const int* __restrict__ meta,
                                               const int* __restrict__ slot_pair,
                                               const float* __restrict__ route_w, int top_k, int n,
                                               int k, int vec) {
-    constexpr int THREADS = 32 * WM * WN;
     constexpr int NSETS = MODE == 0 ? 2 : 1;  // gate and up, or down
-    constexpr int BROWS = NSETS * MOE_BN;
+    constexpr int BROWS = NSETS * BN;
     constexpr int MI = BM / (16 * WM);
-    constexpr int NI = MOE_BN / (8 * WN);
+    constexpr int NI = BN / (8 * WN);
     constexpr int CPR = MOE_BK / 8;  // 16-byte chunks per tile row
-    constexpr int A_STAGE = BM * MOE_BK;
-    constexpr int B_STAGE = BROWS * MOE_BK;
-    static_assert(BM <= THREADS, "one slot per thread");
+    static_assert(WM * WN * 32 == MOE_THREADS, "4 warps");
     static_assert(MI >= 1 && NI % 2 == 0, "warp tiling");
 
-    bf16* s_a = reinterpret_cast<bf16*>(moe_dsmem);  // [STAGES][BM * MOE_BK], swizzled
-    bf16* s_b = s_a + STAGES * A_STAGE;              // [STAGES][BROWS * MOE_BK], swizzled
+    __shared__ __align__(16) bf16 s_a[STAGES][BM * MOE_LD];
+    __shared__ __align__(16) bf16 s_b[STAGES][BROWS * MOE_LD];
     __shared__ const bf16* a_rows[BM];
     __shared__ const bf16* b_rows[BROWS];
-    __shared__ int s_pair[BM];
-    __shared__ int s_hi;
 
     const int tile = blockIdx.x;
     if (tile >= meta[0]) {
         return;
     }
     const int expert = meta[1 + tile];
-    const int n0 = blockIdx.y * MOE_BN;
+    const int n0 = blockIdx.y * BN;
     const int tid = threadIdx.x;
     const long long slot0 = (long long)tile * BM;
-    if (tid == 0) {
-        s_hi = 0;
-    }
-    __syncthreads();
-    if (tid < BM) {
-        int p = slot_pair[slot0 + tid];
+    for (int r = tid; r < BM; r += MOE_THREADS) {
+        int p = slot_pair[slot0 + r];
         const bf16* row = nullptr;
         if (p >= 0) {
-            row = MODE == 0 ? a + (long long)(p / top_k) * k : a + (slot0 + tid) * k;
-            atomicMax(&s_hi, tid + 1);
+            row = MODE == 0 ? a + (long long)(p / top_k) * k : a + (slot0 + r) * k;
         }
-        a_rows[tid] = row;
-        s_pair[tid] = p;
+        a_rows[r] = row;
     }
-    for (int r = tid; r < BROWS; r += THREADS) {
-        int col = n0 + r % MOE_BN;
+    for (int r = tid; r < BROWS; r += MOE_THREADS) {
+        int col = n0 + r % BN;
         const bf16* row = nullptr;
         if (col < n) {
-            row = w + ((long long)expert * NSETS * n + (long long)(r / MOE_BN) * n + col) * k;
+            row = w + ((long long)expert * NSETS * n + (long long)(r / BN) * n + col) * k;
         }
         b_rows[r] = row;
     }
     __syncthreads();
-    // Rows 0 .. hi of the tile hold every real slot.
-    const int hi = s_hi;
 
     auto load = [&](int stage, int k0) {
-        bf16* sa = s_a + stage * A_STAGE;
-        bf16* sb = s_b + stage * B_STAGE;
-        for (int c = tid; c < (hi + BROWS) * CPR; c += THREADS) {
+        for (int c = tid; c < (BM + BROWS) * CPR; c += MOE_THREADS) {
             int r = c / CPR;
             int col = (c % CPR) * 8;
-            const bf16* src = r < hi ? a_rows[r] : b_rows[r - hi];
-            if (src == nullptr) {
-                continue;
-            }
-            bf16* dst = r < hi ? &sa[moe_sw(r, c % CPR)] : &sb[moe_sw(r - hi, c % CPR)];
+            const bf16* src = r < BM ? a_rows[r] : b_rows[r - BM];
+            bf16* dst = r < BM ? &s_a[stage][r * MOE_LD + col]
+                               : &s_b[stage][(r - BM) * MOE_LD + col];
             int kk = k0 + col;
             if (vec) {
-                if (kk < k) {
+                if (src != nullptr && kk < k) {
                     pf_cp_async16(pf_smem_addr(dst), src + kk);
                 } else {
                     pf_zero16(dst);
@@ -372,7 +369,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
-                    dst[i] = kk + i < k ? src[kk + i] : (bf16)0;
+                    dst[i] = (src != nullptr && kk + i < k) ? src[kk + i] : (bf16)0;
                 }
             }
         }
@@ -397,8 +394,6 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     // B (rows are n, k contiguous): matrix i covers n 8 * (i / 2), k 8 * (i % 2).
     const int b_r = (lane & 7) + 8 * (lane >> 4);
     const int b_c = 8 * ((lane >> 3) & 1);
-    // This warp's first row; fragment mi is live while its rows reach below hi.
-    const int wrow0 = wm * MI * 16;
 
     const int k_tiles = (k + MOE_BK - 1) / MOE_BK;
 #pragma unroll
@@ -416,77 +411,61 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
             load(nk % STAGES, nk * MOE_BK);
         }
         pf_cp_async_commit();
-        const bf16* sa = s_a + (kt % STAGES) * A_STAGE;
-        const bf16* sb = s_b + (kt % STAGES) * B_STAGE;
+        const bf16* sa = s_a[kt % STAGES];
+        const bf16* sb = s_b[kt % STAGES];
 #pragma unroll
         for (int ks = 0; ks < MOE_BK / 16; ks++) {
             unsigned af[MI][4];
 #pragma unroll
             for (int mi = 0; mi < MI; mi++) {
-                if (wrow0 + mi * 16 < hi) {
-                    int r = wrow0 + mi * 16 + a_r;
-                    pf_ldsm_x4(pf_smem_addr(&sa[moe_sw(r, 2 * ks + (a_c >> 3))]), af[mi][0],
-                               af[mi][1], af[mi][2], af[mi][3]);
-                }
+                int r = (wm * MI + mi) * 16 + a_r;
+                pf_ldsm_x4(pf_smem_addr(&sa[r * MOE_LD + ks * 16 + a_c]), af[mi][0], af[mi][1],
+                           af[mi][2], af[mi][3]);
             }
 #pragma unroll
             for (int s = 0; s < NSETS; s++) {
 #pragma unroll
                 for (int np = 0; np < NI / 2; np++) {
                     unsigned b0, b1, b2, b3;
-                    int r = s * MOE_BN + (wn * NI + 2 * np) * 8 + b_r;
-                    pf_ldsm_x4(pf_smem_addr(&sb[moe_sw(r, 2 * ks + (b_c >> 3))]), b0, b1, b2, b3);
+                    int r = s * BN + (wn * NI + 2 * np) * 8 + b_r;
+                    pf_ldsm_x4(pf_smem_addr(&sb[r * MOE_LD + ks * 16 + b_c]), b0, b1, b2, b3);
 #pragma unroll
                     for (int mi = 0; mi < MI; mi++) {
-                        if (wrow0 + mi * 16 < hi) {
-                            pf_mma(acc[s][mi][2 * np], af[mi], b0, b1);
-                            pf_mma(acc[s][mi][2 * np + 1], af[mi], b2, b3);
-                        }
+                        pf_mma(acc[s][mi][2 * np], af[mi], b0, b1);
+                        pf_mma(acc[s][mi][2 * np + 1], af[mi], b2, b3);
                     }
                 }
             }
         }
     }
-    moe_cp_async_wait<0>();
 
     // C fragments: c0, c1 at (lane / 4, 2 (lane % 4) + 0..1), c2, c3 eight rows down.
     const int g = lane >> 2;
     const int c2 = 2 * (lane & 3);
-    const bool pairs_ok = (n & 1) == 0;  // two outputs as one aligned 4-byte store
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
-        if (wrow0 + mi * 16 >= hi) {
-            continue;
-        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int r = wrow0 + mi * 16 + g + 8 * h;
-            const int p = s_pair[r];
+            long long slot = slot0 + (wm * MI + mi) * 16 + g + 8 * h;
+            int p = slot_pair[slot];
             if (p < 0) {
                 continue;
             }
-            const float scale = MODE == 1 ? route_w[p] : 1.0f;
-            bf16* orow = out + (slot0 + r) * n;
+            float scale = MODE == 1 ? route_w[p] : 1.0f;
+            bf16* orow = out + slot * n;
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
-                const int col = n0 + (wn * NI + ni) * 8 + c2;
-                float v[2];
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    if (MODE == 0) {
-                        v[j] = silu(acc[0][mi][ni][2 * h + j]) * acc[NSETS - 1][mi][ni][2 * h + j];
-                    } else {
-                        v[j] = scale * acc[0][mi][ni][2 * h + j];
-                    }
-                }
-                if (pairs_ok && col + 1 < n) {
-                    *reinterpret_cast<unsigned*>(orow + col) = pf_pack_bf16x2(v[0], v[1]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        if (col + j < n) {
-                            orow[col + j] = f2bf(v[j]);
+                    int col = n0 + (wn * NI + ni) * 8 + c2 + j;
+                    if (col < n) {
+                        float v;
+                        if (MODE == 0) {
+                            v = silu(acc[0][mi][ni][2 * h + j]) * acc[NSETS - 1][mi][ni][2 * h + j];
+                        } else {
+                            v = scale * acc[0][mi][ni][2 * h + j];
                         }
+                        orow[col] = f2bf(v);
                     }
                 }
             }
@@ -500,31 +479,26 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
         const float *__restrict__ route_w, int top_k, int n, int k, int vec
 #define MOE_GEMM_PASS out, a, w, meta, slot_pair, route_w, top_k, n, k, vec
 
-// The instances (tile height, warps M x N, stages; moe.rs's GEMM_SHAPES
-// holds the same numbers): 64-slot tiles on 4 warps for decode-sized steps,
-// where a step streams each touched expert's weights once and 128 bytes of
-// every weight row per stage; 128-slot tiles on 8 warps for prefill-sized
-// ones, where each weight tile feeds twice the rows.
-extern "C" __global__ void __launch_bounds__(128) moe_gemm_gate_up_m64(MOE_GEMM_ARGS) {
-    moe_gemm_tile<64, 1, 4, 4, 0>(MOE_GEMM_PASS);
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m64(MOE_GEMM_ARGS) {
+    moe_gemm_tile<64, 64, 2, 2, 3, 0>(MOE_GEMM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_gemm_gate_up_m128(MOE_GEMM_ARGS) {
-    moe_gemm_tile<128, 2, 4, 3, 0>(MOE_GEMM_PASS);
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m16(MOE_GEMM_ARGS) {
+    moe_gemm_tile<16, 64, 1, 4, 4, 0>(MOE_GEMM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(128) moe_gemm_down_m64(MOE_GEMM_ARGS) {
-    moe_gemm_tile<64, 1, 4, 4, 1>(MOE_GEMM_PASS);
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m64(MOE_GEMM_ARGS) {
+    moe_gemm_tile<64, 64, 2, 2, 4, 1>(MOE_GEMM_PASS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_gemm_down_m128(MOE_GEMM_ARGS) {
-    moe_gemm_tile<128, 2, 4, 4, 1>(MOE_GEMM_PASS);
+extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m16(MOE_GEMM_ARGS) {
+    moe_gemm_tile<16, 64, 1, 4, 6, 1>(MOE_GEMM_PASS);
 }
 
 // Grid-stride over rows * n output elements.
 extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* __restrict__ y,
                                             const int* __restrict__ pair_slot, int rows,
-                                            int top_k, int n, int add) {
+                                            int top_k, int n) {
     long long total = (long long)rows * n;
     GRID_STRIDE(i, total) {
         long long r = i / n;
@@ -536,7 +510,7 @@ extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* 
                 s += bf2f(y[(long long)slot * n + c]);
             }
         }
-        out[i] = f2bf(add ? bf2f(out[i]) + s : s);
+        out[i] = f2bf(s);
     }
 }
 
@@ -620,7 +594,7 @@ moe_gemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* _
 extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
 moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __restrict__ w,
               const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,
-              int n_exp, int hidden, int inter, int add) {
+              int n_exp, int hidden, int inter) {
     const int lane = threadIdx.x & 31;
     const int c = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -656,8 +630,7 @@ moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __
         }
     }
     if (lane == 0) {
-        const long long o = (long long)r * hidden + c;
-        out[o] = f2bf(add ? bf2f(out[o]) + total : total);
+        out[(long long)r * hidden + c] = f2bf(total);
     }
 }
 
