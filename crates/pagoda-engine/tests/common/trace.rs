@@ -78,3 +78,21 @@ pub fn prompt(seed: u32, len: usize) -> Vec<u32> {
         .map(|i| (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 500 + 3)
         .collect()
 }
+
+/// `got` has `want`'s tokens and top ids, and its logprobs within 1e-4
+/// (other batch compositions round the CPU GEMMs differently).
+pub fn assert_close_traces(got: &Trace, want: &Trace, what: &str) {
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.0, w.0, "{what}: tokens");
+        for (a, b) in g.1.iter().zip(&w.1) {
+            for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+                if i % 2 == 1 {
+                    assert_eq!(x, y, "{what}: top ids");
+                } else {
+                    let (x, y) = (f32::from_bits(x), f32::from_bits(y));
+                    assert!((x - y).abs() < 1e-4, "{what}: {x} vs {y}");
+                }
+            }
+        }
+    }
+}
