@@ -5,7 +5,8 @@
 # llama-3.1-8b, configs in scripts/gpu/). pagoda draws the workload and saves
 # it (`bench --save-workload`); vLLM runs that file. pagoda runs with the
 # tuned flags (--max-model-len 4096 --max-num-batched-tokens 8192) twice and
-# with no tuning flags once.
+# with no tuning flags once; with QUICK=1 (large shapes such as the MoE one,
+# whose dummy start-up takes minutes) pagoda runs once, tuned, and vLLM once.
 # Usage: scripts/gpu/compare-vllm.sh PEER_DIR [SHAPE...]
 #   PEER_DIR holds site.tar.xz (vLLM and its packages, to unpack on
 #   PYTHONPATH) and bench_vllm.py (reads a workload file, prints JSON lines).
@@ -37,11 +38,15 @@ for shape in $shapes; do
     tuned=(--max-model-len 4096 --max-num-batched-tokens 8192)
     echo "== $shape pagoda tuned (draws $work)" | tee -a "$LOG"
     $PAGODA "${base[@]}" "${tuned[@]}" --save-workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
-    echo "== $shape pagoda tuned, same workload" | tee -a "$LOG"
-    $PAGODA "${base[@]}" "${tuned[@]}" --workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
-    echo "== $shape pagoda defaults, same workload" | tee -a "$LOG"
-    $PAGODA "${base[@]}" --workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    runs=1
+    if [ "${QUICK:-0}" != 1 ]; then
+        runs=2
+        echo "== $shape pagoda tuned, same workload" | tee -a "$LOG"
+        $PAGODA "${base[@]}" "${tuned[@]}" --workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+        echo "== $shape pagoda defaults, same workload" | tee -a "$LOG"
+        $PAGODA "${base[@]}" --workload "$work" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    fi
     echo "== $shape vllm, same workload" | tee -a "$LOG"
-    PYTHONPATH=$SITE python3 "$PEER/bench_vllm.py" "$dir" --workload "$work" --runs 2 \
+    PYTHONPATH=$SITE python3 "$PEER/bench_vllm.py" "$dir" --workload "$work" --runs "$runs" \
         2>>"$OUT/vllm-stderr.txt" | tee -a "$LOG"
 done
