@@ -214,6 +214,40 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
     }
 }
 
+/// The checkpoint half of the CUDA comparison (cuda_fp8.rs), on the CPU:
+/// the FP8 checkpoint as stored, calibrated against the same model without
+/// FP8 (its dummy weights), passes the held-out bf16 twin, which also stays
+/// within the reference's distance from PyTorch plus the first step's bar.
+#[test]
+fn fp8_checkpoint_calibration_passes_a_bf16_twin() {
+    const STEPS: usize = 8;
+    let dir = repo_root().join("tests/golden/tiny-qwen3-fp8");
+    let (cfg, ckpt) = open_hf_dir(&dir).unwrap();
+    let dense = DummySource::new(&cfg).unwrap();
+    let golden = read_json("tests/golden/tiny-qwen3-fp8/golden.json");
+    let (prompts, forced) = golden_inputs(&golden, STEPS);
+    let trace = Trace {
+        prompts: &prompts,
+        forced: &forced,
+        blocks: blocks_for(&prompts, STEPS),
+    };
+    let cal = calibrate(&cfg, &ckpt, Some(&dense), &trace);
+    let twin = twin_trace(&cfg, &ckpt, HELD_OUT, &trace);
+    let v = cal.check(&twin);
+    eprintln!("FP8 checkpoint: held-out bf16 twin\n{}", v.report);
+    assert!(v.pass);
+    let bar0 = cal.bar()[0];
+    for (i, p) in golden["prompts"].as_array().unwrap().iter().enumerate() {
+        let torch = floats(&p["last_logits"]);
+        let (err, cpu) = (
+            rel_l2(&twin[i][0], &torch),
+            rel_l2(&cal.reference[i][0], &torch),
+        );
+        eprintln!("prompt {i}: twin vs PyTorch {err:.4}, reference {cpu:.4}, bar0 {bar0:.4}");
+        assert!(err <= cpu + bar0, "prompt {i}: {err}");
+    }
+}
+
 fn max(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, &x| m.max(x))
 }
