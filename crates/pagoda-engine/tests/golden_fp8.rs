@@ -12,10 +12,14 @@
 //! - on the tiny golden models, FP8 logits stay within a bound of the f32
 //!   ones (and do differ: the layers really are FP8), with fused qkv and
 //!   gate/up weights (Phi-3), biases (OPT, Llama with attention_bias) and
-//!   Gemma 3's MLP.
+//!   Gemma 3's MLP;
+//! - the calibrated bar of the CUDA comparison (tests/common/fp8_calibration.rs)
+//!   passes a bf16-level twin of the reference it was not calibrated on, on
+//!   the tiny models and the checkpoint, and fails planted bugs.
 
 mod common;
 
+use common::fp8_calibration::*;
 use common::*;
 use pagoda_engine::ModelRunner;
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
@@ -139,4 +143,114 @@ fn fp8_logits_stay_close_to_f32() {
     }
     let mean = all.iter().sum::<f32>() / all.len() as f32;
     assert!(mean < 0.15, "mean fp8 vs f32 logits error {mean}");
+}
+
+/// The calibration of the CUDA comparison (cuda_fp8.rs), on the CPU: a
+/// twin of the reference that sees another bf16-level difference (not one
+/// of the calibration's) passes it; FP8 is what amplifies (the same
+/// differences move the model without FP8 by under a third as much); and
+/// planted bugs fail it: every channel on its neighbour's scale narrowly
+/// (1.03-1.13 times the accuracy bar: such a bug is the size of the FP8
+/// noise itself, which the per-layer tests of cuda_fp8_linear.rs hold to
+/// 5e-3), biases added twice widely (over twice the bar). One channel of
+/// one layer on the wrong scale is below what logits can show.
+#[test]
+fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
+    const STEPS: usize = 8;
+    for arch in ["qwen3", "llama-attnbias", "phi3"] {
+        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
+        let cfg = load_config_file(&dir.join("config.json")).unwrap();
+        let golden = read_json(&format!("tests/golden/tiny-{arch}/golden.json"));
+        let src = DummySource::new(&cfg).unwrap();
+        let (prompts, forced) = golden_inputs(&golden, STEPS);
+        let trace = Trace {
+            prompts: &prompts,
+            forced: &forced,
+            blocks: blocks_for(&prompts, STEPS),
+        };
+        let cal = calibrate(&cfg, &src, Some(&src), &trace);
+        let held_out = cal.check(&twin_trace(&cfg, &src, HELD_OUT, &trace));
+        eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
+        assert!(
+            held_out.pass,
+            "{arch}: a bf16-level difference fails the calibration"
+        );
+
+        // The model without FP8 under the same differences.
+        let plain = |inputs| {
+            CpuBackend::new(CpuOptions {
+                threads: 2,
+                weight_dtype: WeightDtype::F32,
+            })
+            .unwrap()
+            .with_bf16_linear_inputs(inputs)
+        };
+        let exact = cal.exact.as_ref().unwrap();
+        let tables = Bf16Tables {
+            src: &src,
+            nearest: true,
+        };
+        let plain_twin = trace.run(plain(true), &cfg, &tables);
+        let plain_drift = step_errors(&plain_twin, exact);
+        let (p, f) = (max(&plain_drift), max(&cal.drift));
+        eprintln!("{arch}: largest drift without FP8 {p:.4}, with FP8 {f:.4}");
+        assert!(p < f / 3.0, "{arch}: without FP8 {p}, with FP8 {f}");
+
+        let mut bugs = vec![Bug::NeighbourScale, Bug::OneChannelScale];
+        if arch == "llama-attnbias" {
+            bugs.push(Bug::DoubleBias);
+        }
+        for bug in bugs {
+            let planted = Planted { inner: &src, bug };
+            let v = cal.check(&trace.run(cpu_fp8(false), &cfg, &planted));
+            let acc = v.accuracy_ratio.unwrap();
+            eprintln!(
+                "{arch}: planted {bug:?}: worst step {:.2}x its bar, accuracy {acc:.2}x its bar\n{}",
+                v.drift_ratio, v.report
+            );
+            match bug {
+                Bug::NeighbourScale => assert!(!v.pass && acc > 1.02, "{arch}: {bug:?} passed"),
+                Bug::DoubleBias => assert!(acc > 2.0, "{arch}: {bug:?} at {acc}x"),
+                Bug::OneChannelScale => {}
+            }
+        }
+    }
+}
+
+/// The checkpoint half of the CUDA comparison (cuda_fp8.rs), on the CPU:
+/// the FP8 checkpoint as stored, calibrated against the same model without
+/// FP8 (its dummy weights), passes the held-out bf16 twin, which also stays
+/// within the reference's distance from PyTorch plus the first step's bar.
+#[test]
+fn fp8_checkpoint_calibration_passes_a_bf16_twin() {
+    const STEPS: usize = 8;
+    let dir = repo_root().join("tests/golden/tiny-qwen3-fp8");
+    let (cfg, ckpt) = open_hf_dir(&dir).unwrap();
+    let dense = DummySource::new(&cfg).unwrap();
+    let golden = read_json("tests/golden/tiny-qwen3-fp8/golden.json");
+    let (prompts, forced) = golden_inputs(&golden, STEPS);
+    let trace = Trace {
+        prompts: &prompts,
+        forced: &forced,
+        blocks: blocks_for(&prompts, STEPS),
+    };
+    let cal = calibrate(&cfg, &ckpt, Some(&dense), &trace);
+    let twin = twin_trace(&cfg, &ckpt, HELD_OUT, &trace);
+    let v = cal.check(&twin);
+    eprintln!("FP8 checkpoint: held-out bf16 twin\n{}", v.report);
+    assert!(v.pass);
+    let bar0 = cal.bar()[0];
+    for (i, p) in golden["prompts"].as_array().unwrap().iter().enumerate() {
+        let torch = floats(&p["last_logits"]);
+        let (err, cpu) = (
+            rel_l2(&twin[i][0], &torch),
+            rel_l2(&cal.reference[i][0], &torch),
+        );
+        eprintln!("prompt {i}: twin vs PyTorch {err:.4}, reference {cpu:.4}, bar0 {bar0:.4}");
+        assert!(err <= cpu + bar0, "prompt {i}: {err}");
+    }
+}
+
+fn max(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, &x| m.max(x))
 }

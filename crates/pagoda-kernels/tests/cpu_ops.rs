@@ -103,6 +103,39 @@ fn linear_accepts_narrow_host_weights_and_rejects_bad_shapes() {
     }
 }
 
+/// `with_bf16_linear_inputs` rounds the input of every linear layer to
+/// bf16 first and changes nothing else: its result equals the plain
+/// backend's on the rounded input, bit for bit (f32 weights, and FP8 ones
+/// whose input is then quantized per token), and differs on the unrounded
+/// one.
+#[test]
+fn bf16_linear_inputs_round_the_input_and_nothing_else() {
+    let mut rng = Rng::new(5);
+    let (rows, n, k) = (3, 8, 48);
+    let x = rvec_f32(&mut rng, rows * k, 2.0);
+    let xr: Vec<f32> = x.iter().map(|&v| bf(v)).collect();
+    assert_ne!(x, xr);
+    let w = weight2(n, k, rvec_f32(&mut rng, n * k, 1.0));
+    let bias = HostTensor::f32(vec![n], rvec_f32(&mut rng, n, 0.5));
+    for fp8 in [false, true] {
+        let plain = backend(1, WeightDtype::F32).with_fp8_weights(fp8);
+        let rounding = backend(1, WeightDtype::F32)
+            .with_fp8_weights(fp8)
+            .with_bf16_linear_inputs(true);
+        let run = |b: &pagoda_kernels::cpu::CpuBackend, x: &[f32]| {
+            let wt = b.load_linear(w.clone()).unwrap();
+            let bt = b.load_weight(bias.clone()).unwrap();
+            let xt = tensor(b, rows, k, x);
+            let y = host(b, &b.linear(&xt, &wt, Some(&bt)).unwrap());
+            let [a, _, _] = b.linear3(&xt, [&wt, &wt, &wt], [None; 3]).unwrap();
+            (y, host(b, &a))
+        };
+        let got = run(&rounding, &x);
+        assert_eq!(got, run(&plain, &xr), "fp8 {fp8}: the rounded input");
+        assert_ne!(got.0, run(&plain, &x).0, "fp8 {fp8}: the input unrounded");
+    }
+}
+
 fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     let ms = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + eps as f64).sqrt();

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod faulty;
+pub mod forced;
+pub mod fp8_calibration;
 pub mod tiny;
 pub mod trace;
 pub mod window_check;

@@ -1,8 +1,9 @@
 //! Helpers of the engine's CUDA end-to-end tests: the GPU (opened by
 //! `pagoda_kernels::cuda::testing`, shared with the kernel tests), the plain
 //! engine-test helpers of `common` (JSON readers, a runner on any backend),
-//! finding the repository on a host where the build's paths do not exist, a
-//! batched teacher-forced trace, a tiny golden model with its prompts and
+//! finding the repository on a host where the build's paths do not exist, the
+//! batched teacher-forced trace of `common/forced.rs`, the FP8 calibration of
+//! `common/fp8_calibration.rs`, a tiny golden model with its prompts and
 //! the greedy reference run on it, and the logits/greedy check with near-tie
 //! excuses.
 
@@ -13,7 +14,8 @@ mod common;
 
 #[allow(unused_imports)] // each test binary uses some of them
 pub use common::{argmax, floats, ids, rel_err, runner, window_check, BLOCK_SIZE};
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+#[allow(unused_imports)]
+pub use common::{forced::forced_trace, fp8_calibration};
 use pagoda_engine::ModelRunner;
 use pagoda_kernels::cuda::testing;
 pub use pagoda_kernels::cuda::testing::gpu;
@@ -131,67 +133,6 @@ pub struct GreedyReference {
     pub tokens: Vec<Vec<u32>>,
     pub logits: Vec<Vec<Vec<f32>>>,
     pub forced: Vec<Vec<u32>>,
-}
-
-/// All `prompts` prefilled in one step, then `forced[i]` fed one token per
-/// decode step, every sequence in every step (all `forced[i]` have the same
-/// length). Returns `logits[seq][step]`; step 0 follows the prompt.
-pub fn forced_trace<B: Backend>(
-    runner: &mut ModelRunner<B>,
-    prompts: &[Vec<u32>],
-    forced: &[Vec<u32>],
-) -> Vec<Vec<Vec<f32>>> {
-    let steps = forced.first().map_or(0, |f| f.len());
-    assert!(forced.iter().all(|f| f.len() == steps));
-    let vocab = runner.config().vocab_size;
-    let mut next = 0u32;
-    let tables: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            let n = (p.len() + steps + 1).div_ceil(BLOCK_SIZE) as u32;
-            let t = (next..next + n).collect();
-            next += n;
-            t
-        })
-        .collect();
-    let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); prompts.len()];
-    for step in 0..=steps {
-        let inputs: Vec<Vec<u32>> = (0..prompts.len())
-            .map(|i| match step {
-                0 => prompts[i].clone(),
-                s => vec![forced[i][s - 1]],
-            })
-            .collect();
-        let seqs: Vec<ScheduledSeq<'_>> = (0..prompts.len())
-            .map(|i| ScheduledSeq {
-                token_ids: &inputs[i],
-                context_len: if step == 0 {
-                    0
-                } else {
-                    prompts[i].len() + step - 1
-                },
-                block_table: &tables[i],
-                want_logits: true,
-            })
-            .collect();
-        let mut ctx = build_forward_context(&seqs, BLOCK_SIZE);
-        // Other KV cache groups (Gemma's local layers) on pages of their own.
-        let groups = runner.kv_layout().num_groups();
-        if groups > 1 {
-            let stride = runner.kv_shape().num_blocks / groups;
-            assert!(
-                next as usize <= stride,
-                "{next} pages per group, room for {stride}"
-            );
-            pagoda_engine::context::shifted_kv_groups(&mut ctx, groups - 1, stride);
-        }
-        let logits = runner.execute(&ctx).unwrap().into_logits().unwrap();
-        assert_eq!(logits.len(), prompts.len() * vocab);
-        for (i, row) in logits.chunks_exact(vocab).enumerate() {
-            out[i].push(row.to_vec());
-        }
-    }
-    out
 }
 
 /// ‖got - want‖₂ / ‖want‖₂ (the measure the op tests use).

@@ -2,7 +2,8 @@
 //!
 //! f16 uses F16C (`vcvtph2ps`, 8 values per instruction) when detected at run
 //! time, else `half`'s conversion; bf16 is a 16-bit shift, which the compiler
-//! vectorizes. Both are exact (every f16/bf16 is an f32).
+//! vectorizes. Both are exact (every f16/bf16 is an f32). The one narrowing,
+//! [`round_to_bf16`], rounds f32 values to bf16 in place (nearest even).
 
 use half::{bf16, f16};
 
@@ -43,5 +44,33 @@ pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
     debug_assert_eq!(src.len(), dst.len());
     for (d, s) in dst.iter_mut().zip(src) {
         *d = f32::from_bits((s.to_bits() as u32) << 16);
+    }
+}
+
+/// Rounds each value to its nearest bf16 (ties to even; NaN stays NaN), in place.
+pub fn round_to_bf16(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = bf16::from_f32(*v).to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_to_bf16_is_nearest_even() {
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: to the even 1.
+        let mut x = [
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            -2.5,
+            f32::NAN,
+        ];
+        round_to_bf16(&mut x);
+        assert_eq!(x[0], 1.0);
+        assert_eq!(x[1], 1.0 + 2.0 * 2f32.powi(-7));
+        assert_eq!(x[2], -2.5);
+        assert!(x[3].is_nan());
     }
 }

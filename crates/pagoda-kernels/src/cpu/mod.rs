@@ -68,6 +68,7 @@ pub struct CpuBackend {
     keep_quantized: bool,
     kv_fp8: bool,
     fp8_weights: bool,
+    bf16_linear_inputs: bool,
 }
 
 impl std::fmt::Debug for CpuBackend {
@@ -101,6 +102,7 @@ impl CpuBackend {
             keep_quantized: false,
             kv_fp8: false,
             fp8_weights: false,
+            bf16_linear_inputs: false,
         })
     }
 
@@ -137,6 +139,17 @@ impl CpuBackend {
     /// accuracy, not for speed.
     pub fn with_fp8_weights(mut self, on: bool) -> Self {
         self.fp8_weights = on;
+        self
+    }
+
+    /// Whether every linear layer rounds its input to bf16 (nearest even)
+    /// first: a model of a device that keeps bf16 activations between
+    /// layers, off by default. Tests use it to measure how far a model's
+    /// logits move under bf16-level input differences (the FP8 reference
+    /// keeps f32 inputs; see `tests/common/fp8_calibration.rs` of the
+    /// engine).
+    pub fn with_bf16_linear_inputs(mut self, on: bool) -> Self {
+        self.bf16_linear_inputs = on;
         self
     }
 
@@ -280,16 +293,21 @@ impl Backend for CpuBackend {
     }
 
     fn linear(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuWeight>) -> Result<CpuTensor> {
+        if !w.fp8_act && !self.bf16_linear_inputs {
+            return self.run(|| matmul::linear(x, w, bias, self.threads));
+        }
+        let mut xq = x.clone();
+        if self.bf16_linear_inputs {
+            convert::round_to_bf16(&mut xq.data);
+        }
         if w.fp8_act {
             // The reference of an FP8 layer: the input as the device sees
             // it after its per-token quantization.
-            let mut xq = x.clone();
             for row in xq.data.chunks_mut(x.cols.max(1)) {
                 crate::fp8_matrix::quant_dequant_row(row);
             }
-            return self.run(|| matmul::linear(&xq, w, bias, self.threads));
         }
-        self.run(|| matmul::linear(x, w, bias, self.threads))
+        self.run(|| matmul::linear(&xq, w, bias, self.threads))
     }
 
     fn linear3(
@@ -299,7 +317,11 @@ impl Backend for CpuBackend {
         bias: [Option<&CpuWeight>; 3],
     ) -> Result<[CpuTensor; 3]> {
         // Decode-sized steps on quantized weights: one pass for the three.
-        if let Some(ys) = self.run(|| matmul::linear3_quant(x, w, bias, self.threads)) {
+        let fused = !self.bf16_linear_inputs;
+        if let Some(ys) = fused
+            .then(|| self.run(|| matmul::linear3_quant(x, w, bias, self.threads)))
+            .flatten()
+        {
             return Ok(ys);
         }
         Ok([
