@@ -231,3 +231,53 @@ fn kgemm_timing() {
         );
     }
 }
+
+/// CPU time of the block kernels ([`super::matmul`]) against this GEMM at
+/// decode row counts (1 to 32 x rows; Qwen2.5-1.5B shapes), for choosing
+/// where batched decode steps switch over. Run with `cargo test --release
+/// -p pagoda-kernels --lib decode_rows_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_rows_timing() {
+    let mut rng = Rng(6);
+    let cpu = || {
+        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
+        (f[11] + f[12]) / 100.0
+    };
+    let time = |f: &mut dyn FnMut()| {
+        let c = cpu();
+        let mut runs = 0;
+        while cpu() - c < 0.5 || runs < 2 {
+            f();
+            runs += 1;
+        }
+        (cpu() - c) / runs as f64
+    };
+    let isa = Isa::detect();
+    for (ty, n, k) in [
+        (GgmlType::Q4_K, 8960, 1536),
+        (GgmlType::Q6_K, 1536, 8960),
+        (GgmlType::Q4_K, 1536, 8960),
+    ] {
+        let bytes = random_blocks(ty, n, k, &mut rng);
+        for rows in [1, 4, 8, 16, 24, 32] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+            let mut y = vec![0f32; rows * n];
+            let tb = time(&mut || {
+                super::matmul(&x, rows, k, ty, &bytes, &mut y, 2, isa);
+            });
+            let tk = time(&mut || {
+                kgemm::matmul(&x, rows, k, ty, &bytes, &mut y, 2, isa);
+            });
+            println!(
+                "{ty:?} [{n}, {k}] x {rows} on {isa:?}: blocks {:.3} cpu-ms, kgemm {:.3} cpu-ms",
+                tb * 1e3,
+                tk * 1e3
+            );
+        }
+    }
+}
