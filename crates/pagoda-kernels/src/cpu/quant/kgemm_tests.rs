@@ -51,6 +51,58 @@ fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
     assert!(!kgemm::preferred(GgmlType::Q4_K, Isa::Scalar));
 }
 
+/// The backend's `linear` on kept k-quant blocks takes this GEMM from
+/// `KGEMM_MIN_ROWS` rows where it is preferred (batched decode steps) and
+/// the block kernels below: its output equals the chosen kernel's bit for
+/// bit on both sides of the switch.
+#[test]
+fn linear_switches_to_the_gemm_at_its_row_count() {
+    use crate::cpu::matmul::{takes_kgemm, KGEMM_MIN_ROWS, QUANT_MAX_ROWS};
+    use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
+    use crate::{Backend, HostData, HostTensor, QuantData};
+    let opts = CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F32,
+    };
+    let b = CpuBackend::new(opts).unwrap().with_quantized_weights(true);
+    let mut rng = Rng(0x5EED);
+    let (n, k) = (40, 512);
+    let isa = Isa::detect();
+    assert!(KGEMM_MIN_ROWS > 1 && KGEMM_MIN_ROWS <= QUANT_MAX_ROWS);
+    for ty in TYPES {
+        let bytes = random_blocks(ty, n, k, &mut rng);
+        let host = HostTensor {
+            shape: vec![n, k],
+            data: HostData::Quant(QuantData {
+                ty,
+                bytes: bytes.clone(),
+            }),
+        };
+        let w = b.load_weight(host).unwrap();
+        for rows in [KGEMM_MIN_ROWS - 1, KGEMM_MIN_ROWS, QUANT_MAX_ROWS] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+            let got = b
+                .linear(&b.tensor_from_host(rows, k, &x).unwrap(), &w, None)
+                .unwrap();
+            let mut want = vec![f32::NAN; rows * n];
+            let gemm = takes_kgemm(ty, rows, isa);
+            assert_eq!(gemm, rows >= KGEMM_MIN_ROWS && isa == Isa::Avx512Vnni);
+            if gemm {
+                assert!(kgemm::matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));
+            } else {
+                assert!(matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));
+            }
+            assert!(
+                got.data()
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty:?} {rows} rows (GEMM {gemm})"
+            );
+        }
+    }
+}
+
 #[test]
 fn gemm_matches_dequantized_weights_and_the_block_kernels() {
     let mut rng = Rng(0xC0FFEE);
