@@ -54,6 +54,23 @@ unsafe fn fp16(p: *const u8) -> f32 {
     _mm_cvtss_f32(v)
 }
 
+/// The two f16 at `p` and `p + 2` (a Q4_1 / Q5_1 block's `d` and `m`), as
+/// f32: one 32-bit load and one conversion, through `vmovd` as [`fp16`].
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn fp16x2(p: *const u8) -> (f32, f32) {
+    let bits = u32::from_le_bytes(*(p as *const [u8; 4]));
+    let v: __m128;
+    std::arch::asm!(
+        "vmovd {v}, {b:e}",
+        "vcvtph2ps {v}, {v}",
+        b = in(reg) bits,
+        v = out(xmm_reg) v,
+        options(pure, nomem, nostack)
+    );
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 /// Sum of the 8 lanes.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -434,7 +451,9 @@ macro_rules! kernels {
                             let $b = w.as_ptr().add(i * $bytes);
                             let (u, d, m): (__m256i, f32, f32) = $unpack;
                             let ua = if $signed { _mm256_abs_epi8(u) } else { u };
-                            let (dv, mo) = (_mm256_set1_ps(d), m - $off * d);
+                            // (`$off` is a literal: no multiply when it is 0.)
+                            let mo = if $off == 0.0 { m } else { m - $off * d };
+                            let dv = _mm256_set1_ps(d);
                             for r in 0..R {
                                 let a = &a[r * nb + i];
                                 let s = load(a.q.as_ptr() as *const u8);
@@ -457,11 +476,10 @@ macro_rules! kernels {
                 fp16(b),
                 0.0
             ));
-            legacy!(q4_1_r, 20, 0.0, false, |b| (
-                nibbles(b.add(4)),
-                fp16(b),
-                fp16(b.add(2))
-            ));
+            legacy!(q4_1_r, 20, 0.0, false, |b| {
+                let (d, m) = fp16x2(b);
+                (nibbles(b.add(4)), d, m)
+            });
             legacy!(q5_0_r, 22, 16.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(2) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh));
@@ -470,7 +488,8 @@ macro_rules! kernels {
             legacy!(q5_1_r, 24, 0.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(4) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(qh));
-                (u, fp16(b), fp16(b.add(2)))
+                let (d, m) = fp16x2(b);
+                (u, d, m)
             });
             // Q8_0: signed weights, so `|w| . (a with w's sign)`.
             legacy!(q8_0_r, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
