@@ -68,7 +68,7 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
     let mut rng = Rng(0x5EED);
     let (n, k) = (40, 512);
     let isa = Isa::detect();
-    assert!(KGEMM_MIN_ROWS > 1 && KGEMM_MIN_ROWS <= QUANT_MAX_ROWS);
+    const { assert!(KGEMM_MIN_ROWS > 1 && KGEMM_MIN_ROWS <= QUANT_MAX_ROWS) };
     for ty in TYPES {
         let bytes = random_blocks(ty, n, k, &mut rng);
         let host = HostTensor {
