@@ -41,7 +41,7 @@ use std::arch::x86_64::*;
 /// block and halved the decode GEMV speed.)
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn fp16(p: *const u8) -> f32 {
+pub(super) unsafe fn fp16(p: *const u8) -> f32 {
     let bits = u16::from_le_bytes([*p, *p.add(1)]) as u32;
     let v: __m128;
     std::arch::asm!(
