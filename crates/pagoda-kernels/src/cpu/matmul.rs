@@ -5,8 +5,10 @@
 //!   weights per group of up to 4 rows, memory-bandwidth bound; for
 //!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
 //!   integer block dot products, one pass over the blocks.
-//! - more rows (prefill): for Q4_K / Q5_K / Q6_K blocks on AVX-512 VNNI,
-//!   [`super::quant::kgemm`]'s integer GEMM over 8-bit activations; else
+//! - from `KGEMM_MIN_ROWS` rows (batched decode and prefill) for Q4_K /
+//!   Q5_K / Q6_K blocks on AVX-512 VNNI, [`super::quant::kgemm`]'s integer
+//!   GEMM over 8-bit activations; more rows than `QUANT_MAX_ROWS` otherwise
+//!   (prefill):
 //!   the `gemm` crate's f32 kernels (multi-threaded).
 //!   Weights stored as f16/bf16 or quantized blocks are widened to f32 in chunks of output
 //!   features first (once per call, shared by every row), so a narrow weight
@@ -29,7 +31,8 @@ const GEMV_MAX_ROWS: usize = 16;
 /// Most rows computed by the quantized block kernels (which unpack each
 /// block once per group of rows); more rows dequantize tiles to f32 for the
 /// GEMM, which is faster per row once the weights are reused enough. A
-/// batched decode step of up to this many sequences stays on the blocks.
+/// batched decode step of up to this many sequences stays on the blocks
+/// (but for the k-quants' GEMM from `KGEMM_MIN_ROWS` rows).
 /// Measured (`cargo bench -p pagoda-kernels --bench cpu_ops -- 2 linear`,
 /// AVX-512 VNNI, Q4_1 / Q8_0 / Q4_K): at 32 rows the blocks take 0.7-1.0x
 /// the tiles' time, at 64 rows 1.0-1.3x. The block kernels equal f32
@@ -37,6 +40,18 @@ const GEMV_MAX_ROWS: usize = 16;
 /// (quant/tests.rs); the activation rounding itself is what the model
 /// goldens see (golden_moe's Q8_0 check says where it matters).
 pub(crate) const QUANT_MAX_ROWS: usize = 32;
+
+/// Fewest rows that take [`quant::kgemm`] where it is preferred (Q4_K / Q5_K
+/// / Q6_K on AVX-512 VNNI), batched decode steps included. Measured
+/// (`decode_rows_timing` in quant/kgemm_tests.rs, Qwen2.5-1.5B shapes, CPU
+/// time): the GEMM against the block kernels at 16 rows 0.92-1.12x, at 24
+/// rows 0.74-0.88x, at 32 rows 0.63-0.87x.
+pub(crate) const KGEMM_MIN_ROWS: usize = 17;
+
+/// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`].
+pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {
+    rows >= KGEMM_MIN_ROWS && quant::kgemm::preferred(ty, isa)
+}
 
 /// Size of the per-thread buffer narrow weights are widened into.
 const SCRATCH_BYTES: usize = 8 << 20;
@@ -82,7 +97,8 @@ pub fn linear(
 /// weights in one parallel pass ([`quant::fused`]: the activations quantized
 /// once, one fork-join for the three). `None` (nothing computed) when some
 /// weight is not kept in blocks, the step has more than `QUANT_MAX_ROWS`
-/// rows, or a shape or bias does not fit: the caller then runs three
+/// rows or enough for some weight to take [`quant::kgemm`]
+/// ([`takes_kgemm`]), or a shape or bias does not fit: the caller then runs three
 /// `linear` calls, which report any shape error.
 pub fn linear3_quant(
     x: &CpuTensor,
@@ -94,13 +110,14 @@ pub fn linear3_quant(
     if rows == 0 || rows > QUANT_MAX_ROWS || k == 0 {
         return None;
     }
+    let isa = quant::Isa::detect();
     let mut types = [crate::GgmlType::F32; 3];
     let mut biases: [Option<&[f32]>; 3] = [None; 3];
     for i in 0..3 {
         let ViewData::Quant(ty, _) = w[i].view().data else {
             return None;
         };
-        if w[i].cols != k || w[i].fp8_act {
+        if w[i].cols != k || w[i].fp8_act || takes_kgemm(ty, rows, isa) {
             return None;
         }
         types[i] = ty;
@@ -121,7 +138,6 @@ pub fn linear3_quant(
             y: &mut y.data,
         });
     }
-    let isa = quant::Isa::detect();
     if !quant::fused::matmul_many(&x.data, rows, k, &mut targets, threads, isa) {
         return None;
     }
@@ -157,11 +173,10 @@ pub(crate) fn linear_into(
     }
     if let ViewData::Quant(ty, bytes) = w.data {
         let isa = quant::Isa::detect();
-        let done = if rows <= QUANT_MAX_ROWS {
-            quant::matmul(x, rows, k, ty, bytes, y, threads, isa)
+        let done = if takes_kgemm(ty, rows, isa) {
+            quant::kgemm::matmul(x, rows, k, ty, bytes, y, threads, isa)
         } else {
-            quant::kgemm::preferred(ty, isa)
-                && quant::kgemm::matmul(x, rows, k, ty, bytes, y, threads, isa)
+            rows <= QUANT_MAX_ROWS && quant::matmul(x, rows, k, ty, bytes, y, threads, isa)
         };
         if done {
             add_bias(y, n, bias);

@@ -290,7 +290,7 @@ mod tests {
                     b.load_weight(HostTensor::f32(vec![n], v)).unwrap()
                 })
                 .collect();
-            for rows in [1, 4, 40] {
+            for rows in [1, 4, 24, 40] {
                 let x: Vec<f32> = (0..rows * k)
                     .map(|i| ((i % 97) as f32 - 48.0) / 64.0)
                     .collect();

@@ -1,4 +1,5 @@
-//! Many-row products of k-quant weights (Q4_K, Q5_K, Q6_K), for prefill:
+//! Many-row products of k-quant weights (Q4_K, Q5_K, Q6_K), for prefill
+//! and batched decode steps of 17 rows or more:
 //! an integer GEMM over 8-bit activations in which every weight block is
 //! unpacked once per call and reused by every x row.
 //!

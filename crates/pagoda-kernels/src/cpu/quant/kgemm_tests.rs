@@ -51,6 +51,58 @@ fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
     assert!(!kgemm::preferred(GgmlType::Q4_K, Isa::Scalar));
 }
 
+/// The backend's `linear` on kept k-quant blocks takes this GEMM from
+/// `KGEMM_MIN_ROWS` rows where it is preferred (batched decode steps) and
+/// the block kernels below: its output equals the chosen kernel's bit for
+/// bit on both sides of the switch.
+#[test]
+fn linear_switches_to_the_gemm_at_its_row_count() {
+    use crate::cpu::matmul::{takes_kgemm, KGEMM_MIN_ROWS, QUANT_MAX_ROWS};
+    use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
+    use crate::{Backend, HostData, HostTensor, QuantData};
+    let opts = CpuOptions {
+        threads: 2,
+        weight_dtype: WeightDtype::F32,
+    };
+    let b = CpuBackend::new(opts).unwrap().with_quantized_weights(true);
+    let mut rng = Rng(0x5EED);
+    let (n, k) = (40, 512);
+    let isa = Isa::detect();
+    const { assert!(KGEMM_MIN_ROWS > 1 && KGEMM_MIN_ROWS <= QUANT_MAX_ROWS) };
+    for ty in TYPES {
+        let bytes = random_blocks(ty, n, k, &mut rng);
+        let host = HostTensor {
+            shape: vec![n, k],
+            data: HostData::Quant(QuantData {
+                ty,
+                bytes: bytes.clone(),
+            }),
+        };
+        let w = b.load_weight(host).unwrap();
+        for rows in [KGEMM_MIN_ROWS - 1, KGEMM_MIN_ROWS, QUANT_MAX_ROWS] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+            let got = b
+                .linear(&b.tensor_from_host(rows, k, &x).unwrap(), &w, None)
+                .unwrap();
+            let mut want = vec![f32::NAN; rows * n];
+            let gemm = takes_kgemm(ty, rows, isa);
+            assert_eq!(gemm, rows >= KGEMM_MIN_ROWS && isa == Isa::Avx512Vnni);
+            if gemm {
+                assert!(kgemm::matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));
+            } else {
+                assert!(matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));
+            }
+            assert!(
+                got.data()
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty:?} {rows} rows (GEMM {gemm})"
+            );
+        }
+    }
+}
+
 #[test]
 fn gemm_matches_dequantized_weights_and_the_block_kernels() {
     let mut rng = Rng(0xC0FFEE);
@@ -229,5 +281,55 @@ fn kgemm_timing() {
             "{ty:?} [{n}, {k}] x {rows}: kgemm {:.2} cpu-ms ({:.0} GFLOP per cpu-s), on AVX2 {:.0}; f32 gemm {:.2} cpu-ms ({:.0}) + dequant {:.2} cpu-ms",
             tk * 1e3, gf(tk), gf(ta), tg * 1e3, gf(tg), tw * 1e3
         );
+    }
+}
+
+/// CPU time of the block kernels ([`super::matmul`]) against this GEMM at
+/// decode row counts (1 to 32 x rows; Qwen2.5-1.5B shapes), for choosing
+/// where batched decode steps switch over. Run with `cargo test --release
+/// -p pagoda-kernels --lib decode_rows_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_rows_timing() {
+    let mut rng = Rng(6);
+    let cpu = || {
+        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
+        (f[11] + f[12]) / 100.0
+    };
+    let time = |f: &mut dyn FnMut()| {
+        let c = cpu();
+        let mut runs = 0;
+        while cpu() - c < 0.5 || runs < 2 {
+            f();
+            runs += 1;
+        }
+        (cpu() - c) / runs as f64
+    };
+    let isa = Isa::detect();
+    for (ty, n, k) in [
+        (GgmlType::Q4_K, 8960, 1536),
+        (GgmlType::Q6_K, 1536, 8960),
+        (GgmlType::Q4_K, 1536, 8960),
+    ] {
+        let bytes = random_blocks(ty, n, k, &mut rng);
+        for rows in [1, 4, 8, 16, 24, 32] {
+            let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+            let mut y = vec![0f32; rows * n];
+            let tb = time(&mut || {
+                super::matmul(&x, rows, k, ty, &bytes, &mut y, 2, isa);
+            });
+            let tk = time(&mut || {
+                kgemm::matmul(&x, rows, k, ty, &bytes, &mut y, 2, isa);
+            });
+            println!(
+                "{ty:?} [{n}, {k}] x {rows} on {isa:?}: blocks {:.3} cpu-ms, kgemm {:.3} cpu-ms",
+                tb * 1e3,
+                tk * 1e3
+            );
+        }
     }
 }

@@ -5,7 +5,8 @@
 //!   block_size` whole blocks in the file's layout (see
 //!   [`super::storage::CpuWeight`]); [`supported`] lists the types with
 //!   kernels, others are dequantized at load.
-//! - Few rows (decode, [`matmul`]; up to 32 rows, so batched decode too):
+//! - Few rows (decode, [`matmul`]; up to 32 rows, so batched decode too,
+//!   but 16 for the k-quants on AVX-512 VNNI):
 //!   each x row is quantized once per call
 //!   ([`act`]: 32-blocks for Q4_0..Q8_0 and IQ4_NL, 256-blocks with 16-sums
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
@@ -13,8 +14,10 @@
 //!   in L1 across the x rows, so the weights stream once per call.
 //! - Several matrices of the same x rows (a step's q, k and v): [`fused`],
 //!   one pass over all of them with the activations quantized once.
-//! - Many rows (prefill): Q4_K, Q5_K and Q6_K on AVX-512 VNNI take
-//!   [`kgemm`], an integer GEMM that unpacks each block once per call;
+//! - Many rows (prefill, and batched decode steps from 17 rows): Q4_K,
+//!   Q5_K and Q6_K on AVX-512 VNNI take [`kgemm`], an integer GEMM that
+//!   unpacks each block once per call (the row counts are
+//!   [`super::matmul`]'s);
 //!   other types (and machines without VNNI) go through [`super::matmul`],
 //!   which dequantizes tiles of rows to f32 ([`dequantize`], with SIMD for
 //!   Q4_1, Q4_K and Q6_K: [`widen`]) and runs the f32 GEMM, as for f16

@@ -342,3 +342,27 @@ fn simd_activation_quantization_matches_the_portable_rounding() {
         }
     }
 }
+
+/// The word-wide Q4_K / Q5_K scale decoding of the SIMD kernels reads the
+/// same scales and minimums as the portable per-sub-block one, for random
+/// and all-ones scale bytes.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn word_wide_k4_scales_equal_the_portable_decoding() {
+    let mut rng = Rng(777);
+    let mut cases: Vec<[u8; 12]> = vec![[0xFF; 12], [0; 12], [0xC0; 12], [0x3F; 12]];
+    for _ in 0..200 {
+        let mut b = [0u8; 12];
+        b.iter_mut().for_each(|v| *v = rng.next() as u8);
+        cases.push(b);
+    }
+    for b in cases {
+        // SAFETY: reads the 12 bytes of `b` only.
+        let (sc, m) = unsafe { super::x86::k4_scales_mins(b.as_ptr()) };
+        for j in 0..8 {
+            let (ws, wm) = scalar::scale_min_k4(j, &b);
+            assert_eq!(((sc >> (8 * j)) & 0xFF) as i32, ws, "scale {j} of {b:?}");
+            assert_eq!(((m >> (8 * j)) & 0xFF) as i32, wm, "minimum {j} of {b:?}");
+        }
+    }
+}

@@ -19,16 +19,9 @@ pub(super) fn widen(ty: GgmlType, bytes: &[u8], out: &mut [f32], simd: bool) -> 
         let (bs, ts) = (ty.block_size(), ty.type_size());
         let blocks = out.len() / bs;
         assert!(out.len().is_multiple_of(bs) && bytes.len() >= blocks * ts);
-        let f = match ty {
-            GgmlType::Q4_1 => x86::q4_1,
-            GgmlType::Q4_K => x86::q4_k,
-            _ => x86::q6_k,
-        };
-        for (o, b) in out.chunks_exact_mut(bs).zip(bytes.chunks_exact(ts)) {
-            // SAFETY: `simd` is set only where AVX2 + F16C were detected
-            // (`Isa::Avx2` or better); `b` and `o` are one whole block.
-            unsafe { f(b.as_ptr(), o.as_mut_ptr()) };
-        }
+        // SAFETY: `simd` is set only where AVX2 + F16C were detected
+        // (`Isa::Avx2` or better); `bytes` holds `blocks` whole blocks.
+        unsafe { x86::blocks(ty, &bytes[..blocks * ts], out) };
         return true;
     }
     let _ = simd;
@@ -40,12 +33,35 @@ mod x86 {
     use super::super::scalar::scale_min_k4;
     use std::arch::x86_64::*;
 
-    /// The f16 at `p`, as f32.
+    // The f16 loads through `vmovd` (`_mm_cvtsi32_si128` compiled to
+    // `vpinsrw` into whatever register, chaining each block's scales to
+    // earlier work).
+    use super::super::x86::fp16;
+    use crate::GgmlType;
+
+    /// Every block of `bytes` (Q4_1, Q4_K or Q6_K) widened into `out`, in
+    /// one loop per type (the per-block functions inlined).
     #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    unsafe fn fp16(p: *const u8) -> f32 {
-        let bits = u16::from_le_bytes([*p, *p.add(1)]);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    pub unsafe fn blocks(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+        let (bs, ts) = (ty.block_size(), ty.type_size());
+        let pairs = out.chunks_exact_mut(bs).zip(bytes.chunks_exact(ts));
+        match ty {
+            GgmlType::Q4_1 => {
+                for (o, b) in pairs {
+                    q4_1(b.as_ptr(), o.as_mut_ptr());
+                }
+            }
+            GgmlType::Q4_K => {
+                for (o, b) in pairs {
+                    q4_k(b.as_ptr(), o.as_mut_ptr());
+                }
+            }
+            _ => {
+                for (o, b) in pairs {
+                    q6_k(b.as_ptr(), o.as_mut_ptr());
+                }
+            }
+        }
     }
 
     /// The 8 bytes at `p` (each `0..=255`) as f32.
@@ -68,7 +84,8 @@ mod x86 {
 
     /// Q4_1 (20 bytes): `x = q d + m`.
     #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn q4_1(b: *const u8, y: *mut f32) {
+    #[inline]
+    unsafe fn q4_1(b: *const u8, y: *mut f32) {
         let (d, m) = (fp16(b), fp16(b.add(2)));
         let x = _mm_loadu_si128(b.add(4) as *const __m128i);
         let mut q = [0u8; 32];
@@ -87,7 +104,8 @@ mod x86 {
 
     /// Q4_K (144 bytes): `x = (d sc) q - dmin m` per 32-element sub-block.
     #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn q4_k(b: *const u8, y: *mut f32) {
+    #[inline]
+    unsafe fn q4_k(b: *const u8, y: *mut f32) {
         let (d, dmin) = (fp16(b), fp16(b.add(2)));
         let scales = std::slice::from_raw_parts(b.add(4), 12);
         let mut q = [0u8; 64];
@@ -113,7 +131,8 @@ mod x86 {
 
     /// Q6_K (210 bytes): `x = (d sc) (q - 32)`, 16 elements per scale.
     #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn q6_k(b: *const u8, y: *mut f32) {
+    #[inline]
+    unsafe fn q6_k(b: *const u8, y: *mut f32) {
         let d = fp16(b.add(208));
         let sc = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
         let m4 = _mm256_set1_epi8(0x0F);

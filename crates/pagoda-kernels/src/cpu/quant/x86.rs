@@ -27,7 +27,7 @@
 //! weight row of `a.len() / rows` whole blocks.
 
 use super::act::{BlockQ8, BlockQ8K};
-use super::scalar::{q3_k_scales, scale_min_k4, KVALUES_IQ4NL};
+use super::scalar::{q3_k_scales, KVALUES_IQ4NL};
 use pagoda_gguf::dequant::iquants::iq4_xs_scale;
 use std::arch::x86_64::*;
 
@@ -41,7 +41,7 @@ use std::arch::x86_64::*;
 /// block and halved the decode GEMV speed.)
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn fp16(p: *const u8) -> f32 {
+pub(super) unsafe fn fp16(p: *const u8) -> f32 {
     let bits = u16::from_le_bytes([*p, *p.add(1)]) as u32;
     let v: __m128;
     std::arch::asm!(
@@ -52,6 +52,23 @@ unsafe fn fp16(p: *const u8) -> f32 {
         options(pure, nomem, nostack)
     );
     _mm_cvtss_f32(v)
+}
+
+/// The two f16 at `p` and `p + 2` (a Q4_1 / Q5_1 block's `d` and `m`), as
+/// f32: one 32-bit load and one conversion, through `vmovd` as [`fp16`].
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn fp16x2(p: *const u8) -> (f32, f32) {
+    let bits = u32::from_le_bytes(*(p as *const [u8; 4]));
+    let v: __m128;
+    std::arch::asm!(
+        "vmovd {v}, {b:e}",
+        "vcvtph2ps {v}, {v}",
+        b = in(reg) bits,
+        v = out(xmm_reg) v,
+        options(pure, nomem, nostack)
+    );
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 /// Sum of the 8 lanes.
@@ -137,19 +154,76 @@ pub(super) struct KBlock {
     pub(super) dm: f32,
 }
 
+/// The 8 six-bit scales and 8 six-bit minimums of a Q4_K / Q5_K block's
+/// 12 scale bytes at `p`, one per byte (sub-block `j` in byte `j`), as
+/// [`super::scalar::scale_min_k4`] reads them: scales 0..4 and minimums 0..4 are the low 6
+/// bits of bytes 0..4 and 4..8; scales and minimums 4..8 take their low 4
+/// bits from the nibbles of bytes 8..12 and their top 2 bits from the top
+/// bits of bytes 0..4 and 4..8.
+#[inline]
+pub(super) unsafe fn k4_scales_mins(p: *const u8) -> (u64, u64) {
+    let w = |i: usize| u32::from_le_bytes(*(p.add(4 * i) as *const [u8; 4]));
+    let (s0, s1, s2) = (w(0), w(1), w(2));
+    let (low6, low4, top2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_lo = s0 & low6;
+    let sc_hi = (s2 & low4) | (((s0 >> 6) & top2) << 4);
+    let m_lo = s1 & low6;
+    let m_hi = ((s2 >> 4) & low4) | (((s1 >> 6) & top2) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        m_lo as u64 | (m_hi as u64) << 32,
+    )
+}
+
+/// `vpshufb` masks that spread one 16-bit lane of a 128-bit half over the
+/// whole half: entry `i` picks lane `i`.
+const SPREAD16: [[u8; 16]; 8] = {
+    let mut m = [[0u8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut b = 0;
+        while b < 8 {
+            m[i][2 * b] = 2 * i as u8;
+            m[i][2 * b + 1] = 2 * i as u8 + 1;
+            b += 1;
+        }
+        i += 1;
+    }
+    m
+};
+
+/// Both halves spread by [`SPREAD16`]: lane `lo` over the low half, lane
+/// `hi` over the high one.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn spread(v: __m256i, lo: usize, hi: usize) -> __m256i {
+    let m = _mm256_set_m128i(
+        _mm_loadu_si128(SPREAD16[hi].as_ptr() as *const __m128i),
+        _mm_loadu_si128(SPREAD16[lo].as_ptr() as *const __m128i),
+    );
+    _mm256_shuffle_epi8(v, m)
+}
+
 /// Q4_K (`FIVE` = false, 144 bytes) and Q5_K (176 bytes): `x = d sc q - dmin m`.
+///
+/// The scales are decoded with word-wide bit operations ([`k4_scales_mins`])
+/// and spread to their registers by byte shuffles, with no scalar work per
+/// sub-block.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
-    let sb = std::slice::from_raw_parts(b.add(4), 12);
     let qs = if FIVE { b.add(48) } else { b.add(16) };
     let qh = if FIVE {
         load(b.add(16))
     } else {
         _mm256_setzero_si256()
     };
+    let (sc8, m8) = k4_scales_mins(b.add(4));
+    let sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64));
+    let sc16 = _mm256_set_m128i(sc16, sc16);
+    let m8 = _mm_cvtsi64_si128(m8 as i64);
     let zero = _mm256_setzero_si256();
-    let (mut u, mut sc, mut m) = ([zero; 8], [zero; 8], [0i16; 16]);
+    let (mut u, mut sc) = ([zero; 8], [zero; 8]);
     for j in 0..4 {
         let q = load(qs.add(32 * j));
         let mut lo = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
@@ -160,16 +234,15 @@ pub(super) unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(h1, 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(h2, 4));
         }
-        let (s1, m1) = scale_min_k4(2 * j, sb);
-        let (s2, m2) = scale_min_k4(2 * j + 1, sb);
         (u[2 * j], u[2 * j + 1]) = (lo, hi);
-        (sc[2 * j], sc[2 * j + 1]) = (scales16(s1, s1), scales16(s2, s2));
-        m[4 * j..4 * j + 4].copy_from_slice(&[m1 as i16, m1 as i16, m2 as i16, m2 as i16]);
+        sc[2 * j] = spread(sc16, 2 * j, 2 * j);
+        sc[2 * j + 1] = spread(sc16, 2 * j + 1, 2 * j + 1);
     }
     KBlock {
         u,
         sc,
-        mg: load(m.as_ptr() as *const u8),
+        // Each minimum twice: one factor per 16 elements.
+        mg: _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)),
         d: fp16(b),
         dm: -fp16(b.add(2)),
     }
@@ -179,10 +252,16 @@ pub(super) unsafe fn unpack_q45_k<const FIVE: bool>(b: *const u8) -> KBlock {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn unpack_q6_k(b: *const u8) -> KBlock {
-    let sb = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
     let zero = _mm256_setzero_si256();
     let (mut u, mut sc) = ([zero; 8], [zero; 8]);
     let m4 = _mm256_set1_epi8(0x0F);
+    // The 16 scales as 16-bit lanes; each half of the block's registers
+    // takes its scales from one half of them.
+    let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+    let halves = [
+        _mm256_permute2x128_si256(s16, s16, 0x00),
+        _mm256_permute2x128_si256(s16, s16, 0x11),
+    ];
     for h in 0..2 {
         let ql0 = load(b.add(64 * h));
         let ql1 = load(b.add(64 * h + 32));
@@ -195,15 +274,14 @@ pub(super) unsafe fn unpack_q6_k(b: *const u8) -> KBlock {
         ];
         for (r, (lo, hi)) in q.into_iter().enumerate() {
             u[4 * h + r] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-            let g = 8 * h + 2 * r;
-            sc[4 * h + r] = scales16(sb[g] as i32, sb[g + 1] as i32);
+            // Scales 8 h + 2 r (low half) and 8 h + 2 r + 1 (high half).
+            sc[4 * h + r] = spread(halves[h], 2 * r, 2 * r + 1);
         }
     }
-    let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
     KBlock {
         u,
         sc,
-        mg: _mm256_mullo_epi16(s16, _mm256_set1_epi16(-32)),
+        mg: _mm256_slli_epi16(_mm256_sub_epi16(zero, s16), 5),
         d: fp16(b.add(208)),
         dm: 0.0,
     }
@@ -373,7 +451,9 @@ macro_rules! kernels {
                             let $b = w.as_ptr().add(i * $bytes);
                             let (u, d, m): (__m256i, f32, f32) = $unpack;
                             let ua = if $signed { _mm256_abs_epi8(u) } else { u };
-                            let (dv, mo) = (_mm256_set1_ps(d), m - $off * d);
+                            // (`$off` is a literal: no multiply when it is 0.)
+                            let mo = if $off == 0.0 { m } else { m - $off * d };
+                            let dv = _mm256_set1_ps(d);
                             for r in 0..R {
                                 let a = &a[r * nb + i];
                                 let s = load(a.q.as_ptr() as *const u8);
@@ -396,11 +476,10 @@ macro_rules! kernels {
                 fp16(b),
                 0.0
             ));
-            legacy!(q4_1_r, 20, 0.0, false, |b| (
-                nibbles(b.add(4)),
-                fp16(b),
-                fp16(b.add(2))
-            ));
+            legacy!(q4_1_r, 20, 0.0, false, |b| {
+                let (d, m) = fp16x2(b);
+                (nibbles(b.add(4)), d, m)
+            });
             legacy!(q5_0_r, 22, 16.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(2) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh));
@@ -409,7 +488,8 @@ macro_rules! kernels {
             legacy!(q5_1_r, 24, 0.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(4) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(qh));
-                (u, fp16(b), fp16(b.add(2)))
+                let (d, m) = fp16x2(b);
+                (u, d, m)
             });
             // Q8_0: signed weights, so `|w| . (a with w's sign)`.
             legacy!(q8_0_r, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
@@ -504,10 +584,13 @@ macro_rules! kernels {
                                 for r in 0..R {
                                     let a = &a[r * nb + i];
                                     let aq = a.q.as_ptr() as *const u8;
-                                    let mut sumi = _mm256_setzero_si256();
+                                    // Two sums, so that the products form two chains of 4.
+                                    let mut s2 = [_mm256_setzero_si256(); 2];
                                     for j in 0..8 {
-                                        sumi = kdot(sumi, k.u[j], load(aq.add(32 * j)), k.sc[j]);
+                                        s2[j % 2] =
+                                            kdot(s2[j % 2], k.u[j], load(aq.add(32 * j)), k.sc[j]);
                                     }
+                                    let mut sumi = _mm256_add_epi32(s2[0], s2[1]);
                                     let bs = load(a.bsums.as_ptr() as *const u8);
                                     let mins = _mm256_madd_epi16(k.mg, bs);
                                     if $fold {
