@@ -34,6 +34,7 @@ use pagoda_kernels::{
 use pagoda_model::tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What a request asks of the engine.
 #[derive(Debug, Clone)]
@@ -406,8 +407,10 @@ impl<B: Backend> LlmEngine<B> {
         let (sampled, logprobs) = self.sample(&plan, &mut ctx, masks)?;
         clock.as_mut().map(StepClock::mark);
         let outputs = self.emit(&plan, &sampled, logprobs)?;
+        let guides = self.structured.as_mut().map(|s| s.take_times());
         if let (Some(log), Some(c)) = (self.step_log.as_mut(), clock) {
-            if !log.record(plan.num_decode_tokens, plan.num_prefill_tokens, &c) {
+            let guides = guides.unwrap_or_default();
+            if !log.record(plan.num_decode_tokens, plan.num_prefill_tokens, &c, guides) {
                 self.step_log = None;
             }
         }
@@ -424,6 +427,7 @@ impl<B: Backend> LlmEngine<B> {
     /// masks on the mask workers (they run during the forward pass).
     fn start_masks(&mut self, plan: &SchedulerOutput) -> Option<PendingMasks> {
         let s = self.structured.as_mut()?;
+        let t = Instant::now();
         let mut rows = Vec::new();
         let sampled = plan.scheduled.iter().filter(|s| s.needs_logits);
         for (row, sch) in sampled.enumerate() {
@@ -435,7 +439,9 @@ impl<B: Backend> LlmEngine<B> {
                 rows.push(((sch.request_id, row as u32), g));
             }
         }
-        s.start(rows)
+        let pending = s.start(rows);
+        s.add_time(t, |g| &mut g.start_us);
+        pending
     }
 
     /// Joins a step's masks and gives the guides back to their requests.
@@ -447,12 +453,14 @@ impl<B: Backend> LlmEngine<B> {
         let (Some(s), Some(p)) = (structured.as_mut(), pending) else {
             return Ok(TokenMasks::default());
         };
-        s.finish(p, |id, g| {
+        let t = Instant::now();
+        let masks = s.finish(p, |id, g| {
             if let Some(st) = states.get_mut(&id) {
                 st.guide = Some(g);
             }
-        })
-        .map_err(EngineError::Internal)
+        });
+        s.add_time(t, |g| &mut g.wait_us);
+        masks.map_err(EngineError::Internal)
     }
 
     /// Stage 1: plan the step, copy shared blocks, build the forward
@@ -849,6 +857,7 @@ impl<B: Backend> LlmEngine<B> {
         let Some(s) = self.structured.as_ref() else {
             return out;
         };
+        let t = Instant::now();
         let mut rows = Vec::new();
         for (k, u) in updates.iter().enumerate() {
             let guide = self
@@ -875,6 +884,9 @@ impl<B: Backend> LlmEngine<B> {
                 st.guide = Some(g);
             }
             out[k] = Some(a);
+        }
+        if let Some(s) = self.structured.as_mut() {
+            s.add_time(t, |g| &mut g.advance_us);
         }
         out
     }

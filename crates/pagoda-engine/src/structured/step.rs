@@ -6,10 +6,12 @@
 //! [`TokenMasks`] (rows in sampling order), give the guides back.
 
 use super::{GrammarCompiler, Guide, MaskJob, MaskWorkers, StructuredError};
+use crate::step_log::GuideTimes;
 use pagoda_core::{RequestId, StructuredOutput};
 use pagoda_kernels::TokenMasks;
 use pagoda_model::tokenizer::Tokenizer;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Mask worker threads when the forward pass runs on the host's cores
 /// (see [`mask_threads_for`]).
@@ -56,6 +58,8 @@ pub(crate) struct StructuredEngine {
     eos: Arc<[u32]>,
     /// The mask buffer between steps.
     spare: Vec<u32>,
+    /// This step's host times so far (for the step log).
+    times: GuideTimes,
 }
 
 /// A [`StructuredEngine`] (for a device backend) being built on a thread
@@ -112,6 +116,7 @@ impl StructuredEngine {
             workers,
             eos: eos.into(),
             spare: Vec::new(),
+            times: GuideTimes::default(),
         })
     }
 
@@ -160,6 +165,16 @@ impl StructuredEngine {
             put_back(id, g);
         }
         Ok(masks)
+    }
+
+    /// Adds `since`'s elapsed time to one of this step's times.
+    pub fn add_time(&mut self, since: Instant, field: fn(&mut GuideTimes) -> &mut u64) {
+        *field(&mut self.times) += since.elapsed().as_micros() as u64;
+    }
+
+    /// This step's times, reset for the next.
+    pub fn take_times(&mut self) -> GuideTimes {
+        std::mem::take(&mut self.times)
     }
 
     /// Takes back the mask buffer of a step's [`TokenMasks`].
