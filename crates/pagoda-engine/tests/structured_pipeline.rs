@@ -62,7 +62,7 @@ fn request(tok: &Tokenizer, i: usize) -> EngineRequest {
         .apply(
             &[ChatMessage::new(
                 "user",
-                &format!("Describe person number {i} of my team as JSON."),
+                format!("Describe person number {i} of my team as JSON."),
             )],
             true,
         )
@@ -85,6 +85,9 @@ fn request(tok: &Tokenizer, i: usize) -> EngineRequest {
     }
 }
 
+/// Each request's tokens and finish reason (none if it never finished).
+type Outputs = Vec<(Vec<u32>, Option<FinishReason>)>;
+
 /// Runs requests `0..n`, the last `late` of them added after `late_after`
 /// steps; `hook(step, engine, ids)` runs before each step. Returns each
 /// request's tokens and finish reason (none if it never finished).
@@ -95,7 +98,7 @@ fn drive(
     late: usize,
     late_after: usize,
     mut hook: impl FnMut(usize, &mut LlmEngine<CpuBackend>, &[RequestId]),
-) -> Vec<(Vec<u32>, Option<FinishReason>)> {
+) -> Outputs {
     let mut ids = Vec::new();
     let mut index = HashMap::new();
     let mut out = vec![(Vec::new(), None); n];
@@ -150,7 +153,7 @@ fn run_with(
     n: usize,
     late: usize,
     hook: impl FnMut(usize, &mut LlmEngine<CpuBackend>, &[RequestId]),
-) -> (Vec<(Vec<u32>, Option<FinishReason>)>, u64) {
+) -> (Outputs, u64) {
     let (mut e, tok) = engine(blocks);
     // Only this file's tests set the variable, one engine at a time.
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());

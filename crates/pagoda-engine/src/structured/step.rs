@@ -116,9 +116,12 @@ impl StructuredBuild {
 /// A step's masks in flight: the pipelined ones of the rows that went on
 /// from the last step, and the fresh ones of the others (keys: request,
 /// sampling row).
+/// The pipelined job itself stays with the [`StructuredEngine`] until
+/// [`StructuredEngine::finish`] joins it, so that a step that fails before
+/// joining its masks loses none of the guides in flight (the next step
+/// or advance joins them).
 pub(crate) struct PendingMasks {
-    pipe: Option<PipeJob<RequestId>>,
-    /// `(sampling row, index in pipe)`, rows ascending.
+    /// `(sampling row, index in the pipelined job)`, rows ascending.
     from_pipe: Vec<(u32, u32)>,
     fresh: Option<MaskJob<(RequestId, u32)>>,
 }
@@ -192,8 +195,6 @@ impl StructuredEngine {
                 fresh.push(((id, row), g));
             }
         }
-        self.pipe_index.clear();
-        let pipe = self.pipe.take();
         let fresh = match fresh.first() {
             Some((_, g)) => {
                 let words = g.mask_words();
@@ -202,14 +203,10 @@ impl StructuredEngine {
             }
             None => None,
         };
-        if pipe.is_none() && fresh.is_none() {
+        if self.pipe.is_none() && fresh.is_none() {
             return None;
         }
-        Some(PendingMasks {
-            pipe,
-            from_pipe,
-            fresh,
-        })
+        Some(PendingMasks { from_pipe, fresh })
     }
 
     /// Joins a step's masks and gives every guide back through
@@ -221,11 +218,9 @@ impl StructuredEngine {
         pending: PendingMasks,
         mut put_back: impl FnMut(RequestId, Guide),
     ) -> Result<TokenMasks, String> {
-        let PendingMasks {
-            pipe,
-            from_pipe,
-            fresh,
-        } = pending;
+        let PendingMasks { from_pipe, fresh } = pending;
+        self.pipe_index.clear();
+        let pipe = self.pipe.take();
         // Both joined before anything can fail, so that every guide that
         // came back goes back.
         let pipe = pipe.map(|p| p.join());
