@@ -13,7 +13,11 @@
 # Each schema run and its replay alternate (A B A B over the rounds); the
 # summary (per schema: every round's ratio, the per-step mask time median
 # and p99, the median ratio) is printed at the end and lands in
-# $OUT/structured-summary.txt. Logs land in $OUT/structured.txt.
+# $OUT/structured-summary.txt. Logs land in $OUT/structured.txt, each
+# run's per-step timing log (PAGODA_STEP_LOG: stage times, and the
+# structured-output host work: mask_start, mask_wait, advance) in
+# $OUT/steps-ROUND-RUN.tsv. PAGODA_MASK_PIPELINE=off in the environment
+# runs the structured side without the advance-then-next-masks pipeline.
 # ROUNDS (default 2) sets the number of rounds.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,14 +37,16 @@ base=(.device-bin/pagoda bench --device cuda --dummy-weights --config "$cfg"
 # so the ratio of the two is the cost of the constraint alone.
 for round in $(seq 1 "${ROUNDS:-2}"); do
     echo "== round $round plain" | tee -a "$LOG"
-    "${base[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+    PAGODA_STEP_LOG="$OUT/steps-$round-plain.tsv" "${base[@]}" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
     for schema in scripts/gpu/long_text_schema.json tests/bench_schema.json; do
         name=$(basename "$schema" .json)
         echo "== round $round $name" | tee -a "$LOG"
-        "${base[@]}" --json-schema "$schema" --save-realized "/tmp/realized-$name.jsonl" \
+        PAGODA_STEP_LOG="$OUT/steps-$round-$name.tsv" \
+            "${base[@]}" --json-schema "$schema" --save-realized "/tmp/realized-$name.jsonl" \
             2>>"$OUT/stderr.txt" | tee -a "$LOG"
         echo "== round $round $name-lengths-plain" | tee -a "$LOG"
-        "${base[@]}" --workload "/tmp/realized-$name.jsonl" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
+        PAGODA_STEP_LOG="$OUT/steps-$round-$name-lengths-plain.tsv" \
+            "${base[@]}" --workload "/tmp/realized-$name.jsonl" 2>>"$OUT/stderr.txt" | tee -a "$LOG"
     done
 done
 echo "== summary" | tee -a "$LOG"

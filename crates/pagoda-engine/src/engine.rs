@@ -34,6 +34,7 @@ use pagoda_kernels::{
 use pagoda_model::tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What a request asks of the engine.
 #[derive(Debug, Clone)]
@@ -406,8 +407,10 @@ impl<B: Backend> LlmEngine<B> {
         let (sampled, logprobs) = self.sample(&plan, &mut ctx, masks)?;
         clock.as_mut().map(StepClock::mark);
         let outputs = self.emit(&plan, &sampled, logprobs)?;
+        let guides = self.structured.as_mut().map(|s| s.take_times());
         if let (Some(log), Some(c)) = (self.step_log.as_mut(), clock) {
-            if !log.record(plan.num_decode_tokens, plan.num_prefill_tokens, &c) {
+            let guides = guides.unwrap_or_default();
+            if !log.record(plan.num_decode_tokens, plan.num_prefill_tokens, &c, guides) {
                 self.step_log = None;
             }
         }
@@ -420,22 +423,21 @@ impl<B: Backend> LlmEngine<B> {
         self.structured.as_ref().map(|s| s.workers().stats())
     }
 
-    /// Takes the guides of the step's constrained rows and starts their
-    /// masks on the mask workers (they run during the forward pass).
+    /// Starts the masks of the step's constrained rows on the mask workers
+    /// (they run during the forward pass), or takes those the last step's
+    /// advance started.
     fn start_masks(&mut self, plan: &SchedulerOutput) -> Option<PendingMasks> {
         let s = self.structured.as_mut()?;
-        let mut rows = Vec::new();
-        let sampled = plan.scheduled.iter().filter(|s| s.needs_logits);
-        for (row, sch) in sampled.enumerate() {
-            let guide = self
-                .states
-                .get_mut(&sch.request_id)
-                .and_then(|st| st.guide.take());
-            if let Some(g) = guide {
-                rows.push(((sch.request_id, row as u32), g));
-            }
-        }
-        s.start(rows)
+        let t = Instant::now();
+        let states = &mut self.states;
+        let rows = plan.scheduled.iter().filter(|s| s.needs_logits);
+        let pending = s.start(
+            rows.enumerate()
+                .map(|(row, sch)| (sch.request_id, row as u32)),
+            |id| states.get_mut(&id).and_then(|st| st.guide.take()),
+        );
+        s.add_time(t, |g| &mut g.start_us);
+        pending
     }
 
     /// Joins a step's masks and gives the guides back to their requests.
@@ -447,12 +449,14 @@ impl<B: Backend> LlmEngine<B> {
         let (Some(s), Some(p)) = (structured.as_mut(), pending) else {
             return Ok(TokenMasks::default());
         };
-        s.finish(p, |id, g| {
+        let t = Instant::now();
+        let masks = s.finish(p, |id, g| {
             if let Some(st) = states.get_mut(&id) {
                 st.guide = Some(g);
             }
-        })
-        .map_err(EngineError::Internal)
+        });
+        s.add_time(t, |g| &mut g.wait_us);
+        masks.map_err(EngineError::Internal)
     }
 
     /// Stage 1: plan the step, copy shared blocks, build the forward
@@ -842,41 +846,46 @@ impl<B: Backend> LlmEngine<B> {
     }
 
     /// Advances the guides of the rows that got a token and go on, past
-    /// that token, on the mask workers; entry `k` is update `k`'s outcome
-    /// (`None`: unconstrained, or finished by the step).
-    fn advance_guides(&mut self, updates: &[pagoda_core::RequestUpdate]) -> Vec<Option<Advanced>> {
+    /// that token, on the mask workers, which then go on to compute those
+    /// rows' next masks (joined by the next step); entry `k` is update `k`'s
+    /// outcome (`None`: unconstrained, or finished by the step).
+    fn advance_guides(
+        &mut self,
+        updates: &[pagoda_core::RequestUpdate],
+    ) -> Result<Vec<Option<Advanced>>> {
         let mut out = vec![None; updates.len()];
-        let Some(s) = self.structured.as_ref() else {
-            return out;
+        let Some(s) = self.structured.as_mut() else {
+            return Ok(out);
         };
+        let t = Instant::now();
         let mut rows = Vec::new();
+        let mut idx = Vec::new();
         for (k, u) in updates.iter().enumerate() {
+            if u.finish_reason.is_some() {
+                continue;
+            }
             let guide = self
                 .states
                 .get_mut(&u.request_id)
                 .and_then(|st| st.guide.take());
-            match (guide, u.finish_reason) {
-                (Some(g), None) => rows.push((k, (g, u.token_id, Advanced::Pending))),
-                (Some(g), Some(_)) => {
-                    if let Some(st) = self.states.get_mut(&u.request_id) {
-                        st.guide = Some(g);
-                    }
-                }
-                (None, _) => {}
+            if let Some(g) = guide {
+                rows.push((u.request_id, g, u.token_id));
+                idx.push(k);
             }
         }
-        if rows.is_empty() {
-            return out;
-        }
-        let (idx, mut work): (Vec<usize>, Vec<_>) = rows.into_iter().unzip();
-        s.workers().advance(&mut work);
-        for (k, (g, _, a)) in idx.into_iter().zip(work) {
-            if let Some(st) = self.states.get_mut(&updates[k].request_id) {
+        let mut advanced = vec![Advanced::Pending; rows.len()];
+        let states = &mut self.states;
+        s.advance(rows, &mut advanced, |id, g| {
+            if let Some(st) = states.get_mut(&id) {
                 st.guide = Some(g);
             }
+        })
+        .map_err(EngineError::Internal)?;
+        for (k, a) in idx.into_iter().zip(advanced) {
             out[k] = Some(a);
         }
-        out
+        s.add_time(t, |g| &mut g.advance_us);
+        Ok(out)
     }
 
     /// Stage 3: append the tokens, run the stop checks, decode text.
@@ -904,7 +913,7 @@ impl<B: Backend> LlmEngine<B> {
                 "step"
             );
         }
-        let mut advanced = self.advance_guides(&updates);
+        let mut advanced = self.advance_guides(&updates)?;
         let mut outputs = Vec::with_capacity(updates.len());
         for (k, u) in updates.into_iter().enumerate() {
             let Some(state) = self.states.get_mut(&u.request_id) else {

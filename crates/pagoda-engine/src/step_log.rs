@@ -4,14 +4,26 @@
 //! One line per step: the step's decode rows, prompt tokens, and the wall
 //! time of its three stages in microseconds (prepare: plan and forward
 //! context; forward: the forward pass and sampling, up to the step's one
-//! device sync; emit: scheduler update and outputs), tab-separated under a
-//! header line. Off (no file, no clock reads) unless the variable is set.
+//! device sync; emit: scheduler update and outputs), and, where requests
+//! are under structured outputs, the host work of their guides inside those
+//! stages (mask_start: taking the guides and starting their masks; mask_wait:
+//! joining the masks, guides back; advance: the guides' advance past the
+//! sampled tokens), tab-separated under a header line. Off (no file, no clock reads) unless the variable is set.
 //! Writes are buffered and flushed when the engine is dropped; a write error
 //! turns the log off with one warning and never fails a step.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::time::Instant;
+
+/// Microseconds of a step's structured-output host work (all 0 without
+/// constrained rows), kept by the structured-output side.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct GuideTimes {
+    pub start_us: u64,
+    pub wait_us: u64,
+    pub advance_us: u64,
+}
 
 /// The log's file, when `PAGODA_STEP_LOG` names one.
 pub(crate) struct StepLog {
@@ -54,7 +66,8 @@ impl StepLog {
                 let mut out = BufWriter::new(f);
                 let _ = writeln!(
                     out,
-                    "decode_rows\tprompt_tokens\tprepare_us\tforward_us\temit_us"
+                    "decode_rows\tprompt_tokens\tprepare_us\tforward_us\temit_us\t\
+                     mask_start_us\tmask_wait_us\tadvance_us"
                 );
                 Some(StepLog { out })
             }
@@ -72,14 +85,18 @@ impl StepLog {
         decode_rows: usize,
         prompt_tokens: usize,
         clock: &StepClock,
+        guides: GuideTimes,
     ) -> bool {
         let end = clock.start.elapsed().as_micros() as u64;
         let [a, b] = clock.marks;
         let ok = writeln!(
             self.out,
-            "{decode_rows}\t{prompt_tokens}\t{a}\t{}\t{}",
+            "{decode_rows}\t{prompt_tokens}\t{a}\t{}\t{}\t{}\t{}\t{}",
             b.saturating_sub(a),
-            end.saturating_sub(b)
+            end.saturating_sub(b),
+            guides.start_us,
+            guides.wait_us,
+            guides.advance_us
         )
         .is_ok();
         if !ok {

@@ -1,6 +1,7 @@
 //! The per-step token masks of constrained rows, computed on a small worker
 //! pool while the forward pass runs, and joined before sampling; and the
-//! advance of the rows' guides past their sampled tokens, on the same pool.
+//! advance of the rows' guides past their sampled tokens, on the same pool
+//! (the engine's, with the next step's masks in the same job: `pipe.rs`).
 //!
 //! Rows are split by lexer family ([`Guide::family`]): a family's rows
 //! share one lexer and run in turn on one worker, so the shared lexer is
@@ -20,6 +21,7 @@
 //! for the next step; the CUDA backend copies it into one device buffer it
 //! keeps, so the device never allocates per step).
 
+use super::pipe::PipeJob;
 use super::Guide;
 use rayon::prelude::*;
 use std::sync::mpsc;
@@ -183,6 +185,19 @@ impl MaskWorkers {
                 .into_par_iter()
                 .for_each(|b| b.into_iter().for_each(one))
         });
+    }
+
+    /// Advances each `(key, guide, token)` past its token and starts the
+    /// next masks of those that go on, in one job (see `pipe.rs`); `bits`
+    /// is reused as the masks' buffer.
+    pub fn pipe<K: Copy + Send + 'static>(
+        &self,
+        rows: Vec<(K, Guide, u32)>,
+        bits: Vec<u32>,
+        words: usize,
+        eos: Arc<[u32]>,
+    ) -> PipeJob<K> {
+        super::pipe::spawn(&self.pool, rows, bits, words, eos)
     }
 
     /// Starts computing the masks of `guides` (all of `words` words),

@@ -13,7 +13,9 @@
 //!   vocabulary, for callers that build grammars (tool calling) and want
 //!   the error early, before any request reaches the engine.
 //! - `masks`: the per-step mask computation on a worker pool, overlapped
-//!   with the forward pass, and the guides' advance past sampled tokens.
+//!   with the forward pass, and the guides' advance past sampled tokens;
+//!   `pipe`: that advance and the next step's masks in one job, the caller
+//!   waiting for the advance only.
 //!
 //! Choices of this module: JSON (JSON object, JSON schema) is generated in
 //! its compact form (`{"a":1,"b":[2,3]}`, no free whitespace) unless the
@@ -27,11 +29,13 @@
 
 pub mod gbnf;
 mod masks;
+mod pipe;
 pub(crate) mod step;
 
 pub use masks::{
     thread_cpu_secs, Advanced, MaskJob, MaskResult, MaskStats, MaskWorkers, FAMILIES_PER_WORKER,
 };
+pub use pipe::{PipeJob, PipeResult};
 pub use step::{mask_threads, mask_threads_for};
 
 use llguidance::api::TopLevelGrammar;

@@ -2,14 +2,23 @@
 //! (made at the first constrained request, or built on a thread of their
 //! own from the engine's start where the forward pass runs on a device:
 //! [`StructuredBuild`]), and a step's mask round trip:
-//! take the constrained rows' guides, start their masks, join them into a
-//! [`TokenMasks`] (rows in sampling order), give the guides back.
+//! the masks of rows that went on from the last step were started by its
+//! advance (`pipe`) and are in flight; the other constrained rows' guides
+//! start theirs; both are joined into a [`TokenMasks`] (rows in sampling
+//! order, the pipelined buffer itself when it holds exactly the step's
+//! rows) and every guide goes back; after sampling, the rows that go on
+//! advance and start their next masks in one job, the engine waiting for
+//! the advance only.
 
-use super::{GrammarCompiler, Guide, MaskJob, MaskWorkers, StructuredError};
+use super::pipe::{PipeJob, PipeResult};
+use super::{Advanced, GrammarCompiler, Guide, MaskJob, MaskResult, MaskWorkers, StructuredError};
+use crate::step_log::GuideTimes;
 use pagoda_core::{RequestId, StructuredOutput};
 use pagoda_kernels::TokenMasks;
 use pagoda_model::tokenizer::Tokenizer;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Mask worker threads when the forward pass runs on the host's cores
 /// (see [`mask_threads_for`]).
@@ -54,8 +63,28 @@ pub(crate) struct StructuredEngine {
     compiler: GrammarCompiler,
     workers: MaskWorkers,
     eos: Arc<[u32]>,
-    /// The mask buffer between steps.
-    spare: Vec<u32>,
+    /// Mask buffers between steps (at most three: the pipelined masks, the
+    /// fresh ones, the step's assembled ones).
+    spare: Vec<Vec<u32>>,
+    /// The last step's advance with the next masks, in flight.
+    pipe: Option<PipeJob<RequestId>>,
+    /// Where each request of `pipe` sits in it.
+    pipe_index: HashMap<RequestId, u32>,
+    /// Whether the advance starts the next masks ([`pipelined`]).
+    pipelined: bool,
+    /// This step's host times so far (for the step log).
+    times: GuideTimes,
+}
+
+/// Whether a step's advance starts the next step's masks in the same job
+/// (the default), or, with `PAGODA_MASK_PIPELINE=off` (or `0`), the
+/// advance is waited for alone and each step starts all its masks itself
+/// (the behaviour to compare against).
+pub fn pipelined() -> bool {
+    !matches!(
+        std::env::var("PAGODA_MASK_PIPELINE").as_deref(),
+        Ok("off" | "0")
+    )
 }
 
 /// A [`StructuredEngine`] (for a device backend) being built on a thread
@@ -84,8 +113,18 @@ impl StructuredBuild {
     }
 }
 
-/// A step's masks in flight: keys are (request, sampling row).
-pub(crate) struct PendingMasks(MaskJob<(RequestId, u32)>);
+/// A step's masks in flight: the pipelined ones of the rows that went on
+/// from the last step, and the fresh ones of the others (keys: request,
+/// sampling row).
+/// The pipelined job itself stays with the [`StructuredEngine`] until
+/// [`StructuredEngine::finish`] joins it, so that a step that fails before
+/// joining its masks loses none of the guides in flight (the next step
+/// or advance joins them).
+pub(crate) struct PendingMasks {
+    /// `(sampling row, index in the pipelined job)`, rows ascending.
+    from_pipe: Vec<(u32, u32)>,
+    fresh: Option<MaskJob<(RequestId, u32)>>,
+}
 
 impl StructuredEngine {
     /// `device`: the forward pass runs on a device (see
@@ -112,6 +151,10 @@ impl StructuredEngine {
             workers,
             eos: eos.into(),
             spare: Vec::new(),
+            pipe: None,
+            pipe_index: HashMap::new(),
+            pipelined: pipelined(),
+            times: GuideTimes::default(),
         })
     }
 
@@ -123,48 +166,258 @@ impl StructuredEngine {
         &self.workers
     }
 
-    /// Starts the masks of `rows` ((request, sampling row, guide), in
-    /// sampling-row order); `None` when there are none.
-    pub fn start(&mut self, rows: Vec<((RequestId, u32), Guide)>) -> Option<PendingMasks> {
-        let words = rows.first()?.1.mask_words();
-        let bits = std::mem::take(&mut self.spare);
-        Some(PendingMasks(self.workers.spawn(
-            rows,
-            bits,
-            words,
-            self.eos.clone(),
-        )))
+    fn buffer(&mut self) -> Vec<u32> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    fn give_back(&mut self, bits: Vec<u32>) {
+        if self.spare.len() < 3 {
+            self.spare.push(bits);
+        }
+    }
+
+    /// Starts a step's masks: `rows` are its sampling rows ((request,
+    /// row), rows ascending); a row whose guide is in flight from the last
+    /// step's advance takes the mask computed there, the others' guides
+    /// (taken with `take`) start a fresh mask now. `None` when nothing is
+    /// in flight and no row is constrained.
+    pub fn start(
+        &mut self,
+        rows: impl Iterator<Item = (RequestId, u32)>,
+        mut take: impl FnMut(RequestId) -> Option<Guide>,
+    ) -> Option<PendingMasks> {
+        let mut from_pipe = Vec::new();
+        let mut fresh = Vec::new();
+        for (id, row) in rows {
+            if let Some(&j) = self.pipe_index.get(&id) {
+                from_pipe.push((row, j));
+            } else if let Some(g) = take(id) {
+                fresh.push(((id, row), g));
+            }
+        }
+        let fresh = match fresh.first() {
+            Some((_, g)) => {
+                let words = g.mask_words();
+                let bits = self.buffer();
+                Some(self.workers.spawn(fresh, bits, words, self.eos.clone()))
+            }
+            None => None,
+        };
+        if self.pipe.is_none() && fresh.is_none() {
+            return None;
+        }
+        Some(PendingMasks { from_pipe, fresh })
     }
 
     /// Joins a step's masks and gives every guide back through
-    /// `put_back`; rows whose mask failed (only EOS allowed) are logged.
+    /// `put_back` (those in flight whose row is not in the step too); rows
+    /// whose mask failed (only EOS allowed) are logged. The masks come in
+    /// sampling-row order.
     pub fn finish(
         &mut self,
         pending: PendingMasks,
         mut put_back: impl FnMut(RequestId, Guide),
     ) -> Result<TokenMasks, String> {
-        let r = pending
-            .0
-            .join()
-            .ok_or_else(|| "a token mask worker died".to_string())?;
-        self.workers.record(r.elapsed);
-        for ((id, _), e) in &r.errors {
-            tracing::warn!(request = id.0, error = %e, "structured output: no valid next token");
+        let PendingMasks { from_pipe, fresh } = pending;
+        self.pipe_index.clear();
+        let pipe = self.pipe.take();
+        // Both joined before anything can fail, so that every guide that
+        // came back goes back.
+        let pipe = pipe.map(|p| p.join());
+        let fresh = fresh.map(|f| f.join());
+        if matches!(pipe, Some(None)) || matches!(fresh, Some(None)) {
+            for (id, g) in pipe.into_iter().flatten().flat_map(|p| p.guides) {
+                put_back(id, g);
+            }
+            for ((id, _), g) in fresh.into_iter().flatten().flat_map(|f| f.guides) {
+                put_back(id, g);
+            }
+            return Err("a token mask worker died".into());
         }
-        let masks = TokenMasks {
-            words: r.words,
-            rows: r.guides.iter().map(|((_, row), _)| *row).collect(),
-            bits: r.bits,
-        };
-        for ((id, _), g) in r.guides {
-            put_back(id, g);
+        let mut pipe = pipe.flatten();
+        let fresh = fresh.flatten();
+        let mut elapsed = std::time::Duration::ZERO;
+        if let Some(p) = pipe.as_mut() {
+            elapsed = elapsed.max(p.elapsed);
+            for (id, e) in &p.errors {
+                tracing::warn!(request = id.0, error = %e, "structured output: no valid next token");
+            }
+            // A row in the step without its next mask (not expected: a
+            // row that did not go on has ended) has it computed here.
+            for &(_, j) in &from_pipe {
+                let j = j as usize;
+                if p.masked.get(j) == Some(&false) {
+                    let w = p.words;
+                    if let (Some((id, g)), Some(out)) =
+                        (p.guides.get_mut(j), p.bits.get_mut(j * w..(j + 1) * w))
+                    {
+                        if let Err(e) = g.fill_mask(out, &self.eos) {
+                            tracing::warn!(request = id.0, error = %e,
+                                "structured output: no valid next token");
+                        }
+                        p.masked[j] = true;
+                    }
+                }
+            }
+        }
+        if let Some(f) = fresh.as_ref() {
+            elapsed = elapsed.max(f.elapsed);
+            for ((id, _), e) in &f.errors {
+                tracing::warn!(request = id.0, error = %e, "structured output: no valid next token");
+            }
+        }
+        if pipe.is_some() || fresh.is_some() {
+            self.workers.record(elapsed);
+        }
+        let masks = self.assemble(pipe.as_mut(), &from_pipe, fresh.as_ref());
+        if let Some(p) = pipe {
+            for (id, g) in p.guides {
+                put_back(id, g);
+            }
+            if !p.bits.is_empty() {
+                self.give_back(p.bits);
+            }
+        }
+        if let Some(f) = fresh {
+            for ((id, _), g) in f.guides {
+                put_back(id, g);
+            }
+            if !f.bits.is_empty() {
+                self.give_back(f.bits);
+            }
         }
         Ok(masks)
     }
 
+    /// The step's masks, rows ascending, from the pipelined and fresh ones:
+    /// the pipelined buffer itself when it holds exactly the step's rows in
+    /// order (the common decode step), else a copy of each row's mask.
+    fn assemble(
+        &mut self,
+        pipe: Option<&mut PipeResult<RequestId>>,
+        from_pipe: &[(u32, u32)],
+        fresh: Option<&MaskResult<(RequestId, u32)>>,
+    ) -> TokenMasks {
+        let fresh_rows = fresh.map_or(0, |f| f.guides.len());
+        if let Some(p) = pipe {
+            let whole = fresh_rows == 0
+                && from_pipe.len() == p.guides.len()
+                && from_pipe
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &(_, j))| j as usize == i);
+            if whole {
+                return TokenMasks {
+                    words: p.words,
+                    rows: from_pipe.iter().map(|&(r, _)| r).collect(),
+                    bits: std::mem::take(&mut p.bits),
+                };
+            }
+            let words = p.words;
+            let mut masks = TokenMasks {
+                words,
+                rows: Vec::with_capacity(from_pipe.len() + fresh_rows),
+                bits: self.buffer(),
+            };
+            masks.bits.clear();
+            let fresh_iter = fresh.into_iter().flat_map(|f| {
+                f.guides
+                    .iter()
+                    .zip(f.bits.chunks_exact(f.words.max(1)))
+                    .map(|(((_, r), _), b)| (*r, b))
+            });
+            let pipe_iter = from_pipe.iter().filter_map(|&(r, j)| {
+                let j = j as usize;
+                p.bits.get(j * words..(j + 1) * words).map(|b| (r, b))
+            });
+            let mut all: Vec<(u32, &[u32])> = pipe_iter.chain(fresh_iter).collect();
+            all.sort_unstable_by_key(|&(r, _)| r);
+            for (r, b) in all {
+                masks.rows.push(r);
+                masks.bits.extend_from_slice(b);
+            }
+            return masks;
+        }
+        match fresh {
+            Some(f) => {
+                let mut bits = self.buffer();
+                bits.clear();
+                bits.extend_from_slice(&f.bits);
+                TokenMasks {
+                    words: f.words,
+                    rows: f.guides.iter().map(|((_, r), _)| *r).collect(),
+                    bits,
+                }
+            }
+            None => TokenMasks::default(),
+        }
+    }
+
+    /// Advances `rows` ((request, guide, sampled token), each going on) past
+    /// their tokens, writing row `i`'s outcome into `out[i]`, and starts the
+    /// masks of those that go on for the next step (joined by its
+    /// [`Self::finish`]). A step whose masks are still in flight (not
+    /// expected: every step joins its own) has them joined first, through
+    /// `put_back`. Err: a worker died, and the guides with it.
+    pub fn advance(
+        &mut self,
+        rows: Vec<(RequestId, Guide, u32)>,
+        out: &mut [Advanced],
+        mut put_back: impl FnMut(RequestId, Guide),
+    ) -> Result<(), String> {
+        if let Some(p) = self.pipe.take() {
+            self.pipe_index.clear();
+            let r = p.join().ok_or("a token mask worker died")?;
+            for (id, g) in r.guides {
+                put_back(id, g);
+            }
+            self.give_back(r.bits);
+        }
+        let Some(words) = rows.first().map(|(_, g, _)| g.mask_words()) else {
+            return Ok(());
+        };
+        if !self.pipelined {
+            let (ids, mut work): (Vec<_>, Vec<_>) = rows
+                .into_iter()
+                .map(|(id, g, t)| (id, (g, t, Advanced::Pending)))
+                .unzip();
+            self.workers.advance(&mut work);
+            for ((id, (g, _, a)), o) in ids.into_iter().zip(work).zip(out.iter_mut()) {
+                *o = a;
+                put_back(id, g);
+            }
+            return Ok(());
+        }
+        self.pipe_index.clear();
+        for (i, (id, _, _)) in rows.iter().enumerate() {
+            self.pipe_index.insert(*id, i as u32);
+        }
+        let bits = self.buffer();
+        let mut job = self.workers.pipe(rows, bits, words, self.eos.clone());
+        let ok = job.advanced(out);
+        self.pipe = Some(job);
+        if ok {
+            Ok(())
+        } else {
+            Err("a token mask worker died".into())
+        }
+    }
+
+    /// Adds `since`'s elapsed time to one of this step's times.
+    pub fn add_time(&mut self, since: Instant, field: fn(&mut GuideTimes) -> &mut u64) {
+        *field(&mut self.times) += since.elapsed().as_micros() as u64;
+    }
+
+    /// This step's times, reset for the next.
+    pub fn take_times(&mut self) -> GuideTimes {
+        std::mem::take(&mut self.times)
+    }
+
     /// Takes back the mask buffer of a step's [`TokenMasks`].
     pub fn recycle(&mut self, masks: TokenMasks) {
-        self.spare = masks.bits;
+        if !masks.bits.is_empty() {
+            self.give_back(masks.bits);
+        }
     }
 }
 
