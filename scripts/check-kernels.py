@@ -70,15 +70,16 @@ def find_nvrtc(d):
 
 
 def compile_unit(lib, name, src, arch):
-    """(nvrtc result, log, CUBIN bytes, seconds) of one unit."""
+    """(nvrtc result, log, CUBIN bytes, seconds, CPU seconds) of one unit
+    (the CPU seconds are the whole process's: the unit's own with --jobs 1)."""
     prog = ctypes.c_void_p()
     r = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"pagoda_{name}.cu".encode(), 0, None, None)
     assert r == 0, r
     opts = [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v"]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     r = lib.nvrtcCompileProgram(prog, len(opts), arr)
-    dt = time.perf_counter() - t
+    dt, cpu = time.perf_counter() - t, time.process_time() - c
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
@@ -92,7 +93,7 @@ def compile_unit(lib, name, src, arch):
         lib.nvrtcGetCUBIN(prog, buf)
         cubin = buf.raw
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return r, log, cubin, dt
+    return r, log, cubin, dt, cpu
 
 
 def main():
@@ -109,14 +110,14 @@ def main():
     if not todo:
         sys.exit(f"no unit {a.unit}; units: {[u[0] for u in all_units]}")
     jobs = a.jobs or len(todo)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(lambda u: compile_unit(lib, u[0], u[1], a.arch), todo))
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     failed = False
     holders = {k: [] for k in kernels}
     total_bytes = 0
-    for (name, _), (r, log, cubin, dt) in zip(todo, results):
+    for (name, _), (r, log, cubin, dt, _) in zip(todo, results):
         if r != 0:
             print(f"unit {name}:\n{log}")
             failed = True
@@ -136,9 +137,10 @@ def main():
                     print(f"{current}: {line.split('info    :')[-1].strip()}")
             if "warning" in line.lower():
                 print(line)
-    for (name, _), (r, _, cubin, dt) in zip(todo, results):
-        print(f"unit {name}: {dt:.2f} s, {len(cubin)} bytes of CUBIN")
-    print(f"{len(todo)} units on {jobs} threads: {wall:.2f} s wall, "
+    for (name, _), (r, _, cubin, dt, ucpu) in zip(todo, results):
+        own = f", {ucpu:.2f} s CPU" if jobs == 1 else ""
+        print(f"unit {name}: {dt:.2f} s{own}, {len(cubin)} bytes of CUBIN")
+    print(f"{len(todo)} units on {jobs} threads: {wall:.2f} s wall ({cpu:.2f} s CPU), "
           f"{sum(x[3] for x in results):.2f} s summed, slowest {max(x[3] for x in results):.2f} s")
     if failed:
         sys.exit("compile failed")

@@ -357,7 +357,6 @@ fn build_engine<B: KvBudget>(
     } else {
         None
     };
-    drop(source);
     drop(files.weights);
     // A one-block cache first: on a device, the profiling steps bring the
     // step memory to its peak, it is frozen into a fixed arena (no device
