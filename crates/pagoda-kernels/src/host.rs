@@ -7,6 +7,10 @@
 
 use half::{bf16, f16};
 pub use pagoda_gguf::GgmlType;
+use rayon::prelude::*;
+
+/// Elements converted per rayon task in [`HostData::into_bf16`].
+const CONVERT_CHUNK: usize = 1 << 16;
 
 /// Element storage of a host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +77,37 @@ impl HostData {
     }
 }
 
+impl HostData {
+    /// The elements as bf16 (round to nearest even, as `half` converts),
+    /// converted in parallel over rayon chunks: the same bits as converting
+    /// one element at a time, in any thread count. bf16 data is moved, not
+    /// copied; quantized blocks are dequantized to f32 first (NaNs where
+    /// pagoda cannot dequantize the type, as [`HostTensor::to_f32_vec`]).
+    pub fn into_bf16(self) -> Vec<bf16> {
+        fn par_map<T: Sync>(v: &[T], f: impl Fn(&T) -> bf16 + Sync + Send) -> Vec<bf16> {
+            let mut out = Vec::with_capacity(v.len());
+            v.par_iter()
+                .with_min_len(CONVERT_CHUNK)
+                .map(f)
+                .collect_into_vec(&mut out);
+            out
+        }
+        match self {
+            HostData::BF16(v) => v,
+            HostData::F32(v) => par_map(&v, |&x| bf16::from_f32(x)),
+            HostData::F16(v) => par_map(&v, |x| bf16::from_f32(x.to_f32())),
+            d @ HostData::Quant(_) => {
+                let f = HostTensor {
+                    shape: vec![d.len()],
+                    data: d,
+                }
+                .into_f32_vec();
+                par_map(&f, |&x| bf16::from_f32(x))
+            }
+        }
+    }
+}
+
 impl HostTensor {
     pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
@@ -119,5 +154,54 @@ impl HostTensor {
             }
             .to_f32_vec(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parallel conversion gives the bits of the element-wise one, over
+    /// several chunks (with a partial last one) and the special values.
+    #[test]
+    fn into_bf16_matches_the_serial_conversion_bit_for_bit() {
+        let n = 3 * CONVERT_CHUNK + 1234;
+        let mut v: Vec<f32> = (0..n)
+            .map(|i| ((i as f32) * 0.618_034).sin() * 1e3 / (1.0 + i as f32))
+            .collect();
+        // Ties (round to even), NaN, infinities, subnormals, signed zero.
+        let specials = [
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(1),
+            -0.0,
+            f32::MAX,
+        ];
+        v[..specials.len()].copy_from_slice(&specials);
+        let serial: Vec<u16> = v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+        let par: Vec<u16> = HostData::F32(v.clone())
+            .into_bf16()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(par, serial);
+        let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let serial: Vec<u16> = h
+            .iter()
+            .map(|x| bf16::from_f32(x.to_f32()).to_bits())
+            .collect();
+        let par: Vec<u16> = HostData::F16(h)
+            .into_bf16()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(par, serial);
+        let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&HostData::BF16(b.clone()).into_bf16()), bits(&b));
+        assert!(HostData::F32(Vec::new()).into_bf16().is_empty());
     }
 }

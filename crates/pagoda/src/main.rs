@@ -4,6 +4,7 @@
 mod commands;
 mod logging;
 mod progress;
+mod startup;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

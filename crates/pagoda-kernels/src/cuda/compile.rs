@@ -1,25 +1,42 @@
 //! NVRTC compilation of pagoda's kernel sources, cached on disk.
 //!
-//! The `.cu` files under `kernels/` are compiled into the binary as strings
-//! ([`SOURCES`]), concatenated behind `prelude.cuh`, and compiled once per
-//! (source, options, NVRTC version) for the device's real architecture
-//! (`--gpu-architecture=sm_XX` from its compute capability) into a CUBIN. The
-//! CUBIN is kept under `$XDG_CACHE_HOME/pagoda/kernels/` (or
-//! `~/.cache/pagoda/kernels/`), named by a hash of everything that went into
-//! it, so a later start loads it without compiling. A cache that cannot be
-//! read or written is not an error: the kernels are compiled again.
+//! The `.cu` files under `kernels/` (and the `.cuh` helpers they share) are
+//! compiled into the binary as strings ([`SOURCES`]) and grouped into
+//! compile units ([`UNITS`]): each unit is `prelude.cuh`, the headers it
+//! needs and its `.cu` files, concatenated, and is its own NVRTC program and
+//! CUDA module. Every source that declares entry points belongs to exactly
+//! one unit, so every entry point ([`KERNELS`]) is in exactly one module
+//! (tested); a source without any (the `.cuh` headers, the split-K decode
+//! kernel's body in `attention_decode.cu`) may open several units.
+//!
+//! Each unit is compiled once per (its source, options, NVRTC version) for
+//! the device's real architecture (`--gpu-architecture=sm_XX` from its
+//! compute capability) into a CUBIN, kept under
+//! `$XDG_CACHE_HOME/pagoda/kernels/` (or `~/.cache/pagoda/kernels/`) named by
+//! a hash of everything that went into it, so a later start loads it
+//! without compiling, and an edit to one unit recompiles only that unit. A
+//! cache that cannot be read or written is not an error: the unit is
+//! compiled again. Units missing from the cache are compiled concurrently,
+//! one thread each ([`load_or_compile_all`]; NVRTC is thread-safe across
+//! programs), so a cold start costs about the slowest unit, not the sum.
 //!
 //! The kernels need no CUDA headers (bf16 is handled as raw bits); the include
 //! paths under `$CUDA_HOME` (default `/usr/local/cuda`) are passed when they
 //! exist, for kernels that will.
 //!
-//! Cost: a cold compile takes about a second; a cache hit is one file read.
+//! Cost: a cold compile of the largest unit takes seconds (see
+//! `scripts/check-kernels.py`, which times each unit); a cache hit is one
+//! file read per unit.
 
 use std::path::{Path, PathBuf};
 
-/// The kernel sources, in the order they are concatenated.
+/// The kernel sources by file name: the prelude, the shared headers, then
+/// every `.cu` file.
 pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("prelude.cuh", include_str!("kernels/prelude.cuh")),
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("kv.cuh", include_str!("kernels/kv.cuh")),
+    ("mma.cuh", include_str!("kernels/mma.cuh")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("qk_norm_rope.cu", include_str!("kernels/qk_norm_rope.cu")),
@@ -39,16 +56,63 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         include_str!("kernels/attention_decode.cu"),
     ),
     (
+        "attention_decode_bf16.cu",
+        include_str!("kernels/attention_decode_bf16.cu"),
+    ),
+    (
+        "attention_decode_fp8.cu",
+        include_str!("kernels/attention_decode_fp8.cu"),
+    ),
+    (
         "attention_prefill.cu",
         include_str!("kernels/attention_prefill.cu"),
     ),
-    // After attention_prefill.cu (the mma helpers).
     (
         "attention_prefill_mma.cu",
         include_str!("kernels/attention_prefill_mma.cu"),
     ),
-    // After elementwise.cu (silu) and attention_prefill.cu (the mma helpers).
     ("moe.cu", include_str!("kernels/moe.cu")),
+];
+
+/// The compile units: a name and the sources after `prelude.cuh`, in the
+/// order they are concatenated (headers first). One unit per heavy file (the
+/// split-K decode attention's 24 instantiations in two, by cache element
+/// type) so they compile side by side; the light files share one.
+pub(crate) const UNITS: &[(&str, &[&str])] = &[
+    (
+        "attention_decode_bf16",
+        &["kv.cuh", "attention_decode.cu", "attention_decode_bf16.cu"],
+    ),
+    (
+        "attention_decode_fp8",
+        &["kv.cuh", "attention_decode.cu", "attention_decode_fp8.cu"],
+    ),
+    ("gemv", &["common.cuh", "gemv.cu"]),
+    (
+        "attention_prefill",
+        &["kv.cuh", "mma.cuh", "attention_prefill.cu"],
+    ),
+    (
+        "attention_prefill_mma",
+        &["kv.cuh", "mma.cuh", "attention_prefill_mma.cu"],
+    ),
+    ("moe", &["common.cuh", "mma.cuh", "moe.cu"]),
+    ("elementwise", &["common.cuh", "kv.cuh", "elementwise.cu"]),
+    ("sampling", &["sampling.cu", "sampling_extras.cu"]),
+    (
+        "misc",
+        &[
+            "common.cuh",
+            "kv.cuh",
+            "norm.cu",
+            "qk_norm_rope.cu",
+            "attention.cu",
+            "gemv_mma.cu",
+            "fp8_linear.cu",
+            "token_masks.cu",
+            "logit_adjust.cu",
+        ],
+    ),
 ];
 
 /// Every `extern "C"` entry point the backend loads from the module.
@@ -174,16 +238,30 @@ pub(crate) const KERNELS: &[&str] = &[
     "moe_sigmoid_gate_f32",
 ];
 
-/// The whole program: every source file, each behind a `#line` marker so
-/// compile errors name the file they come from.
-pub(crate) fn program_source() -> String {
+/// The text of source file `name`, if it is one of [`SOURCES`].
+fn source_text(name: &str) -> Option<&'static str> {
+    SOURCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// The program of one unit: `prelude.cuh` then the unit's files, each
+/// behind a `#line` marker so compile errors name the file they come from.
+pub(crate) fn unit_source(files: &[&str]) -> Result<String, String> {
+    unit_source_from(files, source_text)
+}
+
+/// [`unit_source`] over the sources `text` answers (tests swap one file).
+fn unit_source_from(
+    files: &[&str],
+    text: impl Fn(&str) -> Option<&'static str>,
+) -> Result<String, String> {
     let mut s = String::new();
-    for (name, src) in SOURCES {
+    for name in std::iter::once(&"prelude.cuh").chain(files) {
+        let src = text(name).ok_or_else(|| format!("unknown kernel source {name}"))?;
         s.push_str(&format!("#line 1 \"{name}\"\n"));
         s.push_str(src);
         s.push('\n');
     }
-    s
+    Ok(s)
 }
 
 /// The CUDA installation root: `$CUDA_HOME`, else `/usr/local/cuda`.
@@ -251,12 +329,13 @@ fn nvrtc_version() -> Result<(i32, i32), String> {
     Ok((major, minor))
 }
 
-/// Compiles `source` with `opts` and returns the CUBIN.
-fn compile(source: &str, opts: &[String]) -> Result<Vec<u8>, String> {
+/// Compiles `source` (the program of unit `unit`) with `opts` and returns
+/// the CUBIN.
+fn compile(unit: &str, source: &str, opts: &[String]) -> Result<Vec<u8>, String> {
     use cudarc::nvrtc::{result, sys};
     let src = std::ffi::CString::new(source).map_err(|e| e.to_string())?;
-    let name = c"pagoda_kernels.cu";
-    let prog = result::create_program(&src, Some(name)).map_err(|e| format!("{e:?}"))?;
+    let name = std::ffi::CString::new(format!("pagoda_{unit}.cu")).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, Some(name.as_c_str())).map_err(|e| format!("{e:?}"))?;
     // SAFETY: `prog` is live until the destroy below; buffers are sized by NVRTC.
     let out = unsafe {
         match result::compile_program(prog, opts) {
@@ -293,23 +372,83 @@ fn compile(source: &str, opts: &[String]) -> Result<Vec<u8>, String> {
     out
 }
 
-/// The CUBIN of the kernel program for compute capability `cc`, from the
-/// disk cache when present, else compiled (and cached).
-pub(crate) fn load_or_compile(cc: (i32, i32)) -> Result<Vec<u8>, String> {
-    let source = program_source();
+/// One unit's CUBIN and where it came from.
+pub(crate) struct UnitCubin {
+    /// The unit's name in [`UNITS`].
+    pub name: &'static str,
+    pub cubin: Vec<u8>,
+    /// Whether the CUBIN came from the disk cache.
+    pub cached: bool,
+    /// Seconds its compile took on its thread (0 on a cache hit).
+    pub compile_s: f64,
+}
+
+/// The CUBIN of every unit in [`UNITS`] order for compute capability `cc`:
+/// from the disk cache where present, the others compiled concurrently (one
+/// thread per unit) and cached.
+pub(crate) fn load_or_compile_all(cc: (i32, i32)) -> Result<Vec<UnitCubin>, String> {
     let opts = options(cc, &cuda_home());
-    let name = cache_name(&source, &opts, nvrtc_version()?);
-    let path = cache_dir().map(|d| d.join(&name));
-    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        if is_elf(&bytes) {
-            return Ok(bytes);
+    let version = nvrtc_version()?;
+    let dir = cache_dir();
+    let mut done: Vec<Option<UnitCubin>> = Vec::with_capacity(UNITS.len());
+    let mut jobs = Vec::new();
+    for (i, (name, files)) in UNITS.iter().enumerate() {
+        let source = unit_source(files)?;
+        let path = dir
+            .as_ref()
+            .map(|d| d.join(cache_name(&source, &opts, version)));
+        let hit = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .filter(|b| is_elf(b));
+        done.push(hit.map(|cubin| UnitCubin {
+            name,
+            cubin,
+            cached: true,
+            compile_s: 0.0,
+        }));
+        if done[i].is_none() {
+            jobs.push((i, *name, source, path));
         }
     }
-    let cubin = compile(&source, &opts)?;
-    if let Some(p) = &path {
-        store(p, &cubin);
+    let opts = &opts;
+    let compiled = std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .map(|(i, name, source, path)| {
+                let h = std::thread::Builder::new()
+                    .name(format!("nvrtc-{name}"))
+                    .spawn_scoped(s, move || {
+                        let t = std::time::Instant::now();
+                        let cubin = compile(name, &source, opts)
+                            .map_err(|e| format!("unit {name}: {e}"))?;
+                        if let Some(p) = &path {
+                            store(p, &cubin);
+                        }
+                        Ok::<_, String>(UnitCubin {
+                            name,
+                            cubin,
+                            cached: false,
+                            compile_s: t.elapsed().as_secs_f64(),
+                        })
+                    });
+                (i, name, h)
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (i, name, h) in handles {
+            let h = h.map_err(|e| format!("cannot start the compile thread of {name}: {e}"))?;
+            let unit = h
+                .join()
+                .map_err(|_| format!("the compile thread of unit {name} panicked"))??;
+            out.push((i, unit));
+        }
+        Ok::<_, String>(out)
+    })?;
+    for (i, unit) in compiled {
+        done[i] = Some(unit);
     }
-    Ok(cubin)
+    Ok(done.into_iter().flatten().collect())
 }
 
 /// Writes the cache file through a temporary name, so a reader never sees
@@ -326,116 +465,5 @@ fn store(path: &Path, bytes: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The `extern "C" __global__` names declared in the program (skipping
-    /// a `__launch_bounds__(...)` between the return type and the name).
-    fn declared_kernels(src: &str) -> Vec<String> {
-        let mut names = Vec::new();
-        for (i, _) in src.match_indices("extern \"C\" __global__") {
-            let mut rest = &src[i..];
-            if let Some(lb) = rest.find("__launch_bounds__(") {
-                if lb < rest.find('{').unwrap_or(0) && lb < rest.find(';').unwrap_or(usize::MAX) {
-                    let close = rest[lb..].find(')').map_or(rest.len(), |c| lb + c + 1);
-                    rest = &rest[close..];
-                }
-            }
-            let open = rest.find('(').unwrap_or(rest.len());
-            if let Some(name) = rest[..open].split_whitespace().last() {
-                names.push(name.to_string());
-            }
-        }
-        // A kernel declared by a macro (`#define M(NAME, ...)` whose body
-        // declares `NAME`) is declared once per line `M(name, ...)`.
-        for (i, _) in src.match_indices("#define ") {
-            let line = &src[i + 8..];
-            let Some(open) = line.find('(') else { continue };
-            let (macro_name, params) = (&line[..open], &line[open + 1..]);
-            let Some(first) = params.split([',', ')']).next().map(str::trim) else {
-                continue;
-            };
-            if let Some(at) = names.iter().position(|n| n == first) {
-                names.remove(at);
-                for (j, _) in src.match_indices(&format!("\n{macro_name}(")) {
-                    let args = &src[j + macro_name.len() + 2..];
-                    if let Some(name) = args.split([',', ')']).next() {
-                        names.push(name.trim().to_string());
-                    }
-                }
-            }
-        }
-        names
-    }
-
-    #[test]
-    fn every_loaded_kernel_is_declared_once_and_every_declared_one_is_loaded() {
-        let declared = declared_kernels(&program_source());
-        for k in KERNELS {
-            let n = declared.iter().filter(|d| d == k).count();
-            assert_eq!(n, 1, "{k} declared {n} times");
-        }
-        for d in &declared {
-            assert!(KERNELS.contains(&d.as_str()), "{d} is never loaded");
-        }
-    }
-
-    #[test]
-    fn sources_are_concatenated_with_line_markers_in_order() {
-        let s = program_source();
-        let mut at = 0;
-        for (name, _) in SOURCES {
-            let marker = format!("#line 1 \"{name}\"");
-            let i = s[at..].find(&marker).expect("marker present") + at;
-            at = i + marker.len();
-        }
-        // The prelude's helpers come before any use.
-        assert!(s.find("f2bf(float").unwrap() < s.find("rms_norm_bf16").unwrap());
-        // Braces balance (a cheap guard against a truncated file).
-        assert_eq!(s.matches('{').count(), s.matches('}').count());
-    }
-
-    #[test]
-    fn options_target_the_real_architecture() {
-        let o = options((9, 0), Path::new("/nonexistent-cuda"));
-        assert_eq!(o[0], "--gpu-architecture=sm_90");
-        assert!(!o.iter().any(|x| x.starts_with("--include-path")));
-        assert_eq!(
-            options((12, 1), Path::new("/x"))[0],
-            "--gpu-architecture=sm_121"
-        );
-    }
-
-    #[test]
-    fn cache_name_depends_on_source_options_and_version() {
-        let o90 = options((9, 0), Path::new("/none"));
-        let o80 = options((8, 0), Path::new("/none"));
-        let a = cache_name("x", &o90, (13, 0));
-        assert_eq!(a, cache_name("x", &o90, (13, 0)));
-        assert_ne!(a, cache_name("y", &o90, (13, 0)));
-        assert_ne!(a, cache_name("x", &o80, (13, 0)));
-        assert_ne!(a, cache_name("x", &o90, (13, 1)));
-        assert!(a.starts_with("pagoda-") && a.ends_with(".cubin"));
-    }
-
-    /// Compiles the program for sm_90 where libnvrtc can be opened (no GPU
-    /// needed), so a kernel that does not compile fails here, not on the GPU.
-    #[test]
-    fn program_compiles_where_nvrtc_is_present() {
-        // SAFETY: only tries to open the library.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("notice: libnvrtc not found; NVRTC compile test skipped");
-            return;
-        }
-        let opts = options((9, 0), &cuda_home());
-        let cubin = compile(&program_source(), &opts).unwrap_or_else(|e| panic!("{e}"));
-        assert!(is_elf(&cubin));
-    }
-
-    #[test]
-    fn elf_check() {
-        assert!(is_elf(b"\x7fELF\x02\x01"));
-        assert!(!is_elf(b"// PTX"));
-        assert!(!is_elf(b""));
-    }
-}
+#[path = "compile_tests.rs"]
+mod tests;

@@ -1,16 +1,19 @@
 //! Opening a CUDA device: the driver context, one stream and the kernel
-//! module (the cuBLASLt handle lives in [`super::blaslt`]).
+//! modules, one per compile unit, with every kernel looked up by name in
+//! the module that holds it (the cuBLASLt handle lives in
+//! [`super::blaslt`]).
 //!
 //! cudarc loads libcuda, libnvrtc and libcublasLt lazily and panics when one is
 //! missing; [`Device::open`] first asks whether each library can be opened,
 //! then runs the whole setup under `catch_unwind`, so a machine without CUDA
 //! gets a [`KernelError::Device`] naming what is missing, never a panic.
-//! Costs: context creation (~0.1-0.5 s) and, on a cold kernel cache, one
-//! NVRTC compile (see [`super::compile`]).
+//! Costs: context creation (~0.1-0.5 s) and, on a cold kernel cache, the
+//! NVRTC compiles of the missing units, side by side (see
+//! [`super::compile`]); [`KernelStartup`] records what they took.
 
 use super::compile;
 use crate::{KernelError, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +26,24 @@ pub(crate) struct Device {
     pub stream: Arc<CudaStream>,
     pub kernels: HashMap<&'static str, CudaFunction>,
     pub name: String,
+    /// What opening took, for the start-up report.
+    pub startup: KernelStartup,
+}
+
+/// Wall times of opening the device, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KernelStartup {
+    /// Driver context and stream creation.
+    pub context_s: f64,
+    /// Reading the cached CUBINs and compiling the missing units (wall).
+    pub compile_s: f64,
+    /// The slowest single unit's compile (0 when all were cached).
+    pub slowest_unit_s: f64,
+    /// Units compiled now, and units read from the disk cache.
+    pub units_compiled: usize,
+    pub units_cached: usize,
+    /// Loading the modules and looking every kernel up.
+    pub load_s: f64,
 }
 
 fn err(detail: String) -> KernelError {
@@ -83,6 +104,7 @@ impl Device {
                 "CUDA device {ordinal} does not exist ({count} device(s) found)"
             )));
         }
+        let t = std::time::Instant::now();
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| err(format!("cannot open CUDA device {ordinal}: {e:?}")))?;
         // One stream only: cudarc's cross-stream event tracking is not needed.
@@ -94,18 +116,29 @@ impl Device {
         let cc = ctx
             .compute_capability()
             .map_err(|e| err(format!("cannot read the compute capability: {e:?}")))?;
-        let cubin = compile::load_or_compile(cc)
+        let context_s = t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        let units = compile::load_or_compile_all(cc)
             .map_err(|e| err(format!("cannot compile the CUDA kernels: {e}")))?;
-        let module = ctx
-            .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| err(format!("cannot load the CUDA kernels: {e:?}")))?;
-        let mut kernels = HashMap::new();
-        for &k in compile::KERNELS {
-            let f = module
-                .load_function(k)
-                .map_err(|e| err(format!("kernel {k} missing from the module: {e:?}")))?;
-            kernels.insert(k, f);
+        let compile_s = t.elapsed().as_secs_f64();
+        let mut startup = KernelStartup {
+            context_s,
+            compile_s,
+            slowest_unit_s: units.iter().map(|u| u.compile_s).fold(0.0, f64::max),
+            units_compiled: units.iter().filter(|u| !u.cached).count(),
+            units_cached: units.iter().filter(|u| u.cached).count(),
+            load_s: 0.0,
+        };
+        let t = std::time::Instant::now();
+        let mut modules = Vec::with_capacity(units.len());
+        for u in units {
+            let m = ctx
+                .load_module(Ptx::from_binary(u.cubin))
+                .map_err(|e| err(format!("cannot load the CUDA kernels of {}: {e:?}", u.name)))?;
+            modules.push((u.name, m));
         }
+        let kernels = find_kernels(&modules, compile::KERNELS)?;
+        startup.load_s = t.elapsed().as_secs_f64();
         super::attention_prefill::configure(&kernels)?;
         super::attention_prefill_mma::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
@@ -115,6 +148,7 @@ impl Device {
             stream,
             kernels,
             name,
+            startup,
         })
     }
 
@@ -123,5 +157,53 @@ impl Device {
         self.kernels
             .get(name)
             .ok_or_else(|| err(format!("kernel {name} is not loaded")))
+    }
+}
+
+/// Each of `names` from the module that holds it: the first module, in
+/// unit order, that has it (the compile tests check that exactly one unit
+/// declares each); a name no module has is an error.
+fn find_kernels(
+    modules: &[(&str, Arc<CudaModule>)],
+    names: &[&'static str],
+) -> Result<HashMap<&'static str, CudaFunction>> {
+    let mut kernels = HashMap::with_capacity(names.len());
+    for &k in names {
+        let f = modules
+            .iter()
+            .find_map(|(_, m)| m.load_function(k).ok())
+            .ok_or_else(|| err(format!("kernel {k} missing from every module")))?;
+        kernels.insert(k, f);
+    }
+    Ok(kernels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a GPU: every kernel is in exactly one of the loaded modules (a
+    /// machine without CUDA skips, see `testing`).
+    #[test]
+    fn every_kernel_is_in_exactly_one_loaded_module() {
+        let Some(_) = super::super::testing::gpu() else {
+            return;
+        };
+        let dev = Device::open(0).expect("device opens");
+        assert_eq!(dev.kernels.len(), compile::KERNELS.len());
+        assert!(dev.startup.units_compiled + dev.startup.units_cached > 1);
+        let ctx = &dev.ctx;
+        let units = compile::load_or_compile_all(ctx.compute_capability().unwrap()).unwrap();
+        let modules: Vec<_> = units
+            .iter()
+            .map(|u| ctx.load_module(Ptx::from_binary(u.cubin.clone())).unwrap())
+            .collect();
+        for &k in compile::KERNELS {
+            let n = modules
+                .iter()
+                .filter(|m| m.load_function(k).is_ok())
+                .count();
+            assert_eq!(n, 1, "{k} is in {n} modules");
+        }
     }
 }

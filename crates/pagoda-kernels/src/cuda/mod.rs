@@ -56,6 +56,7 @@ pub use attention_path::{
 };
 pub use blaslt_cache::{GemmTuning, GEMM_TUNING_ENV};
 pub use blaslt_tune::GemmTuningStats;
+pub use device::KernelStartup;
 pub use fp8_path::Fp8GemmPath;
 pub use gemv::{
     GemvKernel, SmallLinear, DECODE_FUSION_ENV, LARGE_WEIGHT_BYTES, NORM_SMEM_BYTES,
@@ -174,6 +175,12 @@ impl CudaBackend {
     pub fn with_fp8_weights(mut self, on: bool) -> Self {
         self.fp8_weights = on;
         self
+    }
+
+    /// What opening the device took: context, kernel compiles (or cache
+    /// reads) and module loading, for the start-up report.
+    pub fn kernel_startup(&self) -> KernelStartup {
+        self.dev.startup
     }
 
     /// Fill every fresh output with NaN before the op writes it (for tests).

@@ -165,19 +165,7 @@ impl CudaWeight {
 
 /// Converts host elements to bf16 (rounding to nearest even).
 pub(crate) fn host_to_bf16(d: HostData) -> Vec<bf16> {
-    match d {
-        HostData::BF16(v) => v,
-        HostData::F32(v) => v.into_iter().map(bf16::from_f32).collect(),
-        HostData::F16(v) => v.into_iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
-        d @ HostData::Quant(_) => HostTensor {
-            shape: vec![d.len()],
-            data: d,
-        }
-        .to_f32_vec()
-        .into_iter()
-        .map(bf16::from_f32)
-        .collect(),
-    }
+    d.into_bf16()
 }
 
 /// Rows and columns of a host tensor, checked against its element count.

@@ -195,6 +195,9 @@ struct ThroughputResult {
     /// sizing memory (profiling steps on CUDA), capturing graphs; the
     /// workload's drawing is not counted.
     startup_s: f64,
+    /// The same by phase (`open`: the model files; then the phases of
+    /// `crate::startup`), with its `total`.
+    startup_phases_s: Option<serde_json::Value>,
 }
 
 /// The workload: prompts and max_tokens per request, reproducible from the
@@ -325,6 +328,7 @@ impl EngineTask for Throughput<'_> {
 
     fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<ThroughputResult> {
         let startup_s = self.open_secs + self.building.elapsed().as_secs_f64();
+        let open_secs = self.open_secs;
         let (a, requests, name) = (self.args, self.requests, self.name);
         let input_tokens: usize = requests.iter().map(|r| r.prompt_token_ids.len()).sum();
         let expected: usize = requests.iter().map(|r| r.params.max_tokens).sum();
@@ -388,6 +392,10 @@ impl EngineTask for Throughput<'_> {
             mask_ms_median: mask.map(|m| m.0 * 1e3),
             mask_ms_p99: mask.map(|m| m.1 * 1e3),
             startup_s,
+            startup_phases_s: crate::startup::last().map(|mut r| {
+                r.prepend("open", open_secs);
+                r.to_json()
+            }),
         };
         Ok(result)
     }

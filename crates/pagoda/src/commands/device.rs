@@ -10,6 +10,9 @@
 //! KV cache element type: `--kv-cache-dtype` (an FP8 cache takes the
 //! checkpoint's per-layer `k_scale` / `v_scale` where it has them).
 //!
+//! Start-up report: every phase of building the engine is timed
+//! ([`crate::startup`]) and logged at info level once it is ready.
+//!
 //! KV cache sizing: `--kv-cache-memory` when given; otherwise on the CPU
 //! `--kv-cache-fraction` of the available host memory, or 1 GiB; on CUDA
 //! `--gpu-memory-utilization` of the device's total memory minus what is in
@@ -17,6 +20,7 @@
 
 use super::{parse_size, CacheArgs, ModelArgs, QuantizationArg, WeightDtypeArg};
 use crate::progress;
+use crate::startup::{StartupReport, TimedSource};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
@@ -102,15 +106,22 @@ pub fn run_on_device<T: EngineTask>(
              directory or --dummy-weights), not a GGUF file"
         );
     }
+    let mut report = StartupReport::start();
     match model.device.device {
-        Device::Cpu => task.run(build_engine(
-            cpu_backend(model)?.with_kv_cache_dtype(cache.kv_cache_dtype)?,
-            files,
-            cache,
-            &model.device,
-            quiet,
-        )?),
-        Device::Cuda(ordinal) => run_on_cuda(ordinal, files, model, cache, quiet, task),
+        Device::Cpu => {
+            let backend = report.time("device", || -> Result<CpuBackend> {
+                Ok(cpu_backend(model)?.with_kv_cache_dtype(cache.kv_cache_dtype)?)
+            })?;
+            task.run(build_engine(
+                backend,
+                files,
+                cache,
+                &model.device,
+                quiet,
+                report,
+            )?)
+        }
+        Device::Cuda(ordinal) => run_on_cuda(ordinal, files, model, cache, quiet, report, task),
     }
 }
 
@@ -121,6 +132,7 @@ fn run_on_cuda<T: EngineTask>(
     model: &ModelArgs,
     cache: &CacheArgs,
     quiet: bool,
+    mut report: StartupReport,
     task: T,
 ) -> Result<T::Output> {
     use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
@@ -131,10 +143,34 @@ fn run_on_cuda<T: EngineTask>(
     if model.weight_dtype.is_some() {
         tracing::warn!("--weight-dtype applies to the CPU only; CUDA keeps weights in bf16");
     }
-    let backend = CudaBackend::new(CudaOptions { device: ordinal })?
+    let backend = report
+        .time("device", || {
+            CudaBackend::new(CudaOptions { device: ordinal })
+        })?
         .with_fp8_weights(model.quantization == Some(QuantizationArg::Fp8))
         .with_kv_cache_dtype(cache.kv_cache_dtype)?;
-    task.run(build_engine(backend, files, cache, &model.device, quiet)?)
+    let k = backend.kernel_startup();
+    tracing::info!(
+        "CUDA kernels: {} units compiled (the slowest in {:.2} s), {} from the disk cache, \
+         in {:.2} s; modules loaded in {:.2} s",
+        k.units_compiled,
+        k.slowest_unit_s,
+        k.units_cached,
+        k.compile_s,
+        k.load_s
+    );
+    report.add("device.context", k.context_s);
+    report.add("device.kernels_compile", k.compile_s);
+    report.add("device.kernels_slowest_unit", k.slowest_unit_s);
+    report.add("device.kernels_load", k.load_s);
+    task.run(build_engine(
+        backend,
+        files,
+        cache,
+        &model.device,
+        quiet,
+        report,
+    )?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -144,6 +180,7 @@ fn run_on_cuda<T: EngineTask>(
     _model: &ModelArgs,
     _cache: &CacheArgs,
     _quiet: bool,
+    _report: StartupReport,
     _task: T,
 ) -> Result<T::Output> {
     bail!("this binary was built without CUDA support; rebuild with --features cuda")
@@ -165,6 +202,12 @@ trait KvBudget: Backend {
     /// the activation peak has been profiled; `util` is
     /// --gpu-memory-utilization.
     fn kv_cache_budget(&self, cache: &CacheArgs, util: f64) -> Result<usize>;
+
+    /// Seconds the backend spent choosing GEMM algorithms by timing them
+    /// (during the profiling steps), for the start-up report.
+    fn gemm_tuning_secs(&self) -> f64 {
+        0.0
+    }
 
     /// A line for the start-up log on how the loaded weights run, if any.
     fn weight_note(&self) -> Option<String> {
@@ -219,6 +262,10 @@ impl KvBudget for pagoda_kernels::cuda::CudaBackend {
     /// see `SERVE_MIXED_PREFILL_BUDGET`).
     const DEFAULT_MIXED_PREFILL_BUDGET: Option<usize> = None;
 
+    fn gemm_tuning_secs(&self) -> f64 {
+        self.gemm_tuning_stats().secs
+    }
+
     /// The FP8 GEMM path chosen when FP8 weights loaded.
     fn weight_note(&self) -> Option<String> {
         self.fp8_gemm_note()
@@ -262,6 +309,7 @@ fn build_engine<B: KvBudget>(
     cache: &CacheArgs,
     device: &DeviceArgs,
     quiet: bool,
+    mut report: StartupReport,
 ) -> Result<LlmEngine<B>> {
     let cfg = files.config.clone();
     let max_model_len = cache.max_model_len.unwrap_or(cfg.max_position_embeddings);
@@ -281,10 +329,14 @@ fn build_engine<B: KvBudget>(
         bail!("--block-size must be at least 1");
     }
     let pb = progress::bar((cfg.num_hidden_layers + 2) as u64, "loading", quiet);
+    // Time in the source is reading (or generating) weights; the rest of the
+    // build is the backend's conversion and upload.
+    let source = TimedSource::new(files.weights.as_ref());
+    let t = std::time::Instant::now();
     let model = pagoda_model::arch::build(
         &backend,
         &cfg,
-        files.weights.as_ref(),
+        &source,
         BuildOptions { max_model_len },
         &mut |done, total| {
             pb.set_length(total as u64);
@@ -292,15 +344,16 @@ fn build_engine<B: KvBudget>(
         },
     )?;
     pb.finish_and_clear();
+    report.add("weights_read", source.secs());
+    report.add("weights_upload", t.elapsed().as_secs_f64() - source.secs());
     if let Some(note) = backend.weight_note() {
         tracing::info!("{note}");
     }
     // An FP8 cache takes the checkpoint's per-layer scales, where it has them.
     let kv_scales = if backend.kv_cache_fp8() {
-        pagoda_model::loader::kv_scales::kv_cache_scales(
-            files.weights.as_ref(),
-            cfg.num_hidden_layers,
-        )?
+        report.time("weights_read", || {
+            pagoda_model::loader::kv_scales::kv_cache_scales(&source, cfg.num_hidden_layers)
+        })?
     } else {
         None
     };
@@ -308,14 +361,21 @@ fn build_engine<B: KvBudget>(
     // A one-block cache first: on a device, the profiling steps bring the
     // step memory to its peak, it is frozen into a fixed arena (no device
     // allocation ever after), and the KV cache is sized from what is left.
-    let mut runner = ModelRunner::new(backend, model, cache.block_size, 1)?;
+    let mut runner = report.time("runner", || {
+        ModelRunner::new(backend, model, cache.block_size, 1)
+    })?;
     if let Some(scales) = kv_scales {
         tracing::info!("KV cache: FP8 scales from the checkpoint");
         runner.set_kv_scales(scales)?;
     }
     let t = std::time::Instant::now();
-    let reserved =
-        runner.reserve_step_memory(max_num_batched_tokens, cache.max_num_seqs, max_model_len)?;
+    let reserved = report.time("profiling", || {
+        runner.reserve_step_memory(max_num_batched_tokens, cache.max_num_seqs, max_model_len)
+    })?;
+    let tuning = runner.backend().gemm_tuning_secs();
+    if tuning > 0.0 {
+        report.add("profiling.gemm_tuning", tuning);
+    }
     if let Some(bytes) = reserved {
         tracing::info!(
             "step memory: a fixed arena of {:.1} MiB (profiled in {:.2} s)",
@@ -326,6 +386,7 @@ fn build_engine<B: KvBudget>(
     if let Some(s) = runner.backend().gemm_tuning_summary() {
         tracing::info!("GEMM algorithms: {s}");
     }
+    let t_kv = std::time::Instant::now();
     let per_block = ModelRunner::kv_bytes_per_block(runner.backend(), &cfg, cache.block_size);
     let budget = runner
         .backend()
@@ -391,9 +452,12 @@ fn build_engine<B: KvBudget>(
         pagoda_engine::kv_footprint::describe(&kv, "as cached")
     );
     runner.resize_kv_cache(num_blocks)?;
+    report.add("kv_cache", t_kv.elapsed().as_secs_f64());
     if !device.enforce_eager {
         let t = std::time::Instant::now();
-        let n = runner.capture_decode_graphs(cache.max_num_seqs, max_model_len)?;
+        let n = report.time("graphs", || {
+            runner.capture_decode_graphs(cache.max_num_seqs, max_model_len)
+        })?;
         if n > 0 {
             tracing::info!(
                 "captured {n} decode graphs (batch sizes up to {}, contexts up to {:?} tokens) in {:.2} s",
@@ -415,12 +479,13 @@ fn build_engine<B: KvBudget>(
         max_model_len,
         enable_prefix_caching: !cache.no_prefix_caching,
     };
-    let mut engine = LlmEngine::new(runner, files.tokenizer, config)?;
+    let mut engine = report.time("engine", || LlmEngine::new(runner, files.tokenizer, config))?;
     engine.set_mixed_prefill_budget(match cache.mixed_prefill_budget {
         Some(0) => None,
         Some(n) => Some(n),
         None => B::DEFAULT_MIXED_PREFILL_BUDGET,
     });
+    report.finish();
     Ok(engine)
 }
 

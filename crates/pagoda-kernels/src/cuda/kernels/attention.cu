@@ -17,32 +17,6 @@
 #define ATT_WARPS 4
 #define ATT_MAX_PER_LANE 8  // head_dim <= 256
 
-// KV cache elements, for the attention kernels templated on them: bf16, or
-// FP8 E4M3 bytes whose value is byte * scale, with the layer's scales in a
-// small device buffer kv_scales = {k_scale, v_scale} (read, never baked into
-// a launch, so a captured graph follows a change). A bf16 cache ignores it.
-// The scales are folded where they cost nothing: k_scale into the query's
-// scale, v_scale into the output's normalization.
-template <typename KV>
-struct KvIsFp8 {
-    static constexpr bool value = false;
-};
-template <>
-struct KvIsFp8<fp8> {
-    static constexpr bool value = true;
-};
-__device__ __forceinline__ float kv_ld(const bf16* p, long long i) { return bf2f(p[i]); }
-__device__ __forceinline__ float kv_ld(const fp8* p, long long i) { return fp82f(p[i]); }
-// Scale `i` (0: K, 1: V) of a cache of element type KV.
-template <typename KV>
-__device__ __forceinline__ float kv_scale(const float* __restrict__ kv_scales, int i) {
-    if constexpr (KvIsFp8<KV>::value) {
-        return kv_scales[i];
-    } else {
-        return 1.0f;
-    }
-}
-
 template <typename KV>
 __device__ __forceinline__ void paged_attention(
     bf16* __restrict__ out, const bf16* __restrict__ q, const KV* __restrict__ k_cache,

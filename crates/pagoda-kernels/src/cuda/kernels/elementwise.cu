@@ -3,10 +3,6 @@
 // slots) come from the step's packed int32 buffer and were range-checked on
 // the host before the launch.
 
-#define GRID_STRIDE(i, n) \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
-         i += (long long)gridDim.x * blockDim.x)
-
 extern "C" __global__ void fill_u16(unsigned short* p, unsigned short v, long long n) {
     GRID_STRIDE(i, n) { p[i] = v; }
 }
@@ -102,19 +98,6 @@ extern "C" __global__ void add_bias_round_bf16(bf16* y, const float* acc, const 
                                                int n_rows, int cols) {
     long long n = (long long)n_rows * cols;
     GRID_STRIDE(i, n) { y[i] = f2bf(acc[i] + bf2f(bias[i % cols])); }
-}
-
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
-
-__device__ __forceinline__ float gelu_tanh(float g) {
-    return 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
-}
-
-// The gate activations of the gated MLPs: 0 = SiLU, 1 = gelu_tanh
-// (transformers' gelu_pytorch_tanh).
-template <int ACT>
-__device__ __forceinline__ float gate_act(float g) {
-    return ACT == 0 ? silu(g) : gelu_tanh(g);
 }
 
 // y[r, c] = act(gu[r, c]) * gu[r, n + c], one element per thread (any n).
@@ -224,13 +207,6 @@ extern "C" __global__ void add_f32_f32(float* x, const float* y, long long n) {
 // no 64-bit division is done per element. The table row of a position holds
 // rd/2 cosines then rd/2 sines. style 0 = NeoX (i pairs with i + rd/2),
 // 1 = interleaved (2i pairs with 2i + 1).
-// One rotated pair, each product and sum rounded on its own (no fused
-// multiply-add), so every kernel that rotates gives the same bits.
-__device__ __forceinline__ void rope_rotate(bf16* h, int a, int b, float x1, float x2, float c,
-                                            float s) {
-    h[a] = f2bf(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
-    h[b] = f2bf(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
-}
 
 template <typename T>
 __device__ void rope_impl(bf16* x, const int* positions, const T* table, int n_rows,
@@ -272,25 +248,6 @@ extern "C" __global__ void rope_bf16(bf16* x, const int* positions, const bf16* 
 // 8-byte (FP8) store. An FP8 cache (KV = fp8) stores f2fp8(x / scale), the
 // layer's k_scale or v_scale from kv_scales = {k_scale, v_scale} (round to
 // nearest even, saturating: fp8.rs's encoder); a bf16 one ignores kv_scales.
-__device__ __forceinline__ void kv_put(bf16* c, long long i, bf16 x, float) { c[i] = x; }
-__device__ __forceinline__ void kv_put(fp8* c, long long i, bf16 x, float s) {
-    c[i] = f2fp8(bf2f(x) / s);
-}
-
-__device__ __forceinline__ void kv_put8(bf16* c, long long i, uint4 x, float) {
-    *(uint4*)(c + i) = x;
-}
-__device__ __forceinline__ void kv_put8(fp8* c, long long i, uint4 x, float s) {
-    const unsigned w[4] = {x.x, x.y, x.z, x.w};
-    unsigned o[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        const unsigned h = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;
-        const unsigned b = f2fp8(bf2f((bf16)h) / s);
-        o[e / 4] |= b << (8 * (e % 4));
-    }
-    *(uint2*)(c + i) = make_uint2(o[0], o[1]);
-}
 
 template <int VEC, typename KV>
 __device__ void store_kv_impl(KV* k_cache, KV* v_cache, const bf16* k, const bf16* v,

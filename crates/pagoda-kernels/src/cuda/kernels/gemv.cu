@@ -33,18 +33,6 @@
 #define GEMV_MAX_ROWS 8
 #define GEMV_WARPS 8
 
-__device__ __forceinline__ void store_gemv(bf16* y, long long i, float v) { y[i] = f2bf(v); }
-__device__ __forceinline__ void store_gemv(float* y, long long i, float v) { y[i] += v; }
-
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float* f) {
-    const unsigned int u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(u[i] << 16);
-        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-    }
-}
-
 #define GEMV_OUT_BF16 0
 #define GEMV_OUT_ACC 1
 #define GEMV_OUT_SILU 2

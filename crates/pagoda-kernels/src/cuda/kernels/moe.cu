@@ -40,8 +40,8 @@
 // many as 48 KB of static shared memory hold: decode-sized tiles are bound
 // by the weight stream and keep more of it in flight; 16-byte copies where
 // K % 8 == 0, element copies otherwise; zero past K, past N and for padding
-// slots). Fragment addressing as in attention_prefill.cu, whose
-// pf_* helpers (ldmatrix, mma, cp.async) this file uses. Two shapes: BM 64 x
+// slots). Fragment addressing as in attention_prefill.cu, with the
+// pf_* helpers (ldmatrix, mma, cp.async) of mma.cuh. Two shapes: BM 64 x
 // BN 64 (warps 2 x 2) for steps with many pairs per expert, BM 16 x BN 64
 // (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
 // padding.

@@ -2,8 +2,9 @@
 // the CUDA headers (bf16 is the top half of an f32; conversion rounds to
 // nearest even and keeps NaN a NaN) and block-wide f32 sums.
 //
-// Every kernel source is concatenated after this prelude and compiled with
-// NVRTC as one module; entry points are `extern "C"` so their names are stable.
+// Every compile unit (compile.rs's UNITS) is this prelude, the shared .cuh
+// helpers it needs and its .cu files, concatenated and compiled with NVRTC as
+// one module; entry points are `extern "C"` so their names are stable.
 
 typedef unsigned short bf16;
 
