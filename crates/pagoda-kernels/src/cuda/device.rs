@@ -8,20 +8,26 @@
 //! Costs: context creation (~0.1-0.5 s) and, on a cold kernel cache, one
 //! NVRTC compile (see [`super::compile`]).
 
-use super::compile;
+use super::{compile, launch};
 use crate::{KernelError, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// An open device with everything the ops launch on.
 pub(crate) struct Device {
-    /// Keeps the context alive for the stream, handle and module.
-    #[allow(dead_code)]
+    /// Keeps the context alive for the stream, handle and module; bound to
+    /// the launching thread by each launch.
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub kernels: HashMap<&'static str, CudaFunction>,
+    /// Each kernel's parameter sizes in bytes, where the driver reports
+    /// them (see [`super::launch`]).
+    pub params: HashMap<&'static str, Vec<u8>>,
+    /// Launches carry the programmatic-dependent-launch attribute.
+    pdl: AtomicBool,
     pub name: String,
 }
 
@@ -100,10 +106,14 @@ impl Device {
             .load_module(Ptx::from_binary(cubin))
             .map_err(|e| err(format!("cannot load the CUDA kernels: {e:?}")))?;
         let mut kernels = HashMap::new();
+        let mut params = HashMap::new();
         for &k in compile::KERNELS {
             let f = module
                 .load_function(k)
                 .map_err(|e| err(format!("kernel {k} missing from the module: {e:?}")))?;
+            if let Some(p) = launch::param_sizes(&f) {
+                params.insert(k, p);
+            }
             kernels.insert(k, f);
         }
         super::attention_prefill::configure(&kernels)?;
@@ -114,8 +124,15 @@ impl Device {
             ctx,
             stream,
             kernels,
+            params,
+            pdl: AtomicBool::new(false),
             name,
         })
+    }
+
+    /// Whether launches carry the programmatic-dependent-launch attribute.
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(Ordering::Relaxed)
     }
 
     /// A loaded kernel by name.

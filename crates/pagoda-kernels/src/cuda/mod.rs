@@ -40,6 +40,7 @@ mod fp8_linear;
 mod fp8_path;
 mod gemv;
 mod graph;
+mod launch;
 mod logit_adjust;
 mod moe;
 mod ops;
