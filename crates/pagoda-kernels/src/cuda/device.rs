@@ -5,6 +5,10 @@
 //! missing; [`Device::open`] first asks whether each library can be opened,
 //! then runs the whole setup under `catch_unwind`, so a machine without CUDA
 //! gets a [`KernelError::Device`] naming what is missing, never a panic.
+//! Programmatic dependent launch (see [`super::launch`]) is decided here:
+//! on where the device and driver support it and [`launch::PDL_ENV`] does
+//! not turn it off, after one probe launch with the attribute succeeded.
+//!
 //! Costs: context creation (~0.1-0.5 s) and, on a cold kernel cache, one
 //! NVRTC compile (see [`super::compile`]).
 
@@ -26,6 +30,9 @@ pub(crate) struct Device {
     /// Each kernel's parameter sizes in bytes, where the driver reports
     /// them (see [`super::launch`]).
     pub params: HashMap<&'static str, Vec<u8>>,
+    /// The device and driver take programmatic dependent launch (see
+    /// [`launch::pdl_supported`]), and a launch with it succeeded.
+    pdl_supported: bool,
     /// Launches carry the programmatic-dependent-launch attribute.
     pdl: AtomicBool,
     pub name: String,
@@ -120,19 +127,55 @@ impl Device {
         super::attention_prefill_mma::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
-        Ok(Device {
+        let pdl_supported = launch::pdl_supported(cc, launch::driver_version());
+        let dev = Device {
             ctx,
             stream,
             kernels,
             params,
+            pdl_supported,
             pdl: AtomicBool::new(false),
             name,
-        })
+        };
+        let env = std::env::var(launch::PDL_ENV).ok();
+        let wanted = pdl_supported && launch::pdl_env_on(env.as_deref());
+        if wanted && !dev.probe_pdl() {
+            return Ok(Device {
+                pdl_supported: false,
+                ..dev
+            });
+        }
+        dev.pdl.store(wanted, Ordering::Relaxed);
+        Ok(dev)
+    }
+
+    /// Whether the driver takes a launch with the attribute: one empty
+    /// `fill_u32` (no element written) launched with it, then a wait.
+    fn probe_pdl(&self) -> bool {
+        self.pdl.store(true, Ordering::Relaxed);
+        let (null, bits, n) = (0u64, 0u32, 0i64);
+        let cfg = cudarc::driver::LaunchConfig::for_num_elems(1);
+        let ok = self
+            .launch("fill_u32")
+            .and_then(|mut l| l.arg(&null).arg(&bits).arg(&n).run(cfg))
+            .is_ok()
+            && self.stream.synchronize().is_ok();
+        self.pdl.store(false, Ordering::Relaxed);
+        ok
     }
 
     /// Whether launches carry the programmatic-dependent-launch attribute.
     pub fn pdl(&self) -> bool {
         self.pdl.load(Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch on or off where the device and
+    /// driver support it (always off elsewhere); returns whether it is on.
+    /// Launches queued (or graphs captured) before keep their setting.
+    pub fn set_pdl(&self, on: bool) -> bool {
+        let on = on && self.pdl_supported;
+        self.pdl.store(on, Ordering::Relaxed);
+        on
     }
 
     /// A loaded kernel by name.

@@ -1,7 +1,21 @@
 //! The one place a kernel of ours is launched: [`Launch`], built by
 //! [`Device::launch`], collects the arguments and queues the kernel with the
-//! driver's `cuLaunchKernelEx`, so launch attributes can be set (programmatic
-//! dependent launch, off for now: [`Device::pdl`]).
+//! driver's `cuLaunchKernelEx`, so launch attributes can be set.
+//!
+//! Programmatic dependent launch (PDL): where [`Device::pdl`] holds
+//! (compute capability 9.0 and newer, see [`pdl_supported`]; [`PDL_ENV`]
+//! turns it off), every launch carries
+//! `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, so a kernel's
+//! blocks may be scheduled while the kernel before it still runs,
+//! hiding the launch gap between small kernels (batch-1 decode). That is
+//! sound because every kernel of ours opens with `PDL_ENTRY()` (the
+//! kernels' prelude), which waits for the previous kernel to complete and
+//! its writes to be visible before anything is read (a host-side test
+//! checks every kernel body). cuBLASLt's kernels launch without the
+//! attribute, so they start after the kernel before them completes, and
+//! ours after them still wait. Under stream capture the attribute becomes
+//! a programmatic edge of the graph (CUDA 12.3 and newer), so decode
+//! graphs keep the overlap.
 //!
 //! Every launch site reads
 //! `b.dev.launch("name")?.out(&mut y).arg(&x).arg(&n).run(cfg)?`: the kernel
@@ -118,13 +132,46 @@ pub(crate) fn param_sizes(f: &CudaFunction) -> Option<Vec<u8>> {
         let r = unsafe { sys::cuFuncGetParamInfo(f.cu_function(), i, &mut off, &mut size) };
         match r {
             sys::CUresult::CUDA_SUCCESS => sizes.push(u8::try_from(size).ok()?),
-            // Past the last parameter.
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(sizes),
+            // Past the last parameter (every kernel of ours has one).
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE if !sizes.is_empty() => return Some(sizes),
             _ => return None,
         }
     }
     // More parameters than a launch can pass: every launch of it fails.
     Some(sizes)
+}
+
+/// The environment variable that turns programmatic dependent launch off
+/// (`off`, `0` or `false`); on by default where supported.
+pub const PDL_ENV: &str = "PAGODA_PDL";
+
+/// Whether the device and driver take programmatic dependent launch inside
+/// graphs: compute capability 9.0 and newer, and a driver that captures it
+/// into graphs as programmatic edges (CUDA 12.3, version 12030, and newer).
+pub(crate) fn pdl_supported(cc: (i32, i32), driver_version: i32) -> bool {
+    cc.0 >= 9 && driver_version >= 12030
+}
+
+/// Whether `env` (the value of [`PDL_ENV`], if set) leaves PDL on.
+pub(crate) fn pdl_env_on(env: Option<&str>) -> bool {
+    !env.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false"
+        )
+    })
+}
+
+/// The driver's CUDA version (e.g. 13000 for 13.0), or 0 if it cannot say.
+pub(crate) fn driver_version() -> i32 {
+    let mut v = 0;
+    // SAFETY: a query into a local.
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        v
+    } else {
+        0
+    }
 }
 
 /// Why a launch's arguments do not fit the kernel's parameters, if they do
@@ -274,5 +321,28 @@ mod tests {
         assert!(m.contains("[8, 4]") && m.contains("[8, 8]"), "{m}");
         assert!(mismatch(&[8], 1, Some(&[8, 4])).is_some());
         assert!(mismatch(&[8; MAX_ARGS], MAX_ARGS + 1, None).is_some());
+    }
+
+    #[test]
+    fn pdl_only_on_hopper_and_newer_with_a_capturing_driver() {
+        assert!(pdl_supported((9, 0), 13000));
+        assert!(pdl_supported((10, 0), 12030));
+        assert!(pdl_supported((12, 1), 13000));
+        // Ampere and Ada have no programmatic dependent launch.
+        assert!(!pdl_supported((8, 0), 13000));
+        assert!(!pdl_supported((8, 9), 13000));
+        // Drivers before CUDA 12.3 do not capture it into graphs.
+        assert!(!pdl_supported((9, 0), 12020));
+        assert!(!pdl_supported((9, 0), 0));
+    }
+
+    #[test]
+    fn pdl_env_turns_it_off_only_when_asked() {
+        for on in [None, Some("on"), Some(""), Some("1"), Some("auto")] {
+            assert!(pdl_env_on(on), "{on:?}");
+        }
+        for off in ["off", "OFF", " 0", "false", "False "] {
+            assert!(!pdl_env_on(Some(off)), "{off}");
+        }
     }
 }

@@ -527,30 +527,36 @@ __device__ __forceinline__ void prefill_mma_tile(
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd64(PFM_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_mma_tile<bf16, 64>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd128(PFM_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_mma_tile<bf16, 128>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd256(PFM_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_mma_tile<bf16, 256>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_fp8_hd64(PFM_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_mma_tile<fp8, 64>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_fp8_hd128(PFM_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_mma_tile<fp8, 128>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_fp8_hd256(PFM_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_mma_tile<fp8, 256>(PFM_PASS);
 }
