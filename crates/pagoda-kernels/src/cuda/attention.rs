@@ -25,7 +25,7 @@ use super::ops::elems_cfg;
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
 use crate::{AttentionParams, BlockCopyOp, KernelError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Largest head_dim the attention kernel handles (8 values per lane).
 const MAX_HEAD_DIM: usize = 256;
@@ -113,16 +113,16 @@ pub(crate) fn store_kv(
         (true, true) => ("store_kv_v8_fp8", 8),
         (false, true) => ("store_kv_fp8", 1),
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(&mut cache.k)
-        .arg(&mut cache.v)
+    let mut l = b.dev.launch(kernel)?;
+    l.out(&mut cache.k)
+        .out(&mut cache.v)
         .arg(k.bf16(op)?)
         .arg(v.bf16(op)?)
         .arg(&cache.scales)
         .arg(&slot_view)
         .arg(&nr)
         .arg(&w);
-    unsafe { l.launch(elems_cfg(n / per_thread)) }.map_err(|e| device_err(op, e))?;
+    l.run(elems_cfg(n / per_thread))?;
     Ok(())
 }
 
@@ -184,13 +184,13 @@ pub(crate) fn copy_blocks(
     } else {
         "copy_blocks_bf16"
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(&mut cache.k)
-        .arg(&mut cache.v)
+    let mut l = b.dev.launch(kernel)?;
+    l.out(&mut cache.k)
+        .out(&mut cache.v)
         .arg(&ops_dev)
         .arg(&block_elems)
         .arg(&se);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     Ok(())
 }
 
@@ -322,8 +322,8 @@ pub(crate) fn attention(
     } else {
         "paged_attention_bf16"
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(y.bf16_mut(op)?)
+    let mut l = b.dev.launch(kernel)?;
+    l.out(y.bf16_mut(op)?)
         .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
@@ -340,6 +340,6 @@ pub(crate) fn attention(
         .arg(&p.scale)
         .arg(&window)
         .arg(&softcap);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     Ok(y)
 }

@@ -38,9 +38,9 @@
 
 use super::attention::{check, window_arg};
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{AttentionParams, ForwardContext, KernelError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Tokens per partition (must match `DEC_PARTITION` in attention_decode.cu).
 pub(crate) const PARTITION: usize = 512;
@@ -240,10 +240,10 @@ pub(crate) fn decode_attention_into(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?)
-        .arg(&mut part_acc)
-        .arg(&mut part_ml)
+    let mut l = b.dev.launch(name)?;
+    l.out(y.bf16_mut(op)?)
+        .out(&mut part_acc)
+        .out(&mut part_ml)
         .arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
@@ -258,7 +258,7 @@ pub(crate) fn decode_attention_into(
         .arg(&p.scale)
         .arg(&window)
         .arg(&softcap);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     if parts == 1 {
         return Ok(());
     }
@@ -267,11 +267,8 @@ pub(crate) fn decode_attention_into(
         block_dim: (REDUCE_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("paged_decode_reduce_bf16")?);
-    l.arg(y.bf16_mut(op)?)
+    let mut l = b.dev.launch("paged_decode_reduce_bf16")?;
+    l.out(y.bf16_mut(op)?)
         .arg(&part_acc)
         .arg(&part_ml)
         .arg(&ctx_lens)
@@ -281,7 +278,7 @@ pub(crate) fn decode_attention_into(
         .arg(&hd)
         .arg(&np)
         .arg(&window);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     Ok(())
 }
 

@@ -7,7 +7,9 @@
 //! default, over either cache; this one runs where a backend is told to
 //! prefer it (`PAGODA_PREFILL_ATTENTION=tiled`,
 //! `CudaBackend::force_tiled_prefill`), as the fallback and the reference
-//! the grouped kernel is timed and checked against.
+//! the grouped kernel is timed and checked against. Both kernels take one
+//! parameter list: their launch ([`launch`]) and shared-memory setup
+//! ([`raise_smem`]) live here.
 //!
 //! Semantics are exactly those of the simple `paged_attention_bf16` launch in
 //! [`super::attention`] (causal over the paged cache, cached prefix, GQA, any
@@ -36,10 +38,10 @@
 use super::attention::{check, window_arg};
 use super::attention_path::FAST_HEAD_DIMS;
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{AttentionParams, ForwardContext, KernelError, Result};
 use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig};
 use std::collections::HashMap;
 
 /// Query rows per block (must match `PF_BLOCK_M` in attention_prefill.cu).
@@ -76,13 +78,24 @@ pub(crate) fn smem_bytes(head_dim: usize) -> usize {
 /// 48 KB only at head_dim 256: 67,584 bytes, within every GPU that runs
 /// these kernels at all, sm_80 and newer, which have 99 KB or more).
 pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
-    for (hd, fp8) in FAST_HEAD_DIMS.iter().flat_map(|&h| [(h, false), (h, true)]) {
-        let bytes = smem_bytes(hd);
-        let Some(name) = kernel_name(hd, fp8) else {
-            continue;
-        };
+    raise_smem(
+        kernels,
+        FAST_HEAD_DIMS
+            .iter()
+            .flat_map(|&h| [(h, false), (h, true)])
+            .map(|(hd, fp8)| (kernel_name(hd, fp8), smem_bytes(hd))),
+    )
+}
+
+/// Raises the dynamic shared memory limit of each `(kernel, bytes)` whose
+/// block needs more than the 48 KB default (both prefill kernels).
+pub(crate) fn raise_smem(
+    kernels: &HashMap<&'static str, CudaFunction>,
+    entries: impl IntoIterator<Item = (Option<&'static str>, usize)>,
+) -> Result<()> {
+    for (name, bytes) in entries {
         // Every listed kernel is loaded (the module load checks that).
-        let Some(f) = kernels.get(name) else {
+        let Some((name, f)) = name.and_then(|n| kernels.get(n).map(|f| (n, f))) else {
             continue;
         };
         if bytes > 48 * 1024 {
@@ -109,11 +122,70 @@ pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
         && p.num_heads <= MAX_GRID_YZ
 }
 
-fn u32_of(v: usize, op: &'static str) -> Result<u32> {
+/// `v` as a 32-bit grid dimension.
+pub(crate) fn u32_of(v: usize, op: &'static str) -> Result<u32> {
     u32::try_from(v).map_err(|_| KernelError::Shape {
         op,
         detail: format!("{v} does not fit in 32 bits"),
     })
+}
+
+/// `v` as a 32-bit kernel argument.
+pub(crate) fn i32_of(v: usize, op: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::Shape {
+        op,
+        detail: format!("{v} does not fit in 32 bits"),
+    })
+}
+
+/// Launches a prefill kernel, the tiled one or the grouped one (one
+/// parameter list: `PF_ARGS` and `PFM_ARGS`), on grid `cfg` over sequences
+/// `first..` of the step (the step's arrays from sequence `first` on; q and
+/// y rows stay absolute). The caller has run [`check`] and sized the grid.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    b: &CudaBackend,
+    kernel: &'static str,
+    cfg: LaunchConfig,
+    y: &mut CudaTensor,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    step: &CudaStep,
+    p: &AttentionParams,
+    first: usize,
+) -> Result<()> {
+    let op = "prefill_attention";
+    let mbps = step.ctx.max_blocks_per_seq;
+    let (cu_q, ctx_lens, tables) = (
+        step.view_from(step.cu_seqlens_q, first),
+        step.view_from(step.context_lens, first),
+        step.view_from(step.block_tables_of(p.kv_group), first * mbps),
+    );
+    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
+    let (mbps, bs, nh, nkv) = (
+        i32_of(mbps, op)?,
+        i32_of(cache.shape.block_size, op)?,
+        i32_of(p.num_heads, op)?,
+        i32_of(p.num_kv_heads, op)?,
+    );
+    b.dev
+        .launch(kernel)?
+        .out(y.bf16_mut(op)?)
+        .arg(q.bf16(op)?)
+        .arg(&cache.k)
+        .arg(&cache.v)
+        .arg(&cache.scales)
+        .arg(&cu_q)
+        .arg(&ctx_lens)
+        .arg(&tables)
+        .arg(&mbps)
+        .arg(&bs)
+        .arg(&nh)
+        .arg(&nkv)
+        .arg(&p.scale)
+        .arg(&window)
+        .arg(&softcap)
+        .run(cfg)
 }
 
 /// Causal paged attention for a step with prompt chunks, on tensor cores.
@@ -152,41 +224,7 @@ pub(crate) fn prefill_attention(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem_bytes(p.head_dim) as u32,
     };
-    let (cu_q, ctx_lens, tables) = (
-        step.view(step.cu_seqlens_q),
-        step.view(step.context_lens),
-        step.view(step.block_tables_of(p.kv_group)),
-    );
-    let i32_of = |v: usize| -> Result<i32> {
-        i32::try_from(v).map_err(|_| KernelError::Shape {
-            op,
-            detail: format!("{v} does not fit in 32 bits"),
-        })
-    };
-    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
-    let (mbps, bs, nh, nkv) = (
-        i32_of(ctx.max_blocks_per_seq)?,
-        i32_of(cache.shape.block_size)?,
-        i32_of(p.num_heads)?,
-        i32_of(p.num_kv_heads)?,
-    );
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(y.bf16_mut(op)?)
-        .arg(q.bf16(op)?)
-        .arg(&cache.k)
-        .arg(&cache.v)
-        .arg(&cache.scales)
-        .arg(&cu_q)
-        .arg(&ctx_lens)
-        .arg(&tables)
-        .arg(&mbps)
-        .arg(&bs)
-        .arg(&nh)
-        .arg(&nkv)
-        .arg(&p.scale)
-        .arg(&window)
-        .arg(&softcap);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    launch(b, kernel, cfg, &mut y, q, cache, step, p, 0)?;
     Ok(y)
 }
 

@@ -34,13 +34,12 @@
 //! [`configure`] when the module loads. O(num_seqs) host work for the grid
 //! size.
 
-use super::attention::window_arg;
 use super::attention_path::FAST_HEAD_DIMS;
+use super::attention_prefill::{i32_of, launch, raise_smem, u32_of};
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{AttentionParams, ForwardContext, KernelError, Result};
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig};
 use std::collections::HashMap;
 
 /// Threads per block (must match `PFM_THREADS`).
@@ -91,31 +90,13 @@ pub(crate) fn smem_bytes(head_dim: usize, fp8: bool) -> usize {
 /// these kernels at all, sm_80 and newer, whose opt-in limit per block is
 /// 99 KB (sm_86/89), 163 KB (sm_80) or 227 KB (sm_90)).
 pub(crate) fn configure(kernels: &HashMap<&'static str, CudaFunction>) -> Result<()> {
-    for (hd, fp8) in FAST_HEAD_DIMS
-        .into_iter()
-        .flat_map(|hd| [(hd, false), (hd, true)])
-    {
-        let bytes = smem_bytes(hd, fp8);
-        let Some(name) = kernel_name(hd, fp8) else {
-            continue;
-        };
-        // Every listed kernel is loaded (the module load checks that).
-        let Some(f) = kernels.get(name) else {
-            continue;
-        };
-        if bytes > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(|e| {
-                KernelError::Device(format!(
-                    "{name} needs {bytes} bytes of shared memory per block: {e:?}"
-                ))
-            })?;
-        }
-    }
-    Ok(())
+    raise_smem(
+        kernels,
+        FAST_HEAD_DIMS
+            .into_iter()
+            .flat_map(|hd| [(hd, false), (hd, true)])
+            .map(|(hd, fp8)| (kernel_name(hd, fp8), smem_bytes(hd, fp8))),
+    )
 }
 
 /// Whether the grouped kernel takes this step's attention: a head_dim of
@@ -128,13 +109,6 @@ pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
         && p.num_heads.is_multiple_of(p.num_kv_heads)
         && ctx.num_seqs() <= MAX_GRID_YZ
         && p.num_kv_heads <= MAX_GRID_YZ
-}
-
-fn u32_of(v: usize, op: &'static str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| KernelError::Shape {
-        op,
-        detail: format!("{v} does not fit in 32 bits"),
-    })
 }
 
 /// Causal paged attention on tensor cores, K/V read once per query group,
@@ -189,12 +163,6 @@ pub(crate) fn prefill_attention_mma_into(
             p.num_kv_heads
         )));
     }
-    let i32_of = |v: usize| -> Result<i32> {
-        i32::try_from(v).map_err(|_| KernelError::Shape {
-            op,
-            detail: format!("{v} does not fit in 32 bits"),
-        })
-    };
     // The kernel indexes packed rows (query_len * group) in 32 bits.
     let packed = longest
         .checked_mul(group)
@@ -202,46 +170,14 @@ pub(crate) fn prefill_attention_mma_into(
             op,
             detail: format!("{longest} tokens x {group} heads overflow"),
         })?;
-    i32_of(packed)?;
+    i32_of(packed, op)?;
     let (block_m, _) = tile(p.head_dim);
     let cfg = LaunchConfig {
         grid_dim: (u32_of(packed.div_ceil(block_m), op)?, grid_y, grid_z),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem_bytes(p.head_dim, cache.fp8) as u32,
     };
-    let (cu_q, ctx_lens, tables) = (
-        step.view_from(step.cu_seqlens_q, first),
-        step.view_from(step.context_lens, first),
-        step.view_from(
-            step.block_tables_of(p.kv_group),
-            first * ctx.max_blocks_per_seq,
-        ),
-    );
-    let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
-    let (mbps, bs, nh, nkv) = (
-        i32_of(ctx.max_blocks_per_seq)?,
-        i32_of(cache.shape.block_size)?,
-        i32_of(p.num_heads)?,
-        i32_of(p.num_kv_heads)?,
-    );
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(y.bf16_mut(op)?)
-        .arg(q.bf16(op)?)
-        .arg(&cache.k)
-        .arg(&cache.v)
-        .arg(&cache.scales)
-        .arg(&cu_q)
-        .arg(&ctx_lens)
-        .arg(&tables)
-        .arg(&mbps)
-        .arg(&bs)
-        .arg(&nh)
-        .arg(&nkv)
-        .arg(&p.scale)
-        .arg(&window)
-        .arg(&softcap);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
-    Ok(())
+    launch(b, kernel, cfg, y, q, cache, step, p, first)
 }
 
 #[cfg(test)]

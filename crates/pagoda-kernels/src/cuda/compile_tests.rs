@@ -233,3 +233,27 @@ fn elf_check() {
     assert!(!is_elf(b"// PTX"));
     assert!(!is_elf(b""));
 }
+
+/// Launches may carry the programmatic-dependent-launch attribute (see
+/// `launch.rs`), so every kernel must wait for the previous one before it
+/// reads anything: its body opens with `PDL_ENTRY();`.
+#[test]
+fn every_kernel_waits_for_the_previous_one_first() {
+    let mut n = 0;
+    for s in unit_sources() {
+        for (i, _) in s.match_indices("extern \"C\" __global__") {
+            let rest = &s[i..];
+            let open = rest.find('{').expect("a body");
+            assert!(!rest[..open].contains(';'), "a declaration without body");
+            let body = rest[open + 1..].trim_start_matches([' ', '\\', '\n']);
+            let head = &rest[..open.min(120)];
+            assert!(body.starts_with("PDL_ENTRY();"), "{head}");
+            n += 1;
+        }
+    }
+    // Some bodies are macros that declare several kernels.
+    assert!(n > 0 && n <= KERNELS.len(), "{n} kernel bodies");
+    let prelude = source_text("prelude.cuh").expect("the prelude");
+    assert!(prelude.contains("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900"));
+    assert!(prelude.contains("griddepcontrol.wait;"));
+}

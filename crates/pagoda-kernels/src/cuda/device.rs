@@ -7,24 +7,37 @@
 //! missing; [`Device::open`] first asks whether each library can be opened,
 //! then runs the whole setup under `catch_unwind`, so a machine without CUDA
 //! gets a [`KernelError::Device`] naming what is missing, never a panic.
+//! Programmatic dependent launch (see [`super::launch`]) is decided here:
+//! on where the device and driver support it and [`launch::PDL_ENV`] does
+//! not turn it off, after one probe launch with the attribute succeeded.
+//!
 //! Costs: context creation (~0.1-0.5 s) and, on a cold kernel cache, the
 //! NVRTC compiles of the missing units, side by side (see
 //! [`super::compile`]); [`KernelStartup`] records what they took.
 
-use super::compile;
+use super::{compile, launch};
 use crate::{KernelError, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// An open device with everything the ops launch on.
 pub(crate) struct Device {
-    /// Keeps the context alive for the stream, handle and module.
-    #[allow(dead_code)]
+    /// Keeps the context alive for the stream, handle and module; bound to
+    /// the launching thread by each launch.
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub kernels: HashMap<&'static str, CudaFunction>,
+    /// Each kernel's parameter sizes in bytes, where the driver reports
+    /// them (see [`super::launch`]).
+    pub params: HashMap<&'static str, Vec<u8>>,
+    /// The device and driver take programmatic dependent launch (see
+    /// [`launch::pdl_supported`]), and a launch with it succeeded.
+    pdl_supported: bool,
+    /// Launches carry the programmatic-dependent-launch attribute.
+    pdl: AtomicBool,
     pub name: String,
     /// What opening took, for the start-up report.
     pub startup: KernelStartup,
@@ -138,18 +151,65 @@ impl Device {
             modules.push((u.name, m));
         }
         let kernels = find_kernels(&modules, compile::KERNELS)?;
+        let params = kernels
+            .iter()
+            .filter_map(|(&k, f)| launch::param_sizes(f).map(|p| (k, p)))
+            .collect();
         startup.load_s = t.elapsed().as_secs_f64();
         super::attention_prefill::configure(&kernels)?;
         super::attention_prefill_mma::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
-        Ok(Device {
+        let pdl_supported = launch::pdl_supported(cc, launch::driver_version());
+        let dev = Device {
             ctx,
             stream,
             kernels,
+            params,
+            pdl_supported,
+            pdl: AtomicBool::new(false),
             name,
             startup,
-        })
+        };
+        let env = std::env::var(launch::PDL_ENV).ok();
+        let wanted = pdl_supported && launch::pdl_env_on(env.as_deref());
+        if wanted && !dev.probe_pdl() {
+            return Ok(Device {
+                pdl_supported: false,
+                ..dev
+            });
+        }
+        dev.pdl.store(wanted, Ordering::Relaxed);
+        Ok(dev)
+    }
+
+    /// Whether the driver takes a launch with the attribute: one empty
+    /// `fill_u32` (no element written) launched with it, then a wait.
+    fn probe_pdl(&self) -> bool {
+        self.pdl.store(true, Ordering::Relaxed);
+        let (null, bits, n) = (0u64, 0u32, 0i64);
+        let cfg = cudarc::driver::LaunchConfig::for_num_elems(1);
+        let ok = self
+            .launch("fill_u32")
+            .and_then(|mut l| l.arg(&null).arg(&bits).arg(&n).run(cfg))
+            .is_ok()
+            && self.stream.synchronize().is_ok();
+        self.pdl.store(false, Ordering::Relaxed);
+        ok
+    }
+
+    /// Whether launches carry the programmatic-dependent-launch attribute.
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch on or off where the device and
+    /// driver support it (always off elsewhere); returns whether it is on.
+    /// Launches queued (or graphs captured) before keep their setting.
+    pub fn set_pdl(&self, on: bool) -> bool {
+        let on = on && self.pdl_supported;
+        self.pdl.store(on, Ordering::Relaxed);
+        on
     }
 
     /// A loaded kernel by name.

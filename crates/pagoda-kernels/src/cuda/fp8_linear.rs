@@ -30,9 +30,9 @@ use super::blaslt::Fp8Scales;
 use super::fp8_path::Fp8GemmPath;
 use super::ops::{elems_cfg, fill_f32, Dest};
 use super::storage::CudaTensor;
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{KernelError, Result};
-use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig};
 use half::bf16;
 
 /// Threads of a `quant_rows_fp8` block (must match `QFP8_THREADS`).
@@ -120,14 +120,14 @@ pub(crate) fn product_on(
     // 1. The input's codes and per-row scales.
     let mut xq = b.pool.take::<u8>(rows * inner)?;
     let mut xs = b.alloc_f32(rows)?;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("quant_rows_fp8")?);
-    l.arg(&mut *xq).arg(&mut *xs).arg(xd).arg(&cols);
+    let mut l = b.dev.launch("quant_rows_fp8")?;
+    l.out(&mut *xq).out(&mut *xs).arg(xd).arg(&cols);
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (QUANT_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (fp8 input)", e))?;
+    l.run(cfg)?;
     let q = Quantized {
         codes: &xq,
         scales: &xs,
@@ -174,9 +174,9 @@ fn outer_vec(
                 b.lt.gemm_fp8(out, rows, inner, codes, xq, scales(xs), ap, n, true)?;
             }
             let name = "add_bias_round_bf16";
-            let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-            l.arg(&mut **y).arg(&*acc).arg(bias).arg(&nr).arg(&nc);
-            unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+            let mut l = b.dev.launch(name)?;
+            l.out(&mut **y).arg(&*acc).arg(bias).arg(&nr).arg(&nc);
+            l.run(elems_cfg(n))?;
         }
         (Dest::Bf16(y), None) => {
             let len = y.len();
@@ -190,9 +190,9 @@ fn outer_vec(
                 b.lt.gemm_fp8(out, rows, inner, codes, xq, scales(xs), yp, len, true)?;
             }
             if let Some(bias) = bias {
-                let mut l = b.dev.stream.launch_builder(b.dev.kernel("add_bias_f32")?);
-                l.arg(&mut **y).arg(bias).arg(&nr).arg(&nc);
-                unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+                let mut l = b.dev.launch("add_bias_f32")?;
+                l.out(&mut **y).arg(bias).arg(&nr).arg(&nc);
+                l.run(elems_cfg(n))?;
             }
         }
     }
@@ -250,10 +250,10 @@ fn launch_rescale(
         Dest::Bf16(_) => "fp8_rescale_bf16",
         Dest::AccF32(_) => "fp8_rescale_acc_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    let mut l = b.dev.launch(name)?;
     match y {
-        Dest::Bf16(y) => l.arg(&mut **y),
-        Dest::AccF32(y) => l.arg(&mut **y),
+        Dest::Bf16(y) => l.out(&mut **y),
+        Dest::AccF32(y) => l.out(&mut **y),
     };
     l.arg(acc).arg(sx).arg(sw);
     // Without a bias the kernel never reads it: any buffer will do.
@@ -262,7 +262,7 @@ fn launch_rescale(
         None => l.arg(acc),
     };
     l.arg(&has_bias).arg(&r0).arg(&nr).arg(&nc);
-    unsafe { l.launch(rescale_cfg(rows, cols)) }.map_err(|e| device_err(op, e))?;
+    l.run(rescale_cfg(rows, cols))?;
     Ok(())
 }
 

@@ -29,9 +29,9 @@
 //! cuBLASLt on every path. New backends start from [`SMALL_LINEAR_ENV`].
 
 use super::ops::Dest;
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{KernelError, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
 
 /// The environment variable choosing the small-row path of new backends:
@@ -218,10 +218,10 @@ pub(crate) fn launch(
             },
         ),
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    let mut l = b.dev.launch(name)?;
     match dest {
-        Dest::Bf16(y) => l.arg(&mut **y),
-        Dest::AccF32(y) => l.arg(&mut **y),
+        Dest::Bf16(y) => l.out(&mut **y),
+        Dest::AccF32(y) => l.out(&mut **y),
     };
     l.arg(xd)
         .arg(wd)
@@ -230,7 +230,7 @@ pub(crate) fn launch(
         .arg(&m)
         .arg(&n)
         .arg(&kk);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("linear (gemv)", e))?;
+    l.run(cfg)?;
     Ok(())
 }
 
@@ -297,7 +297,7 @@ pub(crate) fn launch3(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    let mut l = b.dev.launch(name)?;
     let [o0, o1, o2] = outs;
     l.arg(o0).arg(o1).arg(o2);
     match &x {
@@ -315,7 +315,7 @@ pub(crate) fn launch3(
         .arg(&n[1])
         .arg(&n[2])
         .arg(&kk);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("linear3 (gemv)", e))?;
+    l.run(cfg)?;
     Ok(())
 }
 
@@ -354,10 +354,7 @@ pub(crate) fn launch_norm_silu(
         block_dim: (32 * WARP_WARPS as u32, 1, 1),
         shared_mem_bytes: norm_smem(rows, inner, op)?,
     };
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("gemv_norm_silu_bf16")?);
+    let mut l = b.dev.launch("gemv_norm_silu_bf16")?;
     l.arg(y)
         .arg(xres)
         .arg(nw)
@@ -366,7 +363,7 @@ pub(crate) fn launch_norm_silu(
         .arg(&m)
         .arg(&nn)
         .arg(&kk);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     Ok(())
 }
 

@@ -17,9 +17,9 @@
 //! entries; for allowed lists, O(V log A) per row that has one.
 
 use super::storage::{CudaTensor, Span};
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{KernelError, LogitAdjustments, Result};
-use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, LaunchConfig};
 
 /// Ints per row header (the kernels' `LA_ROW_INTS`).
 const ROW_INTS: usize = 4;
@@ -132,10 +132,7 @@ pub(crate) fn launch_adjust<'a>(
         let chunks = vocab
             .div_ceil(THREADS as usize * TOKENS_PER_THREAD)
             .clamp(1, 65535) as u32;
-        let mut l = b
-            .dev
-            .stream
-            .launch_builder(b.dev.kernel("allow_only_bf16")?);
+        let mut l = b.dev.launch("allow_only_bf16")?;
         l.arg(logits.bf16("allow_only")?)
             .arg(&header)
             .arg(&allowed)
@@ -145,16 +142,13 @@ pub(crate) fn launch_adjust<'a>(
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: each row's allowed range lies inside `allowed` (validated
+        // In bounds: each row's allowed range lies inside `allowed` (validated
         // when packed); the kernel writes only this row's logits below `vocab`.
-        unsafe { l.launch(cfg) }.map_err(|e| device_err("allow_only", e))?;
+        l.run(cfg)?;
     }
     if spans.any_entries {
         let entries = view(spans.entries);
-        let mut l = b
-            .dev
-            .stream
-            .launch_builder(b.dev.kernel("logit_entries_bf16")?);
+        let mut l = b.dev.launch("logit_entries_bf16")?;
         l.arg(logits.bf16("logit_entries")?)
             .arg(&header)
             .arg(&entries)
@@ -164,9 +158,9 @@ pub(crate) fn launch_adjust<'a>(
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: each row's entry range lies inside `entries` (validated
+        // In bounds: each row's entry range lies inside `entries` (validated
         // when packed); tokens outside the vocabulary are skipped.
-        unsafe { l.launch(cfg) }.map_err(|e| device_err("logit_entries", e))?;
+        l.run(cfg)?;
     }
     Ok(())
 }

@@ -40,6 +40,7 @@ mod fp8_linear;
 mod fp8_path;
 mod gemv;
 mod graph;
+mod launch;
 mod logit_adjust;
 mod moe;
 mod ops;
@@ -63,6 +64,7 @@ pub use gemv::{
     SMALL_LINEAR_ENV,
 };
 pub use graph::CudaGraphRunner;
+pub use launch::PDL_ENV;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
 pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
@@ -193,6 +195,20 @@ impl CudaBackend {
     /// from [`PREFILL_KERNEL_ENV`] (`tiled`), else the grouped kernel.
     pub fn force_tiled_prefill(&self, on: bool) {
         self.tiled_prefill.store(on, Ordering::Relaxed);
+    }
+
+    /// Programmatic dependent launch of the kernels (see `launch.rs`): on
+    /// by default where the GPU (compute capability 9.0 and newer) and
+    /// driver take it, unless [`PDL_ENV`] is `off`. Returns whether it is
+    /// on (never where unsupported). Graphs captured before a change keep
+    /// the setting they recorded.
+    pub fn set_pdl(&self, on: bool) -> bool {
+        self.dev.set_pdl(on)
+    }
+
+    /// Whether kernels launch with programmatic dependent launch.
+    pub fn pdl(&self) -> bool {
+        self.dev.pdl()
     }
 
     /// Which kernels run linear layers of few rows (see [`gemv`]); new
@@ -501,7 +517,11 @@ impl Backend for CudaBackend {
     type Routes = CudaRoutes;
 
     fn name(&self) -> String {
-        self.dev.name.clone()
+        if self.dev.pdl() {
+            format!("{}, PDL", self.dev.name)
+        } else {
+            self.dev.name.clone()
+        }
     }
 
     fn load_weight(&self, w: HostTensor) -> Result<CudaWeight> {

@@ -43,7 +43,7 @@ use super::pool::DeviceBuf;
 use super::storage::{Act, CudaTensor, CudaWeight};
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Rows per chunk of `experts`: bounds the scratch (about `CHUNK_ROWS *
 /// top_k * (hidden + inter) * 2` bytes) and the single-block grouping.
@@ -159,23 +159,23 @@ pub(crate) fn route(
             Act::F32(_) => "moe_route_f32",
         };
         let renorm = i32::from(renormalize);
-        let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+        let mut l = b.dev.launch(name)?;
         l.arg(&logits.data)
             .arg(&r)
             .arg(&e)
             .arg(&k)
             .arg(&renorm)
-            .arg(&mut ids)
-            .arg(&mut weights);
+            .out(&mut ids)
+            .out(&mut weights);
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(ROUTE_WARPS) as u32, 1, 1),
             block_dim: (32 * ROUTE_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the kernel reads `rows * n_exp` logits (the tensor holds
+        // In bounds: the kernel reads `rows * n_exp` logits (the tensor holds
         // them) and writes `rows * top_k` ids and weights (both buffers hold
         // that many); every id it writes is below `n_exp` (top_k <= n_exp).
-        unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+        l.run(cfg)?;
     }
     Ok(CudaRoutes {
         rows,
@@ -506,15 +506,14 @@ fn gemv(
         i32_of(d.inter, op)?,
     );
     let mut h = b.alloc_bf16(pairs * d.inter)?;
-    let stream = &b.dev.stream;
     let cfg = |cols: usize, y: usize| LaunchConfig {
         grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, y as u32, 1),
         block_dim: (32 * GEMV_WARPS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     {
-        let mut l = stream.launch_builder(b.dev.kernel("moe_gemv_gate_up")?);
-        l.arg(&mut h)
+        let mut l = b.dev.launch("moe_gemv_gate_up")?;
+        l.out(&mut h)
             .arg(x.bf16(op)?)
             .arg(gate_up.bf16(op)?)
             .arg(&routes.ids)
@@ -522,16 +521,16 @@ fn gemv(
             .arg(&e_i)
             .arg(&int_i)
             .arg(&hid_i);
-        // SAFETY: reads `pairs` ids (the routes hold rows * top_k); an id
+        // In bounds: reads `pairs` ids (the routes hold rows * top_k); an id
         // below E addresses gate_up rows below E * 2 * inter (checked
         // against the weight), others are skipped; x rows pair / top_k <
         // rows; writes h[pairs, inter] (allocated so). Rows are 16-byte
         // aligned: widths are multiples of 8 and buffers 512-byte aligned.
-        unsafe { l.launch(cfg(d.inter, pairs)) }.map_err(|e| device_err(op, e))?;
+        l.run(cfg(d.inter, pairs))?;
     }
     {
-        let mut l = stream.launch_builder(b.dev.kernel("moe_gemv_down")?);
-        l.arg(out.bf16_mut(op)?)
+        let mut l = b.dev.launch("moe_gemv_down")?;
+        l.out(out.bf16_mut(op)?)
             .arg(&h)
             .arg(down.bf16(op)?)
             .arg(&routes.ids)
@@ -540,10 +539,10 @@ fn gemv(
             .arg(&e_i)
             .arg(&hid_i)
             .arg(&int_i);
-        // SAFETY: reads ids and weights below rows * top_k, h rows below
+        // In bounds: reads ids and weights below rows * top_k, h rows below
         // pairs, down rows below E * hidden (other ids read expert 0's row
         // and add nothing); writes out[rows, hidden].
-        unsafe { l.launch(cfg(d.hidden, d.rows)) }.map_err(|e| device_err(op, e))?;
+        l.run(cfg(d.hidden, d.rows))?;
     }
     Ok(())
 }
@@ -577,11 +576,11 @@ pub(crate) fn sigmoid_gate_rows(
         Act::Bf16(_) => "moe_sigmoid_gate_bf16",
         Act::F32(_) => "moe_sigmoid_gate_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+    let mut l = b.dev.launch(name)?;
     l.arg(xd).arg(&gate.data).arg(&r_i).arg(&c_i).arg(&g_i);
-    // SAFETY: writes rows * cols elements of x (it holds them); reads gate
+    // In bounds: writes rows * cols elements of x (it holds them); reads gate
     // at r * gate_cols for r < rows (it holds rows * gate_cols).
-    unsafe { l.launch(super::ops::elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    l.run(super::ops::elems_cfg(n))?;
     Ok(())
 }
 
@@ -621,29 +620,28 @@ fn run_chunk(
     let q0 = r0 * d.top_k;
     let ids = routes.ids.slice(q0..q0 + pairs);
     let weights = routes.weights.slice(q0..q0 + pairs);
-    let stream = &b.dev.stream;
 
     // Grouping: one block.
     {
-        let mut l = stream.launch_builder(b.dev.kernel("moe_group")?);
+        let mut l = b.dev.launch("moe_group")?;
         l.arg(&ids)
             .arg(&p_i)
             .arg(&e_i)
             .arg(&bm_i)
-            .arg(&mut s.meta)
-            .arg(&mut s.slot_pair)
-            .arg(&mut s.pair_slot);
+            .out(&mut s.meta)
+            .out(&mut s.slot_pair)
+            .out(&mut s.pair_slot);
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (GROUP_THREADS, 1, 1),
             shared_mem_bytes: ((2 + GROUP_WARPS) * d.n_exp * 4) as u32,
         };
-        // SAFETY: reads `pairs` ids; writes meta[0 ..= tiles] (the padded
+        // In bounds: reads `pairs` ids; writes meta[0 ..= tiles] (the padded
         // counts of `pairs` pairs fill at most `tiles` tiles of `bm`),
         // slot_pair below `tiles * bm` and pair_slot below `pairs`, all
         // inside the scratch (`capacity` covers every chunk's plan);
         // shared memory is 10 * E ints.
-        unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+        l.run(cfg)?;
     }
 
     if tile_gemv {
@@ -656,16 +654,16 @@ fn run_chunk(
         let mut od = out
             .bf16_mut(op)?
             .slice_mut(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = stream.launch_builder(b.dev.kernel("moe_combine_bf16")?);
-        l.arg(&mut od)
+        let mut l = b.dev.launch("moe_combine_bf16")?;
+        l.out(&mut od)
             .arg(&s.y)
             .arg(&s.pair_slot)
             .arg(&rows_i)
             .arg(&k_i)
             .arg(&hid_i);
-        // SAFETY: writes n * hidden outputs (the view holds them), reads
+        // In bounds: writes n * hidden outputs (the view holds them), reads
         // pair_slot below `pairs` and y rows below tiles * bm.
-        unsafe { l.launch(super::ops::elems_cfg(n * d.hidden)) }.map_err(|e| device_err(op, e))?;
+        l.run(super::ops::elems_cfg(n * d.hidden))?;
     }
     Ok(())
 }
@@ -687,7 +685,6 @@ fn grouped_gemm(
 ) -> Result<()> {
     let op = "moe_experts";
     let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
-    let stream = &b.dev.stream;
     let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
     let (gu_name, dn_name) = if bm == 16 {
         ("moe_gemm_gate_up_m16", "moe_gemm_down_m16")
@@ -703,8 +700,8 @@ fn grouped_gemm(
     {
         let vec = vec_k(d.hidden);
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = stream.launch_builder(b.dev.kernel(gu_name)?);
-        l.arg(&mut s.h)
+        let mut l = b.dev.launch(gu_name)?;
+        l.out(&mut s.h)
             .arg(&xd)
             .arg(gate_up.bf16(op)?)
             .arg(&s.meta)
@@ -714,18 +711,18 @@ fn grouped_gemm(
             .arg(&int_i)
             .arg(&hid_i)
             .arg(&vec);
-        // SAFETY: tiles below meta[0] name experts below E (the group
+        // In bounds: tiles below meta[0] name experts below E (the group
         // kernel drops other ids), so gate_up rows stay below E * 2 * inter
         // (checked against the weight); x rows are pair / top_k < n; h rows
         // are slots below tiles * bm (the scratch holds them); the grid's
         // x extent is `tiles`, the bound meta[0] stays under.
-        unsafe { l.launch(gemm_cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
+        l.run(gemm_cfg(d.inter))?;
     }
     // down with the routing weight: y[slot, hidden].
     {
         let vec = vec_k(d.inter);
-        let mut l = stream.launch_builder(b.dev.kernel(dn_name)?);
-        l.arg(&mut s.y)
+        let mut l = b.dev.launch(dn_name)?;
+        l.out(&mut s.y)
             .arg(&s.h)
             .arg(down.bf16(op)?)
             .arg(&s.meta)
@@ -735,9 +732,9 @@ fn grouped_gemm(
             .arg(&hid_i)
             .arg(&int_i)
             .arg(&vec);
-        // SAFETY: as for gate_up: down rows below E * hidden, h and y rows
+        // In bounds: as for gate_up: down rows below E * hidden, h and y rows
         // below tiles * bm, weights read at pair indices below `pairs`.
-        unsafe { l.launch(gemm_cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
+        l.run(gemm_cfg(d.hidden))?;
     }
     Ok(())
 }
@@ -765,7 +762,6 @@ fn grouped_gemv(
         ));
     }
     let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
-    let stream = &b.dev.stream;
     let cfg = |cols: usize| LaunchConfig {
         grid_dim: (cols.div_ceil(GEMV_WARPS) as u32, tiles as u32, 1),
         block_dim: (32 * GEMV_WARPS as u32, 1, 1),
@@ -773,8 +769,8 @@ fn grouped_gemv(
     };
     {
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_gate_up")?);
-        l.arg(&mut s.h)
+        let mut l = b.dev.launch("moe_ggemv_gate_up")?;
+        l.out(&mut s.h)
             .arg(&xd)
             .arg(gate_up.bf16(op)?)
             .arg(&s.meta)
@@ -782,15 +778,15 @@ fn grouped_gemv(
             .arg(&k_i)
             .arg(&int_i)
             .arg(&hid_i);
-        // SAFETY: as for the grouped GEMMs: tiles below meta[0] name experts
+        // In bounds: as for the grouped GEMMs: tiles below meta[0] name experts
         // below E, slots below tiles * GGEMV_BM (the scratch holds them),
         // x rows pair / top_k < n; rows are 16-byte aligned (widths are
         // multiples of 8, buffers 512-byte aligned).
-        unsafe { l.launch(cfg(d.inter)) }.map_err(|e| device_err(op, e))?;
+        l.run(cfg(d.inter))?;
     }
     {
-        let mut l = stream.launch_builder(b.dev.kernel("moe_ggemv_down")?);
-        l.arg(&mut s.y)
+        let mut l = b.dev.launch("moe_ggemv_down")?;
+        l.out(&mut s.y)
             .arg(&s.h)
             .arg(down.bf16(op)?)
             .arg(&s.meta)
@@ -798,9 +794,9 @@ fn grouped_gemv(
             .arg(weights)
             .arg(&hid_i)
             .arg(&int_i);
-        // SAFETY: down rows below E * hidden, h and y rows below tiles *
+        // In bounds: down rows below E * hidden, h and y rows below tiles *
         // GGEMV_BM, weights read at pair indices below `pairs`.
-        unsafe { l.launch(cfg(d.hidden)) }.map_err(|e| device_err(op, e))?;
+        l.run(cfg(d.hidden))?;
     }
     Ok(())
 }

@@ -19,9 +19,9 @@
 //! shape error.
 
 use super::storage::{Act, CudaStep, CudaTensor, CudaWeight, WeightBuf};
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{KernelError, Result, RopeStyle};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
 
 const THREADS: u32 = 256;
@@ -90,18 +90,18 @@ fn same_dims(op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<()> {
 /// Fills the first `n` elements of `d` with the bf16 bit pattern `bits`.
 pub(crate) fn fill(b: &CudaBackend, d: &mut CudaSlice<bf16>, n: usize, bits: u16) -> Result<()> {
     let n = n as i64;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("fill_u16")?);
+    let mut l = b.dev.launch("fill_u16")?;
     l.arg(d).arg(&bits).arg(&n);
-    unsafe { l.launch(elems_cfg(n as usize)) }.map_err(|e| device_err("fill", e))?;
+    l.run(elems_cfg(n as usize))?;
     Ok(())
 }
 
 /// Fills the first `n` elements of `d` with the f32 bit pattern `bits`.
 pub(crate) fn fill_f32(b: &CudaBackend, d: &mut CudaSlice<f32>, n: usize, bits: u32) -> Result<()> {
     let n = n as i64;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("fill_u32")?);
+    let mut l = b.dev.launch("fill_u32")?;
     l.arg(d).arg(&bits).arg(&n);
-    unsafe { l.launch(elems_cfg(n as usize)) }.map_err(|e| device_err("fill", e))?;
+    l.run(elems_cfg(n as usize))?;
     Ok(())
 }
 
@@ -159,15 +159,15 @@ fn table_rows(
         (WeightBuf::F32(_), Act::F32(_), true) => "add_rows_f32_f32",
         (WeightBuf::Fp8 { .. }, _, _) => return Err(fp8_table(op)),
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(&mut x.data);
+    let mut l = b.dev.launch(name)?;
+    l.out(&mut x.data);
     match &table.data {
         WeightBuf::Bf16(d) => l.arg(d),
         WeightBuf::F32(d) => l.arg(d),
         WeightBuf::Fp8 { codes, .. } => l.arg(codes),
     };
     l.arg(&idx).arg(&off).arg(&nr).arg(&nc);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    l.run(elems_cfg(n))?;
     Ok(())
 }
 
@@ -235,14 +235,14 @@ pub(crate) fn gather_logits_rows(
         Act::Bf16(_) => "gather_rows_bf16",
         Act::F32(_) => "gather_rows_f32_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(&mut y.data)
+    let mut l = b.dev.launch(name)?;
+    l.out(&mut y.data)
         .arg(&x.data)
         .arg(&rows)
         .arg(&off)
         .arg(&nr)
         .arg(&nc);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    l.run(elems_cfg(n))?;
     Ok(y)
 }
 
@@ -477,12 +477,9 @@ fn product(
         fill_f32(b, &mut acc, n, 0)?;
         b.lt.gemm_acc_f32(out, rows, inner, wd, xd, &mut acc)?;
         let (nr, nc) = (i32_of(rows, op)?, i32_of(out, op)?);
-        let mut l = b
-            .dev
-            .stream
-            .launch_builder(b.dev.kernel("add_bias_round_bf16")?);
-        l.arg(&mut **y).arg(&*acc).arg(bias).arg(&nr).arg(&nc);
-        unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+        let mut l = b.dev.launch("add_bias_round_bf16")?;
+        l.out(&mut **y).arg(&*acc).arg(bias).arg(&nr).arg(&nc);
+        l.run(elems_cfg(n))?;
         return Ok(());
     } else {
         // Row-major y[rows, out] = x[rows, in] @ w[out, in]^T (see blaslt.rs).
@@ -497,13 +494,13 @@ fn product(
             Dest::Bf16(_) => "add_bias_bf16",
             Dest::AccF32(_) => "add_bias_f32",
         };
-        let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
+        let mut l = b.dev.launch(name)?;
         match &mut dest {
-            Dest::Bf16(y) => l.arg(&mut **y),
-            Dest::AccF32(y) => l.arg(&mut **y),
+            Dest::Bf16(y) => l.out(&mut **y),
+            Dest::AccF32(y) => l.out(&mut **y),
         };
         l.arg(bias).arg(&nr).arg(&nc);
-        unsafe { l.launch(elems_cfg(rows * out)) }.map_err(|e| device_err(op, e))?;
+        l.run(elems_cfg(rows * out))?;
     }
     Ok(())
 }
@@ -525,13 +522,13 @@ pub(crate) fn rms_norm(
         Act::Bf16(_) => "rms_norm_bf16",
         Act::F32(_) => "rms_norm_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?)
+    let mut l = b.dev.launch(name)?;
+    l.out(y.bf16_mut(op)?)
         .arg(&x.data)
         .arg(wd)
         .arg(&nc)
         .arg(&eps);
-    unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
+    l.run(rows_cfg(x.rows, x.cols))?;
     Ok(y)
 }
 
@@ -555,14 +552,14 @@ pub(crate) fn add_rms_norm(
         Act::Bf16(_) => "add_rms_norm_bf16",
         Act::F32(_) => "add_rms_norm_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?)
-        .arg(&mut residual.data)
+    let mut l = b.dev.launch(name)?;
+    l.out(y.bf16_mut(op)?)
+        .out(&mut residual.data)
         .arg(xd)
         .arg(wd)
         .arg(&nc)
         .arg(&eps);
-    unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
+    l.run(rows_cfg(x.rows, x.cols))?;
     Ok(y)
 }
 
@@ -587,12 +584,9 @@ pub(crate) fn head_rms_norm(
         return Ok(());
     }
     let hd = i32_of(head_dim, op)?;
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("head_rms_norm_bf16")?);
+    let mut l = b.dev.launch("head_rms_norm_bf16")?;
     l.arg(xd).arg(wd).arg(&hd).arg(&eps);
-    unsafe { l.launch(rows_cfg(heads, head_dim)) }.map_err(|e| device_err(op, e))?;
+    l.run(rows_cfg(heads, head_dim))?;
     Ok(())
 }
 
@@ -615,14 +609,14 @@ pub(crate) fn layer_norm(
         Act::Bf16(_) => "layer_norm_bf16",
         Act::F32(_) => "layer_norm_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(y.bf16_mut(op)?)
+    let mut l = b.dev.launch(name)?;
+    l.out(y.bf16_mut(op)?)
         .arg(&x.data)
         .arg(wd)
         .arg(bd)
         .arg(&nc)
         .arg(&eps);
-    unsafe { l.launch(rows_cfg(x.rows, x.cols)) }.map_err(|e| device_err(op, e))?;
+    l.run(rows_cfg(x.rows, x.cols))?;
     Ok(y)
 }
 
@@ -684,15 +678,15 @@ pub(crate) fn rope(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(x.bf16_mut(op)?).arg(&positions);
+    let mut l = b.dev.launch(name)?;
+    l.out(x.bf16_mut(op)?).arg(&positions);
     match &cos_sin.data {
         WeightBuf::F32(d) => l.arg(d),
         WeightBuf::Bf16(d) => l.arg(d),
         WeightBuf::Fp8 { codes, .. } => l.arg(codes),
     };
     l.arg(&nr).arg(&nh).arg(&hd).arg(&rdi).arg(&style);
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     Ok(())
 }
 
@@ -715,9 +709,9 @@ pub(crate) fn silu_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<CudaTens
     } else {
         ("silu_mul_bf16", 1)
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
-    unsafe { l.launch(elems_cfg(total / per_thread)) }.map_err(|e| device_err(op, e))?;
+    let mut l = b.dev.launch(kernel)?;
+    l.out(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
+    l.run(elems_cfg(total / per_thread))?;
     Ok(y)
 }
 
@@ -731,9 +725,9 @@ pub(crate) fn silu_mul2(b: &CudaBackend, gate: &CudaTensor, up: &CudaTensor) -> 
         return Ok(y);
     }
     let n64 = n as i64;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("silu_mul2_bf16")?);
-    l.arg(y.bf16_mut(op)?).arg(gd).arg(ud).arg(&n64);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(op, e))?;
+    let mut l = b.dev.launch("silu_mul2_bf16")?;
+    l.out(y.bf16_mut(op)?).arg(gd).arg(ud).arg(&n64);
+    l.run(elems_cfg(n))?;
     Ok(y)
 }
 
@@ -756,9 +750,9 @@ pub(crate) fn gelu_tanh_mul(b: &CudaBackend, gate_up: &CudaTensor) -> Result<Cud
     } else {
         ("gelu_tanh_mul_bf16", 1)
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
-    unsafe { l.launch(elems_cfg(total / per_thread)) }.map_err(|e| device_err(op, e))?;
+    let mut l = b.dev.launch(kernel)?;
+    l.out(y.bf16_mut(op)?).arg(gd).arg(&nr).arg(&nc);
+    l.run(elems_cfg(total / per_thread))?;
     Ok(y)
 }
 
@@ -776,9 +770,9 @@ fn unary_in_place(b: &CudaBackend, x: &mut CudaTensor, name: &'static str, arg: 
         (Act::Bf16(_), _) => "softcap_bf16",
         (Act::F32(_), _) => "softcap_f32",
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(kernel)?);
-    l.arg(&mut x.data).arg(&arg).arg(&n64);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err(name, e))?;
+    let mut l = b.dev.launch(kernel)?;
+    l.out(&mut x.data).arg(&arg).arg(&n64);
+    l.run(elems_cfg(n))?;
     Ok(())
 }
 
@@ -803,9 +797,9 @@ pub(crate) fn relu(b: &CudaBackend, x: &mut CudaTensor) -> Result<()> {
         return Ok(());
     }
     let n64 = n as i64;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("relu_bf16")?);
+    let mut l = b.dev.launch("relu_bf16")?;
     l.arg(xd).arg(&n64);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("relu", e))?;
+    l.run(elems_cfg(n))?;
     Ok(())
 }
 
@@ -827,8 +821,8 @@ pub(crate) fn add(b: &CudaBackend, x: &mut CudaTensor, y: &CudaTensor) -> Result
             ))
         }
     };
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(&mut x.data).arg(&y.data).arg(&n64);
-    unsafe { l.launch(elems_cfg(n)) }.map_err(|e| device_err("add", e))?;
+    let mut l = b.dev.launch(name)?;
+    l.out(&mut x.data).arg(&y.data).arg(&n64);
+    l.run(elems_cfg(n))?;
     Ok(())
 }

@@ -35,7 +35,7 @@
 use super::device_err;
 use crate::arena::FirstFit;
 use crate::{KernelError, Result};
-use cudarc::driver::{result, sys, CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
+use cudarc::driver::{result, sys, CudaSlice, CudaStream};
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
@@ -360,18 +360,5 @@ impl<T> Deref for DeviceBuf<T> {
 impl<T> DerefMut for DeviceBuf<T> {
     fn deref_mut(&mut self) -> &mut CudaSlice<T> {
         &mut self.slice
-    }
-}
-
-// Kernel arguments: a DeviceBuf passes as its slice.
-unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuf<T>> for LaunchArgs<'a> {
-    fn arg(&mut self, arg: &'b DeviceBuf<T>) -> &mut Self {
-        self.arg(&*arg.slice)
-    }
-}
-
-unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut DeviceBuf<T>> for LaunchArgs<'a> {
-    fn arg(&mut self, arg: &'b mut DeviceBuf<T>) -> &mut Self {
-        self.arg(&mut *arg.slice)
     }
 }

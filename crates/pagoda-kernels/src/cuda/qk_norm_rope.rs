@@ -12,9 +12,9 @@
 
 use super::ops::{check_rows, rows_threads};
 use super::storage::{CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
-use super::{attention, device_err, ops, CudaBackend};
+use super::{attention, ops, CudaBackend};
 use crate::{KernelError, Result, RopeStyle};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 fn shape_err(detail: String) -> KernelError {
     KernelError::Shape {
@@ -170,8 +170,8 @@ fn launch(
         (false, Some(true)) => "qk_norm_rope_store_bf16_fp8",
     };
     let slots = step.view(step.slot_mapping_of(0));
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel(name)?);
-    l.arg(q.bf16_mut(op)?).arg(k.bf16_mut(op)?);
+    let mut l = b.dev.launch(name)?;
+    l.out(q.bf16_mut(op)?).out(k.bf16_mut(op)?);
     // Without norms the kernel reads no weight: the table stands in.
     match (qw, kw, &cos_sin.data) {
         (Some(qw), Some(kw), _) => l.arg(qw).arg(kw),
@@ -192,12 +192,12 @@ fn launch(
         .arg(&style)
         .arg(&eps);
     if let Some((v, cache)) = store {
-        l.arg(&mut cache.k)
-            .arg(&mut cache.v)
+        l.out(&mut cache.k)
+            .out(&mut cache.v)
             .arg(v.bf16(op)?)
             .arg(&cache.scales)
             .arg(&slots);
     }
-    unsafe { l.launch(cfg) }.map_err(|e| device_err(op, e))?;
+    l.run(cfg)?;
     Ok(())
 }

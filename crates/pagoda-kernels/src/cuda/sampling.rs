@@ -32,9 +32,9 @@
 
 use super::pool::DeviceBuf;
 use super::storage::{CudaStep, CudaTensor, SAMPLING_INTS};
-use super::{device_err, CudaBackend};
+use super::CudaBackend;
 use crate::{KernelError, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Threads per row (the kernel's `SMP_THREADS`).
 const THREADS: u32 = 1024;
@@ -98,22 +98,22 @@ pub(crate) fn launch_sample(
     }
     let v = vocab as i32;
     let sampling = step.view(step.layout.sampling);
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("sample_bf16")?);
-    l.arg(&mut *out)
+    let mut l = b.dev.launch("sample_bf16")?;
+    l.out(&mut *out)
         .arg(logits.bf16("sample")?)
         .arg(&sampling)
         .arg(&v)
-        .arg(&mut *kept);
+        .out(&mut *kept);
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the kernel reads `rows * vocab` logits (the tensor holds at
+    // In bounds: the kernel reads `rows * vocab` logits (the tensor holds at
     // least that many, checked above),
     // `6 * rows` ints of the step (checked above) and writes `rows` ids and
     // `2 * rows` u64 of `kept` (4 * rows ints, checked above; pool buffers
     // are 512-byte aligned).
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("sample", e))?;
+    l.run(cfg)?;
     Ok(())
 }

@@ -36,7 +36,7 @@ use crate::{
     DeviceSamples, KernelError, PromptRowLogprobs, Result, RowLogprobs, RowOptions,
     SamplingOptions, MAX_LOGPROBS,
 };
-use cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaView, LaunchConfig};
 
 /// Ints per row of packed options (the kernels' `SX_OPT_INTS`).
 pub(crate) const OPT_INTS: usize = 7;
@@ -279,16 +279,16 @@ fn launch_penalties(
         return Ok(());
     }
     let v = logits.cols as i32;
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("penalize_bf16")?);
+    let mut l = b.dev.launch("penalize_bf16")?;
     l.arg(logits.bf16("penalize")?).arg(opts).arg(hist).arg(&v);
     let cfg = LaunchConfig {
         grid_dim: (grid(rows)?, 1, 1),
         block_dim: (PEN_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: each row's history range lies inside `hist` (validated when
+    // In bounds: each row's history range lies inside `hist` (validated when
     // packed); the kernel writes only logits of tokens below `vocab`.
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("penalize", e))?;
+    l.run(cfg)?;
     Ok(())
 }
 
@@ -313,8 +313,8 @@ fn launch_logprobs(
     }
     let (r, v) = (rows as i32, logits.cols as i32);
     let sampling = step.view(step.layout.sampling);
-    let mut l = b.dev.stream.launch_builder(b.dev.kernel("logprobs_bf16")?);
-    l.arg(&mut *out)
+    let mut l = b.dev.launch("logprobs_bf16")?;
+    l.out(&mut *out)
         .arg(logits.bf16("logprobs")?)
         .arg(&sampling)
         .arg(opts)
@@ -326,10 +326,10 @@ fn launch_logprobs(
         block_dim: (LP_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: `out` holds the ids and one result per logprobs slot (sized
+    // In bounds: `out` holds the ids and one result per logprobs slot (sized
     // from the same options), `kept` two u64 per row, the sampling span six
     // ints per row (checked by the sample launch).
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("logprobs", e))?;
+    l.run(cfg)?;
     Ok(())
 }
 
@@ -355,11 +355,8 @@ fn launch_prompt_logprobs(
     let first = i32::try_from(rows).map_err(|_| shape_err(format!("{rows} rows")))?;
     let (at, v) = (at as i32, logits.cols as i32);
     let targets = step.view(span);
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("prompt_logprobs_bf16")?);
-    l.arg(&mut *out)
+    let mut l = b.dev.launch("prompt_logprobs_bf16")?;
+    l.out(&mut *out)
         .arg(&at)
         .arg(logits.bf16("prompt logprobs")?)
         .arg(&first)
@@ -370,10 +367,10 @@ fn launch_prompt_logprobs(
         block_dim: (LP_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: block `r` reads logits row `first + r` (< logits.rows, the
+    // In bounds: block `r` reads logits row `first + r` (< logits.rows, the
     // tensor's), two ints of `targets` (2n, checked) and writes PLP_INTS ints
     // at `at + r * PLP_INTS` (inside `out`, checked).
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("prompt logprobs", e))?;
+    l.run(cfg)?;
     Ok(())
 }
 

@@ -26,7 +26,7 @@
 
 use super::pool::DeviceBuf;
 use crate::{ForwardContext, HostData, HostTensor, KernelError, KvCacheShape, Result};
-use cudarc::driver::{CudaSlice, CudaView, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView};
 use half::bf16;
 
 /// Element storage of an activation.
@@ -34,26 +34,6 @@ pub enum Act {
     Bf16(DeviceBuf<bf16>),
     /// The residual stream.
     F32(DeviceBuf<f32>),
-}
-
-// Kernel arguments: an activation passes as its buffer, whichever the type
-// (the launch site picks the kernel that matches it).
-unsafe impl<'a, 'b: 'a> PushKernelArg<&'b Act> for LaunchArgs<'a> {
-    fn arg(&mut self, arg: &'b Act) -> &mut Self {
-        match arg {
-            Act::Bf16(d) => self.arg(d),
-            Act::F32(d) => self.arg(d),
-        }
-    }
-}
-
-unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut Act> for LaunchArgs<'a> {
-    fn arg(&mut self, arg: &'b mut Act) -> &mut Self {
-        match arg {
-            Act::Bf16(d) => self.arg(d),
-            Act::F32(d) => self.arg(d),
-        }
-    }
 }
 
 /// An activation: row-major `[rows, cols]` on the device.

@@ -125,7 +125,6 @@ pub fn median_secs(g: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
 /// decoded twice, `fp82f`'s values then `fp8x4_to_f32`'s (`2 * codes.len()`
 /// values; waits for the device).
 pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec<u8>, Vec<f32>)> {
-    use cudarc::driver::PushKernelArg;
     let op = "fp8_codec";
     let (n, m) = (x.len(), codes.len());
     let too_big = |v: usize| crate::KernelError::Shape {
@@ -140,14 +139,14 @@ pub fn fp8_codec(g: &CudaBackend, x: &[f32], codes: &[u8]) -> crate::Result<(Vec
     let cd = g.upload(codes.to_vec(), op)?;
     let mut enc = g.upload(vec![0u8; n], op)?;
     let mut dec = g.upload(vec![0f32; 2 * m], op)?;
-    let mut l = g.dev.stream.launch_builder(g.dev.kernel(op)?);
+    let mut l = g.dev.launch(op)?;
     l.arg(&xd)
-        .arg(&mut enc)
+        .out(&mut enc)
         .arg(&ni)
         .arg(&cd)
-        .arg(&mut dec)
+        .out(&mut dec)
         .arg(&mi);
-    unsafe { l.launch(super::ops::elems_cfg(n.max(m))) }.map_err(|e| super::device_err(op, e))?;
+    l.run(super::ops::elems_cfg(n.max(m)))?;
     Ok((g.download_raw(&enc, n)?, g.download_raw(&dec, 2 * m)?))
 }
 

@@ -16,7 +16,7 @@
 use super::storage::CudaTensor;
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result, TokenMasks};
-use cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice};
 
 /// Threads per mask (`TM_THREADS`).
 const THREADS: u32 = 256;
@@ -109,10 +109,7 @@ pub(crate) fn apply(b: &CudaBackend, logits: &CudaTensor, masks: &TokenMasks) ->
         .record(&b.dev.stream)
         .map_err(|e| device_err("token mask event", e))?;
     let (n_i, words, v) = (n as i32, masks.words as i32, vocab as i32);
-    let mut l = b
-        .dev
-        .stream
-        .launch_builder(b.dev.kernel("mask_logits_bf16")?);
+    let mut l = b.dev.launch("mask_logits_bf16")?;
     l.arg(logits.bf16("mask_logits")?)
         .arg(&*dev)
         .arg(&n_i)
@@ -123,8 +120,8 @@ pub(crate) fn apply(b: &CudaBackend, logits: &CudaTensor, masks: &TokenMasks) ->
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: validated above: n rows below `rows`, n masks of `words` =
+    // In bounds: validated above: n rows below `rows`, n masks of `words` =
     // ceil(vocab / 32) words each, all in the uploaded prefix of `dev`.
-    unsafe { l.launch(cfg) }.map_err(|e| device_err("mask_logits", e))?;
+    l.run(cfg)?;
     Ok(())
 }

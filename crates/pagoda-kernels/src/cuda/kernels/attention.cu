@@ -134,10 +134,12 @@ __device__ __forceinline__ void paged_attention(
 // Entry points by cache element type (the activations are bf16 in both).
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 paged_attention_bf16(ATT_ARGS(bf16)) {
+    PDL_ENTRY();
     paged_attention<bf16>(ATT_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 paged_attention_fp8(ATT_ARGS(fp8)) {
+    PDL_ENTRY();
     paged_attention<fp8>(ATT_PASS);
 }

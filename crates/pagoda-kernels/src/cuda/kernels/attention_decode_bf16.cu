@@ -4,50 +4,62 @@
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd64_g1(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(64, 1, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd64_g2(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(64, 2, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd64_g4(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(64, 4, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd64_g8(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(64, 8, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd128_g1(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(128, 1, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd128_g2(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(128, 2, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd128_g4(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(128, 4, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd128_g8(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(128, 8, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd256_g1(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(256, 1, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd256_g2(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(256, 2, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd256_g4(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(256, 4, bf16);
 }
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_bf16_hd256_g8(DEC_PARAMS(bf16)) {
+    PDL_ENTRY();
     DEC_CALL(256, 8, bf16);
 }
 // Merges the partitions of each (sequence, head) whose sequence has more
@@ -58,6 +70,7 @@ paged_decode_reduce_bf16(bf16* __restrict__ out, const float* __restrict__ part_
                          const float* __restrict__ part_ml, const int* __restrict__ context_lens,
                          int max_blocks_per_seq, int block_size, int num_heads, int head_dim,
                          int max_parts, int window) {
+    PDL_ENTRY();
     const int seq = blockIdx.x;
     const int head = blockIdx.y;
     const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);

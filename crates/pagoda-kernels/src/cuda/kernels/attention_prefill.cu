@@ -418,30 +418,36 @@ __device__ __forceinline__ void prefill_attention_tile(
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_bf16_hd64(PF_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_attention_tile<64, bf16>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_bf16_hd128(PF_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_attention_tile<128, bf16>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_bf16_hd256(PF_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_attention_tile<256, bf16>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_fp8_hd64(PF_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_attention_tile<64, fp8>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_fp8_hd128(PF_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_attention_tile<128, fp8>(PF_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PF_THREADS)
 prefill_attention_fp8_hd256(PF_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_attention_tile<256, fp8>(PF_PASS);
 }

@@ -94,30 +94,35 @@ struct PfmShape {
 };
 
 // Copies key rows n0..n0+BN-1 of one kv head (element offset head_off of
-// each cache slot, slot_stride elements per slot) into s_k and s_v (bf16,
-// row stride HD + PFM_PAD) with cp.async (the caller commits and waits);
-// rows at or past n_keys are zero-filled, so nothing unstored is ever read.
-// Thread tid copies 16-byte chunk tid % (HD / 8) of rows tid / (HD / 8) +
-// i * (PFM_THREADS / (HD / 8)). `bs_shift` is log2(block_size) for a
-// power-of-two block size, else -1 (then a division).
-template <int HD, int BN>
-__device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __restrict__ k_cache,
-                                            const bf16* __restrict__ v_cache,
+// each cache slot, slot_stride elements per slot) into s_k and s_v with
+// cp.async (the caller commits and waits); rows at or past n_keys are
+// zero-filled, so nothing unstored is ever read. A bf16 cache's rows land
+// as the bf16 rows the mma reads (row stride HD + PFM_PAD); an FP8 E4M3
+// cache's as raw bytes ([BN][HD], no padding), so the fetch of tile t + 1
+// overlaps tile t's math as for bf16, and pfm_widen_fp8 turns a landed tile
+// into bf16 rows. Each copy moves 16 bytes (8 bf16 or 16 FP8 elements):
+// thread tid copies chunk tid % CPR of rows tid / CPR + i * (PFM_THREADS /
+// CPR). `bs_shift` is log2(block_size) for a power-of-two block size, else
+// -1 (then a division).
+template <int HD, int BN, typename T>
+__device__ __forceinline__ void pfm_load_kv(T* s_k, T* s_v, const T* __restrict__ k_cache,
+                                            const T* __restrict__ v_cache,
                                             const int* __restrict__ table, int block_size,
                                             int bs_shift, int n0, int n_keys,
                                             long long slot_stride, long long head_off, int tid) {
-    constexpr int LD = HD + PFM_PAD;
-    constexpr int CPR = HD / 8;            // 16-byte chunks per row
-    constexpr int RPP = PFM_THREADS / CPR;  // rows per pass of the block
+    constexpr int EPC = 16 / sizeof(T);                          // elements per chunk
+    constexpr int LD = KvIsFp8<T>::value ? HD : HD + PFM_PAD;  // row stride
+    constexpr int CPR = HD / EPC;                                // chunks per row
+    constexpr int RPP = PFM_THREADS / CPR;                       // rows per pass of the block
     static_assert(PFM_THREADS % CPR == 0 && BN % RPP == 0, "copy split");
     const int row = tid / CPR;
-    const int col = (tid % CPR) * 8;
+    const int col = (tid % CPR) * EPC;
 #pragma unroll
     for (int p = 0; p < BN / RPP; p++) {
         const int r = row + p * RPP;
         const int key = n0 + r;
-        bf16* dk = &s_k[r * LD + col];
-        bf16* dv = &s_v[r * LD + col];
+        T* dk = &s_k[r * LD + col];
+        T* dv = &s_v[r * LD + col];
         if (key < n_keys) {
             const int blk = bs_shift >= 0 ? key >> bs_shift : key / block_size;
             const long long off =
@@ -132,38 +137,14 @@ __device__ __forceinline__ void pfm_load_kv(bf16* s_k, bf16* s_v, const bf16* __
     }
 }
 
-// pfm_load_kv for an FP8 E4M3 cache (one byte per element, the same slot
-// layout): the raw bytes of the tile go to r_k and r_v ([BN][HD] bytes, no
-// padding) with cp.async, 16 bytes (16 elements) a copy, so the fetch of
-// tile t + 1 overlaps tile t's math as for bf16; pfm_widen_fp8 turns a
-// landed tile into the bf16 rows the mma reads.
-template <int HD, int BN>
-__device__ __forceinline__ void pfm_load_kv(fp8* r_k, fp8* r_v, const fp8* __restrict__ k_cache,
-                                            const fp8* __restrict__ v_cache,
-                                            const int* __restrict__ table, int block_size,
-                                            int bs_shift, int n0, int n_keys,
-                                            long long slot_stride, long long head_off, int tid) {
-    constexpr int CPR = HD / 16;           // 16-byte chunks per row
-    constexpr int RPP = PFM_THREADS / CPR;  // rows per pass of the block
-    static_assert(PFM_THREADS % CPR == 0 && BN % RPP == 0, "copy split");
-    const int row = tid / CPR;
-    const int col = (tid % CPR) * 16;
+// Zeroes MT x N mma accumulator fragments (four floats each).
+template <int MT, int N>
+__device__ __forceinline__ void pfm_zero_frags(float (&f)[MT][N][4]) {
 #pragma unroll
-    for (int p = 0; p < BN / RPP; p++) {
-        const int r = row + p * RPP;
-        const int key = n0 + r;
-        fp8* dk = &r_k[r * HD + col];
-        fp8* dv = &r_v[r * HD + col];
-        if (key < n_keys) {
-            const int blk = bs_shift >= 0 ? key >> bs_shift : key / block_size;
-            const long long off =
-                (long long)(table[blk] * block_size + key - blk * block_size) * slot_stride +
-                head_off + col;
-            pf_cp_async16(pf_smem_addr(dk), k_cache + off);
-            pf_cp_async16(pf_smem_addr(dv), v_cache + off);
-        } else {
-            pf_zero16(dk);
-            pf_zero16(dv);
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            f[mt][i][0] = f[mt][i][1] = f[mt][i][2] = f[mt][i][3] = 0.0f;
         }
     }
 }
@@ -311,13 +292,7 @@ __device__ __forceinline__ void prefill_mma_tile(
     }
 
     float o[MT][NB_O][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < NB_O; i++) {
-            o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
-        }
-    }
+    pfm_zero_frags(o);
     float row_max[MT][2];
     float row_sum[MT][2];  // this lane's partial sums (quad-reduced at the end)
     // The last key each of this lane's rows (mt, half h: row g + 8h) sees;
@@ -377,13 +352,7 @@ __device__ __forceinline__ void prefill_mma_tile(
             warp_has_rows && n0 <= warp_last_last && n0 + BN - 1 >= warp_first_first;
         if (active) {
             float s[MT][NB_S][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-                for (int i = 0; i < NB_S; i++) {
-                    s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
-                }
-            }
+            pfm_zero_frags(s);
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
                 unsigned a[MT][4];
@@ -558,30 +527,36 @@ __device__ __forceinline__ void prefill_mma_tile(
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd64(PFM_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_mma_tile<bf16, 64>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd128(PFM_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_mma_tile<bf16, 128>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_bf16_hd256(PFM_ARGS(bf16)) {
+    PDL_ENTRY();
     prefill_mma_tile<bf16, 256>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_fp8_hd64(PFM_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_mma_tile<fp8, 64>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_fp8_hd128(PFM_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_mma_tile<fp8, 128>(PFM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(PFM_THREADS, 2)
 prefill_mma_attention_fp8_hd256(PFM_ARGS(fp8)) {
+    PDL_ENTRY();
     prefill_mma_tile<fp8, 256>(PFM_PASS);
 }

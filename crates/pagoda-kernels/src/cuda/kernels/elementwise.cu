@@ -4,10 +4,12 @@
 // the host before the launch.
 
 extern "C" __global__ void fill_u16(unsigned short* p, unsigned short v, long long n) {
+    PDL_ENTRY();
     GRID_STRIDE(i, n) { p[i] = v; }
 }
 
 extern "C" __global__ void fill_u32(unsigned int* p, unsigned int v, long long n) {
+    PDL_ENTRY();
     GRID_STRIDE(i, n) { p[i] = v; }
 }
 
@@ -39,41 +41,49 @@ __device__ void add_rows_impl(X* x, const T* table, const int* rows, int offset,
 // where none is named (the f32 outputs are the residual stream).
 extern "C" __global__ void gather_rows_bf16(bf16* y, const bf16* table, const int* rows,
                                   int offset, int n_rows, int cols) {
+    PDL_ENTRY();
     gather_rows_impl(y, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void add_rows_bf16(bf16* x, const bf16* table, const int* rows, int offset,
                                int n_rows, int cols) {
+    PDL_ENTRY();
     add_rows_impl(x, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void gather_rows_f32(bf16* y, const float* table, const int* rows,
                                   int offset, int n_rows, int cols) {
+    PDL_ENTRY();
     gather_rows_impl(y, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void add_rows_f32(bf16* x, const float* table, const int* rows, int offset,
                                int n_rows, int cols) {
+    PDL_ENTRY();
     add_rows_impl(x, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void gather_rows_bf16_f32(float* y, const bf16* table, const int* rows,
                                   int offset, int n_rows, int cols) {
+    PDL_ENTRY();
     gather_rows_impl(y, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void add_rows_bf16_f32(float* x, const bf16* table, const int* rows, int offset,
                                int n_rows, int cols) {
+    PDL_ENTRY();
     add_rows_impl(x, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void gather_rows_f32_f32(float* y, const float* table, const int* rows,
                                   int offset, int n_rows, int cols) {
+    PDL_ENTRY();
     gather_rows_impl(y, table, rows, offset, n_rows, cols);
 }
 
 extern "C" __global__ void add_rows_f32_f32(float* x, const float* table, const int* rows, int offset,
                                int n_rows, int cols) {
+    PDL_ENTRY();
     add_rows_impl(x, table, rows, offset, n_rows, cols);
 }
 
@@ -85,10 +95,12 @@ __device__ void add_bias_impl(Y* y, const bf16* bias, int n_rows, int cols) {
 }
 
 extern "C" __global__ void add_bias_bf16(bf16* y, const bf16* bias, int n_rows, int cols) {
+    PDL_ENTRY();
     add_bias_impl(y, bias, n_rows, cols);
 }
 
 extern "C" __global__ void add_bias_f32(float* y, const bf16* bias, int n_rows, int cols) {
+    PDL_ENTRY();
     add_bias_impl(y, bias, n_rows, cols);
 }
 
@@ -96,6 +108,7 @@ extern "C" __global__ void add_bias_f32(float* y, const bf16* bias, int n_rows, 
 // bf16 once, as cuBLASLt's bias epilogue (and PyTorch's bf16 F.linear) does.
 extern "C" __global__ void add_bias_round_bf16(bf16* y, const float* acc, const bf16* bias,
                                                int n_rows, int cols) {
+    PDL_ENTRY();
     long long n = (long long)n_rows * cols;
     GRID_STRIDE(i, n) { y[i] = f2bf(acc[i] + bf2f(bias[i % cols])); }
 }
@@ -142,22 +155,27 @@ __device__ void gated_v8_impl(bf16* y, const bf16* gu, int n_rows, int n) {
 }
 
 extern "C" __global__ void silu_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    PDL_ENTRY();
     gated_impl<0>(y, gu, n_rows, n);
 }
 
 extern "C" __global__ void silu_mul_v8_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    PDL_ENTRY();
     gated_v8_impl<0>(y, gu, n_rows, n);
 }
 
 extern "C" __global__ void gelu_tanh_mul_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    PDL_ENTRY();
     gated_impl<1>(y, gu, n_rows, n);
 }
 
 extern "C" __global__ void gelu_tanh_mul_v8_bf16(bf16* y, const bf16* gu, int n_rows, int n) {
+    PDL_ENTRY();
     gated_v8_impl<1>(y, gu, n_rows, n);
 }
 
 extern "C" __global__ void silu_mul2_bf16(bf16* y, const bf16* g, const bf16* u, long long n) {
+    PDL_ENTRY();
     GRID_STRIDE(i, n) { y[i] = f2bf(silu(bf2f(g[i])) * bf2f(u[i])); }
 }
 
@@ -167,9 +185,15 @@ __device__ void scale_impl(X* x, float factor, long long n) {
     GRID_STRIDE(i, n) { st(x, i, ld(x, i) * factor); }
 }
 
-extern "C" __global__ void scale_bf16(bf16* x, float factor, long long n) { scale_impl(x, factor, n); }
+extern "C" __global__ void scale_bf16(bf16* x, float factor, long long n) {
+    PDL_ENTRY();
+    scale_impl(x, factor, n);
+}
 
-extern "C" __global__ void scale_f32(float* x, float factor, long long n) { scale_impl(x, factor, n); }
+extern "C" __global__ void scale_f32(float* x, float factor, long long n) {
+    PDL_ENTRY();
+    scale_impl(x, factor, n);
+}
 
 // x = cap * tanh(x / cap)
 template <typename X>
@@ -177,11 +201,18 @@ __device__ void softcap_impl(X* x, float cap, long long n) {
     GRID_STRIDE(i, n) { st(x, i, cap * tanhf(ld(x, i) / cap)); }
 }
 
-extern "C" __global__ void softcap_bf16(bf16* x, float cap, long long n) { softcap_impl(x, cap, n); }
+extern "C" __global__ void softcap_bf16(bf16* x, float cap, long long n) {
+    PDL_ENTRY();
+    softcap_impl(x, cap, n);
+}
 
-extern "C" __global__ void softcap_f32(float* x, float cap, long long n) { softcap_impl(x, cap, n); }
+extern "C" __global__ void softcap_f32(float* x, float cap, long long n) {
+    PDL_ENTRY();
+    softcap_impl(x, cap, n);
+}
 
 extern "C" __global__ void relu_bf16(bf16* x, long long n) {
+    PDL_ENTRY();
     GRID_STRIDE(i, n) { x[i] = f2bf(fmaxf(bf2f(x[i]), 0.0f)); }
 }
 
@@ -191,13 +222,18 @@ __device__ void add_impl(X* x, const Y* y, long long n) {
     GRID_STRIDE(i, n) { st(x, i, ld(x, i) + ld(y, i)); }
 }
 
-extern "C" __global__ void add_bf16(bf16* x, const bf16* y, long long n) { add_impl(x, y, n); }
+extern "C" __global__ void add_bf16(bf16* x, const bf16* y, long long n) {
+    PDL_ENTRY();
+    add_impl(x, y, n);
+}
 
 extern "C" __global__ void add_f32_bf16(float* x, const bf16* y, long long n) {
+    PDL_ENTRY();
     add_impl(x, y, n);
 }
 
 extern "C" __global__ void add_f32_f32(float* x, const float* y, long long n) {
+    PDL_ENTRY();
     add_impl(x, y, n);
 }
 
@@ -232,11 +268,13 @@ __device__ void rope_impl(bf16* x, const int* positions, const T* table, int n_r
 
 extern "C" __global__ void rope_f32(bf16* x, const int* positions, const float* table,
                                     int n_rows, int n_heads, int head_dim, int rd, int style) {
+    PDL_ENTRY();
     rope_impl(x, positions, table, n_rows, n_heads, head_dim, rd, style);
 }
 
 extern "C" __global__ void rope_bf16(bf16* x, const int* positions, const bf16* table,
                                      int n_rows, int n_heads, int head_dim, int rd, int style) {
+    PDL_ENTRY();
     rope_impl(x, positions, table, n_rows, n_heads, head_dim, rd, style);
 }
 
@@ -283,18 +321,22 @@ __device__ void store_kv_impl(KV* k_cache, KV* v_cache, const bf16* k, const bf1
 #define STORE_KV_PASS k_cache, v_cache, k, v, kv_scales, slots, n_rows, width
 
 extern "C" __global__ void store_kv_bf16(STORE_KV_ARGS(bf16)) {
+    PDL_ENTRY();
     store_kv_impl<1>(STORE_KV_PASS);
 }
 
 extern "C" __global__ void store_kv_v8_bf16(STORE_KV_ARGS(bf16)) {
+    PDL_ENTRY();
     store_kv_impl<8>(STORE_KV_PASS);
 }
 
 extern "C" __global__ void store_kv_fp8(STORE_KV_ARGS(fp8)) {
+    PDL_ENTRY();
     store_kv_impl<1>(STORE_KV_PASS);
 }
 
 extern "C" __global__ void store_kv_v8_fp8(STORE_KV_ARGS(fp8)) {
+    PDL_ENTRY();
     store_kv_impl<8>(STORE_KV_PASS);
 }
 
@@ -316,11 +358,13 @@ __device__ void copy_blocks_impl(T* k_cache, T* v_cache, const int* ops, long lo
 
 extern "C" __global__ void copy_blocks_bf16(bf16* k_cache, bf16* v_cache, const int* ops,
                                             long long block_elems, int slot_elems) {
+    PDL_ENTRY();
     copy_blocks_impl(k_cache, v_cache, ops, block_elems, slot_elems);
 }
 
 extern "C" __global__ void copy_blocks_fp8(fp8* k_cache, fp8* v_cache, const int* ops,
                                            long long block_elems, int slot_elems) {
+    PDL_ENTRY();
     copy_blocks_impl(k_cache, v_cache, ops, block_elems, slot_elems);
 }
 
@@ -330,6 +374,7 @@ extern "C" __global__ void copy_blocks_fp8(fp8* k_cache, fp8* v_cache, const int
 // dec[m..2m), so a test can hold them against fp8.rs.
 extern "C" __global__ void fp8_codec(const float* x, fp8* enc, int n, const fp8* codes, float* dec,
                                      int m) {
+    PDL_ENTRY();
     GRID_STRIDE(i, n) { enc[i] = f2fp8(x[i]); }
     GRID_STRIDE(i, m) { dec[i] = fp82f(codes[i]); }
     GRID_STRIDE(i, (m + 3) / 4) {

@@ -28,6 +28,7 @@ __device__ __forceinline__ float qfp8_block_max(float v) {
 extern "C" __global__ void __launch_bounds__(QFP8_THREADS)
     quant_rows_fp8(fp8* __restrict__ q, float* __restrict__ scales, const bf16* __restrict__ x,
                    int cols) {
+    PDL_ENTRY();
     const long long base = (long long)blockIdx.x * cols;
     const bf16* xr = x + base;
     fp8* qr = q + base;
@@ -151,11 +152,13 @@ __device__ __forceinline__ void fp8_rescale_impl(void* y, const float* __restric
 extern "C" __global__ void __launch_bounds__(FP8_RESCALE_THREADS)
     fp8_rescale_bf16(bf16* y, const float* acc, const float* sx, const float* sw,
                      const bf16* bias, int has_bias, int row0, int rows, int cols) {
+    PDL_ENTRY();
     fp8_rescale_impl<false>(y, acc, sx, sw, bias, has_bias, row0, rows, cols);
 }
 
 extern "C" __global__ void __launch_bounds__(FP8_RESCALE_THREADS)
     fp8_rescale_acc_f32(float* y, const float* acc, const float* sx, const float* sw,
                         const bf16* bias, int has_bias, int row0, int rows, int cols) {
+    PDL_ENTRY();
     fp8_rescale_impl<true>(y, acc, sx, sw, bias, has_bias, row0, rows, cols);
 }

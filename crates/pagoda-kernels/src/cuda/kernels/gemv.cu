@@ -279,6 +279,7 @@ __device__ __forceinline__ GemvSegs gemv_three(bf16* y0, bf16* y1, bf16* y2, con
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
           const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_BF16, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr,
                                       nullptr, 0.0f, m, k);
 }
@@ -286,6 +287,7 @@ gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restri
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_acc_f32(float* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
                   const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_ACC, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr, nullptr,
                                      0.0f, m, k);
 }
@@ -295,6 +297,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv3_bf16(bf16* y0, bf16* y1, bf16* y2, const bf16* __restrict__ x, const bf16* w0,
            const bf16* w1, const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2,
            int bias_mask, int m, int n0, int n1, int n2, int k) {
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_BF16, false>(
         gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), x, nullptr,
         nullptr, 0.0f, m, k);
@@ -306,6 +309,7 @@ gemv3_norm_bf16(bf16* y0, bf16* y1, bf16* y2, const float* __restrict__ xres,
                 const bf16* __restrict__ nw, float eps, const bf16* w0, const bf16* w1,
                 const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2, int bias_mask,
                 int m, int n0, int n1, int n2, int k) {
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_BF16, true>(
         gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), nullptr, xres, nw,
         eps, m, k);
@@ -317,5 +321,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_norm_silu_bf16(bf16* __restrict__ y, const float* __restrict__ xres,
                     const bf16* __restrict__ nw, float eps, const bf16* __restrict__ w, int m,
                     int n_inter, int k) {
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_SILU, true>(gemv_one(y, w, w, 0, n_inter), nullptr, xres, nw, eps, m, k);
 }

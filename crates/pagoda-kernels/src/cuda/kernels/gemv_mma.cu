@@ -108,6 +108,7 @@ __device__ __forceinline__ void gemv_mma_body(Y* __restrict__ y, const bf16* __r
 extern "C" __global__ void __launch_bounds__(GMMA_WARPS * 32)
 gemv_mma_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
               const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+    PDL_ENTRY();
     if (m > 8) {
         gemv_mma_body<true>(y, x, w, bias, has_bias, m, n_out, k, blockIdx.x);
     } else {
@@ -118,6 +119,7 @@ gemv_mma_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __re
 extern "C" __global__ void __launch_bounds__(GMMA_WARPS * 32)
 gemv_mma_acc_f32(float* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
                  const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
+    PDL_ENTRY();
     if (m > 8) {
         gemv_mma_body<true>(y, x, w, bias, has_bias, m, n_out, k, blockIdx.x);
     } else {
@@ -153,6 +155,7 @@ gemv_mma3_bf16(bf16* y0, bf16* y1, bf16* y2, const bf16* __restrict__ x,
                const bf16* __restrict__ w2, const bf16* __restrict__ b0,
                const bf16* __restrict__ b1, const bf16* __restrict__ b2, int bias_mask, int m,
                int n0, int n1, int n2, int k) {
+    PDL_ENTRY();
     if (m > 8) {
         gemv_mma3<true>(y0, y1, y2, x, w0, w1, w2, b0, b1, b2, bias_mask, m, n0, n1, n2, k);
     } else {

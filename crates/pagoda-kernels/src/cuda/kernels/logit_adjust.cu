@@ -24,6 +24,7 @@
 extern "C" __global__ void __launch_bounds__(LA_THREADS)
 allow_only_bf16(bf16* __restrict__ logits, const int* __restrict__ rows,
                 const int* __restrict__ allowed, int vocab) {
+    PDL_ENTRY();
     const int row = blockIdx.x;
     const int* r = rows + LA_ROW_INTS * row;
     const int start = r[2];
@@ -55,6 +56,7 @@ allow_only_bf16(bf16* __restrict__ logits, const int* __restrict__ rows,
 extern "C" __global__ void __launch_bounds__(LA_THREADS)
 logit_entries_bf16(bf16* __restrict__ logits, const int* __restrict__ rows,
                    const int* __restrict__ entries, int vocab) {
+    PDL_ENTRY();
     const int row = blockIdx.x;
     const int* r = rows + LA_ROW_INTS * row;
     const int start = r[0];

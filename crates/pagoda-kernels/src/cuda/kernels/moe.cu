@@ -189,12 +189,14 @@ __device__ __forceinline__ void moe_route_row(const T* __restrict__ logits, int 
 extern "C" __global__ void __launch_bounds__(32 * MR_WARPS)
 moe_route_bf16(const bf16* __restrict__ logits, int rows, int n_exp, int top_k, int renormalize,
                int* __restrict__ ids, float* __restrict__ weights) {
+    PDL_ENTRY();
     moe_route_row(logits, rows, n_exp, top_k, renormalize, ids, weights);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * MR_WARPS)
 moe_route_f32(const float* __restrict__ logits, int rows, int n_exp, int top_k, int renormalize,
               int* __restrict__ ids, float* __restrict__ weights) {
+    PDL_ENTRY();
     moe_route_row(logits, rows, n_exp, top_k, renormalize, ids, weights);
 }
 
@@ -203,6 +205,7 @@ moe_route_f32(const float* __restrict__ logits, int rows, int n_exp, int top_k, 
 extern "C" __global__ void __launch_bounds__(MG_THREADS)
 moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __restrict__ meta,
           int* __restrict__ slot_pair, int* __restrict__ pair_slot) {
+    PDL_ENTRY();
     extern __shared__ int mg_smem[];
     int* count = mg_smem;           // pairs per expert
     int* next = mg_smem + n_exp;    // next free slot of each expert
@@ -480,18 +483,22 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
 #define MOE_GEMM_PASS out, a, w, meta, slot_pair, route_w, top_k, n, k, vec
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m64(MOE_GEMM_ARGS) {
+    PDL_ENTRY();
     moe_gemm_tile<64, 64, 2, 2, 3, 0>(MOE_GEMM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m16(MOE_GEMM_ARGS) {
+    PDL_ENTRY();
     moe_gemm_tile<16, 64, 1, 4, 4, 0>(MOE_GEMM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m64(MOE_GEMM_ARGS) {
+    PDL_ENTRY();
     moe_gemm_tile<64, 64, 2, 2, 4, 1>(MOE_GEMM_PASS);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m16(MOE_GEMM_ARGS) {
+    PDL_ENTRY();
     moe_gemm_tile<16, 64, 1, 4, 6, 1>(MOE_GEMM_PASS);
 }
 
@@ -499,6 +506,7 @@ extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m16(MOE_
 extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* __restrict__ y,
                                             const int* __restrict__ pair_slot, int rows,
                                             int top_k, int n) {
+    PDL_ENTRY();
     long long total = (long long)rows * n;
     GRID_STRIDE(i, total) {
         long long r = i / n;
@@ -568,6 +576,7 @@ __device__ __forceinline__ void mv_dot2(const uint4* __restrict__ a0,
 extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
 moe_gemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
                  const int* __restrict__ ids, int top_k, int n_exp, int inter, int hidden) {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int q = blockIdx.y;
@@ -595,6 +604,7 @@ extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
 moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __restrict__ w,
               const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,
               int n_exp, int hidden, int inter) {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int c = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -649,12 +659,14 @@ __device__ __forceinline__ void moe_sigmoid_gate(bf16* __restrict__ x, const T* 
 extern "C" __global__ void moe_sigmoid_gate_bf16(bf16* __restrict__ x,
                                                  const bf16* __restrict__ gate, int rows,
                                                  int cols, int gate_cols) {
+    PDL_ENTRY();
     moe_sigmoid_gate(x, gate, rows, cols, gate_cols);
 }
 
 extern "C" __global__ void moe_sigmoid_gate_f32(bf16* __restrict__ x,
                                                 const float* __restrict__ gate, int rows,
                                                 int cols, int gate_cols) {
+    PDL_ENTRY();
     moe_sigmoid_gate(x, gate, rows, cols, gate_cols);
 }
 
@@ -689,6 +701,7 @@ extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
 moe_ggemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
                   const int* __restrict__ meta, const int* __restrict__ slot_pair, int top_k,
                   int inter, int hidden) {
+    PDL_ENTRY();
     const int tile = blockIdx.y;
     if (tile >= meta[0]) {
         return;
@@ -733,6 +746,7 @@ extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
 moe_ggemv_down(bf16* __restrict__ y, const bf16* __restrict__ h, const bf16* __restrict__ w,
                const int* __restrict__ meta, const int* __restrict__ slot_pair,
                const float* __restrict__ route_w, int hidden, int inter) {
+    PDL_ENTRY();
     const int tile = blockIdx.y;
     if (tile >= meta[0]) {
         return;

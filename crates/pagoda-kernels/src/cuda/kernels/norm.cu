@@ -21,11 +21,13 @@ __device__ void rms_norm_impl(bf16* __restrict__ y, const X* __restrict__ x,
 
 extern "C" __global__ void rms_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
                                          const bf16* __restrict__ w, int cols, float eps) {
+    PDL_ENTRY();
     rms_norm_impl(y, x, w, cols, eps);
 }
 
 extern "C" __global__ void rms_norm_f32(bf16* __restrict__ y, const float* __restrict__ x,
                                         const bf16* __restrict__ w, int cols, float eps) {
+    PDL_ENTRY();
     rms_norm_impl(y, x, w, cols, eps);
 }
 
@@ -51,18 +53,21 @@ __device__ void add_rms_norm_impl(bf16* __restrict__ y, R* __restrict__ residual
 extern "C" __global__ void add_rms_norm_bf16(bf16* __restrict__ y, bf16* __restrict__ residual,
                                              const bf16* __restrict__ x,
                                              const bf16* __restrict__ w, int cols, float eps) {
+    PDL_ENTRY();
     add_rms_norm_impl(y, residual, x, w, cols, eps);
 }
 
 extern "C" __global__ void add_rms_norm_f32(bf16* __restrict__ y, float* __restrict__ residual,
                                             const bf16* __restrict__ x,
                                             const bf16* __restrict__ w, int cols, float eps) {
+    PDL_ENTRY();
     add_rms_norm_impl(y, residual, x, w, cols, eps);
 }
 
 // In place on every head_dim slice; one block per (row, head).
 extern "C" __global__ void head_rms_norm_bf16(bf16* __restrict__ x, const bf16* __restrict__ w,
                                               int head_dim, float eps) {
+    PDL_ENTRY();
     bf16* h = x + (long long)blockIdx.x * head_dim;
     float ss = 0.0f;
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
@@ -100,11 +105,13 @@ __device__ void layer_norm_impl(bf16* __restrict__ y, const X* __restrict__ x,
 extern "C" __global__ void layer_norm_bf16(bf16* __restrict__ y, const bf16* __restrict__ x,
                                            const bf16* __restrict__ w, const bf16* __restrict__ b,
                                            int cols, float eps) {
+    PDL_ENTRY();
     layer_norm_impl(y, x, w, b, cols, eps);
 }
 
 extern "C" __global__ void layer_norm_f32(bf16* __restrict__ y, const float* __restrict__ x,
                                           const bf16* __restrict__ w, const bf16* __restrict__ b,
                                           int cols, float eps) {
+    PDL_ENTRY();
     layer_norm_impl(y, x, w, b, cols, eps);
 }

@@ -8,6 +8,26 @@
 
 typedef unsigned short bf16;
 
+// Programmatic dependent launch (sm_90 and newer): the host may launch a
+// kernel with the programmatic-stream-serialization attribute, so that its
+// blocks start while the kernel before it in the stream still runs. Every
+// kernel's first statement is PDL_ENTRY(), before it reads anything:
+// griddepcontrol.wait blocks until the previous kernel has completed and
+// its writes are visible (at once when the launch has no such dependency),
+// and since every kernel waits so, a kernel never overtakes any earlier
+// one. griddepcontrol.launch_dependents then lets the next kernel's blocks
+// be scheduled (they wait in turn). Before sm_90 there is no such launch
+// (the host sets the attribute only from compute capability 9.0) and the
+// macro is empty.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() \
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() \
+    do {            \
+    } while (0)
+#endif
+
 // -inf without <math.h> (NVRTC has no INFINITY without the headers).
 #define NEG_INF __int_as_float(0xff800000)
 

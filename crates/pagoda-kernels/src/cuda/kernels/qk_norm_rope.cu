@@ -112,6 +112,7 @@ extern "C" __global__ void qk_norm_rope_f32(bf16* q, bf16* k, const bf16* qw, co
                                             int has_norm, const int* positions,
                                             const float* table, int q_heads, int k_heads,
                                             int head_dim, int rd, int style, float eps) {
+    PDL_ENTRY();
     qk_norm_rope_impl(q, k, qw, kw, has_norm, positions, table, q_heads, k_heads, head_dim, rd,
                       style, eps, KvDest<void>{});
 }
@@ -120,6 +121,7 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16* q, bf16* k, const bf16* qw, c
                                              int has_norm, const int* positions,
                                              const bf16* table, int q_heads, int k_heads,
                                              int head_dim, int rd, int style, float eps) {
+    PDL_ENTRY();
     qk_norm_rope_impl(q, k, qw, kw, has_norm, positions, table, q_heads, k_heads, head_dim, rd,
                       style, eps, KvDest<void>{});
 }
@@ -132,6 +134,7 @@ extern "C" __global__ void qk_norm_rope_bf16(bf16* q, bf16* k, const bf16* qw, c
                                     int q_heads, int k_heads, int head_dim, int rd, int style, \
                                     float eps, KV* k_cache, KV* v_cache, const bf16* v,      \
                                     const float* kv_scales, const int* slots) {              \
+        PDL_ENTRY();                                                                         \
         qk_norm_rope_impl(q, k, qw, kw, has_norm, positions, table, q_heads, k_heads,        \
                           head_dim, rd, style, eps,                                          \
                           KvDest<KV>{k_cache, v_cache, v, kv_scales, slots});                \

@@ -424,6 +424,7 @@ __device__ int smp_draw_dense(const bf16* x, int vocab, float t, float vmax, flo
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
             const int* __restrict__ sampling, int vocab, smp_u64* __restrict__ kept) {
+    PDL_ENTRY();
     __shared__ unsigned s_cnt[SMP_BINS];
     __shared__ smp_u64 s_mass[SMP_BINS];
     __shared__ SmpShared sh;

@@ -37,6 +37,7 @@
 extern "C" __global__ void __launch_bounds__(SX_PEN_THREADS)
 penalize_bf16(bf16* __restrict__ logits, const int* __restrict__ opts,
               const int* __restrict__ hist, int vocab) {
+    PDL_ENTRY();
     const int row = blockIdx.x;
     const int* o = opts + SX_OPT_INTS * row;
     const float rep = __int_as_float(o[0]);
@@ -100,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
               const int* __restrict__ sampling, const int* __restrict__ opts,
               const smp_u64* __restrict__ kept, int rows, int vocab) {
+    PDL_ENTRY();
     __shared__ smp_u64 red[SMP_WARPS];
     const int row = blockIdx.x;
     const int tid = threadIdx.x;
@@ -202,6 +204,7 @@ logprobs_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 prompt_logprobs_bf16(int* __restrict__ out, int at, const bf16* __restrict__ logits,
                      int first, const int* __restrict__ targets, int vocab) {
+    PDL_ENTRY();
     __shared__ smp_u64 red[SMP_WARPS];
     __shared__ double dred[SMP_WARPS];
     const int r = blockIdx.x;

@@ -12,6 +12,7 @@
 extern "C" __global__ void __launch_bounds__(TM_THREADS)
 mask_logits_bf16(bf16* __restrict__ logits, const unsigned int* __restrict__ packed,
                  int n, int words, int vocab) {
+    PDL_ENTRY();
     const int m = blockIdx.x;
     if (m >= n) return;
     const int row = (int)packed[m];
