@@ -46,6 +46,16 @@
 // (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
 // padding.
 //
+// Expert weights are bf16 or FP8 (E4M3 codes, one f32 scale per weight
+// row): every kernel that reads them is a template on the weight type W
+// (MoeBf16, MoeFp8), its FP8 instances named with the suffix _fp8. FP8
+// codes widen exactly (every E4M3 value is a bf16 value) after the load:
+// in registers on the GEMV paths, into one bf16 shared tile per k step on
+// the GEMM path (the code tiles take the cp.async stages, 16-byte copies
+// where K % 16 == 0). Dot products run on the codes and the row scale is
+// applied in f32 by the shared epilogues (moe_gate_up_val, moe_down_val):
+// silu(g * s_g) * (u * s_u) and w * (acc * s_d); bf16 scales are 1.
+//
 // moe_combine_bf16: out[r, c] = bf16(sum over k, in k order, of y[slot of
 // (r, k), c]) in f32; pairs without a slot add nothing.
 //
