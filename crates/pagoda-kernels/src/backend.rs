@@ -166,6 +166,24 @@ pub trait Backend: Send + Sync + 'static {
             "FP8 weights on this backend".into(),
         ))
     }
+    /// Uploads a stacked mixture-of-experts weight (the `gate_up` or `down`
+    /// of [`Backend::moe_experts`]). A backend built for FP8 weights
+    /// quantizes it per row ([`Fp8Matrix::quantize`]: one scale per output
+    /// row of each expert) and takes it as [`Backend::load_fp8_experts`]
+    /// does; otherwise this is [`Backend::load_weight`].
+    fn load_experts(&self, w: HostTensor) -> Result<Self::Weight> {
+        self.load_weight(w)
+    }
+    /// Uploads a stacked expert weight in FP8 (E4M3 codes, one scale per
+    /// row): [`Backend::moe_experts`] with it computes with the weight's
+    /// values (`code * scale`) and takes its input as it is (activations
+    /// are not quantized). Only `moe_experts` takes such a weight.
+    fn load_fp8_experts(&self, w: Fp8Matrix) -> Result<Self::Weight> {
+        let _ = w;
+        Err(crate::KernelError::Unsupported(
+            "FP8 expert weights on this backend".into(),
+        ))
+    }
     /// Allocates one layer's KV cache, zero-filled.
     fn alloc_kv_cache(&self, shape: KvCacheShape) -> Result<Self::KvCache>;
     /// Bytes one layer's KV cache of `shape` takes (K and V together), at

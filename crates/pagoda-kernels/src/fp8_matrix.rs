@@ -71,11 +71,15 @@ impl Fp8Matrix {
                 "fp8 quantization of a weight holding {v}"
             )));
         }
+        // Rows in parallel (a layer's stacked experts are hundreds of
+        // millions of values); each row's result does not depend on it.
+        use rayon::prelude::*;
         let mut codes = vec![0u8; w.len()];
-        let mut scales = Vec::with_capacity(rows);
-        for (src, dst) in w.chunks(cols.max(1)).zip(codes.chunks_mut(cols.max(1))) {
-            scales.push(quantize_row(src, dst));
-        }
+        let mut scales: Vec<f32> = w
+            .par_chunks(cols.max(1))
+            .zip(codes.par_chunks_mut(cols.max(1)))
+            .map(|(src, dst)| quantize_row(src, dst))
+            .collect();
         scales.resize(rows, 1.0);
         Ok(Fp8Matrix {
             rows,

@@ -12,8 +12,9 @@
 //! repeats (host clock around a device synchronization, after a warm-up);
 //! inputs are random, never zeros. Last, the mixture-of-experts MLPs of one
 //! Qwen3-30B-A3B layer at 1 to 256 rows, on the GEMV, the grouped and the
-//! grouped-GEMV path (and which one the shape picks), against the floor: the time to read
-//! the experts they touch.
+//! grouped-GEMV path (and which one the shape picks), with bf16 and with FP8
+//! expert weights, against the floor: the time to read the experts they
+//! touch (2 bytes a weight for bf16, 1 plus a 4-byte scale a row for FP8).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -24,7 +25,7 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cuda::testing::gpu;
 use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, MoePath};
-use pagoda_kernels::{AttentionParams, Backend, HostTensor, KvCacheShape, SamplingRow};
+use pagoda_kernels::{AttentionParams, Backend, Fp8Matrix, HostTensor, KvCacheShape, SamplingRow};
 
 /// Median seconds of `reps` timed runs of `f`.
 fn time(g: &CudaBackend, reps: usize, f: impl FnMut()) -> f64 {
@@ -261,19 +262,28 @@ fn moe_timings() {
     let mut rng = Rng::new(13);
     let s_in = (3.0 / hidden as f32).sqrt();
     let s_out = (3.0 / inter as f32).sqrt();
-    let gate_up = g
-        .load_weight(HostTensor::f32(
+    let gu_host = rvec_f32(&mut rng, e * 2 * inter * hidden, s_in);
+    let dn_host = rvec_f32(&mut rng, e * hidden * inter, s_out);
+    let bf16_weights = (
+        g.load_weight(HostTensor::f32(
             vec![e * 2 * inter, hidden],
-            rvec_f32(&mut rng, e * 2 * inter * hidden, s_in),
+            gu_host.clone(),
         ))
-        .unwrap();
-    let down = g
-        .load_weight(HostTensor::f32(
-            vec![e * hidden, inter],
-            rvec_f32(&mut rng, e * hidden * inter, s_out),
-        ))
-        .unwrap();
-    let expert_bytes = (3 * hidden * inter * 2) as f64;
+        .unwrap(),
+        g.load_weight(HostTensor::f32(vec![e * hidden, inter], dn_host.clone()))
+            .unwrap(),
+    );
+    let fp8_weights = (
+        g.load_fp8_experts(Fp8Matrix::quantize(e * 2 * inter, hidden, &gu_host).unwrap())
+            .unwrap(),
+        g.load_fp8_experts(Fp8Matrix::quantize(e * hidden, inter, &dn_host).unwrap())
+            .unwrap(),
+    );
+    drop((gu_host, dn_host));
+    // Bytes one expert's weights take: 3 matrices of hidden x inter, and
+    // for FP8 a 4-byte scale per row (2 * inter + hidden rows).
+    let bf16_bytes = (3 * hidden * inter * 2) as f64;
+    let fp8_bytes = (3 * hidden * inter + 4 * (2 * inter + hidden)) as f64;
     for rows in [1usize, 2, 4, 8, 16, 64, 256] {
         let x = g
             .tensor_from_host(rows, hidden, &rvec_f32(&mut rng, rows * hidden, 1.0))
@@ -292,34 +302,39 @@ fn moe_timings() {
                 let _ = g.moe_route(&logits, k, true).unwrap();
             }
         }) / 10.0;
-        let bytes = used.len() as f64 * expert_bytes;
-        let floor = bytes / HBM_BYTES_PER_S;
         let flops = 2.0 * (rows * k) as f64 * 3.0 * (hidden * inter) as f64;
         let auto = MoePath::for_shape(rows, k, e, hidden, inter);
-        eprintln!(
-            "bench: moe_experts qwen3-30b-a3b rows {rows}: {} experts touched ({:.0} MB), \
-             floor {:.1} us at 3.35 TB/s; moe_route {:.1} us; auto path {auto:?}",
-            used.len(),
-            bytes / 1e6,
-            floor * 1e6,
-            route_secs * 1e6
-        );
-        for path in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
-            let secs = time(&g, 20, || {
-                for _ in 0..10 {
-                    let _ = g
-                        .moe_experts_on(&x, &routes, &gate_up, &down, e, path)
-                        .unwrap();
-                }
-            }) / 10.0;
+        for (kind, (gate_up, down), expert_bytes) in [
+            ("bf16", &bf16_weights, bf16_bytes),
+            ("fp8", &fp8_weights, fp8_bytes),
+        ] {
+            let bytes = used.len() as f64 * expert_bytes;
+            let floor = bytes / HBM_BYTES_PER_S;
             eprintln!(
-                "bench: moe_experts qwen3-30b-a3b rows {rows} {path:?}: {:.1} us = {:.0}% of \
-                 floor ({:.1}x), {:.1} TFLOP/s",
-                secs * 1e6,
-                100.0 * floor / secs,
-                secs / floor,
-                flops / secs / 1e12,
+                "bench: moe_experts qwen3-30b-a3b {kind} rows {rows}: {} experts touched \
+                 ({:.0} MB), floor {:.1} us at 3.35 TB/s; moe_route {:.1} us; auto path {auto:?}",
+                used.len(),
+                bytes / 1e6,
+                floor * 1e6,
+                route_secs * 1e6
             );
+            for path in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
+                let secs = time(&g, 20, || {
+                    for _ in 0..10 {
+                        let _ = g
+                            .moe_experts_on(&x, &routes, gate_up, down, e, path)
+                            .unwrap();
+                    }
+                }) / 10.0;
+                eprintln!(
+                    "bench: moe_experts qwen3-30b-a3b {kind} rows {rows} {path:?}: {:.1} us = \
+                     {:.0}% of floor ({:.1}x), {:.1} TFLOP/s",
+                    secs * 1e6,
+                    100.0 * floor / secs,
+                    secs / floor,
+                    flops / secs / 1e12,
+                );
+            }
         }
     }
 }

@@ -231,6 +231,18 @@ impl Backend for CpuBackend {
         Ok(CpuWeight::from_fp8(&w))
     }
 
+    fn load_experts(&self, w: HostTensor) -> Result<CpuWeight> {
+        if !self.fp8_weights {
+            return self.load_weight(w);
+        }
+        let m = crate::fp8_matrix::quantize_host(&w)?;
+        self.load_fp8_experts(m)
+    }
+
+    fn load_fp8_experts(&self, w: crate::Fp8Matrix) -> Result<CpuWeight> {
+        Ok(CpuWeight::from_fp8_experts(&w))
+    }
+
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }

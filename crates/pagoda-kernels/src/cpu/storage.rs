@@ -163,6 +163,17 @@ impl CpuWeight {
         }
     }
 
+    /// The reference form of a stacked FP8 expert weight: its values
+    /// (`code * scale`) in f32; `moe_experts` takes its input as it is.
+    pub(crate) fn from_fp8_experts(m: &crate::Fp8Matrix) -> Self {
+        CpuWeight {
+            rows: m.rows,
+            cols: m.cols,
+            data: WeightData::F32(m.dequantize()),
+            fp8_act: false,
+        }
+    }
+
     /// Whether this is an FP8 linear weight (see [`Self::from_fp8`]).
     pub fn is_fp8(&self) -> bool {
         self.fp8_act

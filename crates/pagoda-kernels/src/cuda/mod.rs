@@ -555,6 +555,27 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn load_experts(&self, w: HostTensor) -> Result<CudaWeight> {
+        if !self.fp8_weights {
+            return self.load_weight(w);
+        }
+        let m = crate::fp8_matrix::quantize_host(&w)?;
+        self.load_fp8_experts(m)
+    }
+
+    fn load_fp8_experts(&self, w: crate::Fp8Matrix) -> Result<CudaWeight> {
+        // The expert kernels widen the codes themselves (no FP8 GEMM, so
+        // any architecture the bf16 ones run on).
+        let (rows, cols) = (w.rows, w.cols);
+        let codes = self.upload(w.codes, "load_fp8_experts")?;
+        let scales = self.upload(w.scales, "load_fp8_experts")?;
+        Ok(CudaWeight {
+            rows,
+            cols,
+            data: WeightBuf::Fp8 { codes, scales },
+        })
+    }
+
     fn load_table(&self, t: HostTensor) -> Result<CudaWeight> {
         let (rows, cols) = storage::host_dims(&t, "load_table")?;
         let data = self.upload(t.into_f32_vec(), "load_table")?;

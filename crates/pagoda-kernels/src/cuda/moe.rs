@@ -40,10 +40,11 @@
 //! Host routes may repeat an expert within a row (each pair counts).
 
 use super::pool::DeviceBuf;
-use super::storage::{Act, CudaTensor, CudaWeight};
+use super::storage::{Act, CudaTensor, CudaWeight, WeightBuf};
+use super::launch::Launch;
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result};
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 /// Rows per chunk of `experts`: bounds the scratch (about `CHUNK_ROWS *
 /// top_k * (hidden + inter) * 2` bytes) and the single-block grouping.
@@ -231,26 +232,93 @@ pub(crate) fn routes_from_host(
     })
 }
 
-/// The layer's sizes, checked.
-struct Dims {
+/// A stacked expert weight as the kernels take it: bf16 elements, or FP8
+/// codes with one f32 scale per row (the kernels named `..._fp8`).
+#[derive(Clone, Copy)]
+enum ExpertWeight<'a> {
+    Bf16(&'a CudaSlice<half::bf16>),
+    Fp8 {
+        codes: &'a CudaSlice<u8>,
+        scales: &'a CudaSlice<f32>,
+    },
+}
+
+/// The scale argument of the bf16 kernels, which never read it: null.
+static NO_SCALES: u64 = 0;
+
+impl<'a> ExpertWeight<'a> {
+    fn of(w: &'a CudaWeight, what: &str) -> Result<Self> {
+        match &w.data {
+            WeightBuf::Bf16(d) => Ok(ExpertWeight::Bf16(d)),
+            WeightBuf::Fp8 { codes, scales } => Ok(ExpertWeight::Fp8 { codes, scales }),
+            WeightBuf::F32(_) => Err(shape_err(
+                "moe_experts",
+                format!("{what} is an f32 table (expected bf16 or FP8 expert weights)"),
+            )),
+        }
+    }
+
+    fn is_fp8(self) -> bool {
+        matches!(self, ExpertWeight::Fp8 { .. })
+    }
+
+    /// Pushes the weight and its scales: two kernel arguments.
+    fn push<'l>(self, l: &mut Launch<'l>)
+    where
+        'a: 'l,
+    {
+        match self {
+            ExpertWeight::Bf16(d) => l.arg(d).arg(&NO_SCALES),
+            ExpertWeight::Fp8 { codes, scales } => l.arg(codes).arg(scales),
+        };
+    }
+}
+
+/// The layer's sizes, checked, and its weights.
+struct Dims<'a> {
     rows: usize,
     hidden: usize,
     inter: usize,
     n_exp: usize,
     top_k: usize,
+    gate_up: ExpertWeight<'a>,
+    down: ExpertWeight<'a>,
 }
 
-fn check(
+impl Dims<'_> {
+    /// The kernel `base` for these weights (`base_fp8` for FP8 ones).
+    fn kernel_name(&self, base: &'static str) -> Result<&'static str> {
+        if !self.gate_up.is_fp8() {
+            return Ok(base);
+        }
+        let want = format!("{base}_fp8");
+        super::compile::KERNELS
+            .iter()
+            .copied()
+            .find(|k| *k == want)
+            .ok_or_else(|| KernelError::Device(format!("kernel {want} is not loaded")))
+    }
+}
+
+fn check<'a>(
     x: &CudaTensor,
     routes: &CudaRoutes,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
+    gate_up: &'a CudaWeight,
+    down: &'a CudaWeight,
     n_exp: usize,
-) -> Result<Dims> {
+) -> Result<Dims<'a>> {
     let op = "moe_experts";
     x.bf16(op)?;
-    gate_up.bf16(op)?;
-    down.bf16(op)?;
+    let (gu_w, dn_w) = (
+        ExpertWeight::of(gate_up, "gate_up")?,
+        ExpertWeight::of(down, "down")?,
+    );
+    if gu_w.is_fp8() != dn_w.is_fp8() {
+        return Err(shape_err(
+            op,
+            "gate_up and down must both be bf16 or both FP8".into(),
+        ));
+    }
     let (rows, hidden) = (x.rows, x.cols);
     if n_exp == 0 || n_exp > MAX_EXPERTS {
         return Err(shape_err(
@@ -320,6 +388,8 @@ fn check(
         inter,
         n_exp,
         top_k: routes.top_k,
+        gate_up: gu_w,
+        down: dn_w,
     })
 }
 
@@ -457,7 +527,7 @@ pub(crate) fn experts_on(
         return Ok(out);
     }
     if path == MoePath::Gemv {
-        gemv(b, &d, x, routes, gate_up, down, &mut out)?;
+        gemv(b, &d, x, routes, &mut out)?;
         return Ok(out);
     }
     // Scratch for every chunk, reused by the next (stream order).
@@ -473,9 +543,7 @@ pub(crate) fn experts_on(
     let mut r0 = 0;
     while r0 < d.rows {
         let n = CHUNK_ROWS.min(d.rows - r0);
-        run_chunk(
-            b, &d, x, routes, gate_up, down, &mut out, &mut s, r0, n, tile_gemv,
-        )?;
+        run_chunk(b, &d, x, routes, &mut out, &mut s, r0, n, tile_gemv)?;
         r0 += n;
     }
     Ok(out)
@@ -484,11 +552,9 @@ pub(crate) fn experts_on(
 /// The GEMV path's two launches over all rows (widths multiples of 8).
 fn gemv(
     b: &CudaBackend,
-    d: &Dims,
+    d: &Dims<'_>,
     x: &CudaTensor,
     routes: &CudaRoutes,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
     out: &mut CudaTensor,
 ) -> Result<()> {
     let op = "moe_experts";
@@ -512,11 +578,10 @@ fn gemv(
         shared_mem_bytes: 0,
     };
     {
-        let mut l = b.dev.launch("moe_gemv_gate_up")?;
-        l.out(&mut h)
-            .arg(x.bf16(op)?)
-            .arg(gate_up.bf16(op)?)
-            .arg(&routes.ids)
+        let mut l = b.dev.launch(d.kernel_name("moe_gemv_gate_up")?)?;
+        l.out(&mut h).arg(x.bf16(op)?);
+        d.gate_up.push(&mut l);
+        l.arg(&routes.ids)
             .arg(&k_i)
             .arg(&e_i)
             .arg(&int_i)
@@ -529,11 +594,10 @@ fn gemv(
         l.run(cfg(d.inter, pairs))?;
     }
     {
-        let mut l = b.dev.launch("moe_gemv_down")?;
-        l.out(out.bf16_mut(op)?)
-            .arg(&h)
-            .arg(down.bf16(op)?)
-            .arg(&routes.ids)
+        let mut l = b.dev.launch(d.kernel_name("moe_gemv_down")?)?;
+        l.out(out.bf16_mut(op)?).arg(&h);
+        d.down.push(&mut l);
+        l.arg(&routes.ids)
             .arg(&routes.weights)
             .arg(&k_i)
             .arg(&e_i)
@@ -597,11 +661,9 @@ struct Scratch {
 #[allow(clippy::too_many_arguments)]
 fn run_chunk(
     b: &CudaBackend,
-    d: &Dims,
+    d: &Dims<'_>,
     x: &CudaTensor,
     routes: &CudaRoutes,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
     out: &mut CudaTensor,
     s: &mut Scratch,
     r0: usize,
@@ -645,9 +707,9 @@ fn run_chunk(
     }
 
     if tile_gemv {
-        grouped_gemv(b, d, x, gate_up, down, s, &weights, r0, n, tiles)?;
+        grouped_gemv(b, d, x, s, &weights, r0, n, tiles)?;
     } else {
-        grouped_gemm(b, d, x, gate_up, down, s, &weights, r0, n, bm, tiles)?;
+        grouped_gemm(b, d, x, s, &weights, r0, n, bm, tiles)?;
     }
     // Combine the k outputs of each row.
     {
@@ -672,10 +734,8 @@ fn run_chunk(
 #[allow(clippy::too_many_arguments)]
 fn grouped_gemm(
     b: &CudaBackend,
-    d: &Dims,
+    d: &Dims<'_>,
     x: &CudaTensor,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
     s: &mut Scratch,
     weights: &cudarc::driver::CudaView<'_, f32>,
     r0: usize,
@@ -700,11 +760,10 @@ fn grouped_gemm(
     {
         let vec = vec_k(d.hidden);
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = b.dev.launch(gu_name)?;
-        l.out(&mut s.h)
-            .arg(&xd)
-            .arg(gate_up.bf16(op)?)
-            .arg(&s.meta)
+        let mut l = b.dev.launch(d.kernel_name(gu_name)?)?;
+        l.out(&mut s.h).arg(&xd);
+        d.gate_up.push(&mut l);
+        l.arg(&s.meta)
             .arg(&s.slot_pair)
             .arg(weights)
             .arg(&k_i)
@@ -721,11 +780,10 @@ fn grouped_gemm(
     // down with the routing weight: y[slot, hidden].
     {
         let vec = vec_k(d.inter);
-        let mut l = b.dev.launch(dn_name)?;
-        l.out(&mut s.y)
-            .arg(&s.h)
-            .arg(down.bf16(op)?)
-            .arg(&s.meta)
+        let mut l = b.dev.launch(d.kernel_name(dn_name)?)?;
+        l.out(&mut s.y).arg(&s.h);
+        d.down.push(&mut l);
+        l.arg(&s.meta)
             .arg(&s.slot_pair)
             .arg(weights)
             .arg(&k_i)
@@ -744,10 +802,8 @@ fn grouped_gemm(
 #[allow(clippy::too_many_arguments)]
 fn grouped_gemv(
     b: &CudaBackend,
-    d: &Dims,
+    d: &Dims<'_>,
     x: &CudaTensor,
-    gate_up: &CudaWeight,
-    down: &CudaWeight,
     s: &mut Scratch,
     weights: &cudarc::driver::CudaView<'_, f32>,
     r0: usize,
@@ -769,11 +825,10 @@ fn grouped_gemv(
     };
     {
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = b.dev.launch("moe_ggemv_gate_up")?;
-        l.out(&mut s.h)
-            .arg(&xd)
-            .arg(gate_up.bf16(op)?)
-            .arg(&s.meta)
+        let mut l = b.dev.launch(d.kernel_name("moe_ggemv_gate_up")?)?;
+        l.out(&mut s.h).arg(&xd);
+        d.gate_up.push(&mut l);
+        l.arg(&s.meta)
             .arg(&s.slot_pair)
             .arg(&k_i)
             .arg(&int_i)
@@ -785,11 +840,10 @@ fn grouped_gemv(
         l.run(cfg(d.inter))?;
     }
     {
-        let mut l = b.dev.launch("moe_ggemv_down")?;
-        l.out(&mut s.y)
-            .arg(&s.h)
-            .arg(down.bf16(op)?)
-            .arg(&s.meta)
+        let mut l = b.dev.launch(d.kernel_name("moe_ggemv_down")?)?;
+        l.out(&mut s.y).arg(&s.h);
+        d.down.push(&mut l);
+        l.arg(&s.meta)
             .arg(&s.slot_pair)
             .arg(weights)
             .arg(&hid_i)

@@ -17,7 +17,11 @@
 //! (`mlp.experts.{e}.gate_proj/up_proj/down_proj` for Qwen,
 //! `block_sparse_moe.experts.{e}.w1/w3/w2` for Mixtral), stacked here once
 //! at load. The router is `mlp.gate` (`block_sparse_moe.gate` in Mixtral
-//! checkpoints).
+//! checkpoints). The stacked experts load through
+//! [`Backend::load_experts`] (FP8 under `--quantization fp8`: one scale per
+//! output row of each expert), or, from an FP8 checkpoint's per-expert
+//! tensors, as stored through [`Backend::load_fp8_experts`]; the router
+//! stays in the backend's dense dtype.
 //!
 //! Qwen2-MoE's shared expert (`Qwen2MoeSparseMoeBlock`): a dense SwiGLU MLP
 //! of `shared_expert_intermediate_size` (`mlp.shared_expert.{gate,up,down}_proj`)
@@ -28,7 +32,7 @@
 //! `[1, hidden]` row is padded with zero rows to [`GATE_ROWS`] so its
 //! product has 16-byte rows on every backend.
 
-use super::weights::{concat_rows, load, load_linear, read, read_linear};
+use super::weights::{concat_rows, load, load_linear, read, read_linear, LinearHost};
 use crate::loader::WeightSource;
 use crate::{Architecture, ModelConfig, ModelError, Result};
 use pagoda_kernels::{Backend, HostTensor};
@@ -153,8 +157,8 @@ impl<B: Backend> FeedForward<B> {
         };
         Ok(FeedForward::Sparse(SparseMoe {
             gate: load(b, src, router, &[e, h])?,
-            gate_up: b.load_weight(gate_up)?,
-            down: b.load_weight(down)?,
+            gate_up: gate_up.upload_experts(b)?,
+            down: down.upload_experts(b)?,
             num_experts: e,
             top_k: m.num_experts_per_tok,
             renormalize: m.norm_topk_prob,
@@ -239,7 +243,9 @@ impl<B: Backend> SharedExpert<B> {
 }
 
 /// The stacked `(gate_up [E * 2 * inter, hidden], down [E * hidden, inter])`
-/// of one layer, from the stacked tensors or the per-expert ones.
+/// of one layer, from the stacked tensors or the per-expert ones (those
+/// FP8 as stored in an FP8 checkpoint: every expert's projections then
+/// FP8, each row with its scale).
 fn read_experts(
     src: &dyn WeightSource,
     p: &str,
@@ -247,12 +253,15 @@ fn read_experts(
     e: usize,
     inter: usize,
     h: usize,
-) -> Result<(HostTensor, HostTensor)> {
+) -> Result<(LinearHost, LinearHost)> {
     let stacked = format!("{p}.mlp.experts.gate_up_proj");
     if src.contains(&stacked) {
         let gate_up = read(src, &stacked, &[e, 2 * inter, h])?;
         let down = read(src, &format!("{p}.mlp.experts.down_proj"), &[e, h, inter])?;
-        return Ok((flatten(gate_up), flatten(down)));
+        return Ok((
+            LinearHost::Dense(flatten(gate_up)),
+            LinearHost::Dense(flatten(down)),
+        ));
     }
     let name = |i: usize, proj: &str| format!("{p}.{}.experts.{i}.{proj}.weight", names.block);
     if !src.contains(&name(0, names.gate)) {
@@ -264,11 +273,12 @@ fn read_experts(
     let mut gate_up = Vec::with_capacity(2 * e);
     let mut down = Vec::with_capacity(e);
     for i in 0..e {
-        gate_up.push(read(src, &name(i, names.gate), &[inter, h])?);
-        gate_up.push(read(src, &name(i, names.up), &[inter, h])?);
-        down.push(read(src, &name(i, names.down), &[h, inter])?);
+        gate_up.push(read_linear(src, &name(i, names.gate), &[inter, h])?);
+        gate_up.push(read_linear(src, &name(i, names.up), &[inter, h])?);
+        down.push(read_linear(src, &name(i, names.down), &[h, inter])?);
     }
-    Ok((stack_rows(gate_up), stack_rows(down)))
+    let what = format!("{p}.{}.experts", names.block);
+    Ok((stack_rows(gate_up, &what)?, stack_rows(down, &what)?))
 }
 
 /// `[E, rows, cols]` as the 2-D `[E * rows, cols]` (same bytes).
@@ -278,11 +288,12 @@ fn flatten(mut t: HostTensor) -> HostTensor {
     t
 }
 
-/// Matrices with the same column count stacked in order (one copy each).
-fn stack_rows(parts: Vec<HostTensor>) -> HostTensor {
+/// Matrices with the same column count stacked in order (one copy each);
+/// FP8 and dense parts do not mix.
+fn stack_rows(parts: Vec<LinearHost>, what: &str) -> Result<LinearHost> {
     let mut parts = parts.into_iter();
     let first = parts
         .next()
-        .unwrap_or(HostTensor::f32(vec![0, 0], Vec::new()));
-    parts.fold(first, concat_rows)
+        .unwrap_or(LinearHost::Dense(HostTensor::f32(vec![0, 0], Vec::new())));
+    parts.try_fold(first, |a, b| a.concat_rows(b, what))
 }

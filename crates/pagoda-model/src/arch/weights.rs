@@ -2,7 +2,9 @@
 //! Dense linear layers (attention and MLP projections) load through
 //! [`load_linear`] / [`LinearHost`], which take a checkpoint's FP8 weights as
 //! stored and let the backend quantize dense ones (`--quantization fp8`);
-//! embeddings, norms, biases and the LM head load through [`load`].
+//! stacked mixture-of-experts weights take the same two forms through
+//! [`LinearHost::upload_experts`]; embeddings, norms, biases and the LM
+//! head load through [`load`].
 
 use crate::loader::WeightSource;
 use crate::{ModelError, Result};
@@ -146,6 +148,15 @@ impl LinearHost {
         Ok(match self {
             LinearHost::Dense(t) => b.load_linear(t)?,
             LinearHost::Fp8(m) => b.load_fp8_linear(m)?,
+        })
+    }
+
+    /// Uploads a stacked expert weight through `load_experts` or
+    /// `load_fp8_experts`.
+    pub fn upload_experts<B: Backend>(self, b: &B) -> Result<B::Weight> {
+        Ok(match self {
+            LinearHost::Dense(t) => b.load_experts(t)?,
+            LinearHost::Fp8(m) => b.load_fp8_experts(m)?,
         })
     }
 

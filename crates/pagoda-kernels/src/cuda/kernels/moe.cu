@@ -46,6 +46,16 @@
 // (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
 // padding.
 //
+// Expert weights are bf16 or FP8 (E4M3 codes, one f32 scale per weight
+// row): every kernel that reads them is a template on the weight type W
+// (MoeBf16, MoeFp8), its FP8 instances named with the suffix _fp8. FP8
+// codes widen exactly (every E4M3 value is a bf16 value) after the load:
+// in registers on the GEMV paths, into one bf16 shared tile per k step on
+// the GEMM path (the code tiles take the cp.async stages, 16-byte copies
+// where K % 16 == 0). Dot products run on the codes and the row scale is
+// applied in f32 by the shared epilogues (moe_gate_up_val, moe_down_val):
+// silu(g * s_g) * (u * s_u) and w * (acc * s_d); bf16 scales are 1.
+//
 // moe_combine_bf16: out[r, c] = bf16(sum over k, in k order, of y[slot of
 // (r, k), c]) in f32; pairs without a slot add nothing.
 //
@@ -308,26 +318,106 @@ moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __rest
     }
 }
 
+// Expert weight storage, the template parameter W of every kernel that
+// reads expert weights: bf16, or FP8 E4M3 codes with one f32 scale per
+// weight row (`w_scale`, indexed like the rows; unread for bf16). A "chunk"
+// is 8 consecutive weights of a row (16 bytes of bf16, 8 of FP8); the GEMV
+// loops keep UNROLL chunks of a row in flight per lane, the same 64 bytes
+// for both. Codes widen exactly (every E4M3 value is an f16 and a bf16);
+// the dot products run on the codes and each is multiplied by its row's
+// scale in f32 in the epilogue.
+struct MoeBf16 {
+    typedef bf16 T;
+    typedef uint4 Chunk;
+    static constexpr bool FP8 = false;
+    static constexpr int UNROLL = 4;
+    __device__ static __forceinline__ float scale(const float*, long long) { return 1.0f; }
+    __device__ static __forceinline__ void to_f32(Chunk c, float* f) { bf16x8_to_f32(c, f); }
+};
+
+struct MoeFp8 {
+    typedef fp8 T;
+    typedef uint2 Chunk;
+    static constexpr bool FP8 = true;
+    static constexpr int UNROLL = 8;
+    __device__ static __forceinline__ float scale(const float* s, long long row) { return s[row]; }
+    __device__ static __forceinline__ void to_f32(Chunk c, float* f) {
+        fp8x4_to_f32(c.x, f);
+        fp8x4_to_f32(c.y, f + 4);
+    }
+};
+
+// The two epilogues of every path: a gate_up output from the gate and up
+// dot products of weight rows gr and ur, and a down output from the dot
+// product of weight row dr and the pair's routing weight.
+template <typename W>
+__device__ __forceinline__ float moe_gate_up_val(float g, float u, const float* __restrict__ s,
+                                                 long long gr, long long ur) {
+    return silu(g * W::scale(s, gr)) * (u * W::scale(s, ur));
+}
+
+template <typename W>
+__device__ __forceinline__ float moe_down_val(float acc, float route_w,
+                                              const float* __restrict__ s, long long dr) {
+    return route_w * (acc * W::scale(s, dr));
+}
+
+// One 16-byte piece of a GEMM operand tile into shared memory: a cp.async
+// where rows are 16-byte aligned (vec), element copies otherwise; zero past
+// k and for absent rows.
+template <typename T>
+__device__ __forceinline__ void moe_load16(T* dst, const T* src, int kk, int k, bool vec) {
+    constexpr int N = 16 / sizeof(T);
+    if (vec) {
+        if (src != nullptr && kk < k) {
+            pf_cp_async16(pf_smem_addr(dst), src + kk);
+        } else {
+            pf_zero16(dst);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            dst[i] = (src != nullptr && kk + i < k) ? src[kk + i] : (T)0;
+        }
+    }
+}
+
+// Two f32 values that are exactly bf16 values (widened codes) as a bf16x2.
+__device__ __forceinline__ unsigned moe_pack_bf16x2(float lo, float hi) {
+    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+
 // The grouped GEMM of one (column block, tile); MODE 0 gate_up, 1 down.
-template <int BM, int BN, int WM, int WN, int STAGES, int MODE>
+// FP8 weights: the code tiles go through the cp.async stages (32 bytes a
+// row), and each k step widens its stage into one bf16 tile before the
+// mma loop (one more barrier); everything from there on is shared.
+template <typename W, int BM, int BN, int WM, int WN, int STAGES, int MODE>
 __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16* __restrict__ a,
-                                              const bf16* __restrict__ w,
+                                              const typename W::T* __restrict__ w,
+                                              const float* __restrict__ w_scale,
                                               const int* __restrict__ meta,
                                               const int* __restrict__ slot_pair,
                                               const float* __restrict__ route_w, int top_k, int n,
                                               int k, int vec) {
+    typedef typename W::T WT;
+    constexpr bool Q = W::FP8;
     constexpr int NSETS = MODE == 0 ? 2 : 1;  // gate and up, or down
     constexpr int BROWS = NSETS * BN;
     constexpr int MI = BM / (16 * WM);
     constexpr int NI = BN / (8 * WN);
-    constexpr int CPR = MOE_BK / 8;  // 16-byte chunks per tile row
+    constexpr int CPR = MOE_BK / 8;            // 16-byte chunks per bf16 tile row
+    constexpr int QCPR = MOE_BK / 16;          // 16-byte chunks per code tile row
+    constexpr int QLD = MOE_BK + 16;           // bytes per code tile row
+    constexpr int BSTAGES = Q ? 1 : STAGES;    // bf16 weight tiles
+    constexpr int QSTAGES = Q ? STAGES : 1;    // code tiles
     static_assert(WM * WN * 32 == MOE_THREADS, "4 warps");
     static_assert(MI >= 1 && NI % 2 == 0, "warp tiling");
 
     __shared__ __align__(16) bf16 s_a[STAGES][BM * MOE_LD];
-    __shared__ __align__(16) bf16 s_b[STAGES][BROWS * MOE_LD];
+    __shared__ __align__(16) bf16 s_b[BSTAGES][BROWS * MOE_LD];
+    __shared__ __align__(16) unsigned char s_q[QSTAGES][Q ? BROWS * QLD : 16];
     __shared__ const bf16* a_rows[BM];
-    __shared__ const bf16* b_rows[BROWS];
+    __shared__ const WT* b_rows[BROWS];
 
     const int tile = blockIdx.x;
     if (tile >= meta[0]) {
@@ -347,7 +437,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     }
     for (int r = tid; r < BROWS; r += MOE_THREADS) {
         int col = n0 + r % BN;
-        const bf16* row = nullptr;
+        const WT* row = nullptr;
         if (col < n) {
             row = w + ((long long)expert * NSETS * n + (long long)(r / BN) * n + col) * k;
         }
@@ -355,25 +445,26 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     }
     __syncthreads();
 
+    // 16-byte code copies need k % 16 == 0.
+    const bool vec_a = vec != 0;
+    const bool vec_b = vec_a && (!Q || k % 16 == 0);
     auto load = [&](int stage, int k0) {
-        for (int c = tid; c < (BM + BROWS) * CPR; c += MOE_THREADS) {
+        for (int c = tid; c < BM * CPR; c += MOE_THREADS) {
             int r = c / CPR;
             int col = (c % CPR) * 8;
-            const bf16* src = r < BM ? a_rows[r] : b_rows[r - BM];
-            bf16* dst = r < BM ? &s_a[stage][r * MOE_LD + col]
-                               : &s_b[stage][(r - BM) * MOE_LD + col];
-            int kk = k0 + col;
-            if (vec) {
-                if (src != nullptr && kk < k) {
-                    pf_cp_async16(pf_smem_addr(dst), src + kk);
-                } else {
-                    pf_zero16(dst);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    dst[i] = (src != nullptr && kk + i < k) ? src[kk + i] : (bf16)0;
-                }
+            moe_load16(&s_a[stage][r * MOE_LD + col], a_rows[r], k0 + col, k, vec_a);
+        }
+        if constexpr (Q) {
+            for (int c = tid; c < BROWS * QCPR; c += MOE_THREADS) {
+                int r = c / QCPR;
+                int col = (c % QCPR) * 16;
+                moe_load16(&s_q[stage][r * QLD + col], b_rows[r], k0 + col, k, vec_b);
+            }
+        } else {
+            for (int c = tid; c < BROWS * CPR; c += MOE_THREADS) {
+                int r = c / CPR;
+                int col = (c % CPR) * 8;
+                moe_load16(&s_b[stage][r * MOE_LD + col], b_rows[r], k0 + col, k, vec_b);
             }
         }
     };
@@ -414,8 +505,27 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
             load(nk % STAGES, nk * MOE_BK);
         }
         pf_cp_async_commit();
+        if constexpr (Q) {
+            // Widen the stage's codes into the bf16 tile: 8 codes a thread
+            // per step (every warp is past its previous mma loop).
+            const unsigned char* q = s_q[kt % STAGES];
+            for (int i = tid; i < BROWS * (MOE_BK / 8); i += MOE_THREADS) {
+                int r = i / (MOE_BK / 8);
+                int c = (i % (MOE_BK / 8)) * 8;
+                uint2 v = *reinterpret_cast<const uint2*>(&q[r * QLD + c]);
+                float f[8];
+                W::to_f32(v, f);
+                uint4 o;
+                o.x = moe_pack_bf16x2(f[0], f[1]);
+                o.y = moe_pack_bf16x2(f[2], f[3]);
+                o.z = moe_pack_bf16x2(f[4], f[5]);
+                o.w = moe_pack_bf16x2(f[6], f[7]);
+                *reinterpret_cast<uint4*>(&s_b[0][r * MOE_LD + c]) = o;
+            }
+            __syncthreads();
+        }
         const bf16* sa = s_a[kt % STAGES];
-        const bf16* sb = s_b[kt % STAGES];
+        const bf16* sb = s_b[Q ? 0 : kt % STAGES];
 #pragma unroll
         for (int ks = 0; ks < MOE_BK / 16; ks++) {
             unsigned af[MI][4];
@@ -445,6 +555,7 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     // C fragments: c0, c1 at (lane / 4, 2 (lane % 4) + 0..1), c2, c3 eight rows down.
     const int g = lane >> 2;
     const int c2 = 2 * (lane & 3);
+    const long long wrow0 = (long long)expert * NSETS * n;  // the expert's first weight row
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
 #pragma unroll
@@ -454,7 +565,6 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
             if (p < 0) {
                 continue;
             }
-            float scale = MODE == 1 ? route_w[p] : 1.0f;
             bf16* orow = out + slot * n;
 #pragma unroll
             for (int ni = 0; ni < NI; ni++) {
@@ -462,11 +572,13 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
                 for (int j = 0; j < 2; j++) {
                     int col = n0 + (wn * NI + ni) * 8 + c2 + j;
                     if (col < n) {
+                        const float v0 = acc[0][mi][ni][2 * h + j];
                         float v;
-                        if (MODE == 0) {
-                            v = silu(acc[0][mi][ni][2 * h + j]) * acc[NSETS - 1][mi][ni][2 * h + j];
+                        if constexpr (MODE == 0) {
+                            v = moe_gate_up_val<W>(v0, acc[NSETS - 1][mi][ni][2 * h + j], w_scale,
+                                                   wrow0 + col, wrow0 + n + col);
                         } else {
-                            v = scale * acc[0][mi][ni][2 * h + j];
+                            v = moe_down_val<W>(v0, route_w[p], w_scale, wrow0 + col);
                         }
                         orow[col] = f2bf(v);
                     }
@@ -476,31 +588,39 @@ __device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16
     }
 }
 
-#define MOE_GEMM_ARGS                                                                            \
-    bf16 *__restrict__ out, const bf16 *__restrict__ a, const bf16 *__restrict__ w,              \
-        const int *__restrict__ meta, const int *__restrict__ slot_pair,                          \
-        const float *__restrict__ route_w, int top_k, int n, int k, int vec
-#define MOE_GEMM_PASS out, a, w, meta, slot_pair, route_w, top_k, n, k, vec
+#define MOE_GEMM_ARGS(WT)                                                                        \
+    bf16 *__restrict__ out, const bf16 *__restrict__ a, const WT *__restrict__ w,                \
+        const float *__restrict__ w_scale, const int *__restrict__ meta,                          \
+        const int *__restrict__ slot_pair, const float *__restrict__ route_w, int top_k, int n,   \
+        int k, int vec
+#define MOE_GEMM_PASS out, a, w, w_scale, meta, slot_pair, route_w, top_k, n, k, vec
+// The four GEMM kernels of one weight type (name suffix SFX). Stages: as
+// many as 48 KB of static shared memory hold (FP8 stages are smaller; the
+// widened tile is one more fixed buffer).
+#define MOE_GEMM_KERNELS(W, SFX, S_GU64, S_GU16, S_DN64, S_DN16)                                  \
+    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
+        moe_gemm_gate_up_m64##SFX(MOE_GEMM_ARGS(W::T)) {                                          \
+        PDL_ENTRY();                                                                          \
+        moe_gemm_tile<W, 64, 64, 2, 2, S_GU64, 0>(MOE_GEMM_PASS);                                 \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
+        moe_gemm_gate_up_m16##SFX(MOE_GEMM_ARGS(W::T)) {                                          \
+        PDL_ENTRY();                                                                          \
+        moe_gemm_tile<W, 16, 64, 1, 4, S_GU16, 0>(MOE_GEMM_PASS);                                 \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
+        moe_gemm_down_m64##SFX(MOE_GEMM_ARGS(W::T)) {                                             \
+        PDL_ENTRY();                                                                          \
+        moe_gemm_tile<W, 64, 64, 2, 2, S_DN64, 1>(MOE_GEMM_PASS);                                 \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
+        moe_gemm_down_m16##SFX(MOE_GEMM_ARGS(W::T)) {                                             \
+        PDL_ENTRY();                                                                          \
+        moe_gemm_tile<W, 16, 64, 1, 4, S_DN16, 1>(MOE_GEMM_PASS);                                 \
+    }
 
-extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m64(MOE_GEMM_ARGS) {
-    PDL_ENTRY();
-    moe_gemm_tile<64, 64, 2, 2, 3, 0>(MOE_GEMM_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_gate_up_m16(MOE_GEMM_ARGS) {
-    PDL_ENTRY();
-    moe_gemm_tile<16, 64, 1, 4, 4, 0>(MOE_GEMM_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m64(MOE_GEMM_ARGS) {
-    PDL_ENTRY();
-    moe_gemm_tile<64, 64, 2, 2, 4, 1>(MOE_GEMM_PASS);
-}
-
-extern "C" __global__ void __launch_bounds__(MOE_THREADS) moe_gemm_down_m16(MOE_GEMM_ARGS) {
-    PDL_ENTRY();
-    moe_gemm_tile<16, 64, 1, 4, 6, 1>(MOE_GEMM_PASS);
-}
+MOE_GEMM_KERNELS(MoeBf16, , 3, 4, 4, 6)
+MOE_GEMM_KERNELS(MoeFp8, _fp8, 3, 5, 5, 8)
 
 // Grid-stride over rows * n output elements.
 extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* __restrict__ y,
@@ -522,29 +642,31 @@ extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* 
     }
 }
 
-// Two dot products over `chunks` 16-byte chunks: s0 += a0 . b0, s1 += a1 .
-// b1 (lane's share; the caller reduces over the warp). a* are streamed
-// once (weights), b* are reused by other warps (activations); SAME_B: b1 is
-// b0 (read once).
-template <bool SAME_B>
-__device__ __forceinline__ void mv_dot2(const uint4* __restrict__ a0,
+// Two dot products over `chunks` chunks: s0 += a0 . b0, s1 += a1 . b1
+// (lane's share; the caller reduces over the warp). a* are weight rows,
+// streamed once; b* bf16 activation rows (16 bytes a chunk), reused by
+// other warps; SAME_B: b1 is b0 (read once).
+template <typename W, bool SAME_B>
+__device__ __forceinline__ void mv_dot2(const typename W::Chunk* __restrict__ a0,
                                         const uint4* __restrict__ b0,
-                                        const uint4* __restrict__ a1,
+                                        const typename W::Chunk* __restrict__ a1,
                                         const uint4* __restrict__ b1, int chunks, int lane,
                                         float& s0, float& s1) {
+    constexpr int U = W::UNROLL;
+    typedef typename W::Chunk C;
     int c = lane;
-    for (; c + 96 < chunks; c += 128) {
-        uint4 wa[4], wb[4];
+    for (; c + 32 * (U - 1) < chunks; c += 32 * U) {
+        C wa[U], wb[U];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < U; u++) {
             wa[u] = __ldcs(a0 + c + 32 * u);
             wb[u] = __ldcs(a1 + c + 32 * u);
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < U; u++) {
             float fa[8], fb[8], xa[8], xb[8];
-            bf16x8_to_f32(wa[u], fa);
-            bf16x8_to_f32(wb[u], fb);
+            W::to_f32(wa[u], fa);
+            W::to_f32(wb[u], fb);
             bf16x8_to_f32(__ldg(b0 + c + 32 * u), xa);
             if (!SAME_B) {
                 bf16x8_to_f32(__ldg(b1 + c + 32 * u), xb);
@@ -558,8 +680,8 @@ __device__ __forceinline__ void mv_dot2(const uint4* __restrict__ a0,
     }
     for (; c < chunks; c += 32) {
         float fa[8], fb[8], xa[8], xb[8];
-        bf16x8_to_f32(__ldcs(a0 + c), fa);
-        bf16x8_to_f32(__ldcs(a1 + c), fb);
+        W::to_f32(__ldcs(a0 + c), fa);
+        W::to_f32(__ldcs(a1 + c), fb);
         bf16x8_to_f32(__ldg(b0 + c), xa);
         if (!SAME_B) {
             bf16x8_to_f32(__ldg(b1 + c), xb);
@@ -573,10 +695,14 @@ __device__ __forceinline__ void mv_dot2(const uint4* __restrict__ a0,
 }
 
 // h [pairs, inter] (bf16); x [rows, hidden]; w the stacked gate_up.
-extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
-moe_gemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
-                 const int* __restrict__ ids, int top_k, int n_exp, int inter, int hidden) {
-    PDL_ENTRY();
+template <typename W>
+__device__ __forceinline__ void moe_gemv_gate_up_impl(bf16* __restrict__ h,
+                                                      const bf16* __restrict__ x,
+                                                      const typename W::T* __restrict__ w,
+                                                      const float* __restrict__ w_scale,
+                                                      const int* __restrict__ ids, int top_k,
+                                                      int n_exp, int inter, int hidden) {
+    typedef typename W::Chunk C;
     const int lane = threadIdx.x & 31;
     const int j = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int q = blockIdx.y;
@@ -584,27 +710,34 @@ moe_gemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* _
         return;
     }
     const int e = ids[q];
-    float g = 0.0f, u = 0.0f;
+    float v = 0.0f;
     if (e >= 0 && e < n_exp) {
-        const bf16* gate = w + ((long long)e * 2 * inter + j) * hidden;
+        const long long gr = (long long)e * 2 * inter + j;  // the gate row; up is inter below
+        const typename W::T* gate = w + gr * hidden;
         const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)(q / top_k) * hidden);
-        mv_dot2<true>(reinterpret_cast<const uint4*>(gate), xr,
-                reinterpret_cast<const uint4*>(gate + (long long)inter * hidden), xr,
-                hidden >> 3, lane, g, u);
+        float g = 0.0f, u = 0.0f;
+        mv_dot2<W, true>(reinterpret_cast<const C*>(gate), xr,
+                         reinterpret_cast<const C*>(gate + (long long)inter * hidden), xr,
+                         hidden >> 3, lane, g, u);
         g = warp_sum(g);
         u = warp_sum(u);
+        v = moe_gate_up_val<W>(g, u, w_scale, gr, gr + inter);
     }
     if (lane == 0) {
-        h[(long long)q * inter + j] = f2bf(silu(g) * u);
+        h[(long long)q * inter + j] = f2bf(v);
     }
 }
 
 // out [rows, hidden] (bf16); h [rows * top_k, inter]; w the stacked down.
-extern "C" __global__ void __launch_bounds__(32 * MV_WARPS)
-moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __restrict__ w,
-              const int* __restrict__ ids, const float* __restrict__ route_w, int top_k,
-              int n_exp, int hidden, int inter) {
-    PDL_ENTRY();
+template <typename W>
+__device__ __forceinline__ void moe_gemv_down_impl(bf16* __restrict__ out,
+                                                   const bf16* __restrict__ h,
+                                                   const typename W::T* __restrict__ w,
+                                                   const float* __restrict__ w_scale,
+                                                   const int* __restrict__ ids,
+                                                   const float* __restrict__ route_w, int top_k,
+                                                   int n_exp, int hidden, int inter) {
+    typedef typename W::Chunk C;
     const int lane = threadIdx.x & 31;
     const int c = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -623,20 +756,20 @@ moe_gemv_down(bf16* __restrict__ out, const bf16* __restrict__ h, const bf16* __
         const bool ok0 = e0 >= 0 && e0 < n_exp;
         const bool ok1 = two && e1 >= 0 && e1 < n_exp;
         // An id outside 0..E reads expert 0's row (in bounds) and adds nothing.
-        const bf16* w0 = w + ((long long)(ok0 ? e0 : 0) * hidden + c) * inter;
-        const bf16* w1 = two ? w + ((long long)(ok1 ? e1 : 0) * hidden + c) * inter : w0;
+        const long long r0 = (long long)(ok0 ? e0 : 0) * hidden + c;
+        const long long r1 = two ? (long long)(ok1 ? e1 : 0) * hidden + c : r0;
         float s0 = 0.0f, s1 = 0.0f;
-        mv_dot2<false>(reinterpret_cast<const uint4*>(w0),
-                reinterpret_cast<const uint4*>(h + q0 * inter),
-                reinterpret_cast<const uint4*>(w1),
-                reinterpret_cast<const uint4*>(h + q1 * inter), chunks, lane, s0, s1);
+        mv_dot2<W, false>(reinterpret_cast<const C*>(w + r0 * inter),
+                          reinterpret_cast<const uint4*>(h + q0 * inter),
+                          reinterpret_cast<const C*>(w + r1 * inter),
+                          reinterpret_cast<const uint4*>(h + q1 * inter), chunks, lane, s0, s1);
         s0 = warp_sum(s0);
         s1 = warp_sum(s1);
         if (ok0) {
-            total += route_w[q0] * s0;
+            total += moe_down_val<W>(s0, route_w[q0], w_scale, r0);
         }
         if (ok1) {
-            total += route_w[q1] * s1;
+            total += moe_down_val<W>(s1, route_w[q1], w_scale, r1);
         }
     }
     if (lane == 0) {
@@ -671,15 +804,19 @@ extern "C" __global__ void moe_sigmoid_gate_f32(bf16* __restrict__ x,
 }
 
 // Lane's share of the MV_BM dot products of weight rows w0 and w1 against
-// the activation rows rows[s] (nullptr: skipped, sums 0).
-__device__ __forceinline__ void mv_tile_dots(const uint4* __restrict__ w0,
-                                             const uint4* __restrict__ w1,
+// the activation rows rows[s] (nullptr: skipped, sums 0); ONE: w1 is w0
+// (read once, s1 left alone).
+template <typename W, bool ONE>
+__device__ __forceinline__ void mv_tile_dots(const typename W::Chunk* __restrict__ w0,
+                                             const typename W::Chunk* __restrict__ w1,
                                              const bf16* const* rows, int chunks, int lane,
                                              float (&s0)[MV_BM], float (&s1)[MV_BM]) {
     for (int c = lane; c < chunks; c += 32) {
         float f0[8], f1[8];
-        bf16x8_to_f32(__ldcs(w0 + c), f0);
-        bf16x8_to_f32(__ldcs(w1 + c), f1);
+        W::to_f32(__ldcs(w0 + c), f0);
+        if (!ONE) {
+            W::to_f32(__ldcs(w1 + c), f1);
+        }
 #pragma unroll
         for (int s = 0; s < MV_BM; s++) {
             if (rows[s] == nullptr) {
@@ -690,18 +827,24 @@ __device__ __forceinline__ void mv_tile_dots(const uint4* __restrict__ w0,
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 s0[s] = fmaf(f0[i], a[i], s0[s]);
-                s1[s] = fmaf(f1[i], a[i], s1[s]);
+                if (!ONE) {
+                    s1[s] = fmaf(f1[i], a[i], s1[s]);
+                }
             }
         }
     }
 }
 
 // h [slots, inter]; x [rows, hidden]; w the stacked gate_up.
-extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
-moe_ggemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* __restrict__ w,
-                  const int* __restrict__ meta, const int* __restrict__ slot_pair, int top_k,
-                  int inter, int hidden) {
-    PDL_ENTRY();
+template <typename W>
+__device__ __forceinline__ void moe_ggemv_gate_up_impl(bf16* __restrict__ h,
+                                                       const bf16* __restrict__ x,
+                                                       const typename W::T* __restrict__ w,
+                                                       const float* __restrict__ w_scale,
+                                                       const int* __restrict__ meta,
+                                                       const int* __restrict__ slot_pair,
+                                                       int top_k, int inter, int hidden) {
+    typedef typename W::Chunk C;
     const int tile = blockIdx.y;
     if (tile >= meta[0]) {
         return;
@@ -719,15 +862,16 @@ moe_ggemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* 
         int p = slot_pair[slot0 + s];
         rows[s] = p >= 0 ? x + (long long)(p / top_k) * hidden : nullptr;
     }
-    const bf16* gate = w + ((long long)e * 2 * inter + n) * hidden;
+    const long long gr = (long long)e * 2 * inter + n;
+    const typename W::T* gate = w + gr * hidden;
     float g[MV_BM], u[MV_BM];
 #pragma unroll
     for (int s = 0; s < MV_BM; s++) {
         g[s] = u[s] = 0.0f;
     }
-    mv_tile_dots(reinterpret_cast<const uint4*>(gate),
-                 reinterpret_cast<const uint4*>(gate + (long long)inter * hidden), rows,
-                 hidden >> 3, lane, g, u);
+    mv_tile_dots<W, false>(reinterpret_cast<const C*>(gate),
+                           reinterpret_cast<const C*>(gate + (long long)inter * hidden), rows,
+                           hidden >> 3, lane, g, u);
 #pragma unroll
     for (int s = 0; s < MV_BM; s++) {
         if (rows[s] == nullptr) {
@@ -736,17 +880,22 @@ moe_ggemv_gate_up(bf16* __restrict__ h, const bf16* __restrict__ x, const bf16* 
         float gs = warp_sum(g[s]);
         float us = warp_sum(u[s]);
         if (lane == 0) {
-            h[(slot0 + s) * inter + n] = f2bf(silu(gs) * us);
+            h[(slot0 + s) * inter + n] = f2bf(moe_gate_up_val<W>(gs, us, w_scale, gr, gr + inter));
         }
     }
 }
 
 // y [slots, hidden]; h [slots, inter]; w the stacked down.
-extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1)
-moe_ggemv_down(bf16* __restrict__ y, const bf16* __restrict__ h, const bf16* __restrict__ w,
-               const int* __restrict__ meta, const int* __restrict__ slot_pair,
-               const float* __restrict__ route_w, int hidden, int inter) {
-    PDL_ENTRY();
+template <typename W>
+__device__ __forceinline__ void moe_ggemv_down_impl(bf16* __restrict__ y,
+                                                    const bf16* __restrict__ h,
+                                                    const typename W::T* __restrict__ w,
+                                                    const float* __restrict__ w_scale,
+                                                    const int* __restrict__ meta,
+                                                    const int* __restrict__ slot_pair,
+                                                    const float* __restrict__ route_w,
+                                                    int hidden, int inter) {
+    typedef typename W::Chunk C;
     const int tile = blockIdx.y;
     if (tile >= meta[0]) {
         return;
@@ -763,28 +912,14 @@ moe_ggemv_down(bf16* __restrict__ y, const bf16* __restrict__ h, const bf16* __r
     for (int s = 0; s < MV_BM; s++) {
         rows[s] = slot_pair[slot0 + s] >= 0 ? h + (slot0 + s) * inter : nullptr;
     }
-    const uint4* row = reinterpret_cast<const uint4*>(w + ((long long)e * hidden + n) * inter);
+    const long long dr = (long long)e * hidden + n;
+    const C* row = reinterpret_cast<const C*>(w + dr * inter);
     float acc[MV_BM];
 #pragma unroll
     for (int s = 0; s < MV_BM; s++) {
         acc[s] = 0.0f;
     }
-    for (int c = lane; c < (inter >> 3); c += 32) {
-        float f[8];
-        bf16x8_to_f32(__ldcs(row + c), f);
-#pragma unroll
-        for (int s = 0; s < MV_BM; s++) {
-            if (rows[s] == nullptr) {
-                continue;
-            }
-            float a[8];
-            bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(rows[s]) + c), a);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                acc[s] = fmaf(f[i], a[i], acc[s]);
-            }
-        }
-    }
+    mv_tile_dots<W, true>(row, row, rows, inter >> 3, lane, acc, acc);
 #pragma unroll
     for (int s = 0; s < MV_BM; s++) {
         if (rows[s] == nullptr) {
@@ -792,7 +927,43 @@ moe_ggemv_down(bf16* __restrict__ y, const bf16* __restrict__ h, const bf16* __r
         }
         float a = warp_sum(acc[s]);
         if (lane == 0) {
-            y[(slot0 + s) * hidden + n] = f2bf(route_w[slot_pair[slot0 + s]] * a);
+            y[(slot0 + s) * hidden + n] =
+                f2bf(moe_down_val<W>(a, route_w[slot_pair[slot0 + s]], w_scale, dr));
         }
     }
 }
+
+// The GEMV kernels of one weight type (name suffix SFX).
+#define MOE_GEMV_KERNELS(W, SFX)                                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gemv_gate_up##SFX(           \
+        bf16* __restrict__ h, const bf16* __restrict__ x, const W::T* __restrict__ w,            \
+        const float* __restrict__ w_scale, const int* __restrict__ ids, int top_k, int n_exp,   \
+        int inter, int hidden) {                                                                 \
+        PDL_ENTRY();                                                                          \
+        moe_gemv_gate_up_impl<W>(h, x, w, w_scale, ids, top_k, n_exp, inter, hidden);            \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS) moe_gemv_down##SFX(              \
+        bf16* __restrict__ out, const bf16* __restrict__ h, const W::T* __restrict__ w,          \
+        const float* __restrict__ w_scale, const int* __restrict__ ids,                          \
+        const float* __restrict__ route_w, int top_k, int n_exp, int hidden, int inter) {       \
+        PDL_ENTRY();                                                                          \
+        moe_gemv_down_impl<W>(out, h, w, w_scale, ids, route_w, top_k, n_exp, hidden, inter);    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1) moe_ggemv_gate_up##SFX(       \
+        bf16* __restrict__ h, const bf16* __restrict__ x, const W::T* __restrict__ w,            \
+        const float* __restrict__ w_scale, const int* __restrict__ meta,                         \
+        const int* __restrict__ slot_pair, int top_k, int inter, int hidden) {                   \
+        PDL_ENTRY();                                                                          \
+        moe_ggemv_gate_up_impl<W>(h, x, w, w_scale, meta, slot_pair, top_k, inter, hidden);      \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MV_WARPS, 1) moe_ggemv_down##SFX(          \
+        bf16* __restrict__ y, const bf16* __restrict__ h, const W::T* __restrict__ w,            \
+        const float* __restrict__ w_scale, const int* __restrict__ meta,                         \
+        const int* __restrict__ slot_pair, const float* __restrict__ route_w, int hidden,        \
+        int inter) {                                                                             \
+        PDL_ENTRY();                                                                          \
+        moe_ggemv_down_impl<W>(y, h, w, w_scale, meta, slot_pair, route_w, hidden, inter);       \
+    }
+
+MOE_GEMV_KERNELS(MoeBf16, )
+MOE_GEMV_KERNELS(MoeFp8, _fp8)
