@@ -15,6 +15,9 @@
 //! grouped-GEMV path (and which one the shape picks), with bf16 and with FP8
 //! expert weights, against the floor: the time to read the experts they
 //! touch (2 bytes a weight for bf16, 1 plus a 4-byte scale a row for FP8).
+//! `decode_attention_cache_timings` times decode attention over the bf16
+//! and the FP8 cache (on both FP8 kernels) at the Llama-3.1-8B and
+//! Qwen3-0.6B shapes, batch 256 x 1,000 tokens, against the copy ceiling.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -23,9 +26,11 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
-use pagoda_kernels::cuda::testing::gpu;
+use pagoda_kernels::cuda::testing::{gpu, rel_err_l2};
 use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, MoePath};
-use pagoda_kernels::{AttentionParams, Backend, Fp8Matrix, HostTensor, KvCacheShape, SamplingRow};
+use pagoda_kernels::{
+    AttentionParams, Backend, Fp8Matrix, HostTensor, KvCacheDtype, KvCacheShape, SamplingRow,
+};
 
 /// Median seconds of `reps` timed runs of `f`.
 fn time(g: &CudaBackend, reps: usize, f: impl FnMut()) -> f64 {
@@ -333,6 +338,92 @@ fn moe_timings() {
                     100.0 * floor / secs,
                     secs / floor,
                     flops / secs / 1e12,
+                );
+            }
+        }
+    }
+}
+
+/// Decode attention over each cache element type at batch 256 x 1,000-token
+/// contexts (999 cached + the new one) on the Llama-3.1-8B attention shape
+/// (32 over 8 heads of 128: group 4) and Qwen3-0.6B's (16 over 8: group 2),
+/// one layer: ms, GB/s of K/V read and that as a share of the copy ceiling
+/// (`measure_copy_bandwidth`, read + write), for the bf16 cache, the FP8
+/// cache on the tensor-core kernel (the default) and on the CUDA-core one.
+/// The two FP8 outputs must agree (relative L2 error below 1e-2; both are
+/// checked against the CPU by cuda_attention_decode_tc).
+#[test]
+#[ignore]
+fn decode_attention_cache_timings() {
+    let Some(g) = gpu() else { return };
+    let f = gpu()
+        .unwrap()
+        .with_kv_cache_dtype(KvCacheDtype::Fp8)
+        .unwrap();
+    let copy = g.measure_copy_bandwidth(1 << 30, 20).unwrap();
+    eprintln!(
+        "bench: device copy bandwidth {:.0} GB/s (read + write)",
+        copy / 1e9
+    );
+    let (batch, tokens, nkv, hd) = (256usize, 1000usize, 8usize, 128usize);
+    for (model, nh) in [("8b", 32usize), ("0.6b", 16)] {
+        for b in [&g, &f] {
+            let mut rng = Rng::new(17);
+            let bs = 16;
+            let seqs = vec![
+                SeqSpec {
+                    context_len: tokens - 1,
+                    query_len: 1
+                };
+                batch
+            ];
+            let shape = KvCacheShape {
+                num_blocks: batch * tokens.div_ceil(bs) + 1,
+                block_size: bs,
+                num_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let mut cache = b.alloc_kv_cache(shape).unwrap();
+            let fp8 = cache.is_fp8();
+            if fp8 {
+                // Scales that keep the random K/V in E4M3's normal range.
+                b.set_kv_scales(&mut cache, 1.0 / 256.0, 1.0 / 256.0)
+                    .unwrap();
+            }
+            let step = paged_step(&mut rng, &seqs, bs, shape.num_blocks, 0);
+            fill_cache(b, &mut cache, &mut rng);
+            let q = b
+                .tensor_from_host(batch, nh * hd, &rvec_f32(&mut rng, batch * nh * hd, 1.0))
+                .unwrap();
+            let s = b.begin_step(&step.ctx).unwrap();
+            let p = AttentionParams::causal(nh, nkv, hd);
+            let kv_bytes = (batch * tokens * nkv * hd * 2 * if fp8 { 1 } else { 2 }) as f64;
+            let mut outs = Vec::new();
+            for cores in if fp8 { vec![false, true] } else { vec![false] } {
+                b.force_core_decode(cores);
+                let kernel = b.decode_kernel_for(&p).unwrap_or("none");
+                let secs = time(b, 20, || {
+                    let _ = b.attention(&q, &cache, &s, &p).unwrap();
+                });
+                let bw = kv_bytes / secs;
+                eprintln!(
+                    "bench: decode attention b{batch} x {tokens} tokens {model} (heads {nh}/{nkv}, \
+                     hd {hd}) {} cache, {kernel}: {:.3} ms, {:.0} GB/s of KV = {:.0}% of copy",
+                    if fp8 { "fp8" } else { "bf16" },
+                    secs * 1e3,
+                    bw / 1e9,
+                    100.0 * bw / copy
+                );
+                let out = b.attention(&q, &cache, &s, &p).unwrap();
+                outs.push(b.tensor_to_host(&out).unwrap());
+            }
+            b.force_core_decode(false);
+            if let [tc, cores] = &outs[..] {
+                let e = rel_err_l2(tc, cores);
+                eprintln!("bench: {model} fp8 tensor-core vs CUDA-core output: rel err {e:.2e}");
+                assert!(
+                    e < 1e-2,
+                    "{model}: the FP8 decode kernels disagree: {e:.3e}"
                 );
             }
         }

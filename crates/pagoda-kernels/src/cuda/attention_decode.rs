@@ -1,12 +1,20 @@
 //! Paged attention for decode steps (every sequence has one query token):
-//! the split-K, GQA-aware kernels of `kernels/attention_decode.cu`.
+//! the split-K, GQA-aware kernels of `kernels/attention_decode.cu` and
+//! `kernels/attention_decode_mma.cu`.
 //!
-//! Owns the choice of kernel for (cache element type, head_dim, group) and
-//! the two launches:
-//! `paged_decode_attention_{bf16,fp8}_hd{64,128,256}_g{1,2,4,8}` over (sequence,
-//! kv head, partition of [`PARTITION`] tokens), each block attending all
-//! query heads of its kv head's group, then `paged_decode_reduce_bf16` over
-//! (sequence, head) to merge the partitions of sequences that have several.
+//! Owns the choice of kernel for (cache element type, head_dim, group)
+//! ([`partition_kernel`]) and the two launches: the partition kernel over
+//! (sequence, kv head, partition of [`PARTITION`] tokens), each block
+//! attending all query heads of its kv head's group, then
+//! `paged_decode_reduce_bf16` over (sequence, head) to merge the partitions
+//! of sequences that have several. A bf16 cache runs
+//! `paged_decode_attention_bf16_hd{64,128,256}_g{1,2,4,8}` (CUDA cores), an
+//! FP8 cache `paged_decode_attention_fp8_tc_hd{64,128,256}` (tensor cores,
+//! every group of 1..=8), or the CUDA-core
+//! `paged_decode_attention_fp8_hd*_g*` where the backend is told to
+//! ([`DECODE_KERNEL_ENV`] = `cores`, or `CudaBackend::force_core_decode`, to
+//! compare the two). All take the same arguments, grid and block, and write
+//! the same partials, so the choice changes nothing else.
 //! The layer's sliding window and soft-cap are kernel arguments.
 //!
 //! Invariants:
@@ -89,6 +97,53 @@ fn kernel_name(head_dim: usize, group: usize, fp8: bool) -> Option<&'static str>
         (true, 256, 8) => "paged_decode_attention_fp8_hd256_g8",
         _ => return None,
     })
+}
+
+/// The tensor-core FP8 partition kernel for `head_dim` (any group of 1..=8).
+fn fp8_tc_kernel_name(head_dim: usize) -> Option<&'static str> {
+    Some(match head_dim {
+        64 => "paged_decode_attention_fp8_tc_hd64",
+        128 => "paged_decode_attention_fp8_tc_hd128",
+        256 => "paged_decode_attention_fp8_tc_hd256",
+        _ => return None,
+    })
+}
+
+/// The partition kernel a step runs: over an FP8 cache the tensor-core one
+/// unless `cuda_cores` asks for the CUDA-core one, which a bf16 cache always
+/// takes ([`kernel_name`]); `None` where neither takes (head_dim, group).
+pub(crate) fn partition_kernel(
+    head_dim: usize,
+    group: usize,
+    fp8: bool,
+    cuda_cores: bool,
+) -> Option<&'static str> {
+    let cores = kernel_name(head_dim, group, fp8)?;
+    if fp8 && !cuda_cores {
+        fp8_tc_kernel_name(head_dim)
+    } else {
+        Some(cores)
+    }
+}
+
+/// The environment variable that makes new backends run FP8-cache decode
+/// attention on the CUDA-core kernel (value `cores`; anything else keeps the
+/// tensor-core one).
+pub const DECODE_KERNEL_ENV: &str = "PAGODA_DECODE_ATTENTION";
+
+/// Whether [`DECODE_KERNEL_ENV`] asks for the CUDA-core FP8 kernel.
+pub(crate) fn cores_from_env() -> bool {
+    std::env::var(DECODE_KERNEL_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("cores"))
+}
+
+impl CudaBackend {
+    /// The partition kernel a decode step of layer `p` runs on this backend
+    /// (its cache element type and [`CudaBackend::force_core_decode`]), or
+    /// `None` where no decode kernel takes the layer.
+    pub fn decode_kernel_for(&self, p: &AttentionParams) -> Option<&'static str> {
+        let group = p.num_heads / p.num_kv_heads.max(1);
+        partition_kernel(p.head_dim, group, self.kv_fp8, self.core_decode())
+    }
 }
 
 /// Partitions (the grid's z) of the widest span a query of this step can
@@ -189,7 +244,8 @@ pub(crate) fn decode_attention_into(
     if seqs == 0 {
         return Ok(());
     }
-    let Some(name) = kernel_name(p.head_dim, p.num_heads / p.num_kv_heads.max(1), cache.fp8) else {
+    let group = p.num_heads / p.num_kv_heads.max(1);
+    let Some(name) = partition_kernel(p.head_dim, group, cache.fp8, b.core_decode()) else {
         return Err(KernelError::Unsupported(format!(
             "decode attention with {p:?}"
         )));
@@ -308,6 +364,51 @@ mod tests {
         for hd in [32, 80, 96, 192, 512] {
             assert!(kernel_name(hd, 2, false).is_none());
             assert!(kernel_name(hd, 2, true).is_none());
+        }
+    }
+
+    #[test]
+    fn fp8_caches_take_the_tensor_core_kernel_unless_told_otherwise() {
+        for hd in super::super::attention_path::FAST_HEAD_DIMS {
+            for g in 1..=8 {
+                let tc = partition_kernel(hd, g, true, false).expect("supported");
+                assert_eq!(tc, format!("paged_decode_attention_fp8_tc_hd{hd}"));
+                assert!(super::super::compile::KERNELS.contains(&tc));
+                for cores in [false, true] {
+                    // A bf16 cache keeps the CUDA-core kernel either way.
+                    assert_eq!(
+                        partition_kernel(hd, g, false, cores),
+                        kernel_name(hd, g, false)
+                    );
+                }
+                assert_eq!(
+                    partition_kernel(hd, g, true, true),
+                    kernel_name(hd, g, true)
+                );
+            }
+            // Shapes no decode kernel takes stay refused on both paths.
+            for fp8 in [false, true] {
+                assert!(partition_kernel(hd, 0, fp8, false).is_none());
+                assert!(partition_kernel(hd, 9, fp8, false).is_none());
+                assert!(partition_kernel(hd, 16, fp8, true).is_none());
+            }
+        }
+        for hd in [32, 80, 96, 192] {
+            assert!(partition_kernel(hd, 2, true, false).is_none());
+            assert!(partition_kernel(hd, 2, false, false).is_none());
+        }
+    }
+
+    #[test]
+    fn tensor_core_kernel_shares_the_partition_and_warps() {
+        // The tensor-core kernel reuses DEC_PARTITION, DEC_THREADS and
+        // DEC_PARAMS of attention_decode.cu, so one launch fits both.
+        let src = include_str!("kernels/attention_decode_mma.cu");
+        assert!(!src.contains("#define DEC_PARTITION"));
+        assert!(!src.contains("#define DEC_WARPS"));
+        for hd in super::super::attention_path::FAST_HEAD_DIMS {
+            let entry = format!("paged_decode_attention_fp8_tc_hd{hd}(DEC_PARAMS(fp8))");
+            assert!(src.contains(&entry), "{entry}");
         }
     }
 

@@ -41,7 +41,8 @@ pub const FAST_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// The kernel [`attention_kernel`] picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// `paged_decode_attention_{bf16,fp8}_hd*_g*` (+ the partition merge).
+    /// `paged_decode_attention_bf16_hd*_g*`, over an FP8 cache
+    /// `paged_decode_attention_fp8_tc_hd*` (+ the partition merge).
     SplitKDecode,
     /// `prefill_mma_attention_{bf16,fp8}_hd*`: query heads of a kv head packed
     /// into one block, double-buffered K/V, on tensor cores.

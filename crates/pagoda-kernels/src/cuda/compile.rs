@@ -55,6 +55,11 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         "attention_decode.cu",
         include_str!("kernels/attention_decode.cu"),
     ),
+    // After attention_decode.cu (its helpers and DEC_PARAMS).
+    (
+        "attention_decode_mma.cu",
+        include_str!("kernels/attention_decode_mma.cu"),
+    ),
     (
         "attention_decode_bf16.cu",
         include_str!("kernels/attention_decode_bf16.cu"),
@@ -85,7 +90,12 @@ pub(crate) const UNITS: &[(&str, &[&str])] = &[
     ),
     (
         "attention_decode_fp8",
-        &["kv.cuh", "attention_decode.cu", "attention_decode_fp8.cu"],
+        &[
+            "kv.cuh",
+            "attention_decode.cu",
+            "attention_decode_fp8.cu",
+            "attention_decode_mma.cu",
+        ],
     ),
     ("gemv", &["common.cuh", "gemv.cu"]),
     (
@@ -209,6 +219,9 @@ pub(crate) const KERNELS: &[&str] = &[
     "paged_decode_attention_fp8_hd256_g2",
     "paged_decode_attention_fp8_hd256_g4",
     "paged_decode_attention_fp8_hd256_g8",
+    "paged_decode_attention_fp8_tc_hd64",
+    "paged_decode_attention_fp8_tc_hd128",
+    "paged_decode_attention_fp8_tc_hd256",
     "paged_decode_reduce_bf16",
     "prefill_attention_bf16_hd64",
     "prefill_attention_bf16_hd128",

@@ -18,8 +18,16 @@ fn declared_kernels(src: &str) -> Vec<String> {
             }
         }
         let open = rest.find('(').unwrap_or(rest.len());
-        if let Some(name) = rest[..open].split_whitespace().last() {
-            names.push(name.to_string());
+        let Some(name) = rest[..open].split_whitespace().last() else {
+            continue;
+        };
+        match name.split_once("##") {
+            None => names.push(name.to_string()),
+            Some((base, param)) => names.extend(
+                pasted_names(src, i, param)
+                    .into_iter()
+                    .map(|suffix| format!("{base}{suffix}")),
+            ),
         }
     }
     // A kernel declared by a macro (`#define M(NAME, ...)` whose body
@@ -42,6 +50,33 @@ fn declared_kernels(src: &str) -> Vec<String> {
         }
     }
     names
+}
+
+/// The values of macro parameter `param` in every line-initial invocation
+/// of the macro whose `#define` is the last one before byte `decl` of `src`
+/// (a kernel named `base##param` in the body of `#define M(.., param, ..)`
+/// is declared once per line `M(..)`).
+fn pasted_names(src: &str, decl: usize, param: &str) -> Vec<String> {
+    let Some(d) = src[..decl].rfind("#define ") else {
+        return Vec::new();
+    };
+    let line = &src[d + 8..decl];
+    let (Some(open), Some(close)) = (line.find('('), line.find(')')) else {
+        return Vec::new();
+    };
+    let macro_name = &line[..open];
+    let Some(at) = line[open + 1..close].split(',').position(|p| p.trim() == param) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (j, _) in src.match_indices(&format!("\n{macro_name}(")) {
+        let args = &src[j + macro_name.len() + 2..];
+        let args = &args[..args.find(')').unwrap_or(args.len())];
+        if let Some(a) = args.split(',').nth(at) {
+            out.push(a.trim().to_string());
+        }
+    }
+    out
 }
 
 /// The units' programs, in [`UNITS`] order.

@@ -52,6 +52,7 @@ mod storage;
 pub mod testing;
 mod token_masks;
 
+pub use attention_decode::DECODE_KERNEL_ENV;
 pub use attention_path::{
     attention_kernel, prefer_tiled, AttentionKernel, FAST_HEAD_DIMS, PREFILL_KERNEL_ENV,
 };
@@ -98,6 +99,9 @@ pub struct CudaBackend {
     /// Prefill steps take the tiled kernel instead of the grouped one (see
     /// [`CudaBackend::force_tiled_prefill`]).
     tiled_prefill: AtomicBool,
+    /// FP8-cache decode attention takes the CUDA-core kernel instead of the
+    /// tensor-core one (see [`CudaBackend::force_core_decode`]).
+    core_decode: AtomicBool,
     /// The small-row linear path ([`SmallLinear`] as `to_u8`; see
     /// [`CudaBackend::set_small_linear`]).
     small_linear: AtomicU8,
@@ -155,6 +159,7 @@ impl CudaBackend {
             poison: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
             tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
+            core_decode: AtomicBool::new(attention_decode::cores_from_env()),
             small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
             decode_fusion: AtomicBool::new(gemv::fusion_from_env()),
             masks: Default::default(),
@@ -209,6 +214,18 @@ impl CudaBackend {
     /// Whether kernels launch with programmatic dependent launch.
     pub fn pdl(&self) -> bool {
         self.dev.pdl()
+    }
+
+    /// Run decode attention over an FP8 cache on the CUDA-core kernel
+    /// instead of the tensor-core one, to compare the two; new backends
+    /// start from [`DECODE_KERNEL_ENV`] (`cores`), else tensor cores.
+    pub fn force_core_decode(&self, on: bool) {
+        self.core_decode.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`CudaBackend::force_core_decode`] is on.
+    pub(crate) fn core_decode(&self) -> bool {
+        self.core_decode.load(Ordering::Relaxed)
     }
 
     /// Which kernels run linear layers of few rows (see [`gemv`]); new

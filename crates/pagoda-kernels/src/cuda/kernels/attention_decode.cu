@@ -24,6 +24,10 @@
 //      l (f32, log2 domain) and its UNNORMALIZED sum_t 2^(s_t - m) v_t (f32).
 //      With softcap > 0 each score is soft-capped (softcap_score, in the
 //      log2 domain) in shared memory before the softmax.
+//      Over an FP8 cache the host runs paged_decode_attention_fp8_tc_hd*
+//      of attention_decode_mma.cu instead (tensor cores; same arguments,
+//      grid, block and outputs), and these fp8 instantiations only when
+//      asked to (PAGODA_DECODE_ATTENTION=cores).
 //   2. paged_decode_reduce_bf16: grid (num_seqs, num_heads), 128 threads;
 //      merges the partitions of sequences that have more than one (the
 //      others return at once: launch 1 already wrote them). Skipped by the
