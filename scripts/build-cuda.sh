@@ -22,6 +22,10 @@ cargo test --release -p pagoda-kernels -p pagoda-engine --features cuda --no-run
             cuda_* | pagoda_kernels) ;;
             *) continue ;;
         esac
+        if [ -e ".device-bin/$name" ]; then
+            echo "error: two CUDA test targets are named $name; rename one" >&2
+            exit 1
+        fi
         cp "$exe" ".device-bin/$name"
         strip --strip-debug ".device-bin/$name" 2>/dev/null || true
         echo "built .device-bin/$name"
