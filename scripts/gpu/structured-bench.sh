@@ -16,8 +16,8 @@
 # $OUT/structured-summary.txt. Logs land in $OUT/structured.txt, each
 # run's per-step timing log (PAGODA_STEP_LOG: stage times, and the
 # structured-output host work: mask_start, mask_wait, advance) in
-# $OUT/steps-ROUND-RUN.tsv. PAGODA_MASK_PIPELINE=off in the environment
-# runs the structured side without the advance-then-next-masks pipeline.
+# $OUT/steps-ROUND-RUN.tsv. PAGODA_MASK_PIPELINE=on in the environment
+# runs the structured side with the advance-then-next-masks pipeline.
 # ROUNDS (default 2) sets the number of rounds.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -217,6 +217,33 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
     }
 }
 
+/// The calibration of the mixture-of-experts comparison
+/// (cuda_moe_fp8_e2e.rs), on the CPU: with FP8 experts and the router held
+/// as a bf16 table by the twins, a held-out bf16-level twin passes it.
+#[test]
+fn fp8_calibration_of_moe_models_passes_a_held_out_twin() {
+    const STEPS: usize = 8;
+    for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
+        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
+        let cfg = load_config_file(&dir.join("config.json")).unwrap();
+        let golden = read_json(&format!("tests/golden/tiny-{arch}/golden.json"));
+        let src = DummySource::new(&cfg).unwrap();
+        let (prompts, forced) = golden_inputs(&golden, STEPS);
+        let trace = Trace {
+            prompts: &prompts,
+            forced: &forced,
+            blocks: blocks_for(&prompts, STEPS),
+        };
+        let cal = calibrate(&cfg, &src, Some(&src), &trace);
+        let held_out = cal.check(&twin_trace(&cfg, &src, HELD_OUT, &trace));
+        eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
+        assert!(
+            held_out.pass,
+            "{arch}: a bf16-level difference fails the calibration"
+        );
+    }
+}
+
 /// The checkpoint half of the CUDA comparison (cuda_fp8.rs), on the CPU:
 /// the FP8 checkpoint as stored, calibrated against the same model without
 /// FP8 (its dummy weights), passes the held-out bf16 twin, which also stays

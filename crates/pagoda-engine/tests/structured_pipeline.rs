@@ -1,7 +1,8 @@
 //! Structured outputs whose guides advance and start their next masks in
-//! one job between steps (the default model, CPU): sampled constrained
-//! outputs on fixed seeds are token for token those of the engine whose
-//! steps start all their masks themselves (`PAGODA_MASK_PIPELINE=off`);
+//! one job between steps (`PAGODA_MASK_PIPELINE=on`; the default model,
+//! CPU): sampled constrained outputs on fixed seeds are token for token
+//! those of the engine whose steps start all their masks themselves (the
+//! default);
 //! requests that join mid-run, are preempted, paused or
 //! aborted while their guides are in flight lose nothing: every surviving
 //! request ends with a complete document, and an aborted one is gone.
@@ -145,8 +146,8 @@ fn check_complete(tok: &Tokenizer, i: usize, tokens: &[u32], finish: Option<Fini
 
 /// Runs `drive` on a fresh engine of `blocks` KV blocks whose guides
 /// advance alone and whose steps start all their masks (`pipelined`
-/// false: `PAGODA_MASK_PIPELINE=off`, read when the engine's structured
-/// side is made, at its first constrained request), or pipelined.
+/// false: the default, read when the engine's structured side is made, at
+/// its first constrained request), or pipelined (`PAGODA_MASK_PIPELINE=on`).
 fn run_with(
     pipelined: bool,
     blocks: usize,
@@ -158,9 +159,9 @@ fn run_with(
     // Only this file's tests set the variable, one engine at a time.
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
     if pipelined {
-        std::env::remove_var("PAGODA_MASK_PIPELINE");
+        std::env::set_var("PAGODA_MASK_PIPELINE", "on");
     } else {
-        std::env::set_var("PAGODA_MASK_PIPELINE", "off");
+        std::env::remove_var("PAGODA_MASK_PIPELINE");
     }
     let out = drive(&mut e, &tok, n, late, 5, hook);
     std::env::remove_var("PAGODA_MASK_PIPELINE");

@@ -85,9 +85,14 @@ pub struct Bf16Tables<'a> {
 }
 
 /// Whether `name` is a table a device holds in bf16 rather than a linear
-/// layer's matrix.
+/// layer's matrix (a mixture-of-experts router and shared-expert gate are
+/// tables: they stay out of FP8).
 pub fn is_table(name: &str, t: &HostTensor) -> bool {
-    t.shape.len() < 2 || name.contains("embed_tokens") || name.starts_with("lm_head")
+    t.shape.len() < 2
+        || name.contains("embed_tokens")
+        || name.starts_with("lm_head")
+        || name.ends_with(".gate.weight")
+        || name.contains("shared_expert_gate")
 }
 
 impl WeightSource for Bf16Tables<'_> {
