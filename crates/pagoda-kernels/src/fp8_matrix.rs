@@ -60,26 +60,47 @@ impl Fp8Matrix {
 
     /// Quantizes a row-major `[rows, cols]` f32 weight, one scale per row.
     pub fn quantize(rows: usize, cols: usize, w: &[f32]) -> Result<Self> {
+        Self::quantize_from(rows, cols, w, |&v| v)
+    }
+
+    /// [`Self::quantize`] of a weight stored as `T`, widened to f32 one row
+    /// at a time: rows in parallel (a layer's stacked experts are hundreds
+    /// of millions of values), no f32 copy of the whole weight, and the
+    /// finiteness check in the same pass. Each row's result does not
+    /// depend on the others, so the codes are the same as quantizing the
+    /// widened weight.
+    pub fn quantize_from<T: Sync>(
+        rows: usize,
+        cols: usize,
+        w: &[T],
+        widen: impl Fn(&T) -> f32 + Sync,
+    ) -> Result<Self> {
         if w.len() != rows * cols {
             return Err(KernelError::Shape {
                 op: "fp8 quantize",
                 detail: format!("{} values for [{rows}, {cols}]", w.len()),
             });
         }
-        if let Some(v) = w.iter().find(|v| !v.is_finite()) {
-            return Err(KernelError::Unsupported(format!(
-                "fp8 quantization of a weight holding {v}"
-            )));
-        }
-        // Rows in parallel (a layer's stacked experts are hundreds of
-        // millions of values); each row's result does not depend on it.
         use rayon::prelude::*;
         let mut codes = vec![0u8; w.len()];
-        let mut scales: Vec<f32> = w
+        let scales: Result<Vec<f32>> = w
             .par_chunks(cols.max(1))
             .zip(codes.par_chunks_mut(cols.max(1)))
-            .map(|(src, dst)| quantize_row(src, dst))
+            .map_init(
+                || Vec::with_capacity(cols),
+                |row, (src, dst)| {
+                    row.clear();
+                    row.extend(src.iter().map(&widen));
+                    if let Some(v) = row.iter().find(|v| !v.is_finite()) {
+                        return Err(KernelError::Unsupported(format!(
+                            "fp8 quantization of a weight holding {v}"
+                        )));
+                    }
+                    Ok(quantize_row(row, dst))
+                },
+            )
             .collect();
+        let mut scales = scales?;
         scales.resize(rows, 1.0);
         Ok(Fp8Matrix {
             rows,
@@ -154,7 +175,13 @@ pub fn quantize_host(w: &crate::HostTensor) -> Result<Fp8Matrix> {
             detail: format!("a linear weight must be a matrix, got shape {:?}", w.shape),
         });
     }
-    Fp8Matrix::quantize(w.shape[0], w.shape[1], &w.to_f32_vec())
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    match &w.data {
+        crate::HostData::F32(v) => Fp8Matrix::quantize(rows, cols, v),
+        crate::HostData::F16(v) => Fp8Matrix::quantize_from(rows, cols, v, |x| x.to_f32()),
+        crate::HostData::BF16(v) => Fp8Matrix::quantize_from(rows, cols, v, |x| x.to_f32()),
+        crate::HostData::Quant(_) => unreachable!("refused above"),
+    }
 }
 
 /// Encodes one row with its own scale (`amax / 448`, 1 for an all-zero
@@ -212,6 +239,46 @@ mod tests {
         let zero = Fp8Matrix::quantize(1, 4, &[0.0; 4]).unwrap();
         assert_eq!(zero.scales, vec![1.0]);
         assert!(Fp8Matrix::quantize(1, 2, &[1.0, f32::NAN]).is_err());
+    }
+
+    #[test]
+    fn quantizing_bf16_and_f16_weights_equals_quantizing_them_widened() {
+        let vals: Vec<f32> = (0..7 * 33).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let want = Fp8Matrix::quantize(7, 33, &vals).unwrap();
+        let bf: Vec<half::bf16> = vals.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let widened: Vec<f32> = bf.iter().map(|v| v.to_f32()).collect();
+        let t = crate::HostTensor {
+            shape: vec![7, 33],
+            data: crate::HostData::BF16(bf),
+        };
+        assert_eq!(
+            quantize_host(&t).unwrap(),
+            Fp8Matrix::quantize(7, 33, &widened).unwrap()
+        );
+        let h: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
+        let widened: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let t = crate::HostTensor {
+            shape: vec![7, 33],
+            data: crate::HostData::F16(h),
+        };
+        assert_eq!(
+            quantize_host(&t).unwrap(),
+            Fp8Matrix::quantize(7, 33, &widened).unwrap()
+        );
+        assert_eq!(want.scales.len(), 7);
+        // A non-finite value anywhere is refused, in any storage type.
+        let mut bad = vals.clone();
+        bad[5 * 33 + 2] = f32::INFINITY;
+        assert!(Fp8Matrix::quantize(7, 33, &bad).is_err());
+        let bad: Vec<half::bf16> = bad.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let t = crate::HostTensor {
+            shape: vec![7, 33],
+            data: crate::HostData::BF16(bad),
+        };
+        assert!(quantize_host(&t).is_err());
+        // Empty rows keep scale 1.
+        let m = Fp8Matrix::quantize(3, 0, &[]).unwrap();
+        assert_eq!(m.scales, vec![1.0; 3]);
     }
 
     #[test]

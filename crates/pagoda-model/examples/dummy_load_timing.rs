@@ -4,10 +4,12 @@
 //! values (`DummySource::get`, what `--dummy-weights` reads) and their
 //! conversion to bf16 (what the CUDA backend uploads), in parallel
 //! (`HostData::into_bf16`) and, with `--serial`, one element at a time as
-//! the conversion was done before, checking the two give the same bits.
+//! the conversion was done before, checking the two give the same bits;
+//! with `--fp8`, also the FP8 quantization of every matrix (what
+//! `--quantization fp8` uploads instead, `quantize_host`).
 //!
 //! Usage: cargo run --release -p pagoda-model --example dummy_load_timing --
-//!        CONFIG.json [--layers N] [--serial]
+//!        CONFIG.json [--layers N] [--serial] [--fp8]
 //! (`--layers N`: only the first N decoder layers, plus the embeddings,
 //! final norm and LM head; the rayon pool takes `RAYON_NUM_THREADS`.)
 //! Each phase is given in wall seconds and in CPU seconds of the process
@@ -59,6 +61,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let serial = args.iter().any(|a| a == "--serial");
+    let fp8 = args.iter().any(|a| a == "--fp8");
+    let (mut fp8_s, mut fp8_cpu, mut fp8_elements) = (0.0f64, 0.0f64, 0usize);
     let cfg = parse_hf_config(&std::fs::read_to_string(path)?, None)?;
     let src = DummySource::new(&cfg)?;
     let (mut gen_s, mut conv_s, mut serial_s) = (0.0f64, 0.0f64, 0.0f64);
@@ -94,6 +98,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             None
         };
+        if fp8 && host.shape.len() == 2 {
+            let (t, c) = (Instant::now(), cpu_secs());
+            let m = pagoda_kernels::fp8_matrix::quantize_host(&host)?;
+            fp8_s += t.elapsed().as_secs_f64();
+            fp8_cpu += cpu_secs() - c;
+            fp8_elements += m.codes.len();
+        }
         let (t, c) = (Instant::now(), cpu_secs());
         let bf = host.data.into_bf16();
         conv_s += t.elapsed().as_secs_f64();
@@ -130,5 +141,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         all.elapsed().as_secs_f64()
     );
+    if fp8 {
+        println!(
+            "fp8 quantize {fp8_s:.2} s ({fp8_cpu:.2} s CPU, {:.2} CPU ns/element) over {:.3} G elements",
+            fp8_cpu * 1e9 / fp8_elements.max(1) as f64,
+            fp8_elements as f64 * 1e-9
+        );
+    }
     Ok(())
 }
