@@ -15,8 +15,8 @@
 
 mod cuda_common;
 
-use cuda_common::*;
 use cuda_common::fp8_calibration::*;
+use cuda_common::*;
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 

@@ -243,7 +243,9 @@ mod tests {
 
     #[test]
     fn quantizing_bf16_and_f16_weights_equals_quantizing_them_widened() {
-        let vals: Vec<f32> = (0..7 * 33).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let vals: Vec<f32> = (0..7 * 33)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
         let want = Fp8Matrix::quantize(7, 33, &vals).unwrap();
         let bf: Vec<half::bf16> = vals.iter().map(|&v| half::bf16::from_f32(v)).collect();
         let widened: Vec<f32> = bf.iter().map(|v| v.to_f32()).collect();

@@ -65,7 +65,10 @@ fn pasted_names(src: &str, decl: usize, param: &str) -> Vec<String> {
         return Vec::new();
     };
     let macro_name = &line[..open];
-    let Some(at) = line[open + 1..close].split(',').position(|p| p.trim() == param) else {
+    let Some(at) = line[open + 1..close]
+        .split(',')
+        .position(|p| p.trim() == param)
+    else {
         return Vec::new();
     };
     let mut out = Vec::new();

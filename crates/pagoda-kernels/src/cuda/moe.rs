@@ -39,9 +39,9 @@
 //! so a bad id can never address memory outside the weights.
 //! Host routes may repeat an expert within a row (each pair counts).
 
+use super::launch::Launch;
 use super::pool::DeviceBuf;
 use super::storage::{Act, CudaTensor, CudaWeight, WeightBuf};
-use super::launch::Launch;
 use super::{device_err, CudaBackend};
 use crate::{KernelError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig};
