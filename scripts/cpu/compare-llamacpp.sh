@@ -26,7 +26,12 @@ OUT=${OUT:-/tmp/pagoda-cpu-compare}
 mkdir -p "$OUT"
 LOG=$OUT/compare-llamacpp.txt
 SUMMARY=$OUT/summary.txt
-PAGODA=${PAGODA:-target/release/pagoda}
+# Without PAGODA, the CPU-only release build (a binary built with
+# `--features cuda` decodes slower on the CPU: BENCHMARKS.md).
+if [ -z "${PAGODA:-}" ]; then
+    cargo build --release -p pagoda >&2
+    PAGODA=target/release/pagoda
+fi
 [ "$MODELS" = all ] &&
     MODELS=models/SmolLM2-135M-Instruct.Q4_1.gguf,models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 DTYPES="auto f16"
