@@ -274,6 +274,22 @@ impl<'a> ExpertWeight<'a> {
     }
 }
 
+/// The FP8-weight variant of expert kernel `base` (no allocation on the
+/// launch path).
+fn fp8_kernel(base: &str) -> Option<&'static str> {
+    Some(match base {
+        "moe_gemm_gate_up_m64" => "moe_gemm_gate_up_m64_fp8",
+        "moe_gemm_gate_up_m16" => "moe_gemm_gate_up_m16_fp8",
+        "moe_gemm_down_m64" => "moe_gemm_down_m64_fp8",
+        "moe_gemm_down_m16" => "moe_gemm_down_m16_fp8",
+        "moe_gemv_gate_up" => "moe_gemv_gate_up_fp8",
+        "moe_gemv_down" => "moe_gemv_down_fp8",
+        "moe_ggemv_gate_up" => "moe_ggemv_gate_up_fp8",
+        "moe_ggemv_down" => "moe_ggemv_down_fp8",
+        _ => return None,
+    })
+}
+
 /// The layer's sizes, checked, and its weights.
 struct Dims<'a> {
     rows: usize,
@@ -291,12 +307,8 @@ impl Dims<'_> {
         if !self.gate_up.is_fp8() {
             return Ok(base);
         }
-        let want = format!("{base}_fp8");
-        super::compile::KERNELS
-            .iter()
-            .copied()
-            .find(|k| *k == want)
-            .ok_or_else(|| KernelError::Device(format!("kernel {want} is not loaded")))
+        fp8_kernel(base)
+            .ok_or_else(|| KernelError::Device(format!("no FP8 variant of kernel {base}")))
     }
 }
 
@@ -858,6 +870,27 @@ fn grouped_gemv(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_expert_kernel_has_a_loaded_fp8_variant() {
+        let bases = [
+            "moe_gemm_gate_up_m64",
+            "moe_gemm_gate_up_m16",
+            "moe_gemm_down_m64",
+            "moe_gemm_down_m16",
+            "moe_gemv_gate_up",
+            "moe_gemv_down",
+            "moe_ggemv_gate_up",
+            "moe_ggemv_down",
+        ];
+        for base in bases {
+            let fp8 = fp8_kernel(base).expect("an FP8 variant");
+            assert_eq!(fp8, format!("{base}_fp8"));
+            assert!(super::super::compile::KERNELS.contains(&base), "{base}");
+            assert!(super::super::compile::KERNELS.contains(&fp8), "{fp8}");
+        }
+        assert!(fp8_kernel("moe_combine_bf16").is_none());
+    }
 
     /// Tiles the group kernel fills for these per-expert pair counts.
     fn tiles_for(counts: &[usize], bm: usize) -> usize {
