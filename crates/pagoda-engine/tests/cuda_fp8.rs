@@ -32,7 +32,6 @@ use cuda_common::*;
 use pagoda_kernels::cuda::{CudaBackend, Fp8GemmPath};
 use pagoda_kernels::{Backend, Fp8Matrix};
 use pagoda_model::loader::dummy::DummySource;
-use pagoda_model::loader::hf_config::load_config_file;
 use pagoda_model::loader::safetensors::open_hf_dir;
 use pagoda_model::open::{open_model, OpenOptions};
 use std::path::PathBuf;
@@ -72,18 +71,9 @@ fn tiny_models_in_fp8_on_cuda_match_the_cpu_reference() {
     let Some(_) = gpu() else { return };
     let mut failures = Vec::new();
     for arch in ["qwen3", "llama-attnbias", "phi3"] {
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let golden: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-        let src = DummySource::new(&cfg).unwrap();
-        let (prompts, forced) = golden_inputs(&golden, STEPS);
-        let trace = Trace {
-            prompts: &prompts,
-            forced: &forced,
-            blocks: blocks_needed(&prompts, STEPS) + 4,
-        };
-        let cal = calibrate(&cfg, &src, Some(&src), &trace);
+        let case = GoldenCase::load(&repo_root(), arch, STEPS);
+        let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
+        let cal = calibrate(cfg, src, Some(src), &trace);
         let paths = [
             None,
             Some(Fp8GemmPath::OuterVec),
@@ -91,7 +81,7 @@ fn tiny_models_in_fp8_on_cuda_match_the_cpu_reference() {
         ];
         for path in paths {
             let Some(g) = cuda_fp8(path) else { continue };
-            let v = cal.check(&trace.run(g, &cfg, &src));
+            let v = cal.check(&trace.run(g, cfg, src));
             let what = format!("{arch} ({path:?}): CUDA fp8 vs CPU fp8");
             eprintln!("{what}\n{}", v.report);
             if !v.pass {

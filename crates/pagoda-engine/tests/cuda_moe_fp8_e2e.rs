@@ -17,8 +17,6 @@ mod cuda_common;
 
 use cuda_common::fp8_calibration::*;
 use cuda_common::*;
-use pagoda_model::loader::dummy::DummySource;
-use pagoda_model::loader::hf_config::load_config_file;
 
 /// Decode steps of the teacher-forced traces (after the prefill step).
 const STEPS: usize = 8;
@@ -28,20 +26,11 @@ fn tiny_moe_models_in_fp8_on_cuda_match_the_cpu_reference() {
     let Some(_) = gpu() else { return };
     let mut failures = Vec::new();
     for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let golden: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-        let src = DummySource::new(&cfg).unwrap();
-        let (prompts, forced) = golden_inputs(&golden, STEPS);
-        let trace = Trace {
-            prompts: &prompts,
-            forced: &forced,
-            blocks: blocks_needed(&prompts, STEPS) + 4,
-        };
-        let cal = calibrate(&cfg, &src, Some(&src), &trace);
+        let case = GoldenCase::load(&repo_root(), arch, STEPS);
+        let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
+        let cal = calibrate(cfg, src, Some(src), &trace);
         let g = gpu().unwrap().with_fp8_weights(true);
-        let v = cal.check(&trace.run(g, &cfg, &src));
+        let v = cal.check(&trace.run(g, cfg, src));
         let what = format!("{arch}: CUDA fp8 vs CPU fp8");
         eprintln!("{what}\n{}", v.report);
         if !v.pass {

@@ -158,18 +158,10 @@ fn fp8_logits_stay_close_to_f32() {
 fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
     const STEPS: usize = 8;
     for arch in ["qwen3", "llama-attnbias", "phi3"] {
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let golden = read_json(&format!("tests/golden/tiny-{arch}/golden.json"));
-        let src = DummySource::new(&cfg).unwrap();
-        let (prompts, forced) = golden_inputs(&golden, STEPS);
-        let trace = Trace {
-            prompts: &prompts,
-            forced: &forced,
-            blocks: blocks_for(&prompts, STEPS),
-        };
-        let cal = calibrate(&cfg, &src, Some(&src), &trace);
-        let held_out = cal.check(&twin_trace(&cfg, &src, HELD_OUT, &trace));
+        let case = GoldenCase::load(&repo_root(), arch, STEPS);
+        let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
+        let cal = calibrate(cfg, src, Some(src), &trace);
+        let held_out = cal.check(&twin_trace(cfg, src, HELD_OUT, &trace));
         eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
         assert!(
             held_out.pass,
@@ -187,10 +179,10 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
         };
         let exact = cal.exact.as_ref().unwrap();
         let tables = Bf16Tables {
-            src: &src,
+            src,
             nearest: true,
         };
-        let plain_twin = trace.run(plain(true), &cfg, &tables);
+        let plain_twin = trace.run(plain(true), cfg, &tables);
         let plain_drift = step_errors(&plain_twin, exact);
         let (p, f) = (max(&plain_drift), max(&cal.drift));
         eprintln!("{arch}: largest drift without FP8 {p:.4}, with FP8 {f:.4}");
@@ -201,8 +193,8 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
             bugs.push(Bug::DoubleBias);
         }
         for bug in bugs {
-            let planted = Planted { inner: &src, bug };
-            let v = cal.check(&trace.run(cpu_fp8(false), &cfg, &planted));
+            let planted = Planted { inner: src, bug };
+            let v = cal.check(&trace.run(cpu_fp8(false), cfg, &planted));
             let acc = v.accuracy_ratio.unwrap();
             eprintln!(
                 "{arch}: planted {bug:?}: worst step {:.2}x its bar, accuracy {acc:.2}x its bar\n{}",
@@ -224,18 +216,10 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
 fn fp8_calibration_of_moe_models_passes_a_held_out_twin() {
     const STEPS: usize = 8;
     for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
-        let dir = repo_root().join(format!("tests/golden/tiny-{arch}"));
-        let cfg = load_config_file(&dir.join("config.json")).unwrap();
-        let golden = read_json(&format!("tests/golden/tiny-{arch}/golden.json"));
-        let src = DummySource::new(&cfg).unwrap();
-        let (prompts, forced) = golden_inputs(&golden, STEPS);
-        let trace = Trace {
-            prompts: &prompts,
-            forced: &forced,
-            blocks: blocks_for(&prompts, STEPS),
-        };
-        let cal = calibrate(&cfg, &src, Some(&src), &trace);
-        let held_out = cal.check(&twin_trace(&cfg, &src, HELD_OUT, &trace));
+        let case = GoldenCase::load(&repo_root(), arch, STEPS);
+        let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
+        let cal = calibrate(cfg, src, Some(src), &trace);
+        let held_out = cal.check(&twin_trace(cfg, src, HELD_OUT, &trace));
         eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
         assert!(
             held_out.pass,

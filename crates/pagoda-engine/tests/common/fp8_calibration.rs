@@ -84,6 +84,45 @@ pub struct Bf16Tables<'a> {
     pub nearest: bool,
 }
 
+/// A tiny golden model (`tests/golden/tiny-{arch}` under `root`, the
+/// repository as the calling test binary finds it) on its dummy weights,
+/// with the golden prompts and their first `steps` greedy tokens to force.
+pub struct GoldenCase {
+    pub cfg: ModelConfig,
+    pub src: pagoda_model::loader::dummy::DummySource,
+    pub prompts: Vec<Vec<u32>>,
+    pub forced: Vec<Vec<u32>>,
+}
+
+impl GoldenCase {
+    pub fn load(root: &std::path::Path, arch: &str, steps: usize) -> Self {
+        let dir = root.join(format!("tests/golden/tiny-{arch}"));
+        let cfg = pagoda_model::loader::hf_config::load_config_file(&dir.join("config.json"))
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let text = std::fs::read_to_string(dir.join("golden.json"))
+            .unwrap_or_else(|e| panic!("{arch}: golden.json: {e}"));
+        let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let src = pagoda_model::loader::dummy::DummySource::new(&cfg).unwrap();
+        let (prompts, forced) = golden_inputs(&golden, steps);
+        GoldenCase {
+            cfg,
+            src,
+            prompts,
+            forced,
+        }
+    }
+
+    /// The teacher-forced trace of the case, with KV blocks for all of it.
+    pub fn trace(&self) -> Trace<'_> {
+        let steps = self.forced.first().map_or(0, Vec::len);
+        Trace {
+            prompts: &self.prompts,
+            forced: &self.forced,
+            blocks: blocks_for(&self.prompts, steps),
+        }
+    }
+}
+
 /// Whether `name` is a table a device holds in bf16 rather than a linear
 /// layer's matrix (a mixture-of-experts router and shared-expert gate are
 /// tables: they stay out of FP8).
