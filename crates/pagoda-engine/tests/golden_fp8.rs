@@ -178,10 +178,7 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
             .with_bf16_linear_inputs(inputs)
         };
         let exact = cal.exact.as_ref().unwrap();
-        let tables = Bf16Tables {
-            src,
-            nearest: true,
-        };
+        let tables = Bf16Tables { src, nearest: true };
         let plain_twin = trace.run(plain(true), cfg, &tables);
         let plain_drift = step_errors(&plain_twin, exact);
         let (p, f) = (max(&plain_drift), max(&cal.drift));
