@@ -145,6 +145,20 @@ fn fp8_logits_stay_close_to_f32() {
     assert!(mean < 0.15, "mean fp8 vs f32 logits error {mean}");
 }
 
+/// `case`'s calibration, after checking that a twin of the reference seeing
+/// another bf16-level difference (not one of the calibration's) passes it.
+fn calibrated_past_a_held_out_twin(arch: &str, case: &GoldenCase) -> Calibration {
+    let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
+    let cal = calibrate(cfg, src, Some(src), &trace);
+    let held_out = cal.check(&twin_trace(cfg, src, HELD_OUT, &trace));
+    eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
+    assert!(
+        held_out.pass,
+        "{arch}: a bf16-level difference fails the calibration"
+    );
+    cal
+}
+
 /// The calibration of the CUDA comparison (cuda_fp8.rs), on the CPU: a
 /// twin of the reference that sees another bf16-level difference (not one
 /// of the calibration's) passes it; FP8 is what amplifies (the same
@@ -160,13 +174,7 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
     for arch in ["qwen3", "llama-attnbias", "phi3"] {
         let case = GoldenCase::load(&repo_root(), arch, STEPS);
         let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
-        let cal = calibrate(cfg, src, Some(src), &trace);
-        let held_out = cal.check(&twin_trace(cfg, src, HELD_OUT, &trace));
-        eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
-        assert!(
-            held_out.pass,
-            "{arch}: a bf16-level difference fails the calibration"
-        );
+        let cal = calibrated_past_a_held_out_twin(arch, &case);
 
         // The model without FP8 under the same differences.
         let plain = |inputs| {
@@ -213,15 +221,7 @@ fn fp8_calibration_passes_rounding_and_catches_planted_bugs() {
 fn fp8_calibration_of_moe_models_passes_a_held_out_twin() {
     const STEPS: usize = 8;
     for arch in ["qwen3-moe", "mixtral", "qwen2-moe"] {
-        let case = GoldenCase::load(&repo_root(), arch, STEPS);
-        let (cfg, src, trace) = (&case.cfg, &case.src, case.trace());
-        let cal = calibrate(cfg, src, Some(src), &trace);
-        let held_out = cal.check(&twin_trace(cfg, src, HELD_OUT, &trace));
-        eprintln!("{arch}: held-out bf16 twin\n{}", held_out.report);
-        assert!(
-            held_out.pass,
-            "{arch}: a bf16-level difference fails the calibration"
-        );
+        calibrated_past_a_held_out_twin(arch, &GoldenCase::load(&repo_root(), arch, STEPS));
     }
 }
 

@@ -11,32 +11,9 @@ mod common;
 use common::*;
 use pagoda_core::{FinishReason, SamplingParams, StructuredOutput};
 use pagoda_engine::{EngineError, EngineRequest, GenerateOutput, GenerateRequest, LlmEngine};
-use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_kernels::cpu::CpuBackend;
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::tokenizer::{ChatMessage, Tokenizer};
-use std::sync::Arc;
-
-fn engine(num_blocks: usize) -> (LlmEngine<CpuBackend>, Arc<Tokenizer>) {
-    let files = open_model(&OpenOptions {
-        model: Some(default_model()),
-        ..Default::default()
-    })
-    .unwrap();
-    let runner = cpu_runner(
-        &files.config,
-        files.weights.as_ref(),
-        WeightDtype::F16,
-        num_blocks,
-    );
-    let tok = files.tokenizer.unwrap();
-    let e = LlmEngine::new(
-        runner,
-        Some(tok.clone()),
-        scheduler_config(num_blocks, 2048),
-    )
-    .unwrap();
-    (e, tok)
-}
 
 fn prompt(tok: &Tokenizer, text: &str) -> Vec<u32> {
     let t = tok
@@ -74,7 +51,7 @@ const PERSON: &str = r#"{"type":"object","properties":{
 
 #[test]
 fn json_schema_and_json_object_outputs_parse_and_are_complete() {
-    let (mut e, tok) = engine(256);
+    let (mut e, tok) = default_engine(256);
     let out = run(
         &mut e,
         &tok,
@@ -120,7 +97,7 @@ fn json_schema_and_json_object_outputs_parse_and_are_complete() {
 
 #[test]
 fn regex_choice_and_lark_are_honoured_exactly() {
-    let (mut e, tok) = engine(256);
+    let (mut e, tok) = default_engine(256);
     let lark = r#"start: "call " args
 args: %json { "type": "object", "properties": { "city": { "type": "string", "maxLength": 12 } }, "required": ["city"], "additionalProperties": false }"#;
     let out = run(
@@ -170,7 +147,7 @@ fn constrained_requests_survive_preemption() {
     // 8 requests of ~40 prompt tokens + up to 100 output tokens in 24
     // blocks of 16: they cannot all run at once, so some are preempted and
     // recomputed; each must still give a complete, valid document.
-    let (mut e, tok) = engine(24);
+    let (mut e, tok) = default_engine(24);
     let prompts: Vec<String> = (0..8)
         .map(|i| format!("Describe person number {i} of my team as JSON."))
         .collect();
@@ -194,7 +171,7 @@ fn constrained_requests_survive_preemption() {
 
 #[test]
 fn bad_constraints_are_refused_naming_what_is_wrong() {
-    let (mut e, tok) = engine(32);
+    let (mut e, tok) = default_engine(32);
     let bad = [
         (
             StructuredOutput::JsonSchema("{\"type\": ".into()),

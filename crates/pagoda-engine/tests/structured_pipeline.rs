@@ -12,33 +12,11 @@ mod common;
 use common::*;
 use pagoda_core::{FinishReason, RequestId, SamplingParams, StructuredOutput};
 use pagoda_engine::{EngineRequest, LlmEngine};
-use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_kernels::cpu::CpuBackend;
 use pagoda_model::open::{open_model, OpenOptions};
 use pagoda_model::tokenizer::{ChatMessage, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-fn engine(num_blocks: usize) -> (LlmEngine<CpuBackend>, Arc<Tokenizer>) {
-    let files = open_model(&OpenOptions {
-        model: Some(default_model()),
-        ..Default::default()
-    })
-    .unwrap();
-    let runner = cpu_runner(
-        &files.config,
-        files.weights.as_ref(),
-        WeightDtype::F16,
-        num_blocks,
-    );
-    let tok = files.tokenizer.unwrap();
-    let e = LlmEngine::new(
-        runner,
-        Some(tok.clone()),
-        scheduler_config(num_blocks, 2048),
-    )
-    .unwrap();
-    (e, tok)
-}
 
 fn tokenizer() -> Arc<Tokenizer> {
     open_model(&OpenOptions {
@@ -155,7 +133,7 @@ fn run_with(
     late: usize,
     hook: impl FnMut(usize, &mut LlmEngine<CpuBackend>, &[RequestId]),
 ) -> (Outputs, u64) {
-    let (mut e, tok) = engine(blocks);
+    let (mut e, tok) = default_engine(blocks);
     // Only this file's tests set the variable, one engine at a time.
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
     if pipelined {

@@ -167,6 +167,35 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
 }
 
 /// A scheduler config for `num_blocks` blocks of [`BLOCK_SIZE`].
+/// An engine on the default model (CPU, f16 weights) with `num_blocks` KV
+/// blocks and 2,048-token sequences, and its tokenizer.
+pub fn default_engine(
+    num_blocks: usize,
+) -> (
+    pagoda_engine::LlmEngine<CpuBackend>,
+    std::sync::Arc<pagoda_model::tokenizer::Tokenizer>,
+) {
+    let files = pagoda_model::open::open_model(&pagoda_model::open::OpenOptions {
+        model: Some(default_model()),
+        ..Default::default()
+    })
+    .unwrap();
+    let runner = cpu_runner(
+        &files.config,
+        files.weights.as_ref(),
+        WeightDtype::F16,
+        num_blocks,
+    );
+    let tok = files.tokenizer.unwrap();
+    let e = pagoda_engine::LlmEngine::new(
+        runner,
+        Some(tok.clone()),
+        scheduler_config(num_blocks, 2048),
+    )
+    .unwrap();
+    (e, tok)
+}
+
 pub fn scheduler_config(num_blocks: usize, max_model_len: usize) -> SchedulerConfig {
     SchedulerConfig {
         block_size: BLOCK_SIZE,
