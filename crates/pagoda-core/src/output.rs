@@ -43,6 +43,37 @@ pub struct ScheduledSequence {
 }
 
 impl ScheduledSequence {
+    /// A step entry laid out by hand (benchmarks, tests; the scheduler plans
+    /// its own): `token_ids` computed after `num_computed_tokens` cached ones,
+    /// in the blocks of `block_table`, one KV cache group. A single token after
+    /// a non-empty context is a decode, anything else a prompt chunk.
+    pub fn new(
+        request_id: RequestId,
+        token_ids: Vec<u32>,
+        num_computed_tokens: usize,
+        block_table: Vec<BlockId>,
+        needs_logits: bool,
+    ) -> Self {
+        let is_prefill = token_ids.len() != 1 || num_computed_tokens == 0;
+        Self {
+            request_id,
+            token_ids,
+            num_computed_tokens,
+            block_table,
+            group_tables: Vec::new(),
+            needs_logits,
+            is_prefill,
+            num_cached_tokens: 0,
+        }
+    }
+
+    /// The same entry with the tables of KV cache groups 1.. (each as long as
+    /// `block_table`).
+    pub fn with_group_tables(mut self, group_tables: Vec<Vec<BlockId>>) -> Self {
+        self.group_tables = group_tables;
+        self
+    }
+
     pub fn query_len(&self) -> usize {
         self.token_ids.len()
     }

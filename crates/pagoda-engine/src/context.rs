@@ -3,26 +3,25 @@
 //! Cost: O(tokens in the step + blocks of the scheduled sequences); nothing
 //! here looks at the rest of the cache.
 
+use pagoda_core::{BlockId, ScheduledSequence};
 use pagoda_kernels::ForwardContext;
 
-/// One sequence's share of a step.
-#[derive(Debug, Clone, Copy)]
-pub struct ScheduledSeq<'a> {
-    /// The tokens computed this step (a prompt chunk, or the last sampled token).
-    pub token_ids: &'a [u32],
-    /// Tokens already in the KV cache (vLLM's num_computed_tokens).
-    pub context_len: usize,
-    /// KV blocks of the sequence, in order; must cover `context_len + token_ids.len()`.
-    pub block_table: &'a [u32],
-    /// Whether the logits of the last token are wanted (false for a prompt
-    /// chunk that does not finish the prompt).
-    pub want_logits: bool,
+/// A block table entry as the kernels read it: a block a sliding window
+/// released ([`BlockId::NULL`]) is never read, so it is laid out as block 0.
+fn entry(b: BlockId) -> u32 {
+    if b.is_null() {
+        0
+    } else {
+        b.0
+    }
 }
 
 /// Lays the scheduled sequences out as one step. A sequence with a single
 /// token and a non-empty context counts as a decode; everything else as a
-/// prefill (chunk).
-pub fn build_forward_context(seqs: &[ScheduledSeq<'_>], block_size: usize) -> ForwardContext {
+/// prefill (chunk). Every sequence carries the same number of group tables
+/// (the KV cache groups past the first); their slots and table rows are laid
+/// out as group 0's, O(groups * (tokens + table entries)).
+pub fn build_forward_context(seqs: &[ScheduledSequence], block_size: usize) -> ForwardContext {
     let num_tokens: usize = seqs.iter().map(|s| s.token_ids.len()).sum();
     let max_blocks = seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
     let mut ctx = ForwardContext {
@@ -42,41 +41,46 @@ pub fn build_forward_context(seqs: &[ScheduledSeq<'_>], block_size: usize) -> Fo
     ctx.cu_seqlens_k.push(0);
     for (i, s) in seqs.iter().enumerate() {
         let query_len = s.token_ids.len();
-        let seq_len = s.context_len + query_len;
+        let context_len = s.num_computed_tokens;
+        let seq_len = context_len + query_len;
         for (j, &t) in s.token_ids.iter().enumerate() {
-            let pos = s.context_len + j;
+            let pos = context_len + j;
             ctx.input_ids.push(t);
             ctx.positions.push(pos as u32);
-            let block = s.block_table[pos / block_size] as i64;
+            let block = entry(s.block_table[pos / block_size]) as i64;
             ctx.slot_mapping
                 .push(block * block_size as i64 + (pos % block_size) as i64);
         }
         ctx.cu_seqlens_q.push(ctx.input_ids.len() as u32);
         ctx.cu_seqlens_k.push(ctx.cu_seqlens_k[i] + seq_len as u32);
         ctx.seq_lens.push(seq_len as u32);
-        ctx.context_lens.push(s.context_len as u32);
-        ctx.block_tables[i * max_blocks..i * max_blocks + s.block_table.len()]
-            .copy_from_slice(s.block_table);
+        ctx.context_lens.push(context_len as u32);
+        let row = &mut ctx.block_tables[i * max_blocks..i * max_blocks + s.block_table.len()];
+        for (dst, &b) in row.iter_mut().zip(&s.block_table) {
+            *dst = entry(b);
+        }
         ctx.max_query_len = ctx.max_query_len.max(query_len);
         ctx.max_seq_len = ctx.max_seq_len.max(seq_len);
-        if query_len == 1 && s.context_len > 0 {
+        if query_len == 1 && context_len > 0 {
             ctx.num_decode_tokens += 1;
         } else {
             ctx.num_prefills += 1;
             ctx.num_prefill_tokens += query_len;
         }
-        if s.want_logits && query_len > 0 {
+        if s.needs_logits && query_len > 0 {
             ctx.logits_indices.push(ctx.input_ids.len() as u32 - 1);
         }
+    }
+    let extra = seqs.first().map_or(0, |s| s.group_tables.len());
+    if extra > 0 {
+        add_kv_groups(&mut ctx, seqs, extra);
     }
     ctx
 }
 
-/// Gives `ctx` (built by [`build_forward_context`]) KV cache groups
-/// 1..=`extra`: `tables[i * extra + g - 1]` is group `g`'s block table of
-/// sequence `i`, as long as its group-0 table. Slots and table rows are laid
-/// out as group 0's. O(extra * (tokens + table entries)).
-pub fn add_kv_groups(ctx: &mut ForwardContext, extra: usize, tables: &[Vec<u32>]) {
+/// Gives `ctx` (laid out from `seqs` by [`build_forward_context`]) KV cache
+/// groups 1..=`extra` from each sequence's group tables.
+fn add_kv_groups(ctx: &mut ForwardContext, seqs: &[ScheduledSequence], extra: usize) {
     let (n, t, w, bs) = (
         ctx.num_seqs(),
         ctx.num_tokens(),
@@ -84,18 +88,21 @@ pub fn add_kv_groups(ctx: &mut ForwardContext, extra: usize, tables: &[Vec<u32>]
         ctx.block_size,
     );
     ctx.extra_kv_groups = extra;
-    ctx.group_slot_mapping.clear();
-    ctx.group_block_tables.clear();
     ctx.group_slot_mapping.reserve(extra * t);
     ctx.group_block_tables.resize(extra * n * w, 0);
     for g in 1..=extra {
-        for i in 0..n {
-            let table = &tables[i * extra + g - 1];
+        for (i, s) in seqs.iter().enumerate() {
+            let table = &s.group_tables[g - 1];
             let row = ((g - 1) * n + i) * w;
-            ctx.group_block_tables[row..row + table.len()].copy_from_slice(table);
+            for (dst, &b) in ctx.group_block_tables[row..row + table.len()]
+                .iter_mut()
+                .zip(table)
+            {
+                *dst = entry(b);
+            }
             for j in ctx.cu_seqlens_q[i]..ctx.cu_seqlens_q[i + 1] {
                 let pos = ctx.positions[j as usize] as usize;
-                let block = table[pos / bs] as i64;
+                let block = entry(table[pos / bs]) as i64;
                 ctx.group_slot_mapping
                     .push(block * bs as i64 + (pos % bs) as i64);
             }
@@ -130,23 +137,18 @@ pub fn shifted_kv_groups(ctx: &mut ForwardContext, extra: usize, stride: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pagoda_core::RequestId;
+
+    fn blocks(ids: &[u32]) -> Vec<BlockId> {
+        ids.iter().map(|&b| BlockId(b)).collect()
+    }
 
     /// A 5-token prompt chunk (blocks 7, 3) then a decode at position 4
     /// (blocks 1, 9), block size 4.
-    fn mixed_step(prompt: &[u32]) -> [ScheduledSeq<'_>; 2] {
+    fn mixed_step(prompt: &[u32]) -> [ScheduledSequence; 2] {
         [
-            ScheduledSeq {
-                token_ids: prompt,
-                context_len: 0,
-                block_table: &[7, 3],
-                want_logits: true,
-            },
-            ScheduledSeq {
-                token_ids: &[42],
-                context_len: 4,
-                block_table: &[1, 9],
-                want_logits: true,
-            },
+            ScheduledSequence::new(RequestId(0), prompt.to_vec(), 0, blocks(&[7, 3]), true),
+            ScheduledSequence::new(RequestId(1), vec![42], 4, blocks(&[1, 9]), true),
         ]
     }
 
@@ -154,11 +156,17 @@ mod tests {
     fn group_tables_and_slots_follow_their_own_pages() {
         let prompt: Vec<u32> = (0..5).collect();
         let seqs = mixed_step(&prompt);
-        let mut ctx = build_forward_context(&seqs, 4);
-        // Group 1: [20, 21] and [0, 22]; group 2: [30, 31] and [0, 32]
-        // (0: a released entry).
-        let tables = vec![vec![20, 21], vec![30, 31], vec![0, 22], vec![0, 32]];
-        add_kv_groups(&mut ctx, 2, &tables);
+        // Group 1: [20, 21] and [NULL, 22]; group 2: [30, 31] and [NULL, 32]
+        // (NULL: an entry a sliding window released, laid out as block 0).
+        let [a, b] = seqs.clone();
+        let grouped = [
+            a.with_group_tables(vec![blocks(&[20, 21]), blocks(&[30, 31])]),
+            b.with_group_tables(vec![
+                vec![BlockId::NULL, BlockId(22)],
+                vec![BlockId::NULL, BlockId(32)],
+            ]),
+        ];
+        let ctx = build_forward_context(&grouped, 4);
         ctx.validate().unwrap();
         assert_eq!(ctx.slot_mapping_of(0), &[28, 29, 30, 31, 12, 36]);
         assert_eq!(ctx.slot_mapping_of(1), &[80, 81, 82, 83, 84, 88]);
@@ -199,12 +207,13 @@ mod tests {
     #[test]
     fn chunk_that_does_not_finish_the_prompt_wants_no_logits() {
         let chunk: Vec<u32> = (0..3).collect();
-        let seqs = [ScheduledSeq {
-            token_ids: &chunk,
-            context_len: 3,
-            block_table: &[0, 1],
-            want_logits: false,
-        }];
+        let seqs = [ScheduledSequence::new(
+            RequestId(0),
+            chunk,
+            3,
+            blocks(&[0, 1]),
+            false,
+        )];
         let ctx = build_forward_context(&seqs, 4);
         ctx.validate().unwrap();
         assert!(ctx.logits_indices.is_empty());

@@ -12,7 +12,7 @@
 //! for bookkeeping, plus the forward pass and O(vocab) sampling per sequence
 //! that needs a token.
 
-use crate::context::{add_kv_groups, build_forward_context, ScheduledSeq};
+use crate::context::build_forward_context;
 use crate::logit_rules::LogitRules;
 use crate::output_text::OutputText;
 use crate::prompt_logprobs::{self as plp, PromptLogprob, PromptLogprobsState};
@@ -28,8 +28,8 @@ use pagoda_core::{
     SchedulerStats,
 };
 use pagoda_kernels::{
-    Backend, BlockCopyOp, DeviceSamples, ForwardContext, KernelError, PromptRow, RowOptions,
-    SamplingOptions, SamplingRow, TokenMasks, MAX_LOGPROBS,
+    Backend, DeviceSamples, ForwardContext, KernelError, PromptRow, RowOptions, SamplingOptions,
+    SamplingRow, TokenMasks, MAX_LOGPROBS,
 };
 use pagoda_model::tokenizer::Tokenizer;
 use std::collections::HashMap;
@@ -105,11 +105,6 @@ pub struct LlmEngine<B: Backend> {
     next_id: u64,
     /// Seeds requests that bring none.
     seed_source: RequestRng,
-    /// Reused per step: block tables as plain ids.
-    tables: Vec<Vec<u32>>,
-    /// Reused per step: the tables of KV cache groups 1.., by sequence then
-    /// group (empty with one group).
-    group_tables: Vec<Vec<u32>>,
     /// The requests of the step being run (or last run), and its tokens.
     in_step: Vec<RequestId>,
     in_step_tokens: usize,
@@ -196,8 +191,6 @@ impl<B: Backend> LlmEngine<B> {
             states: HashMap::new(),
             next_id: 0,
             seed_source: RequestRng::new(time_seed),
-            tables: Vec::new(),
-            group_tables: Vec::new(),
             in_step: Vec::new(),
             in_step_tokens: 0,
             step_log: StepLog::from_env(),
@@ -476,52 +469,9 @@ impl<B: Backend> LlmEngine<B> {
         }
         // Copy-on-write of partly shared blocks, before the forward pass.
         if !plan.block_copies.is_empty() {
-            let copies: Vec<BlockCopyOp> = plan
-                .block_copies
-                .iter()
-                .map(|c| BlockCopyOp {
-                    src: c.src.0,
-                    dst: c.dst.0,
-                    num_tokens: c.num_tokens,
-                })
-                .collect();
-            self.runner.copy_blocks(&copies)?;
+            self.runner.copy_blocks(&plan.block_copies)?;
         }
-        self.tables.resize_with(plan.scheduled.len(), Vec::new);
-        for (t, s) in self.tables.iter_mut().zip(&plan.scheduled) {
-            t.clear();
-            // A block the sliding window released is never read: any valid id.
-            t.extend(
-                s.block_table
-                    .iter()
-                    .map(|b| if b.is_null() { 0 } else { b.0 }),
-            );
-        }
-        let extra = self.scheduler.num_kv_groups() - 1;
-        self.group_tables
-            .resize_with(plan.scheduled.len() * extra, Vec::new);
-        for (i, s) in plan.scheduled.iter().enumerate() {
-            for (g, table) in s.group_tables.iter().enumerate().take(extra) {
-                let t = &mut self.group_tables[i * extra + g];
-                t.clear();
-                t.extend(table.iter().map(|b| if b.is_null() { 0 } else { b.0 }));
-            }
-        }
-        let seqs: Vec<ScheduledSeq<'_>> = plan
-            .scheduled
-            .iter()
-            .zip(&self.tables)
-            .map(|(s, table)| ScheduledSeq {
-                token_ids: &s.token_ids,
-                context_len: s.num_computed_tokens,
-                block_table: table,
-                want_logits: s.needs_logits,
-            })
-            .collect();
-        let mut ctx = build_forward_context(&seqs, self.scheduler.config().block_size);
-        if extra > 0 {
-            add_kv_groups(&mut ctx, extra, &self.group_tables);
-        }
+        let mut ctx = build_forward_context(&plan.scheduled, self.scheduler.config().block_size);
         self.lay_out_prompt_rows(&plan, &mut ctx);
         Ok(Some((plan, ctx)))
     }

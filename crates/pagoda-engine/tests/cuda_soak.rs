@@ -19,8 +19,9 @@
 mod cuda_common;
 
 use cuda_common::{gpu, runner, BLOCK_SIZE};
+use pagoda_core::{BlockId, RequestId, ScheduledSequence};
 use pagoda_core::{SamplingParams, SchedulerConfig};
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_engine::context::build_forward_context;
 use pagoda_engine::{EngineRequest, LlmEngine};
 use pagoda_kernels::KernelError;
 use pagoda_model::loader::dummy::DummySource;
@@ -241,15 +242,11 @@ fn a_step_too_large_for_the_arena_fails_alone() {
     // Warm up for 16-token steps only.
     r.reserve_step_memory(16, 4, 256).unwrap();
     r.resize_kv_cache(128).unwrap();
-    let table: Vec<u32> = (0..128).collect();
+    let table: Vec<BlockId> = (0..128).map(BlockId).collect();
     let step = |r: &mut pagoda_engine::ModelRunner<_>, n: usize| {
         let tokens: Vec<u32> = (0..n as u32).map(|i| 3 + i % 4000).collect();
-        let seqs = [ScheduledSeq {
-            token_ids: &tokens,
-            context_len: 0,
-            block_table: &table[..n.div_ceil(BLOCK_SIZE)],
-            want_logits: true,
-        }];
+        let table = table[..n.div_ceil(BLOCK_SIZE)].to_vec();
+        let seqs = [ScheduledSequence::new(RequestId(0), tokens, 0, table, true)];
         let ctx = build_forward_context(&seqs, BLOCK_SIZE);
         r.execute(&ctx).map(|o| o.into_logits().unwrap())
     };

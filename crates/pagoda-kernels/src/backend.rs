@@ -21,6 +21,8 @@
 //!   and return an activation of the backend's compute precision, which is
 //!   what every other op takes.
 
+use pagoda_core::BlockCopy;
+
 use crate::{
     DeviceSamples, ForwardContext, Fp8Matrix, HostTensor, Result, SamplingOptions, TokenMasks,
 };
@@ -48,14 +50,6 @@ impl KvCacheShape {
     pub fn elements(&self) -> usize {
         self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
     }
-}
-
-/// One copy-on-write block copy (see [`Backend::copy_blocks`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockCopyOp {
-    pub src: u32,
-    pub dst: u32,
-    pub num_tokens: usize,
 }
 
 /// Head layout and scale of an attention op.
@@ -429,10 +423,11 @@ pub trait Backend: Send + Sync + 'static {
         step: &Self::Step,
         group: usize,
     ) -> Result<()>;
-    /// Copy-on-write of shared prefix blocks: for each `(src, dst, num_tokens)`,
-    /// copies the K and V of the first `num_tokens` slots of block `src` into
-    /// block `dst`. Runs before the forward pass that writes into `dst`.
-    fn copy_blocks(&self, cache: &mut Self::KvCache, copies: &[BlockCopyOp]) -> Result<()>;
+    /// Copy-on-write of shared prefix blocks, as the scheduler plans them:
+    /// for each copy, the K and V of the first `num_tokens` slots of block
+    /// `src` into block `dst`. Runs before the forward pass that writes into
+    /// `dst`.
+    fn copy_blocks(&self, cache: &mut Self::KvCache, copies: &[BlockCopy]) -> Result<()>;
     /// Causal attention of each sequence's queries (`q: [rows, num_heads * head_dim]`)
     /// over its cached K/V (context and the step's own tokens, already stored),
     /// read through the block tables. Returns `[rows, num_heads * head_dim]`.

@@ -26,9 +26,7 @@ pub mod kv_dtype;
 pub mod logit_adjust;
 pub mod sampling_options;
 
-pub use backend::{
-    AttentionParams, Backend, BlockCopyOp, KvCacheShape, NoGraph, NoRoutes, RopeStyle,
-};
+pub use backend::{AttentionParams, Backend, KvCacheShape, NoGraph, NoRoutes, RopeStyle};
 pub use context::{ForwardContext, SamplingRow};
 pub use error::{KernelError, Result};
 pub use fp8_matrix::Fp8Matrix;

@@ -25,11 +25,12 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
+use pagoda_core::{BlockCopy, BlockId};
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_kernels::cuda::testing::{fp8_codec, gpu_poisoned as gpu, rel_err_l2 as rel_err};
 use pagoda_kernels::cuda::{AttentionKernel, CudaBackend};
 use pagoda_kernels::fp8::{e4m3_to_f32, f32_to_e4m3};
-use pagoda_kernels::{AttentionParams, Backend, BlockCopyOp, KvCacheDtype, KvCacheShape};
+use pagoda_kernels::{AttentionParams, Backend, KvCacheDtype, KvCacheShape};
 
 fn fp8_gpu() -> Option<CudaBackend> {
     Some(gpu()?.with_kv_cache_dtype(KvCacheDtype::Fp8).unwrap())
@@ -193,9 +194,9 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case, expect: 
     assert_eq!(kf, &cc.k()[..], "{what}: dequantized K");
 
     // Copy-on-write of part of a block into the spare last block.
-    let copy = [BlockCopyOp {
-        src: step.tables[0][0],
-        dst: (shape.num_blocks - 1) as u32,
+    let copy = [BlockCopy {
+        src: BlockId(step.tables[0][0]),
+        dst: BlockId((shape.num_blocks - 1) as u32),
         num_tokens: bs.min(c.seqs[0].context_len + c.seqs[0].query_len),
     }];
     g.copy_blocks(&mut gc, &copy).unwrap();

@@ -14,10 +14,11 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
+use pagoda_core::{BlockCopy, BlockId};
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
 use pagoda_kernels::cuda::{CudaBackend, CudaOptions};
-use pagoda_kernels::{Backend, BlockCopyOp, HostTensor, KernelError, KvCacheShape, RopeStyle};
+use pagoda_kernels::{Backend, HostTensor, KernelError, KvCacheShape, RopeStyle};
 
 fn cpu() -> CpuBackend {
     backend(2, WeightDtype::F32)
@@ -481,14 +482,14 @@ fn store_kv_and_copy_blocks_match_cpu() {
             .filter(|b| !ps.tables.iter().any(|t| t.contains(b)))
             .collect();
         let copies = [
-            BlockCopyOp {
-                src: b0,
-                dst: free[0],
+            BlockCopy {
+                src: BlockId(b0),
+                dst: BlockId(free[0]),
                 num_tokens: block_size,
             },
-            BlockCopyOp {
-                src: b2,
-                dst: free[1],
+            BlockCopy {
+                src: BlockId(b2),
+                dst: BlockId(free[1]),
                 num_tokens: block_size / 2 + 1,
             },
         ];
@@ -497,9 +498,9 @@ fn store_kv_and_copy_blocks_match_cpu() {
         let (hk, hv) = g.kv_cache_to_host(&gc).unwrap();
         assert_eq!(hk, &cc.k()[..], "copy_blocks K bs {block_size}");
         assert_eq!(hv, &cc.v()[..], "copy_blocks V bs {block_size}");
-        let bad = [BlockCopyOp {
-            src: 64,
-            dst: 0,
+        let bad = [BlockCopy {
+            src: BlockId(64),
+            dst: BlockId(0),
             num_tokens: 1,
         }];
         assert!(g.copy_blocks(&mut gc, &bad).is_err());

@@ -19,9 +19,10 @@
 pub mod graphs;
 
 use crate::{EngineError, Result};
+use pagoda_core::BlockCopy;
 use pagoda_kernels::{
-    Backend, BlockCopyOp, DeviceSamples, ForwardContext, KvCacheShape, RowOptions, SamplingOptions,
-    SamplingRow, TokenMasks, MAX_LOGIT_ENTRIES, MAX_LOGPROBS,
+    Backend, DeviceSamples, ForwardContext, KvCacheShape, RowOptions, SamplingOptions, SamplingRow,
+    TokenMasks, MAX_LOGIT_ENTRIES, MAX_LOGPROBS,
 };
 use pagoda_model::arch::CausalLm;
 use pagoda_model::{KvLayout, ModelConfig};
@@ -479,7 +480,7 @@ impl<B: Backend> ModelRunner<B> {
     }
 
     /// Copies the leading slots of shared blocks into private ones, every layer.
-    pub fn copy_blocks(&mut self, copies: &[BlockCopyOp]) -> Result<()> {
+    pub fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
         for cache in &mut self.kv {
             self.backend.copy_blocks(cache, copies)?;
         }

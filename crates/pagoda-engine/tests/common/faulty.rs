@@ -2,10 +2,11 @@
 //! at the start of a forward pass, for tests of how the engine recovers from
 //! a failed step.
 
+use pagoda_core::BlockCopy;
 use pagoda_kernels::cpu::CpuBackend;
 use pagoda_kernels::{
-    AttentionParams, Backend, BlockCopyOp, ForwardContext, HostTensor, KernelError, KvCacheShape,
-    Result, RopeStyle,
+    AttentionParams, Backend, ForwardContext, HostTensor, KernelError, KvCacheShape, Result,
+    RopeStyle,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -164,7 +165,7 @@ impl Backend for FaultyBackend {
     ) -> Result<()> {
         self.inner.store_kv_in_group(k, v, cache, step, group)
     }
-    fn copy_blocks(&self, cache: &mut Self::KvCache, copies: &[BlockCopyOp]) -> Result<()> {
+    fn copy_blocks(&self, cache: &mut Self::KvCache, copies: &[BlockCopy]) -> Result<()> {
         self.inner.copy_blocks(cache, copies)
     }
     fn attention(

@@ -3,7 +3,8 @@
 //! decode step, keeping every step's logits.
 
 use super::BLOCK_SIZE;
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_core::{BlockId, RequestId, ScheduledSequence};
+use pagoda_engine::context::build_forward_context;
 use pagoda_engine::ModelRunner;
 use pagoda_kernels::Backend;
 
@@ -36,16 +37,17 @@ pub fn forced_trace<B: Backend>(
                 s => vec![forced[i][s - 1]],
             })
             .collect();
-        let seqs: Vec<ScheduledSeq<'_>> = (0..prompts.len())
-            .map(|i| ScheduledSeq {
-                token_ids: &inputs[i],
-                context_len: if step == 0 {
+        let seqs: Vec<ScheduledSequence> = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, input)| {
+                let context = if step == 0 {
                     0
                 } else {
                     prompts[i].len() + step - 1
-                },
-                block_table: &tables[i],
-                want_logits: true,
+                };
+                let table = tables[i].iter().map(|&b| BlockId(b)).collect();
+                ScheduledSequence::new(RequestId(i as u64), input, context, table, true)
             })
             .collect();
         let mut ctx = build_forward_context(&seqs, BLOCK_SIZE);

@@ -10,7 +10,8 @@ pub mod tiny;
 pub mod trace;
 pub mod window_check;
 
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_core::{BlockId, RequestId, ScheduledSequence};
+use pagoda_engine::context::build_forward_context;
 use pagoda_engine::{ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_kernels::Backend;
@@ -98,23 +99,20 @@ pub fn greedy_trace(
     prompt: &[u32],
     new_tokens: usize,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let blocks: Vec<u32> = (0..(prompt.len() + new_tokens).div_ceil(BLOCK_SIZE) as u32).collect();
+    let blocks: Vec<BlockId> = (0..(prompt.len() + new_tokens).div_ceil(BLOCK_SIZE) as u32)
+        .map(BlockId)
+        .collect();
     let mut tokens = Vec::new();
     let mut all_logits = Vec::new();
     let mut input = prompt.to_vec();
     let mut context_len = 0;
     for _ in 0..new_tokens {
-        let seq = ScheduledSeq {
-            token_ids: &input,
-            context_len,
-            block_table: &blocks,
-            want_logits: true,
-        };
+        let seq = ScheduledSequence::new(RequestId(0), input, context_len, blocks.clone(), true);
         let mut ctx = build_forward_context(&[seq], BLOCK_SIZE);
         with_kv_groups(runner, &mut ctx, blocks.len());
         let logits = runner.execute(&ctx).unwrap().into_logits().unwrap();
         let next = argmax(&logits);
-        context_len += input.len();
+        context_len += ctx.num_tokens();
         input = vec![next];
         tokens.push(next);
         all_logits.push(logits);

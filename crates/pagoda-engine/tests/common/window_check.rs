@@ -5,7 +5,8 @@
 //! margin, split by whether the query at that position lies inside the
 //! local window (every key visible, the window cuts nothing) or beyond it.
 
-use pagoda_engine::context::{build_forward_context, ScheduledSeq};
+use pagoda_core::{BlockId, RequestId, ScheduledSequence};
+use pagoda_engine::context::build_forward_context;
 use pagoda_engine::ModelRunner;
 use pagoda_kernels::Backend;
 use pagoda_model::ModelConfig;
@@ -31,17 +32,20 @@ pub fn forced_logits<B: Backend>(
     prompt_len: usize,
 ) -> Vec<(usize, Vec<f32>)> {
     assert!(prompt_len >= 1 && prompt_len < seq.len());
-    let table: Vec<u32> = (0..seq.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    let table: Vec<BlockId> = (0..seq.len().div_ceil(BLOCK_SIZE) as u32)
+        .map(BlockId)
+        .collect();
     let mut out = Vec::new();
     let mut context_len = 0;
     let mut input = &seq[..prompt_len];
     while context_len + input.len() < seq.len() {
-        let s = ScheduledSeq {
-            token_ids: input,
+        let s = ScheduledSequence::new(
+            RequestId(0),
+            input.to_vec(),
             context_len,
-            block_table: &table,
-            want_logits: true,
-        };
+            table.clone(),
+            true,
+        );
         let mut ctx = build_forward_context(&[s], BLOCK_SIZE);
         with_kv_groups(runner, &mut ctx, table.len());
         let logits = runner.execute(&ctx).unwrap().into_logits().unwrap();

@@ -11,6 +11,7 @@
 
 use crate::fp8::{e4m3_to_f32, f32_to_e4m3};
 use crate::{KernelError, KvCacheShape, Result};
+use pagoda_core::BlockCopy;
 use std::borrow::Cow;
 
 /// The elements of K and V.
@@ -187,13 +188,13 @@ impl CpuKvCache {
 
     /// Copies the first `num_tokens` slots of each `src` block to its `dst`
     /// block, K and V. Out-of-range blocks or counts are an error, not a panic.
-    pub(crate) fn copy_blocks(&mut self, copies: &[crate::BlockCopyOp]) -> Result<()> {
+    pub(crate) fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
         let s = self.shape;
         let slot = s.num_kv_heads * s.head_dim;
         let block = s.block_size * slot;
         for c in copies {
-            if c.src as usize >= s.num_blocks
-                || c.dst as usize >= s.num_blocks
+            if c.src.0 as usize >= s.num_blocks
+                || c.dst.0 as usize >= s.num_blocks
                 || c.num_tokens > s.block_size
             {
                 return Err(KernelError::Shape {
@@ -205,8 +206,8 @@ impl CpuKvCache {
                 });
             }
             let (src, dst, n) = (
-                c.src as usize * block,
-                c.dst as usize * block,
+                c.src.0 as usize * block,
+                c.dst.0 as usize * block,
                 c.num_tokens * slot,
             );
             match &mut self.data {
@@ -236,7 +237,7 @@ fn dequant(b: &[u8], scale: f32) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::BlockCopyOp;
+    use pagoda_core::BlockId;
 
     const SHAPE: KvCacheShape = KvCacheShape {
         num_blocks: 3,
@@ -256,9 +257,9 @@ mod tests {
                 c.write(slot * width, &k, &v);
             }
             let (k0, v0) = (c.k().into_owned(), c.v().into_owned());
-            c.copy_blocks(&[BlockCopyOp {
-                src: 0,
-                dst: 2,
+            c.copy_blocks(&[BlockCopy {
+                src: BlockId(0),
+                dst: BlockId(2),
                 num_tokens: 3,
             }])
             .unwrap();
@@ -270,16 +271,16 @@ mod tests {
             assert_eq!(k1[2 * block + copied..], k0[2 * block + copied..]);
             assert_eq!(k1[..2 * block], k0[..2 * block]);
             assert!(c
-                .copy_blocks(&[BlockCopyOp {
-                    src: 3,
-                    dst: 0,
+                .copy_blocks(&[BlockCopy {
+                    src: BlockId(3),
+                    dst: BlockId(0),
                     num_tokens: 1
                 }])
                 .is_err());
             assert!(c
-                .copy_blocks(&[BlockCopyOp {
-                    src: 0,
-                    dst: 1,
+                .copy_blocks(&[BlockCopy {
+                    src: BlockId(0),
+                    dst: BlockId(1),
                     num_tokens: 5
                 }])
                 .is_err());

@@ -445,7 +445,7 @@ impl Backend for CpuBackend {
         attention::store_kv(k, v, cache, step, group)
     }
 
-    fn copy_blocks(&self, cache: &mut CpuKvCache, copies: &[crate::BlockCopyOp]) -> Result<()> {
+    fn copy_blocks(&self, cache: &mut CpuKvCache, copies: &[pagoda_core::BlockCopy]) -> Result<()> {
         cache.copy_blocks(copies)
     }
 

@@ -24,7 +24,9 @@ use super::attention_path::AttentionKernel;
 use super::ops::elems_cfg;
 use super::storage::{CudaKvCache, CudaStep, CudaTensor};
 use super::{device_err, CudaBackend};
-use crate::{AttentionParams, BlockCopyOp, KernelError, Result};
+use pagoda_core::BlockCopy;
+
+use crate::{AttentionParams, KernelError, Result};
 use cudarc::driver::LaunchConfig;
 
 /// Largest head_dim the attention kernel handles (8 values per lane).
@@ -131,14 +133,14 @@ pub(crate) fn store_kv(
 pub(crate) fn copy_blocks(
     b: &CudaBackend,
     cache: &mut CudaKvCache,
-    copies: &[BlockCopyOp],
+    copies: &[BlockCopy],
 ) -> Result<()> {
     let op = "copy_blocks";
     let s = cache.shape;
     let mut ops: Vec<i32> = Vec::with_capacity(copies.len() * 3);
     for (i, c) in copies.iter().enumerate() {
-        if c.src as usize >= s.num_blocks
-            || c.dst as usize >= s.num_blocks
+        if c.src.0 as usize >= s.num_blocks
+            || c.dst.0 as usize >= s.num_blocks
             || c.num_tokens > s.block_size
         {
             return Err(shape_err(
@@ -156,10 +158,10 @@ pub(crate) fn copy_blocks(
         if clash && c.num_tokens > 0 {
             return Err(shape_err(
                 op,
-                format!("block {} is both a source and a destination", c.dst),
+                format!("block {} is both a source and a destination", c.dst.0),
             ));
         }
-        ops.extend([c.src as i32, c.dst as i32, c.num_tokens as i32]);
+        ops.extend([c.src.0 as i32, c.dst.0 as i32, c.num_tokens as i32]);
     }
     let slot_elems = s.num_kv_heads * s.head_dim;
     let max_tokens = copies.iter().map(|c| c.num_tokens).max().unwrap_or(0);

@@ -71,8 +71,8 @@ pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 
 use crate::{
-    AttentionParams, Backend, BlockCopyOp, DeviceSamples, ForwardContext, HostTensor, KernelError,
-    KvCacheShape, Result, RopeStyle, SamplingOptions, TokenMasks,
+    AttentionParams, Backend, DeviceSamples, ForwardContext, HostTensor, KernelError, KvCacheShape,
+    Result, RopeStyle, SamplingOptions, TokenMasks,
 };
 use half::bf16;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -862,7 +862,11 @@ impl Backend for CudaBackend {
         attention::store_kv(self, k, v, cache, step, group)
     }
 
-    fn copy_blocks(&self, cache: &mut CudaKvCache, copies: &[BlockCopyOp]) -> Result<()> {
+    fn copy_blocks(
+        &self,
+        cache: &mut CudaKvCache,
+        copies: &[pagoda_core::BlockCopy],
+    ) -> Result<()> {
         attention::copy_blocks(self, cache, copies)
     }
 

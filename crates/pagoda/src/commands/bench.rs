@@ -31,8 +31,8 @@ use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use crate::progress;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use pagoda_core::SamplingParams;
-use pagoda_engine::context::{add_kv_groups, build_forward_context, ScheduledSeq};
+use pagoda_core::{BlockId, RequestId, SamplingParams, ScheduledSequence};
+use pagoda_engine::context::build_forward_context;
 use pagoda_engine::sampler::RequestRng;
 use pagoda_engine::{EngineRequest, LlmEngine, StepOutput};
 use pagoda_kernels::{Backend, SamplingRow};
@@ -443,11 +443,15 @@ impl EngineTask for Single<'_> {
             );
         }
         let per_group = total.div_ceil(block_size);
-        let blocks: Vec<u32> = (0..per_group as u32).collect();
+        let blocks: Vec<BlockId> = (0..per_group as u32).map(BlockId).collect();
         // Every KV cache group keeps every block, on pages of its own.
         let extra = engine.runner().kv_layout().num_groups() - 1;
-        let group_tables: Vec<Vec<u32>> = (1..=extra)
-            .map(|g| ((g * per_group) as u32..((g + 1) * per_group) as u32).collect())
+        let group_tables: Vec<Vec<BlockId>> = (1..=extra)
+            .map(|g| {
+                ((g * per_group) as u32..((g + 1) * per_group) as u32)
+                    .map(BlockId)
+                    .collect()
+            })
             .collect();
         if per_group * (extra + 1) > engine.scheduler_config().num_blocks {
             bail!("the KV cache is too small for {total} tokens; raise --kv-cache-memory");
@@ -461,16 +465,9 @@ impl EngineTask for Single<'_> {
         let mut tg = Vec::new();
         // One warm-up pass of each kind, then the measured repeats.
         for rep in 0..=a.repeats {
-            let seq = ScheduledSeq {
-                token_ids: &prompt,
-                context_len: 0,
-                block_table: &blocks,
-                want_logits: true,
-            };
+            let seq = ScheduledSequence::new(RequestId(0), prompt.clone(), 0, blocks.clone(), true)
+                .with_group_tables(group_tables.clone());
             let mut ctx = build_forward_context(&[seq], block_size);
-            if extra > 0 {
-                add_kv_groups(&mut ctx, extra, &group_tables);
-            }
             if runner.samples_on_device() {
                 ctx.sampling = vec![SamplingRow::GREEDY];
             }
@@ -480,18 +477,15 @@ impl EngineTask for Single<'_> {
 
             let t = Instant::now();
             let mut token = prompt[0];
+            let mut seq =
+                [
+                    ScheduledSequence::new(RequestId(0), vec![token], 0, blocks.clone(), true)
+                        .with_group_tables(group_tables.clone()),
+                ];
             for pos in 0..a.gen_tokens {
-                let ids = [token];
-                let seq = ScheduledSeq {
-                    token_ids: &ids,
-                    context_len: pos,
-                    block_table: &blocks,
-                    want_logits: true,
-                };
-                let mut ctx = build_forward_context(&[seq], block_size);
-                if extra > 0 {
-                    add_kv_groups(&mut ctx, extra, &group_tables);
-                }
+                seq[0].token_ids[0] = token;
+                seq[0].num_computed_tokens = pos;
+                let mut ctx = build_forward_context(&seq, block_size);
                 if runner.samples_on_device() {
                     ctx.sampling = vec![SamplingRow::GREEDY];
                 }

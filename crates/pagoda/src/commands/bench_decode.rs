@@ -12,7 +12,8 @@
 use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use pagoda_engine::context::{add_kv_groups, build_forward_context, ScheduledSeq};
+use pagoda_core::{BlockId, RequestId, ScheduledSequence};
+use pagoda_engine::context::build_forward_context;
 use pagoda_engine::{LlmEngine, StepOutput};
 use pagoda_kernels::{Backend, SamplingRow};
 use serde::Serialize;
@@ -89,7 +90,6 @@ impl EngineTask for Decode<'_> {
         let runner = engine.runner_mut();
         // Every KV cache group keeps every block (no window release here).
         let groups = runner.kv_layout().num_groups();
-        let extra = groups - 1;
         let graphs = !runner.graph_batch_sizes().is_empty();
         let on_device = runner.samples_on_device();
         let mut out = Vec::new();
@@ -101,22 +101,16 @@ impl EngineTask for Decode<'_> {
                     sc.num_blocks
                 );
             }
-            let table = |k: usize| -> Vec<u32> {
-                ((k * per_seq) as u32..((k + 1) * per_seq) as u32).collect()
+            let table = |k: usize| -> Vec<BlockId> {
+                ((k * per_seq) as u32..((k + 1) * per_seq) as u32)
+                    .map(BlockId)
+                    .collect()
             };
-            let tables: Vec<Vec<u32>> = (0..batch).map(table).collect();
-            // Group g's table of sequence i, at `i * extra + g - 1`.
-            let group_tables: Vec<Vec<u32>> = (0..batch)
-                .flat_map(|i| (1..groups).map(move |g| g * batch + i))
-                .map(table)
-                .collect();
-            let with_groups = |first: usize, mut ctx: pagoda_kernels::ForwardContext| {
-                if extra > 0 {
-                    let n = ctx.num_seqs();
-                    let t = &group_tables[first * extra..(first + n) * extra];
-                    add_kv_groups(&mut ctx, extra, t);
-                }
-                ctx
+            // Sequence i on pages of its own, in every KV cache group (group
+            // g's table is table g * batch + i).
+            let entry = |i: usize, ids: Vec<u32>, context: usize, logits: bool| {
+                ScheduledSequence::new(RequestId(i as u64), ids, context, table(i), logits)
+                    .with_group_tables((1..groups).map(|g| table(g * batch + i)).collect())
             };
             let prompts: Vec<Vec<u32>> = (0..batch as u64)
                 .map(|s| {
@@ -131,29 +125,22 @@ impl EngineTask for Decode<'_> {
             // Prefill, a few sequences per step.
             let per_step = (sc.max_num_batched_tokens / a.context).max(1);
             for first in (0..batch).step_by(per_step) {
-                let seqs: Vec<ScheduledSeq<'_>> = (first..(first + per_step).min(batch))
-                    .map(|i| ScheduledSeq {
-                        token_ids: &prompts[i],
-                        context_len: 0,
-                        block_table: &tables[i],
-                        want_logits: false,
-                    })
+                let seqs: Vec<ScheduledSequence> = (first..(first + per_step).min(batch))
+                    .map(|i| entry(i, prompts[i].clone(), 0, false))
                     .collect();
-                runner.execute(&with_groups(first, build_forward_context(&seqs, bs)))?;
+                runner.execute(&build_forward_context(&seqs, bs))?;
             }
             let mut tokens: Vec<u32> = prompts.iter().map(|p| p[0]).collect();
             let mut times = Vec::with_capacity(a.steps);
+            let mut seqs: Vec<ScheduledSequence> = (0..batch)
+                .map(|i| entry(i, vec![tokens[i]], a.context, true))
+                .collect();
             for step in 0..WARMUP + a.steps {
-                let ids: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
-                let seqs: Vec<ScheduledSeq<'_>> = (0..batch)
-                    .map(|i| ScheduledSeq {
-                        token_ids: &ids[i],
-                        context_len: a.context + step,
-                        block_table: &tables[i],
-                        want_logits: true,
-                    })
-                    .collect();
-                let mut ctx = with_groups(0, build_forward_context(&seqs, bs));
+                for (s, &t) in seqs.iter_mut().zip(&tokens) {
+                    s.token_ids[0] = t;
+                    s.num_computed_tokens = a.context + step;
+                }
+                let mut ctx = build_forward_context(&seqs, bs);
                 if on_device {
                     ctx.sampling = vec![SamplingRow::GREEDY; batch];
                 }
