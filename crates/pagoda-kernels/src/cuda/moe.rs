@@ -43,6 +43,7 @@
 //! Host routes may repeat an expert within a row (each pair counts).
 
 use super::launch::Launch;
+use super::moe_stream::StreamUse;
 use super::pool::DeviceBuf;
 use super::storage::{Act, CudaTensor, CudaWeight, WeightBuf};
 use super::{device_err, CudaBackend};
@@ -510,6 +511,18 @@ impl MoePath {
     }
 }
 
+/// The stream path where `stream` asks for it in place of `auto`: grouped
+/// steps of decode-sized chunks (16-slot tiles), and with
+/// [`StreamUse::All`] GEMV steps too. Depends only on the shape.
+fn stream_or(auto: MoePath, rows: usize, top_k: usize, n_exp: usize, stream: StreamUse) -> MoePath {
+    let decode = tile_rows(CHUNK_ROWS.min(rows) * top_k, n_exp) == 16;
+    match (auto, stream) {
+        (MoePath::Grouped, StreamUse::Grouped | StreamUse::All) if decode => MoePath::Stream,
+        (MoePath::Gemv, StreamUse::All) => MoePath::Stream,
+        _ => auto,
+    }
+}
+
 /// `Backend::moe_experts`.
 pub(crate) fn experts(
     b: &CudaBackend,
@@ -536,14 +549,13 @@ pub(crate) fn experts_on(
     let op = "moe_experts";
     let d = check(x, routes, gate_up, down, n_exp)?;
     let path = path.unwrap_or_else(|| {
-        let auto = MoePath::for_shape(d.rows, d.top_k, n_exp, d.hidden, d.inter);
-        // The stream kernels take decode-sized chunks (16-slot tiles) when asked.
-        let decode = tile_rows(CHUNK_ROWS.min(d.rows) * d.top_k, n_exp) == 16;
-        if auto == MoePath::Grouped && decode && super::moe_stream::from_env() {
-            MoePath::Stream
-        } else {
-            auto
-        }
+        stream_or(
+            MoePath::for_shape(d.rows, d.top_k, n_exp, d.hidden, d.inter),
+            d.rows,
+            d.top_k,
+            n_exp,
+            super::moe_stream::from_env(),
+        )
     });
     let any_width = matches!(path, MoePath::Grouped | MoePath::Stream);
     let aligned = d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8);
@@ -987,6 +999,30 @@ mod tests {
         // Widths off 8 always group.
         assert_eq!(MoePath::for_shape(1, 2, 8, 20, 12), Grouped);
         assert_eq!(MoePath::for_shape(1, 2, 8, 96, 36), Grouped);
+    }
+
+    #[test]
+    fn the_stream_path_replaces_decode_sized_steps_when_asked() {
+        use MoePath::*;
+        let at = |rows: usize, s: StreamUse| {
+            stream_or(MoePath::for_shape(rows, 8, 128, 2048, 768), rows, 8, 128, s)
+        };
+        for rows in [1, 16, 17, 64, 256, 511, 600] {
+            assert_eq!(
+                at(rows, StreamUse::Off),
+                MoePath::for_shape(rows, 8, 128, 2048, 768)
+            );
+        }
+        assert_eq!(at(1, StreamUse::Grouped), Gemv);
+        assert_eq!(at(16, StreamUse::Grouped), Gemv);
+        assert_eq!(at(1, StreamUse::All), Stream);
+        assert_eq!(at(16, StreamUse::All), Stream);
+        for s in [StreamUse::Grouped, StreamUse::All] {
+            assert_eq!(at(17, s), Stream);
+            assert_eq!(at(511, s), Stream);
+            // 4,096 pairs over 128 experts: 64-slot tiles, the grouped GEMMs.
+            assert_eq!(at(512, s), Grouped);
+        }
     }
 
     #[test]

@@ -11,10 +11,11 @@
 //! are `(E, ceil(N / BN))`, sized from the layer alone (graph-safe; blocks
 //! of experts without pairs exit at once).
 //!
-//! The path is chosen by [`MOE_KERNEL_ENV`] (`stream`) where the shape
-//! would take the grouped GEMMs at 16-slot tiles (decode-sized chunks), or
-//! forced with `moe_experts_on` (tests and benchmarks); unset, nothing
-//! changes.
+//! The path is chosen by [`MOE_KERNEL_ENV`]: `stream` where the shape
+//! would take the grouped GEMMs at 16-slot tiles (decode-sized chunks),
+//! `stream-all` there and where it would take the GEMV path (small
+//! batches); or forced with `moe_experts_on` (tests and benchmarks).
+//! Unset, nothing changes.
 
 use super::moe::{Dims, Scratch};
 use super::storage::CudaTensor;
@@ -25,9 +26,20 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// The environment variable that makes `moe_experts` take the stream
-/// kernels for decode-sized steps (value `stream`; anything else, or unset,
-/// keeps the grouped GEMMs).
+/// kernels: `stream` for steps the grouped GEMMs would take at 16-slot
+/// tiles, `stream-all` for those and the GEMV path's; anything else, or
+/// unset, keeps the paths [`super::moe::MoePath::for_shape`] picks.
 pub const MOE_KERNEL_ENV: &str = "PAGODA_MOE_KERNEL";
+
+/// What [`MOE_KERNEL_ENV`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamUse {
+    Off,
+    /// In place of the grouped GEMMs at 16-slot tiles.
+    Grouped,
+    /// Also in place of the GEMV path.
+    All,
+}
 
 /// `MS_THREADS` of the kernels.
 const THREADS: u32 = 256;
@@ -44,14 +56,18 @@ const ROW_BYTES: usize = 128;
 /// slots as whole 16-slot tiles).
 pub(crate) const TILE_ROWS: usize = 16;
 
-/// Whether [`MOE_KERNEL_ENV`] asks for the stream kernels (read once).
-pub(crate) fn from_env() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_says_stream(std::env::var(MOE_KERNEL_ENV).ok().as_deref()))
+/// What [`MOE_KERNEL_ENV`] asks for (read once per process).
+pub(crate) fn from_env() -> StreamUse {
+    static USE: OnceLock<StreamUse> = OnceLock::new();
+    *USE.get_or_init(|| parse_env(std::env::var(MOE_KERNEL_ENV).ok().as_deref()))
 }
 
-fn env_says_stream(v: Option<&str>) -> bool {
-    v.is_some_and(|v| v.trim().eq_ignore_ascii_case("stream"))
+fn parse_env(v: Option<&str>) -> StreamUse {
+    match v.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Some("stream") => StreamUse::Grouped,
+        Some("stream-all") => StreamUse::All,
+        _ => StreamUse::Off,
+    }
 }
 
 /// Dynamic shared memory of a block: `STAGES` stages of `ROWS` weight rows
@@ -161,12 +177,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_stream_selects_the_stream_kernels() {
-        assert!(env_says_stream(Some("stream")));
-        assert!(env_says_stream(Some(" Stream ")));
-        assert!(!env_says_stream(None));
-        assert!(!env_says_stream(Some("grouped")));
-        assert!(!env_says_stream(Some("")));
+    fn only_stream_values_select_the_stream_kernels() {
+        assert_eq!(parse_env(Some("stream")), StreamUse::Grouped);
+        assert_eq!(parse_env(Some(" Stream ")), StreamUse::Grouped);
+        assert_eq!(parse_env(Some("stream-all")), StreamUse::All);
+        assert_eq!(parse_env(None), StreamUse::Off);
+        assert_eq!(parse_env(Some("grouped")), StreamUse::Off);
+        assert_eq!(parse_env(Some("")), StreamUse::Off);
     }
 
     #[test]
