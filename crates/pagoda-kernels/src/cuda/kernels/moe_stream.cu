@@ -8,8 +8,8 @@
 // Grid (E, ceil(N / BN)), MS_THREADS threads (8 warps): block (e, nb)
 // finds expert e's tiles in meta (contiguous, ascending: one scan of
 // meta[1 .. 1 + meta[0]] with shared atomics) and exits at once if it has
-// none, so untouched experts cost nothing and the grid depends only on E
-// and N. Otherwise it streams MS_ROWS = 128 weight rows over all of K:
+// none, so untouched experts cost almost nothing (see start-up below) and
+// the grid depends only on E and N. Otherwise it streams MS_ROWS = 128 weight rows over all of K:
 //   gate_up (MODE 0): BN 64 output columns, gate rows e*2N + n and up rows
 //            e*2N + N + n; warp w owns columns 8w .. 8w + 7 of both;
 //            out h[slot, n] = bf16(silu(g) * u);
@@ -30,6 +30,13 @@
 // of weights a block, 2 blocks an SM on sm_90 (96 KB of shared memory
 // each for FP8, 80 KB for bf16): about 96 KB in flight an SM, over the
 // ~25-30 KB that 3.35 TB/s x ~1 us of latency asks for.
+//
+// Start-up: the first pass's weight stages (which need only e and the
+// column slice) are issued before the scan of meta and the slot lookups,
+// so the weight stream starts while those two dependent round trips wait;
+// the activation stages follow as one more group, waited for whole at the
+// first k step. A block whose expert has no pair drops its prefetch (48 KB;
+// only below ~64 rows are experts idle).
 //
 // Fragments without ldmatrix: within each k32 block of a stage, thread
 // (g = lane / 4, t = lane % 4) takes the physical k 8t .. 8t + 7 of its
@@ -117,17 +124,12 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
     const int e = blockIdx.x;
     const int n0 = blockIdx.y * BN;
     const int tid = threadIdx.x;
+    const bool vec_a = vec != 0;
+    const bool vec_w = vec_a && (!Q || k % 16 == 0);  // 16-byte code copies
+    const int k_tiles = (k + BK - 1) / BK;
     if (tid == 0) {
         s_first = 0x7fffffff;
         s_last = -1;
-    }
-    __syncthreads();
-    const int tiles = meta[0];
-    for (int t = tid; t < tiles; t += MS_THREADS) {
-        if (meta[1 + t] == e) {
-            atomicMin(&s_first, t);
-            atomicMax(&s_last, t);
-        }
     }
     for (int r = tid; r < MS_ROWS; r += MS_THREADS) {
         const int col = n0 + r % BN;
@@ -135,23 +137,52 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
                             : nullptr;
     }
     __syncthreads();
+
+    auto load_w = [&](int stage, int k0) {
+        unsigned char* sw = s_w + stage * L::W_STAGE;
+        for (int c = tid; c < MS_ROWS * W_CPR; c += MS_THREADS) {
+            const int r = c / W_CPR, ch = c % W_CPR;
+            WT* dst = reinterpret_cast<WT*>(sw + r * MS_ROW_BYTES +
+                                            (Q ? ms_code_chunk(r, ch) : ms_bf16_chunk(r, ch)));
+            moe_load16(dst, w_rows[r], k0 + ch * W_ELEMS, k, vec_w);
+        }
+    };
+    // The first pass's weight stages go out before the expert's slots are
+    // known (they need only e and n0), so the stream starts while the scan
+    // below and the slot lookups wait on their loads: groups 0 .. S - 2,
+    // one stage each. A block whose expert has no pair drops them (48 KB,
+    // only while some experts are idle, i.e. below ~64 rows).
+#pragma unroll
+    for (int st = 0; st < MS_STAGES - 1; st++) {
+        if (st < k_tiles) {
+            load_w(st, st * BK);
+        }
+        pf_cp_async_commit();
+    }
+    const int tiles = meta[0];
+    for (int t = tid; t < tiles; t += MS_THREADS) {
+        if (meta[1 + t] == e) {
+            atomicMin(&s_first, t);
+            atomicMax(&s_last, t);
+        }
+    }
+    __syncthreads();
     const int first = s_first, last = s_last;
     if (last < 0) {
-        return;  // the expert has no pair: its weights are never read
+        moe_cp_async_wait<0>();
+        return;  // the expert has no pair: nothing else of its weights is read
     }
 
-    const bool vec_a = vec != 0;
-    const bool vec_w = vec_a && (!Q || k % 16 == 0);  // 16-byte code copies
     const int lane = tid & 31;
     const int warp = tid >> 5;
     const int g = lane >> 2;
     const int t4 = lane & 3;
-    const int k_tiles = (k + BK - 1) / BK;
     const long long wrow0 = (long long)e * NSETS * n;  // the expert's first weight row
 
     for (int p0 = first; p0 <= last; p0 += MS_MT) {
         const int mt = min(MS_MT, last + 1 - p0);  // m16 tiles this pass (uniform)
         const long long slot0 = (long long)p0 * 16;
+        const bool first_pass = p0 == first;
         for (int r = tid; r < MS_SLOTS; r += MS_THREADS) {
             const bf16* row = nullptr;
             if (r < mt * 16) {
@@ -164,14 +195,7 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         }
         __syncthreads();
 
-        auto load = [&](int stage, int k0) {
-            unsigned char* sw = s_w + stage * L::W_STAGE;
-            for (int c = tid; c < MS_ROWS * W_CPR; c += MS_THREADS) {
-                const int r = c / W_CPR, ch = c % W_CPR;
-                WT* dst = reinterpret_cast<WT*>(
-                    sw + r * MS_ROW_BYTES + (Q ? ms_code_chunk(r, ch) : ms_bf16_chunk(r, ch)));
-                moe_load16(dst, w_rows[r], k0 + ch * W_ELEMS, k, vec_w);
-            }
+        auto load_a = [&](int stage, int k0) {
             unsigned char* sa = s_a + stage * L::A_STAGE;
             for (int c = tid; c < mt * 16 * A_CPR; c += MS_THREADS) {
                 const int r = c / A_CPR, ch = c % A_CPR;
@@ -179,6 +203,27 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
                 moe_load16(dst, a_rows[r], k0 + ch * 8, k, vec_a);
             }
         };
+        // Prologue: the first pass adds its activation stages as one more
+        // group (waited for whole at kt 0); a later pass loads weights and
+        // activations stage by stage.
+        if (first_pass) {
+#pragma unroll
+            for (int st = 0; st < MS_STAGES - 1; st++) {
+                if (st < k_tiles) {
+                    load_a(st, st * BK);
+                }
+            }
+            pf_cp_async_commit();
+        } else {
+#pragma unroll
+            for (int st = 0; st < MS_STAGES - 1; st++) {
+                if (st < k_tiles) {
+                    load_w(st, st * BK);
+                    load_a(st, st * BK);
+                }
+                pf_cp_async_commit();
+            }
+        }
 
         float acc[NSETS][MS_MT][NT][4];
 #pragma unroll
@@ -189,19 +234,19 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
                 for (int j = 0; j < NT; j++)
                     acc[s][i][j][0] = acc[s][i][j][1] = acc[s][i][j][2] = acc[s][i][j][3] = 0.0f;
 
-#pragma unroll
-        for (int s = 0; s < MS_STAGES - 1; s++) {
-            if (s < k_tiles) {
-                load(s, s * BK);
-            }
-            pf_cp_async_commit();
-        }
         for (int kt = 0; kt < k_tiles; kt++) {
-            moe_cp_async_wait<MS_STAGES - 2>();  // stage kt landed
+            // Stage kt landed (the first pass's kt 0 waits for its whole
+            // prologue: the activation stages are its last group).
+            if (first_pass && kt == 0) {
+                moe_cp_async_wait<0>();
+            } else {
+                moe_cp_async_wait<MS_STAGES - 2>();
+            }
             __syncthreads();  // and every warp is done with the stage reloaded below
             const int nk = kt + MS_STAGES - 1;
             if (nk < k_tiles) {
-                load(nk % MS_STAGES, nk * BK);
+                load_w(nk % MS_STAGES, nk * BK);
+                load_a(nk % MS_STAGES, nk * BK);
             }
             pf_cp_async_commit();
             const unsigned char* sw = s_w + (kt % MS_STAGES) * L::W_STAGE;
@@ -297,12 +342,12 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
 // The two stream kernels of one weight type (name suffix SFX); the same
 // arguments as the grouped GEMMs.
 #define MOE_STREAM_KERNELS(W, SFX)                                                               \
-    extern "C" __global__ void __launch_bounds__(MS_THREADS)                                    \
+    extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)                                  \
         moe_stream_gate_up##SFX(MOE_GEMM_ARGS(W::T)) {                                          \
         PDL_ENTRY();                                                                             \
         moe_stream_impl<W, 0>(MOE_GEMM_PASS);                                                    \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MS_THREADS)                                    \
+    extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)                                  \
         moe_stream_down##SFX(MOE_GEMM_ARGS(W::T)) {                                             \
         PDL_ENTRY();                                                                             \
         moe_stream_impl<W, 1>(MOE_GEMM_PASS);                                                    \
