@@ -1,4 +1,4 @@
-//! The decode-regime expert GEMMs of [`super::moe`] ([`MoePath::Stream`]):
+//! The decode-regime expert GEMMs of [`super::moe`] ([`super::moe::MoePath::Stream`]):
 //! the launches of `moe_stream_{gate_up,down}[_fp8]` (see
 //! `kernels/moe_stream.cu`), their shared-memory setup, and the
 //! environment switch that makes `moe_experts` take them.
