@@ -11,8 +11,9 @@
 //! times should stay flat). Each figure is the median of several timed
 //! repeats (host clock around a device synchronization, after a warm-up);
 //! inputs are random, never zeros. Last, the mixture-of-experts MLPs of one
-//! Qwen3-30B-A3B layer at 1 to 256 rows, on the GEMV, the grouped and the
-//! grouped-GEMV path (and which one the shape picks), with bf16 and with FP8
+//! Qwen3-30B-A3B layer at 1 to 256 rows, on the GEMV, the grouped, the
+//! grouped-GEMV and the stream path (and which one the shape picks; the
+//! stream path where `PAGODA_MOE_KERNEL=stream`), with bf16 and with FP8
 //! expert weights, against the floor: the time to read the experts they
 //! touch (2 bytes a weight for bf16, 1 plus a 4-byte scale a row for FP8).
 //! `decode_attention_cache_timings` times decode attention over the bf16
@@ -289,7 +290,7 @@ fn moe_timings() {
     // for FP8 a 4-byte scale per row (2 * inter + hidden rows).
     let bf16_bytes = (3 * hidden * inter * 2) as f64;
     let fp8_bytes = (3 * hidden * inter + 4 * (2 * inter + hidden)) as f64;
-    for rows in [1usize, 2, 4, 8, 16, 64, 256] {
+    for rows in [1usize, 2, 4, 8, 16, 32, 64, 256] {
         let x = g
             .tensor_from_host(rows, hidden, &rvec_f32(&mut rng, rows * hidden, 1.0))
             .unwrap();
@@ -323,7 +324,12 @@ fn moe_timings() {
                 floor * 1e6,
                 route_secs * 1e6
             );
-            for path in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
+            for path in [
+                MoePath::Gemv,
+                MoePath::Grouped,
+                MoePath::GroupedGemv,
+                MoePath::Stream,
+            ] {
                 let secs = time(&g, 20, || {
                     for _ in 0..10 {
                         let _ = g

@@ -77,6 +77,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         include_str!("kernels/attention_prefill_mma.cu"),
     ),
     ("moe.cu", include_str!("kernels/moe.cu")),
+    ("moe_stream.cu", include_str!("kernels/moe_stream.cu")),
 ];
 
 /// The compile units: a name and the sources after `prelude.cuh`, in the
@@ -106,7 +107,7 @@ pub(crate) const UNITS: &[(&str, &[&str])] = &[
         "attention_prefill_mma",
         &["kv.cuh", "mma.cuh", "attention_prefill_mma.cu"],
     ),
-    ("moe", &["common.cuh", "mma.cuh", "moe.cu"]),
+    ("moe", &["common.cuh", "mma.cuh", "moe.cu", "moe_stream.cu"]),
     ("elementwise", &["common.cuh", "kv.cuh", "elementwise.cu"]),
     ("sampling", &["sampling.cu", "sampling_extras.cu"]),
     (
@@ -255,6 +256,10 @@ pub(crate) const KERNELS: &[&str] = &[
     "moe_gemv_down_fp8",
     "moe_ggemv_gate_up_fp8",
     "moe_ggemv_down_fp8",
+    "moe_stream_gate_up",
+    "moe_stream_down",
+    "moe_stream_gate_up_fp8",
+    "moe_stream_down_fp8",
     "moe_sigmoid_gate_bf16",
     "moe_sigmoid_gate_f32",
 ];

@@ -158,6 +158,7 @@ impl Device {
         startup.load_s = t.elapsed().as_secs_f64();
         super::attention_prefill::configure(&kernels)?;
         super::attention_prefill_mma::configure(&kernels)?;
+        super::moe_stream::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
         let pdl_supported = launch::pdl_supported(cc, launch::driver_version());

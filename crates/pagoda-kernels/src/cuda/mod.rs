@@ -43,6 +43,7 @@ mod graph;
 mod launch;
 mod logit_adjust;
 mod moe;
+mod moe_stream;
 mod ops;
 mod pool;
 mod qk_norm_rope;
@@ -67,6 +68,7 @@ pub use gemv::{
 pub use graph::CudaGraphRunner;
 pub use launch::PDL_ENV;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
+pub use moe_stream::MOE_KERNEL_ENV;
 pub use pool::DeviceBuf;
 pub use storage::{Act, CudaKvCache, CudaStep, CudaTensor, CudaWeight, WeightBuf};
 

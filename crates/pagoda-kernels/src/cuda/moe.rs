@@ -15,7 +15,10 @@
 //!   streams them without padding or grouping.
 //! - Grouped, per chunk of at most [`CHUNK_ROWS`] rows, four launches
 //!   ([`MoePath::GroupedGemv`], for timing, swaps the two GEMMs for warps
-//!   streaming each expert's rows once per tile of 8 slots):
+//!   streaming each expert's rows once per tile of 8 slots;
+//!   [`MoePath::Stream`], where `PAGODA_MOE_KERNEL=stream` asks for it at
+//!   decode-sized chunks, for blocks that hold all of an expert's slots and
+//!   stream its weights once, see [`super::moe_stream`]):
 //!   `moe_group` (pairs grouped by expert on the device, tiles padded to the
 //!   GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused
 //!   (`[slots, inter]`), the down GEMM with the routing weight folded in
@@ -40,6 +43,7 @@
 //! Host routes may repeat an expert within a row (each pair counts).
 
 use super::launch::Launch;
+use super::moe_stream::StreamUse;
 use super::pool::DeviceBuf;
 use super::storage::{Act, CudaTensor, CudaWeight, WeightBuf};
 use super::{device_err, CudaBackend};
@@ -235,7 +239,7 @@ pub(crate) fn routes_from_host(
 /// A stacked expert weight as the kernels take it: bf16 elements, or FP8
 /// codes with one f32 scale per row (the kernels named `..._fp8`).
 #[derive(Clone, Copy)]
-enum ExpertWeight<'a> {
+pub(super) enum ExpertWeight<'a> {
     Bf16(&'a CudaSlice<half::bf16>),
     Fp8 {
         codes: &'a CudaSlice<u8>,
@@ -258,12 +262,12 @@ impl<'a> ExpertWeight<'a> {
         }
     }
 
-    fn is_fp8(self) -> bool {
+    pub(super) fn is_fp8(self) -> bool {
         matches!(self, ExpertWeight::Fp8 { .. })
     }
 
     /// Pushes the weight and its scales: two kernel arguments.
-    fn push<'l>(self, l: &mut Launch<'l>)
+    pub(super) fn push<'l>(self, l: &mut Launch<'l>)
     where
         'a: 'l,
     {
@@ -286,24 +290,26 @@ fn fp8_kernel(base: &str) -> Option<&'static str> {
         "moe_gemv_down" => "moe_gemv_down_fp8",
         "moe_ggemv_gate_up" => "moe_ggemv_gate_up_fp8",
         "moe_ggemv_down" => "moe_ggemv_down_fp8",
+        "moe_stream_gate_up" => "moe_stream_gate_up_fp8",
+        "moe_stream_down" => "moe_stream_down_fp8",
         _ => return None,
     })
 }
 
 /// The layer's sizes, checked, and its weights.
-struct Dims<'a> {
-    rows: usize,
-    hidden: usize,
-    inter: usize,
-    n_exp: usize,
-    top_k: usize,
-    gate_up: ExpertWeight<'a>,
-    down: ExpertWeight<'a>,
+pub(super) struct Dims<'a> {
+    pub(super) rows: usize,
+    pub(super) hidden: usize,
+    pub(super) inter: usize,
+    pub(super) n_exp: usize,
+    pub(super) top_k: usize,
+    pub(super) gate_up: ExpertWeight<'a>,
+    pub(super) down: ExpertWeight<'a>,
 }
 
 impl Dims<'_> {
     /// The kernel `base` for these weights (`base_fp8` for FP8 ones).
-    fn kernel_name(&self, base: &'static str) -> Result<&'static str> {
+    pub(super) fn kernel_name(&self, base: &'static str) -> Result<&'static str> {
         if !self.gate_up.is_fp8() {
             return Ok(base);
         }
@@ -377,7 +383,7 @@ fn check<'a>(
     // Every index the kernels form: slots * width and weight rows * width
     // are 64-bit there; counts and widths must fit in 32 bits.
     // (The grouped GEMV's 8-slot tiles never need more slots than 16-slot ones.)
-    let (_, slots) = capacity(rows, routes.top_k, n_exp, false);
+    let (_, slots) = capacity(rows, routes.top_k, n_exp, None);
     for v in [
         rows * routes.top_k,
         slots,
@@ -430,14 +436,11 @@ struct ChunkPlan {
     tiles: usize,
 }
 
-/// `tile_gemv`: the grouped GEMV's tiles of [`GGEMV_BM`] slots.
-fn plan(n: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> ChunkPlan {
+/// `fixed`: the path's own tile height (see [`fixed_tile_rows`]), else
+/// [`tile_rows`].
+fn plan(n: usize, top_k: usize, n_exp: usize, fixed: Option<usize>) -> ChunkPlan {
     let pairs = n * top_k;
-    let bm = if tile_gemv {
-        GGEMV_BM
-    } else {
-        tile_rows(pairs, n_exp)
-    };
+    let bm = fixed.unwrap_or_else(|| tile_rows(pairs, n_exp));
     ChunkPlan {
         pairs,
         bm,
@@ -447,9 +450,9 @@ fn plan(n: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> ChunkPlan {
 
 /// Scratch that serves every chunk of `rows` rows: `(meta ints, slots)`,
 /// the largest over the full chunk and the remainder (the only two shapes).
-fn capacity(rows: usize, top_k: usize, n_exp: usize, tile_gemv: bool) -> (usize, usize) {
-    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp, tile_gemv);
-    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp, tile_gemv);
+fn capacity(rows: usize, top_k: usize, n_exp: usize, fixed: Option<usize>) -> (usize, usize) {
+    let full = plan(CHUNK_ROWS.min(rows), top_k, n_exp, fixed);
+    let rest = plan(rows % CHUNK_ROWS, top_k, n_exp, fixed);
     (
         1 + full.tiles.max(rest.tiles),
         (full.tiles * full.bm).max(rest.tiles * rest.bm),
@@ -468,6 +471,22 @@ pub enum MoePath {
     /// Never chosen by the shape yet: for timing against `Grouped` at
     /// batches with a few pairs per expert.
     GroupedGemv,
+    /// Pairs grouped by expert in tiles of 16, a block per (expert, column
+    /// slice) holding all of the expert's slots and streaming its weights
+    /// once over K (see [`super::moe_stream`]), then the combine. Taken
+    /// where the shape picks `Grouped` at 16-slot tiles and
+    /// [`super::moe_stream::MOE_KERNEL_ENV`] says `stream`.
+    Stream,
+}
+
+/// The tile height a path groups by, where it is its own: the grouped
+/// GEMV's [`GGEMV_BM`], the stream kernels' 16; `None`: [`tile_rows`].
+fn fixed_tile_rows(path: MoePath) -> Option<usize> {
+    match path {
+        MoePath::GroupedGemv => Some(GGEMV_BM),
+        MoePath::Stream => Some(super::moe_stream::TILE_ROWS),
+        MoePath::Gemv | MoePath::Grouped => None,
+    }
 }
 
 impl MoePath {
@@ -489,6 +508,18 @@ impl MoePath {
         } else {
             MoePath::Grouped
         }
+    }
+}
+
+/// The stream path where `stream` asks for it in place of `auto`: grouped
+/// steps of decode-sized chunks (16-slot tiles), and with
+/// [`StreamUse::All`] GEMV steps too. Depends only on the shape.
+fn stream_or(auto: MoePath, rows: usize, top_k: usize, n_exp: usize, stream: StreamUse) -> MoePath {
+    let decode = tile_rows(CHUNK_ROWS.min(rows) * top_k, n_exp) == 16;
+    match (auto, stream) {
+        (MoePath::Grouped, StreamUse::Grouped | StreamUse::All) if decode => MoePath::Stream,
+        (MoePath::Gemv, StreamUse::All) => MoePath::Stream,
+        _ => auto,
     }
 }
 
@@ -517,10 +548,18 @@ pub(crate) fn experts_on(
 ) -> Result<CudaTensor> {
     let op = "moe_experts";
     let d = check(x, routes, gate_up, down, n_exp)?;
-    let path = path.unwrap_or(MoePath::for_shape(
-        d.rows, d.top_k, n_exp, d.hidden, d.inter,
-    ));
-    if path != MoePath::Grouped && !(d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8)) {
+    let path = path.unwrap_or_else(|| {
+        stream_or(
+            MoePath::for_shape(d.rows, d.top_k, n_exp, d.hidden, d.inter),
+            d.rows,
+            d.top_k,
+            n_exp,
+            super::moe_stream::from_env(),
+        )
+    });
+    let any_width = matches!(path, MoePath::Grouped | MoePath::Stream);
+    let aligned = d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8);
+    if !any_width && !aligned {
         return Err(shape_err(
             op,
             format!(
@@ -543,8 +582,7 @@ pub(crate) fn experts_on(
         return Ok(out);
     }
     // Scratch for every chunk, reused by the next (stream order).
-    let tile_gemv = path == MoePath::GroupedGemv;
-    let (meta, slots) = capacity(d.rows, d.top_k, n_exp, tile_gemv);
+    let (meta, slots) = capacity(d.rows, d.top_k, n_exp, fixed_tile_rows(path));
     let mut s = Scratch {
         meta: b.alloc_i32(meta)?,
         slot_pair: b.alloc_i32(slots)?,
@@ -555,7 +593,7 @@ pub(crate) fn experts_on(
     let mut r0 = 0;
     while r0 < d.rows {
         let n = CHUNK_ROWS.min(d.rows - r0);
-        run_chunk(b, &d, x, routes, &mut out, &mut s, r0, n, tile_gemv)?;
+        run_chunk(b, &d, x, routes, &mut out, &mut s, r0, n, path)?;
         r0 += n;
     }
     Ok(out)
@@ -661,12 +699,12 @@ pub(crate) fn sigmoid_gate_rows(
 }
 
 /// Scratch of one chunk (see `kernels/moe.cu` for the layouts).
-struct Scratch {
-    meta: DeviceBuf<i32>,
-    slot_pair: DeviceBuf<i32>,
-    pair_slot: DeviceBuf<i32>,
-    h: DeviceBuf<half::bf16>,
-    y: DeviceBuf<half::bf16>,
+pub(super) struct Scratch {
+    pub(super) meta: DeviceBuf<i32>,
+    pub(super) slot_pair: DeviceBuf<i32>,
+    pub(super) pair_slot: DeviceBuf<i32>,
+    pub(super) h: DeviceBuf<half::bf16>,
+    pub(super) y: DeviceBuf<half::bf16>,
 }
 
 /// The four launches of rows `r0 .. r0 + n`.
@@ -680,10 +718,10 @@ fn run_chunk(
     s: &mut Scratch,
     r0: usize,
     n: usize,
-    tile_gemv: bool,
+    path: MoePath,
 ) -> Result<()> {
     let op = "moe_experts";
-    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp, tile_gemv);
+    let ChunkPlan { pairs, bm, tiles } = plan(n, d.top_k, d.n_exp, fixed_tile_rows(path));
     let (p_i, e_i, bm_i, k_i) = (
         i32_of(pairs, op)?,
         i32_of(d.n_exp, op)?,
@@ -718,10 +756,10 @@ fn run_chunk(
         l.run(cfg)?;
     }
 
-    if tile_gemv {
-        grouped_gemv(b, d, x, s, &weights, r0, n, tiles)?;
-    } else {
-        grouped_gemm(b, d, x, s, &weights, r0, n, bm, tiles)?;
+    match path {
+        MoePath::GroupedGemv => grouped_gemv(b, d, x, s, &weights, r0, n, tiles)?,
+        MoePath::Stream => super::moe_stream::gemms(b, d, x, s, &weights, r0, n)?,
+        MoePath::Gemv | MoePath::Grouped => grouped_gemm(b, d, x, s, &weights, r0, n, bm, tiles)?,
     }
     // Combine the k outputs of each row.
     {
@@ -882,6 +920,8 @@ mod tests {
             "moe_gemv_down",
             "moe_ggemv_gate_up",
             "moe_ggemv_down",
+            "moe_stream_gate_up",
+            "moe_stream_down",
         ];
         for base in bases {
             let fp8 = fp8_kernel(base).expect("an FP8 variant");
@@ -932,11 +972,11 @@ mod tests {
     fn capacity_serves_every_chunk() {
         for rows in [1, 7, 300, 4095, 4096, 4097, 8192, 8200, 20000] {
             for (top_k, n_exp) in [(1, 8), (2, 64), (8, 128), (8, 1024)] {
-                let (meta, slots) = capacity(rows, top_k, n_exp, false);
+                let (meta, slots) = capacity(rows, top_k, n_exp, None);
                 let mut r0 = 0;
                 while r0 < rows {
                     let n = CHUNK_ROWS.min(rows - r0);
-                    let p = plan(n, top_k, n_exp, false);
+                    let p = plan(n, top_k, n_exp, None);
                     assert!(p.tiles < meta && p.tiles * p.bm <= slots);
                     r0 += n;
                 }
@@ -962,10 +1002,34 @@ mod tests {
     }
 
     #[test]
+    fn the_stream_path_replaces_decode_sized_steps_when_asked() {
+        use MoePath::*;
+        let at = |rows: usize, s: StreamUse| {
+            stream_or(MoePath::for_shape(rows, 8, 128, 2048, 768), rows, 8, 128, s)
+        };
+        for rows in [1, 16, 17, 64, 256, 511, 600] {
+            assert_eq!(
+                at(rows, StreamUse::Off),
+                MoePath::for_shape(rows, 8, 128, 2048, 768)
+            );
+        }
+        assert_eq!(at(1, StreamUse::Grouped), Gemv);
+        assert_eq!(at(16, StreamUse::Grouped), Gemv);
+        assert_eq!(at(1, StreamUse::All), Stream);
+        assert_eq!(at(16, StreamUse::All), Stream);
+        for s in [StreamUse::Grouped, StreamUse::All] {
+            assert_eq!(at(17, s), Stream);
+            assert_eq!(at(511, s), Stream);
+            // 4,096 pairs over 128 experts: 64-slot tiles, the grouped GEMMs.
+            assert_eq!(at(512, s), Grouped);
+        }
+    }
+
+    #[test]
     fn tile_height_follows_pairs_per_expert() {
-        assert_eq!(plan(1, 8, 128, false).bm, 16);
-        assert_eq!(plan(256, 8, 128, false).bm, 16);
-        assert_eq!(plan(512, 8, 128, false).bm, 64);
-        assert_eq!(plan(300, 2, 8, false).bm, 64);
+        assert_eq!(plan(1, 8, 128, None).bm, 16);
+        assert_eq!(plan(256, 8, 128, None).bm, 16);
+        assert_eq!(plan(512, 8, 128, None).bm, 64);
+        assert_eq!(plan(300, 2, 8, None).bm, 64);
     }
 }

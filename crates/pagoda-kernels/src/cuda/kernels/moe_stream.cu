@@ -1,0 +1,357 @@
+// The decode-regime expert GEMMs ("stream" kernels): each touched expert's
+// weights are read exactly once per step, at copy bandwidth, by blocks
+// that hold all of the expert's slots (the launches are in
+// cuda/moe_stream.rs). Compiled after moe.cu, whose grouping (moe_group
+// with 16-slot tiles), weight types (MoeBf16, MoeFp8), epilogues and
+// moe_load16 they share.
+//
+// Grid (E, ceil(N / BN)), MS_THREADS threads (8 warps): block (e, nb)
+// finds expert e's tiles in meta (contiguous, ascending: one scan of
+// meta[1 .. 1 + meta[0]] with shared atomics) and exits at once if it has
+// none, so untouched experts cost almost nothing (see start-up below) and
+// the grid depends only on E and N. Otherwise it streams MS_ROWS = 128 weight rows over all of K:
+//   gate_up (MODE 0): BN 64 output columns, gate rows e*2N + n and up rows
+//            e*2N + N + n; warp w owns columns 8w .. 8w + 7 of both;
+//            out h[slot, n] = bf16(silu(g) * u);
+//   down (MODE 1):    BN 128 output columns, rows e*N + n; warp w owns
+//            columns 16w .. 16w + 15 (two n8 tiles);
+//            out y[slot, n] = bf16(weight[pair] * acc);
+// against the expert's slots held MS_MT m16 tiles (32 slots) at a time:
+// an expert of at most 32 slots reads its weights once; one of more
+// (rare in decode) takes a pass per 32 slots, each re-reading them.
+//
+// The K walk: stages of BK = 128 bytes of every weight row (128 FP8
+// codes or 64 bf16 weights; one 128-byte line a row per stage, 16 KB a
+// stage) plus the pass's activation rows over the same k range (bf16, 2 *
+// BK bytes a row, only the rows the expert has), through a cp.async
+// pipeline of MS_STAGES stages in dynamic shared memory (16-byte copies
+// where rows are 16-byte aligned, element copies otherwise; zero past K,
+// past N and for absent rows). MS_STAGES - 1 = 3 stages in flight: 48 KB
+// of weights a block, 2 blocks an SM on sm_90 (96 KB of shared memory
+// each for FP8, 80 KB for bf16): about 96 KB in flight an SM, over the
+// ~25-30 KB that 3.35 TB/s x ~1 us of latency asks for.
+//
+// Start-up: the first pass's weight stages (which need only e and the
+// column slice) are issued before the scan of meta and the slot lookups,
+// so the weight stream starts while those two dependent round trips wait;
+// the activation stages follow as one more group, waited for whole at the
+// first k step. A block whose expert has no pair drops its prefetch (48 KB;
+// only below ~64 rows are experts idle).
+//
+// Fragments without ldmatrix: within each k32 block of a stage, thread
+// (g = lane / 4, t = lane % 4) takes the physical k 8t .. 8t + 7 of its
+// rows (one 16-byte load of a bf16 row, 8 bytes of a code row). Its
+// first mma consumes 8t .. 8t + 3 as the logical k {2t, 2t + 1, 2t + 8,
+// 2t + 9} of the m16n8k16 layout, the second 8t + 4 .. 8t + 7 likewise:
+// the same permutation of k for A and B, so the dot products are
+// unchanged. FP8 codes widen in registers (cvt.rn.f16x2.e4m3x2, exact;
+// then to bf16, exact: every E4M3 value is a bf16 value): no widened
+// tile, no extra barrier; the row scales apply in f32 in the shared
+// epilogues, as on every other path. Shared layouts are swizzled so those
+// loads are free of bank conflicts: a bf16 row's 16-byte chunk c sits at
+// c ^ 4 in odd rows (rows of a multiple of 128 bytes; a quarter warp
+// reads rows g, g + 1 at 64 bytes each), a code row's 32-byte unit u at u
+// ^ (row & 3) (a half warp reads 4 rows at 32 bytes each).
+
+#define MS_THREADS 256
+#define MS_WARPS (MS_THREADS / 32)
+#define MS_MT 2
+#define MS_SLOTS (16 * MS_MT)
+#define MS_ROWS 128
+#define MS_ROW_BYTES 128
+#define MS_STAGES 4
+
+// Dynamic shared memory of one block: MS_STAGES weight stages then
+// MS_STAGES activation stages (the launch passes the same figure).
+template <typename W>
+struct MsLayout {
+    static constexpr int BK = W::FP8 ? MS_ROW_BYTES : MS_ROW_BYTES / 2;
+    static constexpr int W_STAGE = MS_ROWS * MS_ROW_BYTES;
+    static constexpr int A_ROW = 2 * BK;
+    static constexpr int A_STAGE = MS_SLOTS * A_ROW;
+    static constexpr int BYTES = MS_STAGES * (W_STAGE + A_STAGE);
+};
+
+// Byte offset of 16-byte chunk c of row r in a bf16 tile (rows of a
+// multiple of 128 bytes).
+__device__ __forceinline__ int ms_bf16_chunk(int r, int c) { return (c ^ ((r & 1) << 2)) * 16; }
+
+// Byte offset of 16-byte chunk c of row r in a code tile (rows of 128 bytes).
+__device__ __forceinline__ int ms_code_chunk(int r, int c) {
+    return ((((c >> 1) ^ (r & 3)) << 1) | (c & 1)) * 16;
+}
+
+__device__ __forceinline__ uint4 ms_lds128(const unsigned char* p) {
+    return *reinterpret_cast<const uint4*>(p);
+}
+
+// Four FP8 codes (lowest byte first) as two bf16x2: codes 0, 1 and 2, 3.
+__device__ __forceinline__ void ms_widen4(unsigned w, unsigned& lo, unsigned& hi) {
+    float f[4];
+    fp8x4_to_f32(w, f);
+    lo = moe_pack_bf16x2(f[0], f[1]);
+    hi = moe_pack_bf16x2(f[2], f[3]);
+}
+
+template <typename W, int MODE>
+__device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf16* __restrict__ a,
+                                                const typename W::T* __restrict__ w,
+                                                const float* __restrict__ w_scale,
+                                                const int* __restrict__ meta,
+                                                const int* __restrict__ slot_pair,
+                                                const float* __restrict__ route_w, int top_k,
+                                                int n, int k, int vec) {
+    typedef typename W::T WT;
+    typedef MsLayout<W> L;
+    constexpr bool Q = W::FP8;
+    constexpr int NSETS = MODE == 0 ? 2 : 1;
+    constexpr int NT = 2 / NSETS;                  // n8 tiles of each set a warp owns
+    constexpr int BN = MS_WARPS * 8 * NT;          // output columns of a block
+    constexpr int BK = L::BK;
+    constexpr int KB = BK / 32;                    // k32 blocks a stage
+    constexpr int W_CPR = MS_ROW_BYTES / 16;       // 16-byte chunks a weight row and stage
+    constexpr int A_CPR = L::A_ROW / 16;           // and an activation row
+    constexpr int W_ELEMS = 16 / (int)sizeof(WT);  // weights a chunk
+    static_assert(NSETS * BN == MS_ROWS, "a block streams MS_ROWS weight rows");
+
+    extern __shared__ __align__(16) unsigned char ms_smem[];
+    unsigned char* s_w = ms_smem;
+    unsigned char* s_a = ms_smem + MS_STAGES * L::W_STAGE;
+    __shared__ const WT* w_rows[MS_ROWS];
+    __shared__ const bf16* a_rows[MS_SLOTS];
+    __shared__ int s_first, s_last;
+
+    const int e = blockIdx.x;
+    const int n0 = blockIdx.y * BN;
+    const int tid = threadIdx.x;
+    const bool vec_a = vec != 0;
+    const bool vec_w = vec_a && (!Q || k % 16 == 0);  // 16-byte code copies
+    const int k_tiles = (k + BK - 1) / BK;
+    if (tid == 0) {
+        s_first = 0x7fffffff;
+        s_last = -1;
+    }
+    for (int r = tid; r < MS_ROWS; r += MS_THREADS) {
+        const int col = n0 + r % BN;
+        w_rows[r] = col < n ? w + ((long long)e * NSETS * n + (long long)(r / BN) * n + col) * k
+                            : nullptr;
+    }
+    __syncthreads();
+
+    auto load_w = [&](int stage, int k0) {
+        unsigned char* sw = s_w + stage * L::W_STAGE;
+        for (int c = tid; c < MS_ROWS * W_CPR; c += MS_THREADS) {
+            const int r = c / W_CPR, ch = c % W_CPR;
+            WT* dst = reinterpret_cast<WT*>(sw + r * MS_ROW_BYTES +
+                                            (Q ? ms_code_chunk(r, ch) : ms_bf16_chunk(r, ch)));
+            moe_load16(dst, w_rows[r], k0 + ch * W_ELEMS, k, vec_w);
+        }
+    };
+    // The first pass's weight stages go out before the expert's slots are
+    // known (they need only e and n0), so the stream starts while the scan
+    // below and the slot lookups wait on their loads: groups 0 .. S - 2,
+    // one stage each. A block whose expert has no pair drops them (48 KB,
+    // only while some experts are idle, i.e. below ~64 rows).
+#pragma unroll
+    for (int st = 0; st < MS_STAGES - 1; st++) {
+        if (st < k_tiles) {
+            load_w(st, st * BK);
+        }
+        pf_cp_async_commit();
+    }
+    const int tiles = meta[0];
+    for (int t = tid; t < tiles; t += MS_THREADS) {
+        if (meta[1 + t] == e) {
+            atomicMin(&s_first, t);
+            atomicMax(&s_last, t);
+        }
+    }
+    __syncthreads();
+    const int first = s_first, last = s_last;
+    if (last < 0) {
+        moe_cp_async_wait<0>();
+        return;  // the expert has no pair: nothing else of its weights is read
+    }
+
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;
+    const int t4 = lane & 3;
+    const long long wrow0 = (long long)e * NSETS * n;  // the expert's first weight row
+
+    for (int p0 = first; p0 <= last; p0 += MS_MT) {
+        const int mt = min(MS_MT, last + 1 - p0);  // m16 tiles this pass (uniform)
+        const long long slot0 = (long long)p0 * 16;
+        const bool first_pass = p0 == first;
+        for (int r = tid; r < MS_SLOTS; r += MS_THREADS) {
+            const bf16* row = nullptr;
+            if (r < mt * 16) {
+                const int p = slot_pair[slot0 + r];
+                if (p >= 0) {
+                    row = MODE == 0 ? a + (long long)(p / top_k) * k : a + (slot0 + r) * k;
+                }
+            }
+            a_rows[r] = row;
+        }
+        __syncthreads();
+
+        auto load_a = [&](int stage, int k0) {
+            unsigned char* sa = s_a + stage * L::A_STAGE;
+            for (int c = tid; c < mt * 16 * A_CPR; c += MS_THREADS) {
+                const int r = c / A_CPR, ch = c % A_CPR;
+                bf16* dst = reinterpret_cast<bf16*>(sa + r * L::A_ROW + ms_bf16_chunk(r, ch));
+                moe_load16(dst, a_rows[r], k0 + ch * 8, k, vec_a);
+            }
+        };
+        // Prologue: the first pass adds its activation stages as one more
+        // group (waited for whole at kt 0); a later pass loads weights and
+        // activations stage by stage.
+        if (first_pass) {
+#pragma unroll
+            for (int st = 0; st < MS_STAGES - 1; st++) {
+                if (st < k_tiles) {
+                    load_a(st, st * BK);
+                }
+            }
+            pf_cp_async_commit();
+        } else {
+#pragma unroll
+            for (int st = 0; st < MS_STAGES - 1; st++) {
+                if (st < k_tiles) {
+                    load_w(st, st * BK);
+                    load_a(st, st * BK);
+                }
+                pf_cp_async_commit();
+            }
+        }
+
+        float acc[NSETS][MS_MT][NT][4];
+#pragma unroll
+        for (int s = 0; s < NSETS; s++)
+#pragma unroll
+            for (int i = 0; i < MS_MT; i++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    acc[s][i][j][0] = acc[s][i][j][1] = acc[s][i][j][2] = acc[s][i][j][3] = 0.0f;
+
+        for (int kt = 0; kt < k_tiles; kt++) {
+            // Stage kt landed (the first pass's kt 0 waits for its whole
+            // prologue: the activation stages are its last group).
+            if (first_pass && kt == 0) {
+                moe_cp_async_wait<0>();
+            } else {
+                moe_cp_async_wait<MS_STAGES - 2>();
+            }
+            __syncthreads();  // and every warp is done with the stage reloaded below
+            const int nk = kt + MS_STAGES - 1;
+            if (nk < k_tiles) {
+                load_w(nk % MS_STAGES, nk * BK);
+                load_a(nk % MS_STAGES, nk * BK);
+            }
+            pf_cp_async_commit();
+            const unsigned char* sw = s_w + (kt % MS_STAGES) * L::W_STAGE;
+            const unsigned char* sa = s_a + (kt % MS_STAGES) * L::A_STAGE;
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) {
+                // A: rows g and g + 8 of each m16 tile, physical k 8t .. 8t + 7.
+                uint4 af[MS_MT][2];
+#pragma unroll
+                for (int mi = 0; mi < MS_MT; mi++) {
+                    if (mi < mt) {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int r = mi * 16 + g + 8 * h;
+                            af[mi][h] = ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
+                        }
+                    }
+                }
+#pragma unroll
+                for (int s = 0; s < NSETS; s++) {
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const int r = s * BN + (warp * NT + j) * 8 + g;  // weight row in the block
+                        const unsigned char* row = sw + r * MS_ROW_BYTES;
+                        unsigned b[4];
+                        if constexpr (Q) {
+                            const uint2 q = *reinterpret_cast<const uint2*>(
+                                row + ((kb ^ (r & 3)) << 5) + 8 * t4);
+                            ms_widen4(q.x, b[0], b[1]);
+                            ms_widen4(q.y, b[2], b[3]);
+                        } else {
+                            const uint4 v = ms_lds128(row + ms_bf16_chunk(r, 4 * kb + t4));
+                            b[0] = v.x;
+                            b[1] = v.y;
+                            b[2] = v.z;
+                            b[3] = v.w;
+                        }
+#pragma unroll
+                        for (int mi = 0; mi < MS_MT; mi++) {
+                            if (mi < mt) {
+                                const unsigned a1[4] = {af[mi][0].x, af[mi][1].x, af[mi][0].y,
+                                                        af[mi][1].y};
+                                const unsigned a2[4] = {af[mi][0].z, af[mi][1].z, af[mi][0].w,
+                                                        af[mi][1].w};
+                                pf_mma(acc[s][mi][j], a1, b[0], b[1]);
+                                pf_mma(acc[s][mi][j], a2, b[2], b[3]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        moe_cp_async_wait<0>();
+
+        // C fragments: c0, c1 at (g, 2t + 0..1), c2, c3 eight rows down.
+#pragma unroll
+        for (int mi = 0; mi < MS_MT; mi++) {
+            if (mi >= mt) {
+                continue;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const long long slot = slot0 + mi * 16 + g + 8 * h;
+                const int p = slot_pair[slot];
+                if (p < 0) {
+                    continue;
+                }
+                bf16* orow = out + slot * n;
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+#pragma unroll
+                    for (int jj = 0; jj < 2; jj++) {
+                        const int col = n0 + (warp * NT + j) * 8 + 2 * t4 + jj;
+                        if (col < n) {
+                            const float v0 = acc[0][mi][j][2 * h + jj];
+                            float v;
+                            if constexpr (MODE == 0) {
+                                v = moe_gate_up_val<W>(v0, acc[NSETS - 1][mi][j][2 * h + jj],
+                                                       w_scale, wrow0 + col, wrow0 + n + col);
+                            } else {
+                                v = moe_down_val<W>(v0, route_w[p], w_scale, wrow0 + col);
+                            }
+                            orow[col] = f2bf(v);
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();  // a_rows and the stages are free for the next pass
+    }
+}
+
+// The two stream kernels of one weight type (name suffix SFX); the same
+// arguments as the grouped GEMMs.
+#define MOE_STREAM_KERNELS(W, SFX)                                                               \
+    extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)                                  \
+        moe_stream_gate_up##SFX(MOE_GEMM_ARGS(W::T)) {                                          \
+        PDL_ENTRY();                                                                             \
+        moe_stream_impl<W, 0>(MOE_GEMM_PASS);                                                    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MS_THREADS, 2)                                  \
+        moe_stream_down##SFX(MOE_GEMM_ARGS(W::T)) {                                             \
+        PDL_ENTRY();                                                                             \
+        moe_stream_impl<W, 1>(MOE_GEMM_PASS);                                                    \
+    }
+
+MOE_STREAM_KERNELS(MoeBf16, )
+MOE_STREAM_KERNELS(MoeFp8, _fp8)
