@@ -9,7 +9,8 @@
 //! q/k norms, tied 151,936-row LM head) and the Llama-3.1-8B shape (32
 //! layers, hidden 4096, 128,256-row LM head). Each configuration is one
 //! line: small-row path (auto, warp, mma, cublas) x decode fusions (on,
-//! off), with the median step time of timed replays (host clock around
+//! off), at batch 1 on the auto and warp paths also x the batch-1 GEMV
+//! (`Gemv1`: off = the gemv.cu kernels, on, all), with the median step time of timed replays (host clock around
 //! the replay, which waits for the sampled tokens) and the weight-read
 //! floor at 4.8 TB/s; the default configuration is also timed eagerly (no
 //! graph), which shows the launch cost the graph hides.
