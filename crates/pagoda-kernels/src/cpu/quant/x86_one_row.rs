@@ -7,7 +7,9 @@
 //! - Q4_K / Q5_K apply the sub-block scales after the dot products: each
 //!   32-element sub-block's quants go through `udot` unscaled, two
 //!   sub-blocks' i32 lanes are packed to 16 bits and multiplied by their
-//!   scales in one `wdot`.
+//!   scales in one `wdot`. One weight row at a time: two rows per pass
+//!   over the x row (two weight streams) ran the same in L2 and 2.5x
+//!   slower streamed from memory (one `one_row_timing` run).
 //! - Q6_K (16 scales per block) unpacks each block as the row kernels do
 //!   ([`super::KBlock`]): the same packing of two 16-element sub-blocks'
 //!   sums with four scales per `wdot` measured 3-6% slower (one thread,
