@@ -10,7 +10,7 @@
 //! (the same kernels on the same quantized activations).
 
 use super::act::{self, BlockQ8, BlockQ8K};
-use super::{dot_fn, row_bytes, Dot, Isa, ROWS_PER_CALL};
+use super::{dot_fn, one_row_fn, row_bytes, Dot, DotOneRow, Isa, ROWS_PER_CALL};
 use crate::GgmlType;
 use rayon::prelude::*;
 
@@ -25,6 +25,8 @@ pub struct Target<'a> {
 /// A matrix as the tasks see it: its kernel, weight rows and output.
 struct Job<'a> {
     dot: Dot,
+    /// The one-x-row kernel, taken when there is one and one x row.
+    one_row: Option<DotOneRow>,
     w: &'a [u8],
     rb: usize,
     n: usize,
@@ -57,6 +59,7 @@ pub fn matmul_many(
         assert!(t.w.len() >= n * rb);
         jobs.push(Job {
             dot,
+            one_row: one_row_fn(t.ty, isa).filter(|_| rows == 1),
             w: t.w,
             rb,
             n,
@@ -88,12 +91,17 @@ pub fn matmul_many(
     let (jobs, a8, a8k) = (&jobs, &a8[..], &a8k[..]);
     tasks.into_par_iter().for_each(|(m, j0, j1)| {
         let job = &jobs[m];
-        // SAFETY: `dot` came from `dot_fn` (paths this machine runs), the
-        // rows hold whole blocks, and this task alone writes columns j0..j1.
+        // SAFETY: `dot` came from `dot_fn` and `one_row` from `one_row_fn`
+        // (paths this machine runs), the rows hold whole blocks, and this
+        // task alone writes columns j0..j1 (with one x row, `y[j0..j1]`).
         unsafe {
-            match job.dot {
-                Dot::Q8(f) => rows_into(job, f, a8, rows, j0, j1),
-                Dot::Q8K(f) => rows_into(job, f, a8k, rows, j0, j1),
+            match (job.dot, job.one_row) {
+                (Dot::Q8K(_), Some(f)) => {
+                    let y = std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0);
+                    f(&job.w[j0 * job.rb..j1 * job.rb], job.rb, a8k, y);
+                }
+                (Dot::Q8(f), _) => rows_into(job, f, a8, rows, j0, j1),
+                (Dot::Q8K(f), None) => rows_into(job, f, a8k, rows, j0, j1),
             }
         }
     });

@@ -11,7 +11,9 @@
 //!   ([`act`]: 32-blocks for Q4_0..Q8_0 and IQ4_NL, 256-blocks with 16-sums
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
-//!   in L1 across the x rows, so the weights stream once per call.
+//!   in L1 across the x rows, so the weights stream once per call. At one x
+//!   row the k-quants on the SIMD paths take a kernel per chunk of weight
+//!   rows instead ([`one_row_fn`]), with no call per weight row.
 //! - Several matrices of the same x rows (a step's q, k and v): [`fused`],
 //!   one pass over all of them with the activations quantized once.
 //! - Many rows (prefill, and batched decode steps from 17 rows): Q4_K,
@@ -32,6 +34,8 @@ pub mod fused;
 pub mod kgemm;
 #[cfg(test)]
 mod kgemm_tests;
+#[cfg(test)]
+mod one_row_tests;
 pub mod scalar;
 #[cfg(test)]
 mod tests;
@@ -140,6 +144,39 @@ enum Dot {
     Q8K(DotQ8K),
 }
 
+/// `out[j] = dot(w row j, a)` for `out.len()` consecutive weight rows of
+/// `rb` bytes and one quantized x row `a`.
+pub(super) type DotOneRow = unsafe fn(&[u8], usize, &[BlockQ8K], &mut [f32]);
+
+/// The one-x-row kernel over many weight rows for `ty` on `isa`, where
+/// there is one (the k-quants of a Q4_K_M / Q5_K_M file on the SIMD paths);
+/// `None` sends a one-row call through [`Dot`] row by row. Its values are
+/// [`Dot`]'s up to the f32 summation order.
+fn one_row_fn(ty: GgmlType, isa: Isa) -> Option<DotOneRow> {
+    if !isa.is_available() {
+        return None;
+    }
+    use GgmlType as T;
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! simd {
+        ($m:ident) => {
+            match ty {
+                T::Q4_K => Some(x86::$m::q4_k_one_row as DotOneRow),
+                T::Q5_K => Some(x86::$m::q5_k_one_row as DotOneRow),
+                T::Q6_K => Some(x86::$m::q6_k_one_row as DotOneRow),
+                _ => None,
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => simd!(avx2_one_row),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => simd!(vnni_one_row),
+        _ => None,
+    }
+}
+
 /// The row dot product for `ty` on `isa`; `None` when the type has no
 /// kernel or the path is not available here (so a `Dot` is always safe to
 /// call on whole blocks).
@@ -220,7 +257,10 @@ pub fn matmul(
         Dot::Q8K(f) => {
             let mut a = vec![BlockQ8K::default(); x.len() / 256];
             act::quantize_q8k(x, &mut a);
-            run(w, rb, &a, rows, y, threads, f);
+            match one_row_fn(ty, isa) {
+                Some(f1) if rows == 1 => run_one_row(w, rb, &a, y, threads, f1),
+                _ => run(w, rb, &a, rows, y, threads, f),
+            }
         }
     }
     true
@@ -234,6 +274,27 @@ const ROWS_PER_CALL: usize = 64;
 struct SharedOut(*mut f32);
 // SAFETY: only used by `run`, whose tasks write disjoint columns of `y`.
 unsafe impl Sync for SharedOut {}
+
+/// Weight rows per task of a `threads`-thread call over `n` rows of `rb`
+/// bytes: about 32 KiB of weights, at least 8 tasks per thread when `n`
+/// allows.
+fn task_rows(n: usize, rb: usize, threads: usize) -> usize {
+    let by_bytes = (32 * 1024 / rb.max(1)).max(4);
+    let by_tasks = n.div_ceil(threads.max(1) * 8).max(4);
+    by_bytes.min(by_tasks)
+}
+
+/// `y[j] = dot(w row j, a)` for one x row (`a`), in parallel over chunks of
+/// weight rows, each chunk one call of `f`.
+fn run_one_row(w: &[u8], rb: usize, a: &[BlockQ8K], y: &mut [f32], threads: usize, f: DotOneRow) {
+    let chunk = task_rows(y.len(), rb, threads);
+    y.par_chunks_mut(chunk).enumerate().for_each(|(c, yc)| {
+        let j0 = c * chunk;
+        // SAFETY: `f` came from `one_row_fn` (paths this machine runs);
+        // rows `j0..j0 + yc.len()` of `w` are whole blocks.
+        unsafe { f(&w[j0 * rb..(j0 + yc.len()) * rb], rb, a, yc) };
+    });
+}
 
 /// Runs `f` over every (weight row, x row) pair, in parallel over chunks of
 /// weight rows; `a` holds `rows` rows of quantized activations, `y` is
@@ -249,10 +310,7 @@ fn run<A: Sync>(
 ) {
     let n = y.len() / rows;
     let nb = a.len() / rows;
-    // About 32 KiB of weights per task, at least 8 tasks per thread when n allows.
-    let by_bytes = (32 * 1024 / rb.max(1)).max(4);
-    let by_tasks = n.div_ceil(threads.max(1) * 8).max(4);
-    let chunk = by_bytes.min(by_tasks);
+    let chunk = task_rows(n, rb, threads);
     let out = SharedOut(y.as_mut_ptr());
     let out = &out;
     (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {

@@ -22,6 +22,9 @@
 //!
 //! The integer sums equal the portable kernels' ([`super::scalar`]) exactly.
 //!
+//! One x row against runs of k-quant weight rows (decode): `one_row`
+//! (x86_one_row.rs), on the same unpacking and integer steps.
+//!
 //! Safety: every function needs AVX2, FMA and F16C (and the VNNI set AVX-512
 //! VNNI + VL), detected by the caller ([`super::Isa::available`]), and a
 //! weight row of `a.len() / rows` whole blocks.
@@ -377,6 +380,13 @@ mod avx2_ops {
     pub unsafe fn kdot(acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
         _mm256_add_epi32(acc, sdot(u, s, sc16))
     }
+
+    /// `acc + ` the pairwise products of 16-bit lanes summed into i32.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn wdot(acc: __m256i, p: __m256i, sc16: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc16))
+    }
 }
 
 /// The AVX-512 VNNI integer dot steps.
@@ -417,8 +427,15 @@ mod vnni_ops {
     /// 64`) times the 16-bit scales `sc16` (`vpdpwssd`).
     #[target_feature(enable = "avx2")]
     #[inline]
-    pub unsafe fn kdot(mut acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
-        let p = _mm256_maddubs_epi16(u, s);
+    pub unsafe fn kdot(acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
+        wdot(acc, _mm256_maddubs_epi16(u, s), sc16)
+    }
+
+    /// `acc + ` the pairwise products of 16-bit lanes summed into i32
+    /// (`vpdpwssd`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn wdot(mut acc: __m256i, p: __m256i, sc16: __m256i) -> __m256i {
         asm!(
             "vpdpwssd {a}, {p}, {c}",
             a = inout(ymm_reg) acc,
@@ -641,3 +658,7 @@ macro_rules! kernels {
 
 kernels!(avx2, avx2_ops);
 kernels!(vnni, vnni_ops);
+
+#[path = "x86_one_row.rs"]
+mod one_row;
+pub(super) use one_row::{avx2_one_row, vnni_one_row};
