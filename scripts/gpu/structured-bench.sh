@@ -16,8 +16,11 @@
 # $OUT/structured-summary.txt. Logs land in $OUT/structured.txt, each
 # run's per-step timing log (PAGODA_STEP_LOG: stage times, and the
 # structured-output host work: mask_start, mask_wait, advance) in
-# $OUT/steps-ROUND-RUN.tsv. PAGODA_MASK_PIPELINE=on in the environment
-# runs the structured side with the advance-then-next-masks pipeline.
+# $OUT/steps-ROUND-RUN.tsv. By default a request whose grammar completes
+# ends at the next step's mask join (the engine never waits for the
+# guides' advance); PAGODA_GUIDE_DEFER=off in the environment runs the old
+# order (the engine waits for the advance before emitting), where
+# PAGODA_MASK_PIPELINE=on runs the advance-then-next-masks pipeline.
 # ROUNDS (default 2) sets the number of rounds.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -60,6 +60,12 @@ pub struct RequestOutput {
     pub text_delta: String,
     /// Set on the request's last output.
     pub finish_reason: Option<FinishReason>,
+    /// This output carries no token (`token_id` means nothing, and
+    /// `num_output_tokens` is the last output's): a request under
+    /// structured outputs whose grammar its last token completed ends one
+    /// step later, on an output of its finish reason and the text held
+    /// back so far only.
+    pub no_token: bool,
     /// The scheduler ended the request on this token as a stop token (EOS or
     /// a stop token id): its text is shown only with
     /// `include_stop_str_in_output`.
@@ -124,6 +130,9 @@ pub struct LlmEngine<B: Backend> {
     /// Per scheduled sequence of the step: the rows of its chunk whose
     /// logits prompt logprobs need (empty when none does).
     prompt_rows: Vec<std::ops::Range<usize>>,
+    /// Requests whose grammar the last advance ended (complete or broken),
+    /// reported at a mask join, to be ended by the next emit.
+    ended: Vec<(RequestId, Advanced)>,
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -199,6 +208,7 @@ impl<B: Backend> LlmEngine<B> {
             structured_build,
             rule_entries: Vec::new(),
             prompt_rows: Vec::new(),
+            ended: Vec::new(),
         })
     }
 
@@ -437,17 +447,22 @@ impl<B: Backend> LlmEngine<B> {
     fn finish_masks(
         structured: &mut Option<StructuredEngine>,
         states: &mut HashMap<RequestId, RequestState>,
+        ended: &mut Vec<(RequestId, Advanced)>,
         pending: Option<PendingMasks>,
     ) -> Result<TokenMasks> {
         let (Some(s), Some(p)) = (structured.as_mut(), pending) else {
             return Ok(TokenMasks::default());
         };
         let t = Instant::now();
-        let masks = s.finish(p, |id, g| {
-            if let Some(st) = states.get_mut(&id) {
-                st.guide = Some(g);
-            }
-        });
+        let masks = s.finish(
+            p,
+            |id, g| {
+                if let Some(st) = states.get_mut(&id) {
+                    st.guide = Some(g);
+                }
+            },
+            ended,
+        );
         s.add_time(t, |g| &mut g.wait_us);
         masks.map_err(EngineError::Internal)
     }
@@ -616,14 +631,19 @@ impl<B: Backend> LlmEngine<B> {
         // The masks are joined once the forward pass is queued (or here,
         // if the step never got that far), giving every guide back.
         let mut pending = masks;
-        let (structured, states) = (&mut self.structured, &mut self.states);
+        let (structured, states, ended) = (&mut self.structured, &mut self.states, &mut self.ended);
         let out = self
             .runner
             .execute_masked(ctx, &self.sampling_options, &mut || {
-                Self::finish_masks(structured, states, pending.take())
+                Self::finish_masks(structured, states, ended, pending.take())
                     .map_err(|e| KernelError::Device(e.to_string()))
             });
-        Self::finish_masks(&mut self.structured, &mut self.states, pending)?;
+        Self::finish_masks(
+            &mut self.structured,
+            &mut self.states,
+            &mut self.ended,
+            pending,
+        )?;
         let mut samples = match out? {
             StepOutput::Samples(s) => s,
             StepOutput::Tokens(tokens) => DeviceSamples {
@@ -694,7 +714,12 @@ impl<B: Backend> LlmEngine<B> {
         // The masks were computed during the forward pass; join them
         // whatever it returned, so that every guide goes back.
         let logits = self.runner.execute(ctx);
-        let masks = Self::finish_masks(&mut self.structured, &mut self.states, masks)?;
+        let masks = Self::finish_masks(
+            &mut self.structured,
+            &mut self.states,
+            &mut self.ended,
+            masks,
+        )?;
         let mut logits = logits?.into_logits()?;
         let vocab = self.runner.config().vocab_size;
         let num_sampled = plan.scheduled.iter().filter(|s| s.needs_logits).count();
@@ -825,17 +850,78 @@ impl<B: Backend> LlmEngine<B> {
         }
         let mut advanced = vec![Advanced::Pending; rows.len()];
         let states = &mut self.states;
-        s.advance(rows, &mut advanced, |id, g| {
-            if let Some(st) = states.get_mut(&id) {
-                st.guide = Some(g);
-            }
-        })
+        s.advance(
+            rows,
+            &mut advanced,
+            |id, g| {
+                if let Some(st) = states.get_mut(&id) {
+                    st.guide = Some(g);
+                }
+            },
+            &mut self.ended,
+        )
         .map_err(EngineError::Internal)?;
         for (k, a) in idx.into_iter().zip(advanced) {
             out[k] = Some(a);
         }
         s.add_time(t, |g| &mut g.advance_us);
         Ok(out)
+    }
+
+    /// Ends the requests whose grammar the last advance found complete
+    /// (`Stop`, whatever `ignore_eos` says: nothing may follow) or broken
+    /// by the sampled token (`Abort`, logged as an error: a correct mask
+    /// makes it impossible), reported at this step's mask join. Called
+    /// before the scheduler's update, so that such a request's row of this
+    /// step (sampled under a mask of EOS only) is discarded: never
+    /// appended, emitted, counted or cached. Each gets an output without a
+    /// token ([`RequestOutput::no_token`]) with the text held back so far.
+    /// Requests gone meanwhile (aborted, or ended by a stop string or
+    /// `max_tokens` on their last token) are skipped.
+    fn end_grammars(&mut self, outputs: &mut Vec<RequestOutput>) -> Result<()> {
+        if self.ended.is_empty() {
+            return Ok(());
+        }
+        let mut ended = std::mem::take(&mut self.ended);
+        for (id, a) in ended.drain(..) {
+            let Some(seq) = self.scheduler.sequence(id) else {
+                continue;
+            };
+            let (num_output_tokens, num_cached_tokens) =
+                (seq.num_output_tokens(), seq.num_cached_tokens);
+            let Some(mut state) = self.states.remove(&id) else {
+                continue;
+            };
+            let reason = match a {
+                Advanced::Broken(e) => {
+                    tracing::error!(request = id.0, error = %e,
+                        "structured output: the sampled token breaks the grammar \
+                         (its mask allowed it): the request is aborted");
+                    FinishReason::Abort
+                }
+                _ => FinishReason::Stop,
+            };
+            self.scheduler.finish(id, reason)?;
+            let mut out = RequestOutput {
+                request_id: id,
+                token_id: 0,
+                logprobs: None,
+                text_delta: String::new(),
+                finish_reason: Some(reason),
+                stop_token: false,
+                num_prompt_tokens: state.num_prompt_tokens,
+                num_output_tokens,
+                num_cached_tokens,
+                prompt_logprobs: state.prompt_lp.take().map(|p| p.entries),
+                no_token: true,
+            };
+            if let Some(text) = state.text.as_mut() {
+                text.apply(&mut out)?;
+            }
+            outputs.push(out);
+        }
+        self.ended = ended;
+        Ok(())
     }
 
     /// Stage 3: append the tokens, run the stop checks, decode text.
@@ -845,6 +931,9 @@ impl<B: Backend> LlmEngine<B> {
         sampled: &[(RequestId, u32)],
         mut logprobs: HashMap<RequestId, TokenLogprobs>,
     ) -> Result<Vec<RequestOutput>> {
+        let mut outputs = Vec::with_capacity(sampled.len());
+        // Before the update, so that their rows of this step are dropped.
+        self.end_grammars(&mut outputs)?;
         let updates = self.scheduler.update_from_output(plan, sampled)?;
         if tracing::enabled!(tracing::Level::DEBUG) {
             let st = self.scheduler.stats();
@@ -864,7 +953,6 @@ impl<B: Backend> LlmEngine<B> {
             );
         }
         let mut advanced = self.advance_guides(&updates)?;
-        let mut outputs = Vec::with_capacity(updates.len());
         for (k, u) in updates.into_iter().enumerate() {
             let Some(state) = self.states.get_mut(&u.request_id) else {
                 continue;
@@ -899,6 +987,7 @@ impl<B: Backend> LlmEngine<B> {
                 num_output_tokens: u.num_output_tokens,
                 num_cached_tokens: u.num_cached_tokens,
                 prompt_logprobs: state.prompt_lp.take().map(|p| p.entries),
+                no_token: false,
             };
             if let Some(text) = state.text.as_mut() {
                 if text.apply(&mut out)? && finish.is_none() {

@@ -84,7 +84,9 @@ impl<B: Backend> LlmEngine<B> {
                 };
                 on_output(i, o);
                 let out = &mut outputs[i];
-                out.token_ids.push(o.token_id);
+                if !o.no_token {
+                    out.token_ids.push(o.token_id);
+                }
                 out.text.push_str(&o.text_delta);
                 out.num_cached_tokens = o.num_cached_tokens;
                 if let Some(reason) = o.finish_reason {

@@ -10,6 +10,9 @@
 //! ends a request in the engine when its stream reports a stop string), so
 //! both give the same outputs.
 //!
+//! An output without a token (`no_token`, a request ended one step after
+//! its last token) only flushes what is held back.
+//!
 //! Rules: a stop token's text (EOS, `stop_token_ids`) is kept only with
 //! `include_stop_str_in_output`; stop strings are matched across token
 //! boundaries once more than `min_tokens` tokens were generated, and the text
@@ -74,7 +77,24 @@ impl OutputText {
     /// ends the request in the engine unless the engine had ended it).
     pub fn apply(&mut self, out: &mut RequestOutput) -> Result<bool> {
         let mut stopped = false;
-        if !out.stop_token || self.opts.include_stop_str {
+        if out.no_token {
+            // The end of a request after its last token (see
+            // `RequestOutput::no_token`): what the decoder held, and the
+            // text held back for a stop string that can no longer complete.
+            if out.finish_reason.is_some() {
+                let tail = self.detok.finish()?;
+                self.text.push_str(&tail);
+                let found = self
+                    .opts
+                    .checks_stop_strings(out.num_output_tokens)
+                    .then(|| find_stop(&self.text, tail.len(), &self.stop))
+                    .flatten();
+                if let Some(m) = found {
+                    self.text.truncate(self.opts.cut_at(m));
+                    stopped = true;
+                }
+            }
+        } else if !out.stop_token || self.opts.include_stop_str {
             let delta = self.detok.step(out.token_id)?;
             self.text.push_str(&delta);
             if out.finish_reason.is_some() {

@@ -113,3 +113,69 @@ fn shared_lexer_families_give_the_masks_of_guides_compiled_alone() {
     }
     assert!(steps_checked > 300, "{steps_checked}");
 }
+
+/// The deferred pipe (the engine waits for nothing): every outcome comes
+/// with the join, for rows that go on (their next mask), rows whose
+/// grammar the token completes and rows whose token the grammar rejects
+/// (both: only EOS allowed next, every guide handed back), under and over
+/// the 16 rows the old order advances on the calling thread.
+#[test]
+fn a_deferred_pipe_reports_complete_and_broken_rows_at_the_join() {
+    let tok = Arc::new(
+        Tokenizer::from_hf_file(repo_root().join("tests/golden/smollm2-tokenizer/tokenizer.json"))
+            .unwrap(),
+    );
+    let eos: Arc<[u32]> = Arc::from(vec![2u32]);
+    let compiler = GrammarCompiler::new(tok.clone(), VOCAB, &eos).unwrap();
+    let workers = MaskWorkers::new(2).unwrap();
+    let c = StructuredOutput::Choice(vec!["yes".into(), "yesterday".into()]);
+    let id = |s: &str| {
+        let ids = tok.encode(s, false).unwrap();
+        assert_eq!(ids.len(), 1, "{s:?} is not one token");
+        ids[0]
+    };
+    let (yes, no) = (id("yes"), id("no"));
+    for n in [3usize, 20] {
+        // Row i: "yes" then more ("yesterday" goes on) for i % 3 == 0;
+        // "yes" alone: a choice still open; "no": rejected.
+        let rows: Vec<(usize, Guide, u32)> = (0..n)
+            .map(|i| {
+                (
+                    i,
+                    compiler.compile(&c).unwrap(),
+                    if i % 3 == 2 { no } else { yes },
+                )
+            })
+            .collect();
+        let words = rows[0].1.mask_words();
+        let r = workers
+            .pipe(rows, Vec::new(), words, eos.clone(), true)
+            .join()
+            .unwrap();
+        assert_eq!(r.guides.len(), n);
+        for (i, ((k, _), a)) in r.guides.iter().zip(&r.outcomes).enumerate() {
+            assert_eq!(*k, i, "guides come back in order");
+            assert!(r.masked[i]);
+            let mask = allowed(&r.bits[i * words..(i + 1) * words]);
+            if i % 3 == 2 {
+                assert!(matches!(a, Advanced::Broken(_)), "row {i}: {a:?}");
+                assert_eq!(mask, vec![2], "row {i}");
+            } else {
+                // "yes" may end the choice or go on to "yesterday": EOS
+                // and more are allowed.
+                assert_eq!(*a, Advanced::Continues(true), "row {i}");
+                assert!(mask.contains(&2) && mask.len() > 1, "row {i}");
+            }
+        }
+    }
+    // A grammar the token completes: only EOS after it.
+    let only = StructuredOutput::Choice(vec!["yes".into()]);
+    let rows = vec![(0usize, compiler.compile(&only).unwrap(), yes)];
+    let words = rows[0].1.mask_words();
+    let r = workers
+        .pipe(rows, Vec::new(), words, eos.clone(), true)
+        .join()
+        .unwrap();
+    assert_eq!(r.outcomes, vec![Advanced::Continues(false)]);
+    assert_eq!(allowed(&r.bits[..words]), vec![2]);
+}

@@ -1,5 +1,6 @@
 //! Structured outputs whose guides advance and start their next masks in
-//! one job between steps (`PAGODA_MASK_PIPELINE=on`; the default model,
+//! one job between steps (`PAGODA_MASK_PIPELINE=on` in the old order,
+//! `PAGODA_GUIDE_DEFER=off`; the default model,
 //! CPU): sampled constrained outputs on fixed seeds are token for token
 //! those of the engine whose steps start all their masks themselves (the
 //! default);
@@ -98,7 +99,9 @@ fn drive(
         hook(step, e, &ids);
         for o in e.step().unwrap() {
             let r = &mut out[index[&o.request_id]];
-            r.0.push(o.token_id);
+            if !o.no_token {
+                r.0.push(o.token_id);
+            }
             r.1 = o.finish_reason;
         }
         step += 1;
@@ -136,6 +139,9 @@ fn run_with(
     let (mut e, tok) = default_engine(blocks);
     // Only this file's tests set the variable, one engine at a time.
     let _guard = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    // The old order (the engine waits for the advance): ends deferred to
+    // the next step are checked in structured_deferred.rs.
+    std::env::set_var("PAGODA_GUIDE_DEFER", "off");
     if pipelined {
         std::env::set_var("PAGODA_MASK_PIPELINE", "on");
     } else {
@@ -143,6 +149,7 @@ fn run_with(
     }
     let out = drive(&mut e, &tok, n, late, 5, hook);
     std::env::remove_var("PAGODA_MASK_PIPELINE");
+    std::env::remove_var("PAGODA_GUIDE_DEFER");
     (out, e.stats().counters.num_preemptions)
 }
 

@@ -80,7 +80,7 @@ struct Live {
     paused: bool,
     /// Produced a token already (its prompt is counted).
     started: bool,
-    /// Outputs handed to its stream.
+    /// Tokens handed to its stream (outputs without one not counted).
     sent: usize,
     /// Its stream looks for stop strings (it may end it on one).
     stop_strings: bool,
@@ -456,10 +456,10 @@ impl<B: Backend> Worker<B> {
                 self.counters.prompt_tokens += out.num_prompt_tokens as u64;
                 self.counters.cached_prompt_tokens += out.num_cached_tokens as u64;
             }
-            self.counters.generation_tokens += 1;
+            self.counters.generation_tokens += u64::from(!out.no_token);
             let finish = out.finish_reason;
             live.backlog.sent();
-            live.sent += 1;
+            live.sent += usize::from(!out.no_token);
             self.outbox.push(&live.output, Ok(out));
             match finish {
                 Some(reason) => {

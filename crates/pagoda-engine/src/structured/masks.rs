@@ -189,15 +189,18 @@ impl MaskWorkers {
 
     /// Advances each `(key, guide, token)` past its token and starts the
     /// next masks of those that go on, in one job (see `pipe.rs`); `bits`
-    /// is reused as the masks' buffer.
+    /// is reused as the masks' buffer; `defer`: the caller takes the
+    /// outcomes at the join, not before (the advance too runs on the
+    /// workers).
     pub fn pipe<K: Copy + Send + 'static>(
         &self,
         rows: Vec<(K, Guide, u32)>,
         bits: Vec<u32>,
         words: usize,
         eos: Arc<[u32]>,
+        defer: bool,
     ) -> PipeJob<K> {
-        super::pipe::spawn(&self.pool, rows, bits, words, eos)
+        super::pipe::spawn(&self.pool, rows, bits, words, eos, defer)
     }
 
     /// Starts computing the masks of `guides` (all of `words` words),

@@ -72,6 +72,9 @@ pub(crate) struct StructuredEngine {
     pipe_index: HashMap<RequestId, u32>,
     /// Whether the advance starts the next masks ([`pipelined`]).
     pipelined: bool,
+    /// Whether the advance's outcomes are taken at the next join instead
+    /// of waited for ([`deferred`]; then always pipelined).
+    deferred: bool,
     /// This step's host times so far (for the step log).
     times: GuideTimes,
 }
@@ -84,6 +87,18 @@ pub fn pipelined() -> bool {
     matches!(
         std::env::var("PAGODA_MASK_PIPELINE").as_deref(),
         Ok("on" | "1")
+    )
+}
+
+/// Whether a request whose grammar a step's token completes is ended at the
+/// next step's mask join, the engine never waiting for the advance (the
+/// default), or on that token, the engine waiting for the advance before
+/// emitting the step's outputs (`PAGODA_GUIDE_DEFER=off` or `0`). The
+/// outputs' tokens are the same either way.
+pub fn deferred() -> bool {
+    !matches!(
+        std::env::var("PAGODA_GUIDE_DEFER").as_deref(),
+        Ok("off" | "0")
     )
 }
 
@@ -154,6 +169,7 @@ impl StructuredEngine {
             pipe: None,
             pipe_index: HashMap::new(),
             pipelined: pipelined(),
+            deferred: deferred(),
             times: GuideTimes::default(),
         })
     }
@@ -164,6 +180,19 @@ impl StructuredEngine {
 
     pub fn workers(&self) -> &MaskWorkers {
         &self.workers
+    }
+
+    /// Pushes onto `ended` the rows of a joined job whose advance ended
+    /// them (grammar complete or broken), when those are deferred.
+    fn report_ended(&self, p: &PipeResult<RequestId>, ended: &mut Vec<(RequestId, Advanced)>) {
+        if !self.deferred {
+            return;
+        }
+        for ((id, _), a) in p.guides.iter().zip(&p.outcomes) {
+            if matches!(a, Advanced::Continues(false) | Advanced::Broken(_)) {
+                ended.push((*id, a.clone()));
+            }
+        }
     }
 
     fn buffer(&mut self) -> Vec<u32> {
@@ -212,11 +241,14 @@ impl StructuredEngine {
     /// Joins a step's masks and gives every guide back through
     /// `put_back` (those in flight whose row is not in the step too); rows
     /// whose mask failed (only EOS allowed) are logged. The masks come in
-    /// sampling-row order.
+    /// sampling-row order. Requests whose last advance ended their grammar
+    /// (deferred) are pushed onto `ended` with the outcome, whether their
+    /// row is in this step or not.
     pub fn finish(
         &mut self,
         pending: PendingMasks,
         mut put_back: impl FnMut(RequestId, Guide),
+        ended: &mut Vec<(RequestId, Advanced)>,
     ) -> Result<TokenMasks, String> {
         let PendingMasks { from_pipe, fresh } = pending;
         self.pipe_index.clear();
@@ -238,6 +270,7 @@ impl StructuredEngine {
         let fresh = fresh.flatten();
         let mut elapsed = std::time::Duration::ZERO;
         if let Some(p) = pipe.as_mut() {
+            self.report_ended(p, ended);
             elapsed = elapsed.max(p.elapsed);
             for (id, e) in &p.errors {
                 tracing::warn!(request = id.0, error = %e, "structured output: no valid next token");
@@ -356,18 +389,22 @@ impl StructuredEngine {
     /// Advances `rows` ((request, guide, sampled token), each going on) past
     /// their tokens, writing row `i`'s outcome into `out[i]`, and starts the
     /// masks of those that go on for the next step (joined by its
-    /// [`Self::finish`]). A step whose masks are still in flight (not
-    /// expected: every step joins its own) has them joined first, through
-    /// `put_back`. Err: a worker died, and the guides with it.
+    /// [`Self::finish`]). Deferred, nothing is waited for and `out` stays
+    /// [`Advanced::Pending`]: the outcomes come at that join. A step whose
+    /// masks are still in flight (not expected: every step joins its own)
+    /// has them joined first, through `put_back`, its ended rows pushed
+    /// onto `ended`. Err: a worker died, and the guides with it.
     pub fn advance(
         &mut self,
         rows: Vec<(RequestId, Guide, u32)>,
         out: &mut [Advanced],
         mut put_back: impl FnMut(RequestId, Guide),
+        ended: &mut Vec<(RequestId, Advanced)>,
     ) -> Result<(), String> {
         if let Some(p) = self.pipe.take() {
             self.pipe_index.clear();
             let r = p.join().ok_or("a token mask worker died")?;
+            self.report_ended(&r, ended);
             for (id, g) in r.guides {
                 put_back(id, g);
             }
@@ -376,7 +413,7 @@ impl StructuredEngine {
         let Some(words) = rows.first().map(|(_, g, _)| g.mask_words()) else {
             return Ok(());
         };
-        if !self.pipelined {
+        if !self.pipelined && !self.deferred {
             let (ids, mut work): (Vec<_>, Vec<_>) = rows
                 .into_iter()
                 .map(|(id, g, t)| (id, (g, t, Advanced::Pending)))
@@ -393,8 +430,11 @@ impl StructuredEngine {
             self.pipe_index.insert(*id, i as u32);
         }
         let bits = self.buffer();
-        let mut job = self.workers.pipe(rows, bits, words, self.eos.clone());
-        let ok = job.advanced(out);
+        let defer = self.deferred;
+        let mut job = self
+            .workers
+            .pipe(rows, bits, words, self.eos.clone(), defer);
+        let ok = defer || job.advanced(out);
         self.pipe = Some(job);
         if ok {
             Ok(())

@@ -350,9 +350,12 @@ impl EngineTask for Throughput<'_> {
         let (mut output_tokens, mut cached_tokens) = (0usize, 0usize);
         while engine.has_unfinished_requests() {
             let step = engine.step()?;
-            pb.inc(step.len() as u64);
-            output_tokens += step.len();
-            for o in &step {
+            // A structured output's end one step after its last token
+            // carries no token.
+            let tokens = step.iter().filter(|o| !o.no_token).count();
+            pb.inc(tokens as u64);
+            output_tokens += tokens;
+            for o in step.iter().filter(|o| !o.no_token) {
                 if let Some(&i) = index.get(&o.request_id) {
                     generated[i] += 1;
                 }
