@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CPU_PATH = re.compile(r"^(<)?(pagoda_kernels::cpu::|pagoda_model::arch::|pagoda_engine::runner::)")
 # The SIMD kernels: these must be identical.
 KERNELS = re.compile(
-    r"^pagoda_kernels::cpu::(quant::x86::|quant::kgemm::x86::|quant::widen::|math::|attention::decode::)"
+    r"^pagoda_kernels::cpu::(quant::x86::|quant::kgemm::x86::|quant::widen::|quant::act::|math::|attention::decode::)"
 )
 HEADER = re.compile(r"^[0-9a-f]+ <(.*)>:$")
 PADDING = ("int3", "nop", "data16", "xchg   %ax,%ax", "cs nop")
