@@ -26,8 +26,9 @@ OUT=${OUT:-/tmp/pagoda-cpu-compare}
 mkdir -p "$OUT"
 LOG=$OUT/compare-llamacpp.txt
 SUMMARY=$OUT/summary.txt
-# Without PAGODA, the CPU-only release build (a binary built with
-# `--features cuda` decodes slower on the CPU: BENCHMARKS.md).
+# Without PAGODA, the CPU-only release build (quicker to build; a
+# `--features cuda` binary runs the same CPU kernels at the same
+# instructions per token: scripts/cpu/compare-builds.py, BENCHMARKS.md).
 if [ -z "${PAGODA:-}" ]; then
     cargo build --release -p pagoda >&2
     PAGODA=target/release/pagoda

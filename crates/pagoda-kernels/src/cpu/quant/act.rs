@@ -58,11 +58,17 @@ impl Default for BlockQ8K {
 /// Quantizes `x` to `q` with one scale; returns the scale. With AVX2 (32
 /// values at a time) ties round to even rather than away from zero, which
 /// only moves a value that is exactly halfway, within the same `d / 2`.
-fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
+///
+/// The block is an array (`N` = 32 or 256), so each length gets its own
+/// copy compiled with it and no length crosses the call: the same machine
+/// code whatever else the crate holds (with slices, whether the compiler
+/// learnt the length from the callers depended on how the crate was split
+/// into code generation units, which differs with feature `cuda`).
+fn quantize<const N: usize>(x: &[f32; N], q: &mut [i8; N]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if x.len().is_multiple_of(32) && q.len() == x.len() && crate::cpu::simd::has_avx2_f16c() {
+    if N.is_multiple_of(32) && crate::cpu::simd::has_avx2_f16c() {
         // SAFETY: AVX2 detected; `x` and `q` are whole groups of 32.
-        return unsafe { x86::quantize(x, q) };
+        return unsafe { x86::quantize::<N>(x, q) };
     }
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -76,7 +82,8 @@ fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
 /// Quantizes `x` (`x.len() == 32 * out.len()`) to 32-blocks.
 pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     debug_assert_eq!(x.len(), 32 * out.len());
-    for (b, x) in out.iter_mut().zip(x.chunks_exact(32)) {
+    let blocks = x.chunks_exact(32).filter_map(|x| x.try_into().ok());
+    for (b, x) in out.iter_mut().zip(blocks) {
         b.d = quantize(x, &mut b.q);
         b.s = b.d * b.q.iter().map(|&v| v as i32).sum::<i32>() as f32;
     }
@@ -85,7 +92,8 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
 /// Quantizes `x` (`x.len() == 256 * out.len()`) to 256-blocks.
 pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     debug_assert_eq!(x.len(), 256 * out.len());
-    for (b, x) in out.iter_mut().zip(x.chunks_exact(256)) {
+    let blocks = x.chunks_exact(256).filter_map(|x| x.try_into().ok());
+    for (b, x) in out.iter_mut().zip(blocks) {
         b.d = quantize(x, &mut b.q);
         for (s, q) in b.bsums.iter_mut().zip(b.q.chunks_exact(16)) {
             *s = q.iter().map(|&v| v as i16).sum();
@@ -108,9 +116,9 @@ mod x86 {
         ))
     }
 
-    /// [`super::quantize`] with AVX2; `x.len() == q.len()`, a multiple of 32.
+    /// [`super::quantize`] with AVX2; `N` a multiple of 32.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
+    pub unsafe fn quantize<const N: usize>(x: &[f32; N], q: &mut [i8; N]) -> f32 {
         let sign = _mm256_set1_ps(-0.0);
         let mut m = _mm256_setzero_ps();
         for c in x.chunks_exact(8) {
