@@ -682,10 +682,18 @@ fn gemv_path_at_small_batches_and_the_switch_over() {
             let path = MoePath::for_shape(rows, k, e, hidden, inter);
             let want_gemv = rows <= MOE_GEMV_MAX_ROWS && rows * k <= e;
             assert_eq!(path == MoePath::Gemv, want_gemv, "E{e} k{k} rows{rows}");
+            // What the backend runs (the stream kernels in place of the
+            // grouped GEMMs at decode-sized steps, by default).
+            let path = MoePath::chosen(rows, k, e, hidden, inter);
             let label = format!("E{e} H{hidden} I{inter} k{k} rows{rows} ({path:?})");
             let auto = case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, &label);
             let want = l.reference(&x, &ids, &w, k);
-            for p in [MoePath::Gemv, MoePath::Grouped, MoePath::GroupedGemv] {
+            for p in [
+                MoePath::Gemv,
+                MoePath::Grouped,
+                MoePath::GroupedGemv,
+                MoePath::Stream,
+            ] {
                 let got = run_on(&g, &l, &gw, &x, &ids, &w, k, p);
                 check_rel(&format!("{label} forced {p:?} vs f64"), &got, &want, 1e-2);
                 if p == path {

@@ -16,8 +16,8 @@
 //! - Grouped, per chunk of at most [`CHUNK_ROWS`] rows, four launches
 //!   ([`MoePath::GroupedGemv`], for timing, swaps the two GEMMs for warps
 //!   streaming each expert's rows once per tile of 8 slots;
-//!   [`MoePath::Stream`], where `PAGODA_MOE_KERNEL=stream` asks for it at
-//!   decode-sized chunks, for blocks that hold all of an expert's slots and
+//!   [`MoePath::Stream`], by default at decode-sized chunks
+//!   (`PAGODA_MOE_KERNEL=grouped` turns it off), for blocks that hold all of an expert's slots and
 //!   stream its weights once, see [`super::moe_stream`]):
 //!   `moe_group` (pairs grouped by expert on the device, tiles padded to the
 //!   GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused
@@ -474,8 +474,8 @@ pub enum MoePath {
     /// Pairs grouped by expert in tiles of 16, a block per (expert, column
     /// slice) holding all of the expert's slots and streaming its weights
     /// once over K (see [`super::moe_stream`]), then the combine. Taken
-    /// where the shape picks `Grouped` at 16-slot tiles and
-    /// [`super::moe_stream::MOE_KERNEL_ENV`] says `stream`.
+    /// where the shape picks `Grouped` at 16-slot tiles unless
+    /// [`super::moe_stream::MOE_KERNEL_ENV`] says `grouped`.
     Stream,
 }
 
@@ -508,6 +508,21 @@ impl MoePath {
         } else {
             MoePath::Grouped
         }
+    }
+}
+
+impl MoePath {
+    /// The path `moe_experts` takes: [`MoePath::for_shape`]'s, with the
+    /// stream kernels in place of the grouped GEMMs where
+    /// [`super::moe_stream::MOE_KERNEL_ENV`] (read once) lets them.
+    pub fn chosen(rows: usize, top_k: usize, n_exp: usize, hidden: usize, inter: usize) -> MoePath {
+        stream_or(
+            MoePath::for_shape(rows, top_k, n_exp, hidden, inter),
+            rows,
+            top_k,
+            n_exp,
+            super::moe_stream::from_env(),
+        )
     }
 }
 
@@ -548,15 +563,7 @@ pub(crate) fn experts_on(
 ) -> Result<CudaTensor> {
     let op = "moe_experts";
     let d = check(x, routes, gate_up, down, n_exp)?;
-    let path = path.unwrap_or_else(|| {
-        stream_or(
-            MoePath::for_shape(d.rows, d.top_k, n_exp, d.hidden, d.inter),
-            d.rows,
-            d.top_k,
-            n_exp,
-            super::moe_stream::from_env(),
-        )
-    });
+    let path = path.unwrap_or_else(|| MoePath::chosen(d.rows, d.top_k, n_exp, d.hidden, d.inter));
     let any_width = matches!(path, MoePath::Grouped | MoePath::Stream);
     let aligned = d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8);
     if !any_width && !aligned {
