@@ -9,8 +9,7 @@
 //! q/k norms, tied 151,936-row LM head) and the Llama-3.1-8B shape (32
 //! layers, hidden 4096, 128,256-row LM head). Each configuration is one
 //! line: small-row path (auto, warp, mma, cublas) x decode fusions (on,
-//! off), at batch 1 on the auto and warp paths also x the batch-1 GEMV
-//! (`Gemv1`: off = the gemv.cu kernels, on, all), with the median step time of timed replays (host clock around
+//! off), with the median step time of timed replays (host clock around
 //! the replay, which waits for the sampled tokens) and the weight-read
 //! floor at 4.8 TB/s; the default configuration is also timed eagerly (no
 //! graph), which shows the launch cost the graph hides.
@@ -60,8 +59,8 @@ const PORTABLE: bool = false;
 use common::*;
 use half::bf16;
 use pagoda_kernels::cuda::testing::{gpu, median_secs};
+use pagoda_kernels::cuda::SmallLinear;
 use pagoda_kernels::cuda::{CudaBackend, CudaKvCache, CudaStep, CudaTensor, CudaWeight};
-use pagoda_kernels::cuda::{Gemv1, SmallLinear};
 use pagoda_kernels::{
     AttentionParams, Backend, HostData, HostTensor, KvCacheShape, RopeStyle, SamplingRow,
 };
@@ -284,66 +283,48 @@ fn bench_shape(s: &Shape) {
             SmallLinear::Mma,
             SmallLinear::Cublas,
         ];
-        // The batch-1 GEMV modes where they apply (one row on the
-        // CUDA-core GEMV): old (off) and new side by side.
-        let modes: &[Gemv1] = if batch == 1 {
-            &[Gemv1::Off, Gemv1::On, Gemv1::All]
-        } else {
-            &[Gemv1::Off]
-        };
-        let runs = configs.iter().flat_map(|&path| {
-            let modes = if matches!(path, SmallLinear::Auto | SmallLinear::Warp) {
-                modes
-            } else {
-                &[Gemv1::Off][..]
-            };
-            [true, false]
-                .into_iter()
-                .flat_map(move |fused| modes.iter().map(move |&mode| (path, fused, mode)))
-        });
-        for (path, fused, mode) in runs {
-            g.set_small_linear(path);
-            g.set_decode_fusion(fused);
-            g.set_gemv1(mode);
-            // Eager first: warms the pool and the GEMM plans.
-            let st = g.begin_step(&ctx).unwrap();
-            let eager = median_secs(&g, 5, || {
-                let logits = forward(&g, &m, &mut caches, &st).unwrap();
-                g.sample(&logits, &st).unwrap();
-            });
-            let st = g.begin_step(&ctx).unwrap();
-            let mut graph = g
-                .capture_graph(st, &mut |st| forward(&g, &m, &mut caches, st))
-                .unwrap();
-            for _ in 0..3 {
-                g.replay_graph(&mut graph, &ctx).unwrap();
-            }
-            let mut v: Vec<f64> = (0..50)
-                .map(|_| {
-                    let t = std::time::Instant::now();
+        for path in configs {
+            for fused in [true, false] {
+                g.set_small_linear(path);
+                g.set_decode_fusion(fused);
+                // Eager first: warms the pool and the GEMM plans.
+                let st = g.begin_step(&ctx).unwrap();
+                let eager = median_secs(&g, 5, || {
+                    let logits = forward(&g, &m, &mut caches, &st).unwrap();
+                    g.sample(&logits, &st).unwrap();
+                });
+                let st = g.begin_step(&ctx).unwrap();
+                let mut graph = g
+                    .capture_graph(st, &mut |st| forward(&g, &m, &mut caches, st))
+                    .unwrap();
+                for _ in 0..3 {
                     g.replay_graph(&mut graph, &ctx).unwrap();
-                    t.elapsed().as_secs_f64()
-                })
-                .collect();
-            v.sort_by(f64::total_cmp);
-            let secs = v[v.len() / 2];
-            eprintln!(
-                "bench: decode {} batch {batch} small-linear {:6} fusion {:3} gemv1 {:3}: \
+                }
+                let mut v: Vec<f64> = (0..50)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        g.replay_graph(&mut graph, &ctx).unwrap();
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                let secs = v[v.len() / 2];
+                eprintln!(
+                    "bench: decode {} batch {batch} small-linear {:6} fusion {:3}: \
                      graph {:.3} ms/step ({:.1} us/layer, {:.2}x the floor), eager {:.3} ms",
-                s.name,
-                format!("{path:?}").to_lowercase(),
-                if fused { "on" } else { "off" },
-                format!("{mode:?}").to_lowercase(),
-                secs * 1e3,
-                secs * 1e6 / s.layers as f64,
-                secs / floor,
-                eager * 1e3,
-            );
+                    s.name,
+                    format!("{path:?}").to_lowercase(),
+                    if fused { "on" } else { "off" },
+                    secs * 1e3,
+                    secs * 1e6 / s.layers as f64,
+                    secs / floor,
+                    eager * 1e3,
+                );
+            }
         }
     }
     g.set_small_linear(SmallLinear::from_env());
     g.set_decode_fusion(true);
-    g.set_gemv1(Gemv1::from_env());
 }
 
 #[test]

@@ -7,9 +7,6 @@
 //! sum over one layer's products (qkv counted as one product); then q, k
 //! and v as three launches against one `linear3` launch. "old" is what the backend ran before the
 //! tensor-core GEMV: the CUDA-core GEMV up to 8 rows, cuBLASLt above.
-//! `batch1_gemv_timings`: the same products at one row (Llama-3.1-8B and
-//! Qwen3-0.6B) on `gemv.cu` (old) and the batch-1 kernels (new,
-//! `PAGODA_GEMV1`), and the norm + gate/up + SiLU launch(es) in each mode.
 //!
 //! Each timed sample queues 20 products and waits once (so launch and
 //! synchronization costs are spread out as in a captured graph), cycling
@@ -26,7 +23,7 @@ const PORTABLE: bool = false;
 
 use common::*;
 use pagoda_kernels::cuda::testing::{gpu, median_secs};
-use pagoda_kernels::cuda::{CudaBackend, Gemv1, SmallLinear};
+use pagoda_kernels::cuda::{CudaBackend, SmallLinear};
 use pagoda_kernels::{Backend, HostData, HostTensor};
 
 /// Products per timed sample.
@@ -208,124 +205,4 @@ fn small_row_linear_timings() {
         ],
     );
     bench_qkv(&g, "30b-a3b", [4096, 512, 512], 2048);
-}
-
-/// One decode-step product at one row, old (`gemv.cu`) and new (the
-/// batch-1 kernels, `Gemv1::On`), with the weight-read GB/s; the fused
-/// gate/up (RMSNorm in, SiLU out) in the three modes: off (the sequence
-/// `rms_norm`, `linear`, `silu_mul` where the weight is over
-/// `LARGE_WEIGHT_BYTES`, else the `gemv.cu` fused launch), on, all.
-fn bench_batch1(g: &CudaBackend, model: &str, ops: &[Op], gate_up: (usize, usize)) {
-    let mut rng = Rng::new(11);
-    g.set_small_linear(SmallLinear::Auto);
-    let mut layer = [0f64; 2];
-    for &(name, out, inn, adds, in_layer) in ops {
-        let bytes = 2 * out * inn;
-        let copies = MIN_BYTES.div_ceil(bytes).clamp(1, 512);
-        let host = rvec_f32(&mut rng, out * inn, 0.02);
-        let ws: Vec<_> = (0..copies)
-            .map(|_| {
-                g.load_weight(HostTensor::f32(vec![out, inn], host.clone()))
-                    .unwrap()
-            })
-            .collect();
-        let x = g
-            .tensor_from_host(1, inn, &rvec_f32(&mut rng, inn, 1.0))
-            .unwrap();
-        let mut r = g.residual_from_host(1, out, &vec![0.0; out]).unwrap();
-        let mut line = format!("bench: batch1 {model} {name:8}:");
-        let mut t = [0f64; 2];
-        for (i, mode) in [Gemv1::Off, Gemv1::On].into_iter().enumerate() {
-            g.set_gemv1(mode);
-            let mut next = 0usize;
-            t[i] = median_secs(g, 15, || {
-                for _ in 0..BURST {
-                    let w = &ws[next % copies];
-                    next += 1;
-                    if adds {
-                        g.add_linear(&mut r, &x, w, None).unwrap();
-                    } else {
-                        let _ = g.linear(&x, w, None).unwrap();
-                    }
-                }
-            }) / BURST as f64;
-            if in_layer {
-                layer[i] += t[i];
-            }
-            line += &format!(
-                " {mode:?} {:.1} us ({:.0} GB/s)",
-                t[i] * 1e6,
-                bytes as f64 / t[i] / 1e9
-            );
-        }
-        eprintln!("{line} | new vs old {:.2}x", t[0] / t[1]);
-    }
-    eprintln!(
-        "bench: batch1 {model} layer products: old {:.1} us, new {:.1} us",
-        layer[0] * 1e6,
-        layer[1] * 1e6
-    );
-    // The MLP's first launch(es): norm, gate/up, SiLU.
-    let (n2, inn) = gate_up;
-    let bytes = 2 * n2 * inn;
-    let copies = MIN_BYTES.div_ceil(bytes).clamp(1, 512);
-    let host = rvec_f32(&mut rng, n2 * inn, 0.02);
-    let ws: Vec<_> = (0..copies)
-        .map(|_| {
-            g.load_weight(HostTensor::f32(vec![n2, inn], host.clone()))
-                .unwrap()
-        })
-        .collect();
-    let norm = g
-        .load_weight(HostTensor::f32(vec![inn], vec![1.0; inn]))
-        .unwrap();
-    let xr = g
-        .residual_from_host(1, inn, &rvec_f32(&mut rng, inn, 1.0))
-        .unwrap();
-    let mut line = format!("bench: batch1 {model} norm+gate_up+silu:");
-    for mode in [Gemv1::Off, Gemv1::On, Gemv1::All] {
-        g.set_gemv1(mode);
-        let mut next = 0usize;
-        let secs = median_secs(g, 15, || {
-            for _ in 0..BURST {
-                let w = &ws[next % copies];
-                next += 1;
-                let _ = g.norm_gate_up_silu(&xr, &norm, 1e-6, w).unwrap();
-            }
-        }) / BURST as f64;
-        line += &format!(
-            " {mode:?} {:.1} us ({:.0} GB/s)",
-            secs * 1e6,
-            bytes as f64 / secs / 1e9
-        );
-    }
-    eprintln!("{line}");
-    g.set_gemv1(Gemv1::from_env());
-    g.set_small_linear(SmallLinear::from_env());
-}
-
-#[test]
-#[ignore]
-fn batch1_gemv_timings() {
-    let Some(g) = gpu() else { return };
-    let copy = g.measure_copy_bandwidth(1 << 30, 10).unwrap();
-    eprintln!("bench: copy bandwidth {:.0} GB/s", copy / 1e9);
-    // Llama-3.1-8B (gate_up counted in the layer; its SiLU is apart).
-    let l8: &[Op] = &[
-        ("qkv", 6144, 4096, false, true),
-        ("o_proj", 4096, 4096, true, true),
-        ("gate_up", 28672, 4096, false, true),
-        ("down", 4096, 14336, true, true),
-        ("lm_head", 128256, 4096, false, false),
-    ];
-    bench_batch1(&g, "8b", l8, (28672, 4096));
-    // Qwen3-0.6B.
-    let q06: &[Op] = &[
-        ("qkv", 4096, 1024, false, true),
-        ("o_proj", 1024, 2048, true, true),
-        ("gate_up", 6144, 1024, false, true),
-        ("down", 1024, 3072, true, true),
-        ("lm_head", 151936, 1024, false, false),
-    ];
-    bench_batch1(&g, "0.6b", q06, (6144, 1024));
 }

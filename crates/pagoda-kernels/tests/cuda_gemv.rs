@@ -27,7 +27,7 @@ const PORTABLE: bool = false;
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_kernels::cuda::testing::gpu_poisoned as gpu;
-use pagoda_kernels::cuda::{CudaBackend, Gemv1, GemvKernel, SmallLinear};
+use pagoda_kernels::cuda::{CudaBackend, GemvKernel, SmallLinear};
 use pagoda_kernels::{Backend, HostTensor};
 
 const PATHS: [SmallLinear; 4] = [
@@ -227,10 +227,6 @@ fn linear3_equals_three_linears() {
         .collect();
     let gb: Vec<_> = (0..3).map(|i| weight(&g, vec![dims[i]], &bs[i])).collect();
     let cb: Vec<_> = (0..3).map(|i| weight(&c, vec![dims[i]], &bs[i])).collect();
-    // The batch-1 kernels split products by their own output count, so
-    // there the three sums are equal within rounding (cuda_gemv1), not in
-    // bits: this holds the gemv.cu kernels.
-    g.set_gemv1(Gemv1::Off);
     for path in PATHS {
         g.set_small_linear(path);
         for rows in 1..=17 {

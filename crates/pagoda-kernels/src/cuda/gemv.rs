@@ -59,7 +59,7 @@ pub const WARP_MAX_ROWS: usize = 8;
 const MMA_OUTPUTS: usize = 8;
 const MMA_WARPS: u32 = 8;
 /// Warps per `gemv_bf16` block (must match `GEMV_WARPS`).
-pub(crate) const WARP_WARPS: usize = 8;
+const WARP_WARPS: usize = 8;
 /// Weights of at least this many bytes (all three of a `linear3`) take
 /// cuBLASLt from 2 rows on the [`SmallLinear::Auto`] path: the Llama-3.1-8B
 /// layer's products (32 MiB and up) are over it, the 2,048-wide MoE

@@ -39,7 +39,6 @@ mod device;
 mod fp8_linear;
 mod fp8_path;
 mod gemv;
-mod gemv1;
 mod graph;
 mod launch;
 mod logit_adjust;
@@ -66,7 +65,6 @@ pub use gemv::{
     GemvKernel, SmallLinear, DECODE_FUSION_ENV, LARGE_WEIGHT_BYTES, NORM_SMEM_BYTES,
     SMALL_LINEAR_ENV,
 };
-pub use gemv1::{Gemv1, GEMV1_ENV};
 pub use graph::CudaGraphRunner;
 pub use launch::PDL_ENV;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
@@ -111,9 +109,6 @@ pub struct CudaBackend {
     small_linear: AtomicU8,
     /// Decode fusions on (see [`CudaBackend::set_decode_fusion`]).
     decode_fusion: AtomicBool,
-    /// The batch-1 GEMV mode ([`Gemv1`] as `to_u8`; see
-    /// [`CudaBackend::set_gemv1`]).
-    gemv1: AtomicU8,
     /// Token masks of structured outputs (see [`token_masks`]).
     masks: std::sync::Mutex<token_masks::MaskBuffer>,
     /// KV caches hold FP8 E4M3 bytes (see [`crate::kv_dtype`]), else bf16.
@@ -169,7 +164,6 @@ impl CudaBackend {
             core_decode: AtomicBool::new(attention_decode::cores_from_env()),
             small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
             decode_fusion: AtomicBool::new(gemv::fusion_from_env()),
-            gemv1: AtomicU8::new(Gemv1::from_env().to_u8()),
             masks: Default::default(),
             kv_fp8: false,
             fp8_weights: false,
@@ -256,27 +250,6 @@ impl CudaBackend {
         self.decode_fusion.load(Ordering::Relaxed)
     }
 
-    /// Whether products of one row that the CUDA-core GEMV runs take the
-    /// batch-1 kernels (see [`gemv1`]). New backends start from
-    /// [`GEMV1_ENV`], else [`Gemv1::Off`]. Graphs captured before a change
-    /// keep theirs.
-    pub fn set_gemv1(&self, mode: Gemv1) {
-        self.gemv1.store(mode.to_u8(), Ordering::Relaxed);
-    }
-
-    /// The current batch-1 GEMV mode.
-    pub fn gemv1(&self) -> Gemv1 {
-        Gemv1::from_u8(self.gemv1.load(Ordering::Relaxed))
-    }
-
-    /// Whether a product of `rows` x `inner` by weights of `out` rows in
-    /// all runs on the batch-1 GEMV.
-    pub(crate) fn gemv1_for(&self, rows: usize, out: usize, inner: usize) -> bool {
-        rows == 1
-            && self.gemv1().on()
-            && self.small_linear().kernel_for(rows, out, inner) == Some(GemvKernel::Warp)
-    }
-
     /// Whether a fused-norm product (`norm_linear3`, `norm_gate_up_silu`)
     /// of `rows` x `inner` by bf16 weights of `out` rows in all runs as one
     /// GEMV launch: the fusions on, the small-row path choosing the
@@ -286,11 +259,9 @@ impl CudaBackend {
     /// large ones (H200, batch-1 decode at a 1,000-token context: the
     /// Qwen3-0.6B shape 1.55 ms fused against 1.64 ms, the Llama-3.1-8B
     /// shape 5.90 ms fused against 5.23 ms).
-    /// [`Gemv1::All`] lifts the weight-size limit at one row.
     pub fn norm_fusion_for(&self, rows: usize, out: usize, inner: usize) -> bool {
-        let any_size = rows == 1 && self.gemv1() == Gemv1::All;
         self.decode_fusion()
-            && (any_size || out.saturating_mul(inner).saturating_mul(2) < LARGE_WEIGHT_BYTES)
+            && out.saturating_mul(inner).saturating_mul(2) < LARGE_WEIGHT_BYTES
             && self.small_linear().kernel_for(rows, out, inner) == Some(GemvKernel::Warp)
             && gemv::norm_fits(rows, inner)
     }

@@ -312,11 +312,6 @@ fn launch_linear3(
     ];
     let ws = [w[0].bf16(op)?, w[1].bf16(op)?, w[2].bf16(op)?];
     let dims = [w[0].rows, w[1].rows, w[2].rows];
-    let out: usize = dims.iter().sum();
-    if kernel == super::gemv::GemvKernel::Warp && b.gemv1_for(x.rows, out, x.cols) {
-        super::gemv1::launch3(b, op, x.cols, input, ws, dims, biases, outs)?;
-        return Ok(ys);
-    }
     super::gemv::launch3(
         b,
         op,
@@ -380,42 +375,17 @@ pub(crate) fn norm_gate_up_silu(
 ) -> Result<CudaTensor> {
     let op = "norm_gate_up_silu";
     let fused = gate_up.rows.is_multiple_of(2) && norm_fused(b, x, &[gate_up], gate_up.rows);
-    let n = gate_up.rows / 2;
     let (Act::F32(xr), true) = (&x.data, fused) else {
         let h = rms_norm(b, x, norm, eps)?;
-        if silu_fused(b, &h, gate_up) {
-            // One row on the batch-1 GEMV: the SiLU gate in its output.
-            let mut y = b.output(1, n)?;
-            let input = super::gemv::GemvInput::Bf16(h.bf16(op)?);
-            let (wd, yd) = (gate_up.bf16(op)?, y.bf16_mut(op)?);
-            super::gemv1::launch_silu(b, op, (n, h.cols), input, wd, yd)?;
-            return Ok(y);
-        }
         return silu_mul(b, &linear(b, &h, gate_up, None)?);
     };
     let nw = norm.vector(x.cols, op)?;
+    let n = gate_up.rows / 2;
     let mut y = b.output(x.rows, n)?;
-    let wd = gate_up.bf16(op)?;
-    if b.gemv1_for(x.rows, gate_up.rows, x.cols) {
-        let input = super::gemv::GemvInput::Norm(xr, nw, eps);
-        super::gemv1::launch_silu(b, op, (n, x.cols), input, wd, y.bf16_mut(op)?)?;
-        return Ok(y);
-    }
     let dims = (x.rows, n, x.cols);
+    let wd = gate_up.bf16(op)?;
     super::gemv::launch_norm_silu(b, op, dims, xr, nw, eps, wd, y.bf16_mut(op)?)?;
     Ok(y)
-}
-
-/// Whether the gate/up product of the normalized bf16 row `h` runs as one
-/// batch-1 GEMV with the SiLU gate in its output (the decode fusions on,
-/// bf16 weights of `h`'s width and of gate and up rows).
-fn silu_fused(b: &CudaBackend, h: &CudaTensor, gate_up: &CudaWeight) -> bool {
-    matches!(h.data, Act::Bf16(_))
-        && matches!(gate_up.data, WeightBuf::Bf16(_))
-        && gate_up.cols == h.cols
-        && gate_up.rows.is_multiple_of(2)
-        && b.decode_fusion()
-        && b.gemv1_for(h.rows, gate_up.rows, h.cols)
 }
 
 /// `residual += x @ w^T (+ bias)`, unrounded into an f32 residual; a bf16
@@ -496,11 +466,7 @@ fn product(
             fill(b, y, rows * out, 0)?;
         }
     } else if let Some(k) = b.small_linear().kernel_for(rows, out, inner) {
-        // Decode-sized: one pass over the weights, bias fused (gemv.rs;
-        // one row on the batch-1 kernels where on, gemv1.rs).
-        if b.gemv1_for(rows, out, inner) {
-            return super::gemv1::launch(b, op, (out, inner), xd, wd, bias, &mut dest);
-        }
+        // Decode-sized: one pass over the weights, bias fused (gemv.rs).
         return super::gemv::launch(b, op, k, (rows, out, inner), xd, wd, bias, &mut dest);
     } else if let (Dest::Bf16(y), Some(bias)) = (&mut dest, bias) {
         // A biased bf16 output: the f32 product plus the bias, rounded to

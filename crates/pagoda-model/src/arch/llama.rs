@@ -269,10 +269,7 @@ impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
         // (PAGODA_DECODE_FUSION=off), or where cuBLASLt or the tensor-core
         // GEMV runs the products: rms_norm, q/k/v (1, or 3 on cuBLASLt),
         // qk_norm_rope, store_kv, attention (2), o_proj, rms_norm,
-        // gate_up, silu_mul, down: 11-13. At one row, PAGODA_GEMV1=on|all
-        // runs the batch-1 GEMVs (cuda/gemv1.rs): 7 launches at every weight
-        // size with `all`, 8 where `on` leaves a large norm unfused (its
-        // gate/up GEMV still applies the SiLU). Per step: embedding, the final
+        // gate_up, silu_mul, down: 11-13. Per step: embedding, the final
         // rms_norm, gather_logits_rows, the LM head (then sampling, outside
         // the graph).
         let mut x = b.embedding(step, &self.embed_tokens)?;
