@@ -23,7 +23,9 @@
 //! time that W workers would take with
 //! the engine's static split by family (the slowest worker's sum) against
 //! an ideal balance (the sum over W, or the slowest row if longer), so the
-//! time on a host with more cores can be estimated from this one.
+//! time on a host with more cores can be estimated from this one; and, with
+//! the families the compiler actually assigned, the rows of the fullest
+//! family per step against the mean, and the CPU of the costliest family.
 //!
 //! `cargo run --release -p pagoda-engine --example mask_bench -- SCHEMA
 //! [--requests 256] [--threads N] [--families F] [--stagger 18] [--min-out 100]
@@ -203,6 +205,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|&w| (w, Default::default()))
         .collect();
     let mut slow: Vec<(f64, usize, String)> = Vec::new();
+    let (mut fam_rows, mut fam_ms) = (vec![0usize; a.families], vec![0f64; a.families]);
+    let (mut fam_max_rows, mut fam_mean_rows, mut fam_max_ms) =
+        (Vec::new(), Vec::new(), Vec::new());
     let (mut bits, mut done, mut tokens, mut step) = (Vec::new(), 0usize, 0usize, 0usize);
     let mut allowed = Vec::with_capacity(vocab);
     let mut closers = Vec::with_capacity(vocab);
@@ -237,6 +242,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|((i, _), &s)| (*i, s as f64 * 1e3))
             .collect();
         sum_cpu_ms.push(rows.iter().map(|r| r.1).sum::<f64>());
+        // The families as the compiler assigned them: rows and CPU of the
+        // fullest / costliest one (one family per worker: that worker's).
+        fam_rows.iter_mut().for_each(|n| *n = 0);
+        fam_ms.iter_mut().for_each(|t| *t = 0.0);
+        for ((_, g), &s) in r.guides.iter().zip(&r.row_cpu_secs) {
+            if let (Some(n), Some(t)) = (fam_rows.get_mut(g.family()), fam_ms.get_mut(g.family())) {
+                *n += 1;
+                *t += s as f64 * 1e3;
+            }
+        }
+        let most = fam_rows.iter().copied().max().unwrap_or(0);
+        fam_max_rows.push(most as f64);
+        fam_mean_rows.push(r.guides.len() as f64 / a.families as f64);
+        fam_max_ms.push(fam_ms.iter().copied().fold(0.0, f64::max));
         for (w, v) in sim.iter_mut() {
             let (o, f, i) = simulate(&rows, *w);
             v[0].push(o);
@@ -322,6 +341,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     line("mask per step, CPU of all rows", "ms", &mut sum_cpu_ms);
     line("advance per row, CPU", "us", &mut adv_us);
     line("advance per step, CPU of all rows", "ms", &mut adv_sum_ms);
+    line("rows per step, fullest family", "rows", &mut fam_max_rows);
+    line("rows per step, mean per family", "rows", &mut fam_mean_rows);
+    line("mask per step, costliest family CPU", "ms", &mut fam_max_ms);
     println!("from the per-row CPU times, mask ms per step with W workers:");
     for (w, [one, fams, ideal]) in sim.iter_mut() {
         line(&format!("  W={w:<2} a family per worker"), "ms", one);

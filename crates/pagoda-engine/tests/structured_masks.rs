@@ -179,3 +179,94 @@ fn a_deferred_pipe_reports_complete_and_broken_rows_at_the_join() {
     assert_eq!(r.outcomes, vec![Advanced::Continues(false)]);
     assert_eq!(allowed(&r.bits[..words]), vec![2]);
 }
+
+/// Many requests under one schema (past 64 rows) spread evenly over the
+/// families, one per worker, and get, step by step, the same masks as all
+/// of them in one family on one worker (the split changes no mask), for
+/// two schemas along pseudo-random walks.
+#[test]
+fn one_schema_split_over_families_gives_the_single_worker_masks() {
+    let tok = Arc::new(
+        Tokenizer::from_hf_file(repo_root().join("tests/golden/smollm2-tokenizer/tokenizer.json"))
+            .unwrap(),
+    );
+    let eos: Arc<[u32]> = Arc::from(vec![2u32]);
+    let (rows, families) = (96usize, 14usize);
+    let split = GrammarCompiler::new(tok.clone(), VOCAB, &eos)
+        .unwrap()
+        .with_families(families);
+    let single = GrammarCompiler::new(tok, VOCAB, &eos)
+        .unwrap()
+        .with_families(1);
+    let (many, one) = (MaskWorkers::new(4).unwrap(), MaskWorkers::new(1).unwrap());
+    for (schema, seed) in [
+        ("tests/bench_schema.json", 0x9e3779b97f4a7c15u64),
+        ("scripts/gpu/long_text_schema.json", 0x2545f4914f6cdd1d),
+    ] {
+        let c = StructuredOutput::JsonSchema(
+            std::fs::read_to_string(repo_root().join(schema)).unwrap(),
+        );
+        let mut guides: Vec<Option<(Guide, Guide)>> = (0..rows)
+            .map(|_| Some((split.compile(&c).unwrap(), single.compile(&c).unwrap())))
+            .collect();
+        let mut per_family = vec![0usize; families];
+        for (g, s) in guides.iter().flatten() {
+            per_family[g.family()] += 1;
+            assert_eq!(s.family(), 0);
+        }
+        let (lo, hi) = (per_family.iter().min(), per_family.iter().max());
+        assert!(hi.unwrap() - lo.unwrap() <= 1, "{schema}: {per_family:?}");
+        let mut rng = seed;
+        let mut checked = 0;
+        for _ in 0..10 {
+            let live: Vec<(usize, (Guide, Guide))> = guides
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, g)| g.take().map(|g| (i, g)))
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            let (ids, pairs): (Vec<usize>, Vec<(Guide, Guide)>) = live.into_iter().unzip();
+            let (a, b): (Vec<Guide>, Vec<Guide>) = pairs.into_iter().unzip();
+            let words = a[0].mask_words();
+            let ja = many.spawn(
+                ids.iter().copied().zip(a).collect(),
+                Vec::new(),
+                words,
+                eos.clone(),
+            );
+            let jb = one.spawn(
+                ids.iter().copied().zip(b).collect(),
+                Vec::new(),
+                words,
+                eos.clone(),
+            );
+            let (ra, rb) = (ja.join().unwrap(), jb.join().unwrap());
+            assert!(ra.errors.is_empty() && rb.errors.is_empty());
+            assert_eq!(ra.bits, rb.bits, "{schema}: the masks differ");
+            let mut work_a = Vec::new();
+            let mut work_b = Vec::new();
+            for (k, ((_, ga), (_, gb))) in ra.guides.into_iter().zip(rb.guides).enumerate() {
+                let ok = allowed(&ra.bits[k * words..(k + 1) * words]);
+                assert!(!ok.is_empty());
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let t = ok[(rng % ok.len() as u64) as usize];
+                work_a.push((ga, t, Advanced::Pending));
+                work_b.push((gb, t, Advanced::Pending));
+                checked += 1;
+            }
+            many.advance(&mut work_a);
+            one.advance(&mut work_b);
+            for (k, ((ga, t, oa), (gb, _, ob))) in work_a.into_iter().zip(work_b).enumerate() {
+                assert_eq!(oa, ob, "{schema}: the advances differ");
+                if oa == Advanced::Continues(true) && t != 2 {
+                    guides[ids[k]] = Some((ga, gb));
+                }
+            }
+        }
+        assert!(checked > 500, "{schema}: {checked}");
+    }
+}

@@ -134,6 +134,11 @@ impl MaskWorkers {
         })
     }
 
+    /// The number of workers.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
     pub fn stats(&self) -> &MaskStats {
         &self.stats
     }

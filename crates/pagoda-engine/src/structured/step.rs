@@ -483,6 +483,24 @@ mod tests {
     }
 
     #[test]
+    fn one_schema_spreads_over_every_mask_worker() {
+        // One lexer family per worker, so that the requests of a single
+        // schema are not all masked on one worker.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/golden/smollm2-tokenizer/tokenizer.json");
+        let tok = Arc::new(Tokenizer::from_hf_file(path).unwrap());
+        for device in [false, true] {
+            let s = StructuredEngine::new(Some(&tok), 49152, &[2], device).unwrap();
+            let threads = mask_threads_for(device);
+            assert_eq!(s.workers.threads(), threads);
+            assert_eq!(
+                s.compiler.families,
+                threads * super::super::FAMILIES_PER_WORKER
+            );
+        }
+    }
+
+    #[test]
     fn a_compiler_built_on_its_own_thread_compiles() {
         let tok = || {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
