@@ -800,24 +800,45 @@ fn grouped_gemm(
     bm: usize,
     tiles: usize,
 ) -> Result<()> {
-    let op = "moe_experts";
-    let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
-    let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
-    let (gu_name, dn_name) = if bm == 16 {
-        ("moe_gemm_gate_up_m16", "moe_gemm_down_m16")
+    let names = if bm == 16 {
+        ["moe_gemm_gate_up_m16", "moe_gemm_down_m16"]
     } else {
-        ("moe_gemm_gate_up_m64", "moe_gemm_down_m64")
+        ["moe_gemm_gate_up_m64", "moe_gemm_down_m64"]
     };
-    let gemm_cfg = |cols: usize| LaunchConfig {
+    // The grid's x extent is `tiles`, the bound meta[0] stays under.
+    let cfg = |cols: usize, _gate_up: bool| LaunchConfig {
         grid_dim: (tiles as u32, cols.div_ceil(GEMM_BN) as u32, 1),
         block_dim: (GEMM_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
+    expert_gemms(b, d, x, s, weights, r0, n, names, cfg)
+}
+
+/// The two expert GEMMs of rows `r0 .. r0 + n` after `moe_group` grouped
+/// them, with the arguments the grouped and the stream kernels share:
+/// `names[0]` (gate_up with SiLU(gate) * up, `h[slot, inter]`) then
+/// `names[1]` (down with the routing weight, `y[slot, hidden]`), each grid
+/// sized by `cfg(output columns, is gate_up)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn expert_gemms(
+    b: &CudaBackend,
+    d: &Dims<'_>,
+    x: &CudaTensor,
+    s: &mut Scratch,
+    weights: &cudarc::driver::CudaView<'_, f32>,
+    r0: usize,
+    n: usize,
+    names: [&'static str; 2],
+    cfg: impl Fn(usize, bool) -> LaunchConfig,
+) -> Result<()> {
+    let op = "moe_experts";
+    let (hid_i, int_i, k_i) = (i32_of(d.hidden, op)?, i32_of(d.inter, op)?, d.top_k as i32);
+    let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
     // gate_up with SiLU(gate) * up: h[slot, inter].
     {
         let vec = vec_k(d.hidden);
         let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = b.dev.launch(d.kernel_name(gu_name)?)?;
+        let mut l = b.dev.launch(d.kernel_name(names[0])?)?;
         l.out(&mut s.h).arg(&xd);
         d.gate_up.push(&mut l);
         l.arg(&s.meta)
@@ -827,17 +848,19 @@ fn grouped_gemm(
             .arg(&int_i)
             .arg(&hid_i)
             .arg(&vec);
-        // In bounds: tiles below meta[0] name experts below E (the group
-        // kernel drops other ids), so gate_up rows stay below E * 2 * inter
-        // (checked against the weight); x rows are pair / top_k < n; h rows
-        // are slots below tiles * bm (the scratch holds them); the grid's
-        // x extent is `tiles`, the bound meta[0] stays under.
-        l.run(gemm_cfg(d.inter))?;
+        // In bounds: a block works only on tiles below meta[0] (the group
+        // kernel's tile count, within the scratch), whose experts are below
+        // E (the group kernel drops other ids), so gate_up rows stay below
+        // E * 2 * inter (checked against the weight); x rows are pair /
+        // top_k < n; h rows are the tiles' slots (the scratch holds every
+        // tile's). Dynamic shared memory, where `cfg` asks for it, was
+        // raised at load.
+        l.run(cfg(d.inter, true))?;
     }
     // down with the routing weight: y[slot, hidden].
     {
         let vec = vec_k(d.inter);
-        let mut l = b.dev.launch(d.kernel_name(dn_name)?)?;
+        let mut l = b.dev.launch(d.kernel_name(names[1])?)?;
         l.out(&mut s.y).arg(&s.h);
         d.down.push(&mut l);
         l.arg(&s.meta)
@@ -848,8 +871,8 @@ fn grouped_gemm(
             .arg(&int_i)
             .arg(&vec);
         // In bounds: as for gate_up: down rows below E * hidden, h and y rows
-        // below tiles * bm, weights read at pair indices below `pairs`.
-        l.run(gemm_cfg(d.hidden))?;
+        // the tiles' slots, weights read at pair indices below `pairs`.
+        l.run(cfg(d.hidden, false))?;
     }
     Ok(())
 }

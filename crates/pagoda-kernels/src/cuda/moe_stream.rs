@@ -20,7 +20,7 @@
 use super::moe::{Dims, Scratch};
 use super::storage::CudaTensor;
 use super::CudaBackend;
-use crate::{KernelError, Result};
+use crate::Result;
 use cudarc::driver::{CudaFunction, CudaView, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -107,7 +107,8 @@ fn block_cols(gate_up: bool) -> usize {
 
 /// The stream path's two GEMMs of rows `r0 .. r0 + n`, after `moe_group`
 /// grouped them in tiles of [`TILE_ROWS`]: `h[slot, inter]` then
-/// `y[slot, hidden]`, as the grouped GEMMs write them.
+/// `y[slot, hidden]`, as the grouped GEMMs write them. Grid (E, column
+/// slices): block x is an expert below E, reading only its own tiles.
 pub(crate) fn gemms(
     b: &CudaBackend,
     d: &Dims<'_>,
@@ -117,62 +118,14 @@ pub(crate) fn gemms(
     r0: usize,
     n: usize,
 ) -> Result<()> {
-    let op = "moe_experts";
-    let i32_of = |v: usize| {
-        i32::try_from(v).map_err(|_| KernelError::Shape {
-            op,
-            detail: format!("{v} does not fit in 32 bits"),
-        })
-    };
-    let (hid_i, int_i, k_i) = (i32_of(d.hidden)?, i32_of(d.inter)?, d.top_k as i32);
-    let fp8 = d.gate_up.is_fp8();
+    let smem = smem_bytes(d.gate_up.is_fp8()) as u32;
     let cfg = |cols: usize, gate_up: bool| LaunchConfig {
         grid_dim: (d.n_exp as u32, cols.div_ceil(block_cols(gate_up)) as u32, 1),
         block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem_bytes(fp8) as u32,
+        shared_mem_bytes: smem,
     };
-    let vec_k = |k: usize| i32::from(k.is_multiple_of(8));
-    // gate_up with SiLU(gate) * up: h[slot, inter].
-    {
-        let vec = vec_k(d.hidden);
-        let xd = x.bf16(op)?.slice(r0 * d.hidden..(r0 + n) * d.hidden);
-        let mut l = b.dev.launch(d.kernel_name("moe_stream_gate_up")?)?;
-        l.out(&mut s.h).arg(&xd);
-        d.gate_up.push(&mut l);
-        l.arg(&s.meta)
-            .arg(&s.slot_pair)
-            .arg(weights)
-            .arg(&k_i)
-            .arg(&int_i)
-            .arg(&hid_i)
-            .arg(&vec);
-        // In bounds: block x is an expert below E, so its gate_up rows stay
-        // below E * 2 * inter (checked against the weight); it reads meta
-        // below 1 + meta[0] (the group kernel's tile count, within the
-        // scratch) and the slots of its own tiles, below meta[0] * 16; x
-        // rows are pair / top_k < n; h rows are those slots (the scratch
-        // holds tiles * 16 of them). Shared memory: `smem_bytes`, raised
-        // at load by `configure`.
-        l.run(cfg(d.inter, true))?;
-    }
-    // down with the routing weight: y[slot, hidden].
-    {
-        let vec = vec_k(d.inter);
-        let mut l = b.dev.launch(d.kernel_name("moe_stream_down")?)?;
-        l.out(&mut s.y).arg(&s.h);
-        d.down.push(&mut l);
-        l.arg(&s.meta)
-            .arg(&s.slot_pair)
-            .arg(weights)
-            .arg(&k_i)
-            .arg(&hid_i)
-            .arg(&int_i)
-            .arg(&vec);
-        // In bounds: as for gate_up: down rows below E * hidden, h and y rows
-        // below meta[0] * 16, weights read at pair indices below `pairs`.
-        l.run(cfg(d.hidden, false))?;
-    }
-    Ok(())
+    let names = ["moe_stream_gate_up", "moe_stream_down"];
+    super::moe::expert_gemms(b, d, x, s, weights, r0, n, names, cfg)
 }
 
 #[cfg(test)]
