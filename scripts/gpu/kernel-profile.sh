@@ -4,7 +4,8 @@
 # runs `pagoda bench decode --enforce-eager` under Nsight Compute twice, with
 # 1 and with 1 + N timed steps, and takes the difference per kernel name, so
 # only N decode steps' kernels remain (loading, prefill and warm-up cancel).
-# Usage: scripts/gpu/kernel-profile.sh SHAPE BATCH [CONTEXT] [N]
+# Usage: [EXTRA='--quantization fp8 ...'] [TAG=name] scripts/gpu/kernel-profile.sh SHAPE BATCH [CONTEXT] [N]
+# (EXTRA: more `pagoda bench decode` arguments; TAG: a suffix for the log names.)
 # Logs land in $OUT/kprof-SHAPE-bBATCH.txt (the summary) and .csv (raw).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,11 +19,11 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pagoda-cache}
-tag=kprof-$shape-b$batch
+tag=kprof-$shape-b$batch${TAG:+-$TAG}
 run() {
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
         .device-bin/pagoda bench decode --device cuda --dummy-weights --config "scripts/gpu/$shape.json" \
-        --max-model-len 4096 --max-num-batched-tokens 16384 --enforce-eager --batch-sizes "$batch" --context "$ctx" --steps "$1" \
+        --max-model-len 4096 --max-num-batched-tokens 16384 --enforce-eager --batch-sizes "$batch" --context "$ctx" --steps "$1" ${EXTRA:-} \
         > "$OUT/$tag-$1.csv" 2>>"$OUT/$tag.err"
 }
 run 1
