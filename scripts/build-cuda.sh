@@ -32,7 +32,7 @@ cargo test --release -p pagoda-kernels -p pagoda-engine --features cuda --no-run
     done
 
 cargo build --release -p pagoda --features cuda
-cp target/release/pagoda .device-bin/pagoda
+cp "${CARGO_TARGET_DIR:-target}/release/pagoda" .device-bin/pagoda
 strip --strip-debug .device-bin/pagoda 2>/dev/null || true
 echo "built .device-bin/pagoda"
 

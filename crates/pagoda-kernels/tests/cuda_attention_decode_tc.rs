@@ -8,7 +8,9 @@
 //! window (one and two partitions of the window), soft-cap 30 alone and
 //! with the 700-token window; FP8 scales of 1 and others (saturating
 //! spreads included); block sizes 16, 5 and 32; a padding row. Every case
-//! first asserts which partition kernel the backend runs. Over an FP8
+//! first asserts which partition kernel the backend runs, then runs with
+//! the partition its shape gets and with each of 64, 128, 256 and 512
+//! tokens (`CudaBackend::set_decode_partition`). Over an FP8
 //! cache the CUDA-core kernel (`CudaBackend::force_core_decode`) runs the
 //! same case too, and the two GPU outputs must agree closely. One test
 //! feeds q values far outside f16's range (1e5 and 1e-6, with the scale
@@ -165,35 +167,46 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case) {
         vec![false]
     } {
         g.force_core_decode(cores);
-        let kernel = g.decode_kernel_for(&p).unwrap_or("none");
-        let out = g
-            .attention(&gq, &gc, &gs, &p)
-            .unwrap_or_else(|e| panic!("{what} ({kernel}): attention failed: {e}"));
-        let got = g
-            .tensor_to_host(&out)
-            .unwrap_or_else(|e| panic!("{what} ({kernel}): kernel fault or download: {e}"));
-        let w = nh * hd;
-        if let Some(i) = got[..rows * w].iter().position(|x| !x.is_finite()) {
-            panic!(
-                "{what} ({kernel}): output {i} = {} (row {} with context {}, head {}; \
-                 unwritten?)",
-                got[i],
-                i / w,
-                LENS[i / w],
-                (i / hd) % nh
+        // The shape's own partition first, then every size the kernels take.
+        for part in [None, Some(64), Some(128), Some(256), Some(512)] {
+            g.set_decode_partition(part).unwrap();
+            let kernel = g.decode_kernel_for(&p).unwrap_or("none");
+            let kernel = format!(
+                "{kernel}, partition {}",
+                g.decode_partition_for(&step.ctx, &p, t)
             );
+            let out = g
+                .attention(&gq, &gc, &gs, &p)
+                .unwrap_or_else(|e| panic!("{what} ({kernel}): attention failed: {e}"));
+            let got = g
+                .tensor_to_host(&out)
+                .unwrap_or_else(|e| panic!("{what} ({kernel}): kernel fault or download: {e}"));
+            let w = nh * hd;
+            if let Some(i) = got[..rows * w].iter().position(|x| !x.is_finite()) {
+                panic!(
+                    "{what} ({kernel}): output {i} = {} (row {} with context {}, head {}; \
+                     unwritten?)",
+                    got[i],
+                    i / w,
+                    LENS[i / w],
+                    (i / hd) % nh
+                );
+            }
+            let (e, r, h) = worst(&got, &want, rows, nh, hd);
+            let at = (r * nh + h) * hd;
+            assert!(
+                e < 2e-2,
+                "{what} ({kernel}): row {r} (context {}) head {h}: relative error {e:.3e}; \
+                 got[..4] {:?} want[..4] {:?}",
+                LENS[r],
+                &got[at..at + 4],
+                &want[at..at + 4]
+            );
+            if part.is_none() {
+                outs.push((kernel, got));
+            }
         }
-        let (e, r, h) = worst(&got, &want, rows, nh, hd);
-        let at = (r * nh + h) * hd;
-        assert!(
-            e < 2e-2,
-            "{what} ({kernel}): row {r} (context {}) head {h}: relative error {e:.3e}; \
-             got[..4] {:?} want[..4] {:?}",
-            LENS[r],
-            &got[at..at + 4],
-            &want[at..at + 4]
-        );
-        outs.push((kernel, got));
+        g.set_decode_partition(None).unwrap();
     }
     g.force_core_decode(false);
     if let [(ka, a), (kb, b)] = &outs[..] {

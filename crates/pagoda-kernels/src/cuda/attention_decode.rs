@@ -3,8 +3,9 @@
 //! `kernels/attention_decode_mma.cu`.
 //!
 //! Owns the choice of kernel for (cache element type, head_dim, group)
-//! ([`partition_kernel`]) and the two launches: the partition kernel over
-//! (sequence, kv head, partition of [`PARTITION`] tokens), each block
+//! ([`partition_kernel`]), of the partition size ([`partition_size`]) and
+//! the two launches: the partition kernel over
+//! (sequence, kv head, partition of 64 to [`MAX_PARTITION`] tokens), each block
 //! attending all query heads of its kv head's group, then
 //! `paged_decode_reduce_bf16` over (sequence, head) to merge the partitions
 //! of sequences that have several. A bf16 cache runs
@@ -23,8 +24,18 @@
 //!   layer's constant parameters (window, soft-cap, scale), never on context
 //!   lengths, so a captured decode graph replays for any step of the same
 //!   shape. [`partitions`] is `ceil(min(window, max_blocks_per_seq *
-//!   block_size) / PARTITION)` (no window term without a window); blocks
-//!   past a sequence's end exit at once.
+//!   block_size) / part)` (no window term without a window); blocks past a
+//!   sequence's end exit at once.
+//! - The partition `part` is [`MAX_PARTITION`] unless the step has too few
+//!   (sequence, kv head) pairs to fill the GPU: [`partition_size`] halves it,
+//!   down to [`MIN_PARTITION`], while `num_seqs * num_kv_heads * (512 /
+//!   part)` is under [`BLOCKS_PER_SM`] blocks per multiprocessor (batch 1
+//!   with 8 kv heads at a 1,000-token context: 16 blocks at 512, 128 at 64).
+//!   Finer partitions need more partials; while the step memory warms up any
+//!   amount is taken (the profiling steps measure it), and once it is frozen
+//!   a step splits only as far as the largest partials of the warm-up (or
+//!   [`MAX_SPLIT_FLOATS`], the arena's fixed slack, where larger), so a
+//!   later small step never asks the arena for more than it was sized for.
 //! - Token `i` is sequence `i` (checked: `cu_seqlens_q[i] == i`), and it
 //!   attends cache positions `0..=context_lens[i]`, or only the last
 //!   `window` of them: the partitions then start at the window's first
@@ -50,8 +61,22 @@ use super::CudaBackend;
 use crate::{AttentionParams, ForwardContext, KernelError, Result};
 use cudarc::driver::LaunchConfig;
 
-/// Tokens per partition (must match `DEC_PARTITION` in attention_decode.cu).
-pub(crate) const PARTITION: usize = 512;
+/// The largest partition in tokens (must match `DEC_PARTITION` in
+/// attention_decode.cu, which sizes the kernels' shared memory by it).
+pub(crate) const MAX_PARTITION: usize = 512;
+/// The smallest partition [`partition_size`] chooses.
+pub(crate) const MIN_PARTITION: usize = 64;
+/// Every partition size the kernels take.
+pub const PARTITION_SIZES: [usize; 4] = [64, 128, 256, 512];
+/// Grid blocks per multiprocessor below which a step splits contexts finer.
+const BLOCKS_PER_SM: usize = 2;
+/// f32 partials (`num_seqs * num_heads * partitions * (head_dim + 2)`) a
+/// finer split may always take once the step memory is frozen: 4 MiB, the
+/// step arena's fixed slack beyond its profiled need.
+const MAX_SPLIT_FLOATS: usize = 1 << 20;
+/// The environment variable that fixes the partition of new backends (one
+/// of [`PARTITION_SIZES`], or `auto`: chosen by the step's shape).
+pub const PARTITION_ENV: &str = "PAGODA_DECODE_PARTITION";
 /// Threads per partition block (must match `DEC_THREADS`).
 const THREADS: u32 = 128;
 /// Threads per reduce block.
@@ -146,14 +171,97 @@ impl CudaBackend {
     }
 }
 
-/// Partitions (the grid's z) of the widest span a query of this step can
-/// see: the block table's width in tokens, or the window where narrower.
-pub(crate) fn partitions(ctx: &ForwardContext, window: Option<usize>) -> usize {
+/// `n` where the kernels take partitions of `n` tokens, else an error
+/// naming the sizes they take.
+pub(crate) fn check_partition(n: usize) -> Result<usize> {
+    if PARTITION_SIZES.contains(&n) {
+        Ok(n)
+    } else {
+        Err(KernelError::Unsupported(format!(
+            "a decode attention partition of {n} tokens (the kernels take {PARTITION_SIZES:?})"
+        )))
+    }
+}
+
+/// [`PARTITION_ENV`]: `None` when unset or `auto`, an error for a value
+/// that is neither `auto` nor one of [`PARTITION_SIZES`].
+pub(crate) fn partition_from_env() -> Result<Option<usize>> {
+    match std::env::var(PARTITION_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) if v.trim().eq_ignore_ascii_case("auto") || v.trim().is_empty() => Ok(None),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) => check_partition(n).map(Some),
+            Err(_) => Err(KernelError::Unsupported(format!(
+                "{PARTITION_ENV}={v:?}: expected auto or one of {PARTITION_SIZES:?}"
+            ))),
+        },
+    }
+}
+
+/// The widest span a query of this step can see: the block table's width
+/// in tokens, or the window where narrower.
+fn span(ctx: &ForwardContext, window: Option<usize>) -> usize {
     let width = ctx.max_blocks_per_seq * ctx.block_size;
-    window
-        .map_or(width, |w| w.min(width))
-        .div_ceil(PARTITION)
-        .max(1)
+    window.map_or(width, |w| w.min(width)).max(1)
+}
+
+/// Partitions of `part` tokens (the grid's z) over the widest span a query
+/// of this step can see.
+pub(crate) fn partitions(ctx: &ForwardContext, window: Option<usize>, part: usize) -> usize {
+    span(ctx, window).div_ceil(part)
+}
+
+/// f32 partials of `seqs` sequences of layer `p` split into `parts`.
+fn split_floats(p: &AttentionParams, seqs: usize, parts: usize) -> usize {
+    seqs * p.num_heads * parts * (p.head_dim + 2)
+}
+
+/// Tokens per partition for `seqs` one-token queries of layer `p` on a GPU
+/// of `sms` multiprocessors, splitting finer only while the partials stay
+/// within `max_floats` (see the module docs): a function of the step's
+/// shape and constants only.
+pub(crate) fn partition_size(
+    ctx: &ForwardContext,
+    p: &AttentionParams,
+    seqs: usize,
+    sms: usize,
+    max_floats: usize,
+) -> usize {
+    let mut part = MAX_PARTITION;
+    while part > MIN_PARTITION
+        && seqs * p.num_kv_heads * (MAX_PARTITION / part) < BLOCKS_PER_SM * sms
+    {
+        let next = part / 2;
+        let parts = partitions(ctx, p.window, next);
+        if parts > MAX_GRID_YZ || split_floats(p, seqs, parts) > max_floats {
+            break;
+        }
+        part = next;
+    }
+    part
+}
+
+impl CudaBackend {
+    /// Tokens per partition a decode step of `seqs` sequences of layer `p`
+    /// runs with: [`CudaBackend::set_decode_partition`]'s where set, else
+    /// chosen by the step's shape ([`partition_size`], within the partials
+    /// the module docs allow).
+    pub fn decode_partition_for(
+        &self,
+        ctx: &ForwardContext,
+        p: &AttentionParams,
+        seqs: usize,
+    ) -> usize {
+        if let Some(n) = self.decode_partition() {
+            return n;
+        }
+        let max_floats = if self.step_memory_frozen() {
+            self.split_floats_seen().max(MAX_SPLIT_FLOATS)
+        } else {
+            usize::MAX
+        };
+        partition_size(ctx, p, seqs, self.multiprocessors(), max_floats)
+    }
 }
 
 /// Whether the decode kernels take this step: a head_dim of
@@ -170,7 +278,7 @@ pub(crate) fn supported(ctx: &ForwardContext, p: &AttentionParams) -> bool {
             .iter()
             .enumerate()
             .all(|(i, &c)| c as usize == i)
-        && partitions(ctx, p.window) <= MAX_GRID_YZ
+        && partitions(ctx, p.window, MAX_PARTITION) <= MAX_GRID_YZ
         && p.num_heads <= MAX_GRID_YZ
 }
 
@@ -219,7 +327,7 @@ pub(crate) fn decode_prefix(ctx: &ForwardContext, p: &AttentionParams) -> usize 
     let takes = p.num_kv_heads > 0
         && p.num_heads.is_multiple_of(p.num_kv_heads)
         && kernel_name(p.head_dim, p.num_heads / p.num_kv_heads, false).is_some()
-        && partitions(ctx, p.window) <= MAX_GRID_YZ
+        && partitions(ctx, p.window, MAX_PARTITION) <= MAX_GRID_YZ
         && p.num_heads <= MAX_GRID_YZ;
     if takes && n < ctx.num_seqs() {
         n
@@ -269,8 +377,18 @@ pub(crate) fn decode_attention_into(
     if y.numel() == 0 || seqs == 0 {
         return Ok(());
     }
-    let parts = partitions(&step.ctx, p.window);
+    let part = b.decode_partition_for(&step.ctx, p, seqs);
+    let parts = partitions(&step.ctx, p.window, part);
+    if parts > MAX_GRID_YZ {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("{parts} partitions of {part} tokens exceed the grid's {MAX_GRID_YZ}"),
+        });
+    }
     let per_head = seqs * p.num_heads * parts;
+    if parts > 1 && !b.step_memory_frozen() {
+        b.note_split_floats(split_floats(p, seqs, parts));
+    }
     let (acc_len, ml_len) = if parts > 1 {
         (per_head * p.head_dim, per_head * 2)
     } else {
@@ -282,13 +400,14 @@ pub(crate) fn decode_attention_into(
         step.view(step.context_lens),
         step.view(step.block_tables_of(p.kv_group)),
     );
-    let (mbps, bs, nh, nkv, hd, np) = (
+    let (mbps, bs, nh, nkv, hd, np, psz) = (
         i32_of(step.ctx.max_blocks_per_seq, op)?,
         i32_of(cache.shape.block_size, op)?,
         i32_of(p.num_heads, op)?,
         i32_of(p.num_kv_heads, op)?,
         i32_of(p.head_dim, op)?,
         i32_of(parts, op)?,
+        i32_of(part, op)?,
     );
     let (window, softcap) = (window_arg(p), p.softcap.unwrap_or(0.0));
     let cfg = LaunchConfig {
@@ -311,6 +430,7 @@ pub(crate) fn decode_attention_into(
         .arg(&nh)
         .arg(&nkv)
         .arg(&np)
+        .arg(&psz)
         .arg(&p.scale)
         .arg(&window)
         .arg(&softcap);
@@ -333,6 +453,7 @@ pub(crate) fn decode_attention_into(
         .arg(&nh)
         .arg(&hd)
         .arg(&np)
+        .arg(&psz)
         .arg(&window);
     l.run(cfg)?;
     Ok(())
@@ -452,23 +573,106 @@ mod tests {
             max_blocks_per_seq: 2048, // 32,768 tokens
             ..Default::default()
         };
-        assert_eq!(partitions(&ctx, None), 64);
-        assert_eq!(partitions(&ctx, Some(4096)), 8);
-        assert_eq!(partitions(&ctx, Some(4097)), 9);
-        assert_eq!(partitions(&ctx, Some(512)), 1);
-        assert_eq!(partitions(&ctx, Some(1)), 1);
-        assert_eq!(partitions(&ctx, Some(1 << 40)), 64);
+        assert_eq!(partitions(&ctx, None, 512), 64);
+        assert_eq!(partitions(&ctx, None, 64), 512);
+        assert_eq!(partitions(&ctx, Some(4096), 512), 8);
+        assert_eq!(partitions(&ctx, Some(4097), 512), 9);
+        assert_eq!(partitions(&ctx, Some(4097), 128), 33);
+        assert_eq!(partitions(&ctx, Some(512), 512), 1);
+        assert_eq!(partitions(&ctx, Some(1), 512), 1);
+        assert_eq!(partitions(&ctx, Some(1 << 40), 512), 64);
         let narrow = ForwardContext {
             max_blocks_per_seq: 3,
             ..ctx
         };
-        assert_eq!(partitions(&narrow, Some(4096)), 1);
+        assert_eq!(partitions(&narrow, Some(4096), 512), 1);
+        assert_eq!(partitions(&narrow, Some(4096), 64), 1);
+    }
+
+    fn table_of(tokens: usize) -> ForwardContext {
+        ForwardContext {
+            block_size: 16,
+            max_blocks_per_seq: tokens / 16,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn small_batches_split_contexts_finer() {
+        // Qwen3-0.6B / Llama-3.1-8B attention on 132 multiprocessors, a
+        // 4,096-token table.
+        let (ctx, sms) = (table_of(4096), 132);
+        for heads in [16, 32] {
+            let p = AttentionParams::causal(heads, 8, 128);
+            let size = |seqs| partition_size(&ctx, &p, seqs, sms, usize::MAX);
+            assert_eq!(size(1), 64);
+            assert_eq!(size(8), 64);
+            assert_eq!(size(16), 128);
+            assert_eq!(size(32), 256);
+            // 64 x 8 pairs already fill 132 SMs twice over.
+            assert_eq!(size(64), 512);
+            assert_eq!(size(256), 512);
+        }
+        // One kv head: more splitting for the same batch.
+        let mqa = AttentionParams::causal(8, 1, 128);
+        assert_eq!(partition_size(&ctx, &mqa, 32, sms, usize::MAX), 64);
+        assert_eq!(partition_size(&ctx, &mqa, 128, sms, usize::MAX), 128);
+        assert_eq!(partition_size(&ctx, &mqa, 512, sms, usize::MAX), 512);
+    }
+
+    #[test]
+    fn finer_splits_stay_within_the_scratch_bound() {
+        let sms = 132;
+        let p = AttentionParams::causal(16, 8, 128);
+        for tokens in [512, 4096, 40_960, 131_072, 1 << 20] {
+            let ctx = table_of(tokens);
+            for seqs in [1, 2, 8, 33, 256] {
+                for max_floats in [MAX_SPLIT_FLOATS, 1 << 24, usize::MAX] {
+                    let part = partition_size(&ctx, &p, seqs, sms, max_floats);
+                    assert!(PARTITION_SIZES.contains(&part));
+                    let parts = partitions(&ctx, None, part);
+                    assert!(parts <= MAX_GRID_YZ);
+                    if part < MAX_PARTITION {
+                        let floats = split_floats(&p, seqs, parts);
+                        assert!(floats <= max_floats, "{tokens} tokens, {seqs} seqs: {part}");
+                    }
+                }
+            }
+        }
+        // Batch 8 at a 4,096-token table: 64 takes 1.06 M floats, past the
+        // fixed bound, so a frozen arena without a larger warm-up stops at 128.
+        let size = |tokens, seqs, max| partition_size(&table_of(tokens), &p, seqs, sms, max);
+        assert_eq!(size(4096, 8, usize::MAX), 64);
+        assert_eq!(size(4096, 8, MAX_SPLIT_FLOATS), 128);
+        // The default Qwen3 table (40,960 tokens) at batch 1 stops at 128.
+        assert_eq!(size(40_960, 1, MAX_SPLIT_FLOATS), 128);
+        // A window bounds the span, so the split goes down to 64 again.
+        let windowed = AttentionParams {
+            window: Some(4096),
+            ..p
+        };
+        assert_eq!(
+            partition_size(&table_of(40_960), &windowed, 1, sms, MAX_SPLIT_FLOATS),
+            64
+        );
+    }
+
+    #[test]
+    fn partition_sizes_are_checked() {
+        for n in PARTITION_SIZES {
+            assert_eq!(check_partition(n).unwrap(), n);
+        }
+        for n in [0, 1, 32, 100, 1024] {
+            assert!(check_partition(n).is_err());
+        }
+        assert_eq!(*PARTITION_SIZES.first().unwrap(), MIN_PARTITION);
+        assert_eq!(*PARTITION_SIZES.last().unwrap(), MAX_PARTITION);
     }
 
     #[test]
     fn partition_size_matches_the_kernel_source() {
         let src = include_str!("kernels/attention_decode.cu");
-        assert!(src.contains(&format!("#define DEC_PARTITION {PARTITION}\n")));
+        assert!(src.contains(&format!("#define DEC_PARTITION {MAX_PARTITION}\n")));
         assert!(src.contains(&format!("#define DEC_WARPS {}\n", THREADS / 32)));
     }
 }

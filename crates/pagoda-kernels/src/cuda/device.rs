@@ -39,6 +39,8 @@ pub(crate) struct Device {
     /// Launches carry the programmatic-dependent-launch attribute.
     pdl: AtomicBool,
     pub name: String,
+    /// Streaming multiprocessors (the decode attention sizes its grid by them).
+    pub sms: usize,
     /// What opening took, for the start-up report.
     pub startup: KernelStartup,
 }
@@ -129,6 +131,12 @@ impl Device {
         let cc = ctx
             .compute_capability()
             .map_err(|e| err(format!("cannot read the compute capability: {e:?}")))?;
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| err(format!("cannot read the multiprocessor count: {e:?}")))?
+            .max(1) as usize;
         let context_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
         let units = compile::load_or_compile_all(cc)
@@ -170,6 +178,7 @@ impl Device {
             pdl_supported,
             pdl: AtomicBool::new(false),
             name,
+            sms,
             startup,
         };
         let env = std::env::var(launch::PDL_ENV).ok();

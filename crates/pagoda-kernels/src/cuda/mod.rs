@@ -53,7 +53,7 @@ mod storage;
 pub mod testing;
 mod token_masks;
 
-pub use attention_decode::DECODE_KERNEL_ENV;
+pub use attention_decode::{DECODE_KERNEL_ENV, PARTITION_ENV, PARTITION_SIZES};
 pub use attention_path::{
     attention_kernel, prefer_tiled, AttentionKernel, FAST_HEAD_DIMS, PREFILL_KERNEL_ENV,
 };
@@ -77,7 +77,7 @@ use crate::{
     Result, RopeStyle, SamplingOptions, TokenMasks,
 };
 use half::bf16;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// How to build a [`CudaBackend`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,6 +104,12 @@ pub struct CudaBackend {
     /// FP8-cache decode attention takes the CUDA-core kernel instead of the
     /// tensor-core one (see [`CudaBackend::force_core_decode`]).
     core_decode: AtomicBool,
+    /// Tokens per decode-attention partition, or 0 to choose by the step's
+    /// shape (see [`CudaBackend::set_decode_partition`]).
+    decode_partition: AtomicUsize,
+    /// The most f32 partials a split decode step took while the step
+    /// memory warmed up (see [`attention_decode`]).
+    split_floats_seen: AtomicUsize,
     /// The small-row linear path ([`SmallLinear`] as `to_u8`; see
     /// [`CudaBackend::set_small_linear`]).
     small_linear: AtomicU8,
@@ -162,6 +168,10 @@ impl CudaBackend {
             syncs: AtomicU64::new(0),
             tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
             core_decode: AtomicBool::new(attention_decode::cores_from_env()),
+            decode_partition: AtomicUsize::new(
+                attention_decode::partition_from_env()?.unwrap_or(0),
+            ),
+            split_floats_seen: AtomicUsize::new(0),
             small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
             decode_fusion: AtomicBool::new(gemv::fusion_from_env()),
             masks: Default::default(),
@@ -223,6 +233,41 @@ impl CudaBackend {
     /// start from [`DECODE_KERNEL_ENV`] (`cores`), else tensor cores.
     pub fn force_core_decode(&self, on: bool) {
         self.core_decode.store(on, Ordering::Relaxed);
+    }
+
+    /// Tokens per partition of the split-K decode attention: `None` (the
+    /// default) chooses by the step's shape
+    /// ([`CudaBackend::decode_partition_for`]), `Some(n)` takes `n` for every
+    /// step (one of [`PARTITION_SIZES`]), to compare them; another `n` is an
+    /// error. New backends start from [`PARTITION_ENV`]. Graphs
+    /// captured before a change keep the partition they recorded.
+    pub fn set_decode_partition(&self, tokens: Option<usize>) -> Result<()> {
+        let n = match tokens {
+            None => 0,
+            Some(n) => attention_decode::check_partition(n)?,
+        };
+        self.decode_partition.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The forced partition of [`CudaBackend::set_decode_partition`].
+    pub(crate) fn decode_partition(&self) -> Option<usize> {
+        Some(self.decode_partition.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// The most f32 partials a split decode step took while warming up.
+    pub(crate) fn split_floats_seen(&self) -> usize {
+        self.split_floats_seen.load(Ordering::Relaxed)
+    }
+
+    /// Records the partials of a split decode step while warming up.
+    pub(crate) fn note_split_floats(&self, floats: usize) {
+        self.split_floats_seen.fetch_max(floats, Ordering::Relaxed);
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub fn multiprocessors(&self) -> usize {
+        self.dev.sms
     }
 
     /// Whether [`CudaBackend::force_core_decode`] is on.

@@ -12,8 +12,8 @@
 //      (num_seqs, num_kv_heads, max_partitions), DEC_THREADS threads. Block
 //      (s, kv, p) attends ALL query heads of kv head `kv`'s group (group =
 //      num_heads / num_kv_heads <= G; heads past `group` are masked) over
-//      cache positions [first + p * DEC_PARTITION, min(first + (p + 1) *
-//      DEC_PARTITION, seq_len)) of sequence s, where seq_len =
+//      cache positions [first + p * part_size, min(first + (p + 1) *
+//      part_size, seq_len)) of sequence s, where seq_len =
 //      context_lens[s] + 1 (token s is sequence s's query) and first = 0, or
 //      seq_len - window with a sliding window (window > 0): the partitions
 //      cover only the window, and no position before it is read.
@@ -33,9 +33,11 @@
 //      others return at once: launch 1 already wrote them). Skipped by the
 //      host when max_partitions == 1.
 //   max_partitions = ceil(min(window, max_blocks_per_seq * block_size) /
-//   DEC_PARTITION) (the window term only with a window): it depends on the
-//   step's block-table width and the layer's constant window, never on
-//   context lengths.
+//   part_size) (the window term only with a window), and part_size (64,
+//   128, 256 or DEC_PARTITION = 512 tokens, a kernel argument) is chosen by
+//   the host from the step's shape: both depend on the step's batch size,
+//   block-table width and the layer's constant window, never on context
+//   lengths.
 //
 // Inside a block of launch 1 (DEC_WARPS warps):
 //   - phase 0: the cache slot of every token of the partition goes to shared
@@ -54,20 +56,25 @@
 //   - phase 3 (PV): same lane layout on V, acc[G][8] in f32 registers; then
 //     a shuffle reduction over the tokens of a warp and a shared-memory one
 //     over the warps.
-// Shared memory: DEC_PARTITION ints + max(DEC_PARTITION, DEC_WARPS *
+// Shared memory (sized for the largest partition): DEC_PARTITION ints +
+// max(DEC_PARTITION, DEC_WARPS *
 // head_dim) * G floats (+ a little), i.e. 18 KiB at G = 8 up to head_dim
 // 128 and 34 KiB at head_dim 256: the cross-warp acc (DEC_WARPS * G *
 // head_dim floats) reuses the score buffer.
 //
-// Partition size 512: a 1000-token context splits in two, so batch 256 x 8 kv
+// Partition size: 512 tokens wherever the step has enough blocks without
+// splitting further: a 1000-token context splits in two, so batch 256 x 8 kv
 // heads gives 4096 busy blocks (many waves on 132 SMs); each block streams up
 // to 512 KiB of K+V (hd 128), so its fixed costs (slot table, softmax
 // reductions, (hd + 2) * 4 bytes of partials per head written and read back)
-// stay under ~2% of its traffic; and 512 bounds the score buffer (16 KiB at
-// G = 8). Smaller partitions help only small batches of long contexts, whose
-// step is dominated by the weights anyway. Blocks of partitions past a
-// sequence's end cost a launch and an exit each: the block-table width
-// (max_blocks_per_seq) should not be far above the longest sequence served.
+// stay under ~2% of its traffic. A small batch would leave most SMs idle at
+// 512 (batch 1, 8 kv heads, 1000 tokens: 16 blocks on 132 SMs, each
+// streaming 256 KiB alone), so the host halves the partition, down to 64,
+// while the grid has fewer than four blocks per SM; the partials then cost
+// more per K/V byte but the step's latency falls with the wider grid.
+// Blocks of partitions past a sequence's end cost a launch and an exit each:
+// the block-table width (max_blocks_per_seq) should not be far above the
+// longest sequence served.
 //
 // Costs at the Qwen3-0.6B shape (16 heads, 8 kv heads, head_dim 128, 28
 // layers), batch 256 with 1000-token contexts (seq_len 1001, two partitions):
@@ -207,7 +214,8 @@ __device__ __forceinline__ void paged_decode_attention(
     const KV* __restrict__ v_cache, const float* __restrict__ kv_scales,
     const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size,
-    int num_heads, int num_kv_heads, int max_parts, float scale, int window, float softcap) {
+    int num_heads, int num_kv_heads, int max_parts, int part_size, float scale, int window,
+    float softcap) {
     constexpr int TPT = D / 8;      // lanes per token row (32, 16 or 8)
     constexpr int TPW = 32 / TPT;   // token rows per warp load (1, 2 or 4)
     constexpr int U = DecUnroll<KV, D, G>::value;
@@ -231,13 +239,13 @@ __device__ __forceinline__ void paged_decode_attention(
     // Partitions tile the `span` positions the query sees, [n_seq - span,
     // n_seq): all of them, or the last `window` (nothing before is read).
     const int span = window > 0 ? min(window, n_seq) : n_seq;
-    const int off = part * DEC_PARTITION;
+    const int off = part * part_size;
     if (off >= span) {
         return;
     }
     const int start = n_seq - span + off;
-    const int n = min(DEC_PARTITION, span - off);
-    const bool single = span <= DEC_PARTITION;
+    const int n = min(part_size, span - off);
+    const bool single = span <= part_size;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -467,9 +475,10 @@ __device__ __forceinline__ void paged_decode_attention(
         const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,              \
         const int *__restrict__ context_lens, const int *__restrict__ block_tables,       \
         int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,          \
-        int max_parts, float scale, int window, float softcap
+        int max_parts, int part_size, float scale, int window, float softcap
 #define DEC_CALL(D, G, KV)                                                                \
     paged_decode_attention<D, G, KV>(out, part_acc, part_ml, q, k_cache, v_cache,        \
                                      kv_scales, context_lens, block_tables,              \
                                      max_blocks_per_seq, block_size, num_heads,          \
-                                     num_kv_heads, max_parts, scale, window, softcap)
+                                     num_kv_heads, max_parts, part_size, scale, window,  \
+                                     softcap)

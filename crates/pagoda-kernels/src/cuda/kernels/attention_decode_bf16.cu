@@ -69,13 +69,13 @@ extern "C" __global__ void __launch_bounds__(128)
 paged_decode_reduce_bf16(bf16* __restrict__ out, const float* __restrict__ part_acc,
                          const float* __restrict__ part_ml, const int* __restrict__ context_lens,
                          int max_blocks_per_seq, int block_size, int num_heads, int head_dim,
-                         int max_parts, int window) {
+                         int max_parts, int part_size, int window) {
     PDL_ENTRY();
     const int seq = blockIdx.x;
     const int head = blockIdx.y;
     const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
     const int span = window > 0 ? min(window, n_seq) : n_seq;  // as in launch 1
-    const int nparts = min((span + DEC_PARTITION - 1) / DEC_PARTITION, max_parts);
+    const int nparts = min((span + part_size - 1) / part_size, max_parts);
     if (nparts <= 1) {
         return;
     }

@@ -2,7 +2,7 @@
 // paged_decode_attention_fp8_tc_hd{64,128,256}. Same launch, arguments,
 // partitions and outputs as paged_decode_attention_fp8_hd*_g* of
 // attention_decode.cu (grid (num_seqs, num_kv_heads, max_partitions),
-// DEC_THREADS threads, DEC_PARTITION tokens per block, the bf16 output for
+// DEC_THREADS threads, part_size tokens per block, the bf16 output for
 // single-partition sequences, else the f32 partials that
 // paged_decode_reduce_bf16 merges), so that file's guarantees hold as
 // written there: launch shapes never depend on context lengths (graph
@@ -134,7 +134,7 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     const bf16* __restrict__ q, const fp8* __restrict__ k_cache, const fp8* __restrict__ v_cache,
     const float* __restrict__ kv_scales, const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size, int num_heads,
-    int num_kv_heads, int max_parts, float scale, int window, float softcap) {
+    int num_kv_heads, int max_parts, int part_size, float scale, int window, float softcap) {
     constexpr int U = 256 / D;      // tiles whose loads a warp issues at once
     constexpr int KS = D / 16;      // QK k-steps = PV m-tiles
     constexpr int KW = D / 16;      // K words a lane reads per key (D / 4 bytes)
@@ -155,13 +155,13 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     // As in paged_decode_attention (attention_decode.cu).
     const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
     const int span = window > 0 ? min(window, n_seq) : n_seq;
-    const int off = part * DEC_PARTITION;
+    const int off = part * part_size;
     if (off >= span) {
         return;
     }
     const int start = n_seq - span + off;
-    const int n = min(DEC_PARTITION, span - off);
-    const bool single = span <= DEC_PARTITION;
+    const int n = min(part_size, span - off);
+    const bool single = span <= part_size;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -375,8 +375,8 @@ __device__ __forceinline__ void paged_decode_attention_tc(
 #define DTC_CALL(D)                                                                       \
     paged_decode_attention_tc<D>(out, part_acc, part_ml, q, k_cache, v_cache, kv_scales, \
                                  context_lens, block_tables, max_blocks_per_seq,         \
-                                 block_size, num_heads, num_kv_heads, max_parts, scale,  \
-                                 window, softcap)
+                                 block_size, num_heads, num_kv_heads, max_parts,         \
+                                 part_size, scale, window, softcap)
 
 extern "C" __global__ void __launch_bounds__(DEC_THREADS)
 paged_decode_attention_fp8_tc_hd64(DEC_PARAMS(fp8)) {
