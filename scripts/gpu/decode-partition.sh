@@ -8,7 +8,7 @@
 #    (the default), alternating, ROUNDS rounds.
 # 3. The nano-vllm workload at the 0.6B shape both ways (the large steps keep
 #    512, so the two should match).
-# Usage: OUT=DIR [ROUNDS=2] scripts/gpu/decode-partition.sh
+# Usage: OUT=DIR [ROUNDS=2] scripts/gpu/decode-partition.sh [tests] [bench]  (default: both)
 # Logs land in $OUT/partition-logs.txt; the summary table is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,13 +20,15 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
 done
 export PAGODA_REQUIRE_GPU=1
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pagoda-cache}
+phases=${*:-tests bench}
+has() { [[ " $phases " == *" $1 "* ]]; }
 LOG=$OUT/partition-logs.txt
-: > "$LOG"
+: >> "$LOG"
 summary=""
 note() { summary+="$*"$'\n'; echo "$*"; }
 
-for t in pagoda_kernels cuda_attention_decode_tc cuda_attention_decode cuda_attention_variants \
-    cuda_fp8_kv cuda_e2e cuda_soak; do
+has tests && for t in pagoda_kernels cuda_attention_decode_tc cuda_attention_decode \
+    cuda_attention_variants cuda_fp8_kv cuda_ops cuda_e2e cuda_pdl cuda_kv_groups cuda_soak; do
     [ -x ".device-bin/$t" ] || { note "test $t: missing"; continue; }
     start=$(date +%s)
     echo "==== test $t" >> "$LOG"
@@ -40,7 +42,7 @@ decode() { # shape partition
         --config "scripts/gpu/$1.json" --max-model-len 4096 --batch-sizes 1,8,32,64,256 \
         --context 1000 2>&1
 }
-for r in $(seq "$ROUNDS"); do
+has bench && for r in $(seq "$ROUNDS"); do
     for shape in qwen3-0.6b llama-3.1-8b; do
         for part in 512 auto; do
             echo "==== decode $shape partition $part round $r" >> "$LOG"
@@ -50,7 +52,7 @@ for r in $(seq "$ROUNDS"); do
     done
 done
 
-for part in 512 auto; do
+has bench && for part in 512 auto; do
     echo "==== nano-vllm partition $part" >> "$LOG"
     PAGODA_DECODE_PARTITION=$part .device-bin/pagoda bench --device cuda --dummy-weights \
         --config scripts/gpu/qwen3-0.6b.json --max-model-len 4096 >> "$LOG" 2>&1
@@ -60,7 +62,7 @@ done
 echo "---- summary"
 printf '%s' "$summary"
 # shape batch: ms per step (median of the run) for 512 and auto, each round.
-python3 - "$OUT/partition-decode.txt" <<'PY'
+has bench && python3 - "$OUT/partition-decode.txt" <<'PY'
 import json, sys, collections
 t = collections.defaultdict(list)
 for line in open(sys.argv[1]):

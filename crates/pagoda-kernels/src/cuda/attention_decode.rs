@@ -29,8 +29,9 @@
 //! - The partition `part` is [`MAX_PARTITION`] unless the step has too few
 //!   (sequence, kv head) pairs to fill the GPU: [`partition_size`] halves it,
 //!   down to [`MIN_PARTITION`], while `num_seqs * num_kv_heads * (512 /
-//!   part)` is under [`BLOCKS_PER_SM`] blocks per multiprocessor (batch 1
-//!   with 8 kv heads at a 1,000-token context: 16 blocks at 512, 128 at 64).
+//!   part)` is under 1.5 blocks per multiprocessor ([`BLOCKS_PER_SM_X2`];
+//!   batch 1 with 8 kv heads at a 1,000-token context: 16 blocks at 512,
+//!   128 at 64).
 //!   Finer partitions need more partials; while the step memory warms up any
 //!   amount is taken (the profiling steps measure it), and once it is frozen
 //!   a step splits only as far as the largest partials of the warm-up (or
@@ -68,8 +69,12 @@ pub(crate) const MAX_PARTITION: usize = 512;
 pub(crate) const MIN_PARTITION: usize = 64;
 /// Every partition size the kernels take.
 pub const PARTITION_SIZES: [usize; 4] = [64, 128, 256, 512];
-/// Grid blocks per multiprocessor below which a step splits contexts finer.
-const BLOCKS_PER_SM: usize = 2;
+/// A step splits contexts finer while `num_seqs * num_kv_heads * (512 /
+/// part)` is under `BLOCKS_PER_SM_X2 / 2` blocks per multiprocessor (1.5:
+/// on an H200 at the Qwen3-0.6B shape, 1,000-token contexts, the best sizes
+/// measured were 64 at batch 1, 128 at 4-8, 256 at 16 and 512 from 32,
+/// which this reproduces; 2 took 256 at batch 32, 7% slower than 512).
+const BLOCKS_PER_SM_X2: usize = 3;
 /// f32 partials (`num_seqs * num_heads * partitions * (head_dim + 2)`) a
 /// finer split may always take once the step memory is frozen: 4 MiB, the
 /// step arena's fixed slack beyond its profiled need.
@@ -229,7 +234,7 @@ pub(crate) fn partition_size(
 ) -> usize {
     let mut part = MAX_PARTITION;
     while part > MIN_PARTITION
-        && seqs * p.num_kv_heads * (MAX_PARTITION / part) < BLOCKS_PER_SM * sms
+        && 2 * seqs * p.num_kv_heads * (MAX_PARTITION / part) < BLOCKS_PER_SM_X2 * sms
     {
         let next = part / 2;
         let parts = partitions(ctx, p.window, next);
@@ -605,18 +610,20 @@ mod tests {
         for heads in [16, 32] {
             let p = AttentionParams::causal(heads, 8, 128);
             let size = |seqs| partition_size(&ctx, &p, seqs, sms, usize::MAX);
+            // The sizes measured fastest on an H200 (BLOCKS_PER_SM_X2).
             assert_eq!(size(1), 64);
-            assert_eq!(size(8), 64);
-            assert_eq!(size(16), 128);
-            assert_eq!(size(32), 256);
-            // 64 x 8 pairs already fill 132 SMs twice over.
+            assert_eq!(size(4), 64);
+            assert_eq!(size(8), 128);
+            assert_eq!(size(16), 256);
+            // 32 x 8 pairs already give 132 SMs two blocks each.
+            assert_eq!(size(32), 512);
             assert_eq!(size(64), 512);
             assert_eq!(size(256), 512);
         }
         // One kv head: more splitting for the same batch.
         let mqa = AttentionParams::causal(8, 1, 128);
         assert_eq!(partition_size(&ctx, &mqa, 32, sms, usize::MAX), 64);
-        assert_eq!(partition_size(&ctx, &mqa, 128, sms, usize::MAX), 128);
+        assert_eq!(partition_size(&ctx, &mqa, 128, sms, usize::MAX), 256);
         assert_eq!(partition_size(&ctx, &mqa, 512, sms, usize::MAX), 512);
     }
 
@@ -639,11 +646,11 @@ mod tests {
                 }
             }
         }
-        // Batch 8 at a 4,096-token table: 64 takes 1.06 M floats, past the
+        // Batch 4 at an 8,192-token table: 64 takes 1.06 M floats, past the
         // fixed bound, so a frozen arena without a larger warm-up stops at 128.
         let size = |tokens, seqs, max| partition_size(&table_of(tokens), &p, seqs, sms, max);
-        assert_eq!(size(4096, 8, usize::MAX), 64);
-        assert_eq!(size(4096, 8, MAX_SPLIT_FLOATS), 128);
+        assert_eq!(size(8192, 4, usize::MAX), 64);
+        assert_eq!(size(8192, 4, MAX_SPLIT_FLOATS), 128);
         // The default Qwen3 table (40,960 tokens) at batch 1 stops at 128.
         assert_eq!(size(40_960, 1, MAX_SPLIT_FLOATS), 128);
         // A window bounds the span, so the split goes down to 64 again.

@@ -70,7 +70,8 @@
 // stay under ~2% of its traffic. A small batch would leave most SMs idle at
 // 512 (batch 1, 8 kv heads, 1000 tokens: 16 blocks on 132 SMs, each
 // streaming 256 KiB alone), so the host halves the partition, down to 64,
-// while the grid has fewer than four blocks per SM; the partials then cost
+// while the grid has under 1.5 blocks per SM per 512 tokens of context (the
+// sizes measured fastest on an H200); the partials then cost
 // more per K/V byte but the step's latency falls with the wider grid.
 // Blocks of partitions past a sequence's end cost a launch and an exit each:
 // the block-table width (max_blocks_per_seq) should not be far above the
