@@ -577,6 +577,56 @@ fn info_describes_smollm2() {
 }
 
 #[test]
+fn info_load_reports_the_memory_of_the_loaded_model() {
+    let model = default_model();
+    let path = model.to_str().unwrap();
+    let out = pagoda(&[
+        "info",
+        "--model",
+        path,
+        "--json",
+        "--load",
+        "--threads",
+        "1",
+        "--kv-cache-memory",
+        "64MiB",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &v["memory"];
+    let num = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k} in {m}"));
+    let file = std::fs::metadata(&model).unwrap().len() as f64 / (1024.0 * 1024.0);
+    assert!((num("file_mib") - file).abs() < 1e-6, "{m}");
+    let kv = num("kv_cache_mib");
+    assert!(kv > 56.0 && kv <= 64.0, "{m}");
+    // The Q4_1 blocks stay as they are: resident memory is the file, the KV
+    // cache and the runtime (about 27 MiB here), far from the 270 MiB of
+    // f16 weights alone.
+    let rss = num("rss_after_load_mib");
+    assert!(rss > file && rss < 1.35 * (file + kv), "{m}");
+    assert!((num("over_file_and_kv") - (rss / (file + kv) - 1.0)).abs() < 1e-9);
+    assert!(m["backend"].as_str().unwrap().starts_with("cpu"), "{m}");
+    // The text form says the same.
+    let out = pagoda(&[
+        "info",
+        "--model",
+        path,
+        "--load",
+        "--kv-cache-memory",
+        "64MiB",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("resident after load:"),
+        "{text}"
+    );
+}
+
+#[test]
 fn tokenizer_option_replaces_the_gguf_tokenizer() {
     let model = default_model();
     let json =

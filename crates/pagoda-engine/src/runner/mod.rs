@@ -463,6 +463,12 @@ impl<B: Backend> ModelRunner<B> {
         backend.kv_cache_bytes(one) * KvLayout::for_config(cfg, true).num_slots
     }
 
+    /// Bytes of the KV cache as allocated (every block of every slot).
+    pub fn kv_cache_bytes(&self) -> usize {
+        Self::kv_bytes_per_block(&self.backend, self.model.config(), self.kv_shape.block_size)
+            * self.kv_shape.num_blocks
+    }
+
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
     }

@@ -24,7 +24,9 @@
 //! `--gen-tokens` greedy decode steps (tg), each repeated `--repeats` times;
 //! prints the median tokens/s of each as one JSON line, with the process's
 //! resident memory once loaded (`rss_after_load_mib`: weights + KV cache +
-//! runtime) and at the end (`rss_mib`, adding activations), Linux only.
+//! runtime, beside `file_mib`, `kv_cache_mib` and `over_file_and_kv`: see
+//! [`super::memory`]) and at the end (`rss_mib`, adding activations), Linux
+//! only.
 
 use super::device::Device;
 use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
@@ -145,17 +147,12 @@ struct SingleResult {
     repeats: usize,
     pp_tok_per_s: f64,
     tg_tok_per_s: f64,
-    /// Resident MiB once the model is loaded and the KV cache allocated.
-    rss_after_load_mib: Option<f64>,
+    /// The model file, the KV cache and the resident memory once both are
+    /// loaded (MiB), with the overhead over file + KV cache.
+    #[serde(flatten)]
+    memory: super::memory::LoadedMemory,
+    /// Resident MiB at the end (activations included).
     rss_mib: Option<f64>,
-}
-
-/// Resident memory of this process in MiB (`VmRSS` of /proc/self/status).
-fn rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -435,7 +432,7 @@ impl EngineTask for Single<'_> {
 
     fn run<B: Backend>(self, mut engine: LlmEngine<B>) -> Result<SingleResult> {
         let (a, name) = (self.args, self.name);
-        let rss_after_load_mib = rss_mib();
+        let memory = super::memory::LoadedMemory::of(&engine, a.model.model.as_deref());
         let block_size = engine.scheduler_config().block_size;
         let vocab = engine.runner().config().vocab_size as u32;
         let total = a.prompt_tokens.max(a.gen_tokens + 1);
@@ -516,8 +513,8 @@ impl EngineTask for Single<'_> {
             repeats: a.repeats,
             pp_tok_per_s: median(pp),
             tg_tok_per_s: median(tg),
-            rss_after_load_mib,
-            rss_mib: rss_mib(),
+            memory,
+            rss_mib: super::memory::rss_mib(),
         };
         Ok(result)
     }

@@ -3,9 +3,12 @@
 //! window's passed blocks released, and the KV cache groups where local and
 //! global layers mix); for a GGUF file pagoda cannot run,
 //! everything it lacks (architecture, tensor types, tokenizer), read from
-//! the header before anything is loaded.
+//! the header before anything is loaded. With `--load` it also loads the
+//! model as `generate` would and reports the memory it takes
+//! ([`super::memory`]: file, KV cache, resident memory and the overhead).
 
-use super::{open, ModelArgs};
+use super::memory::LoadedMemory;
+use super::{open, run_on_device, CacheArgs, EngineTask, ModelArgs};
 use anyhow::Result;
 use clap::Args;
 use pagoda_engine::kv_footprint::{self, KvFootprint};
@@ -19,6 +22,30 @@ pub struct InfoArgs {
     /// Print as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Also load the model (weights and KV cache, as `generate` does) and
+    /// report the memory it takes: the file, the KV cache and the resident
+    /// memory after loading.
+    #[arg(long)]
+    pub load: bool,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// Reads the memory of the engine just built.
+struct Measure<'a> {
+    model: Option<&'a std::path::Path>,
+}
+
+impl EngineTask for Measure<'_> {
+    type Output = (String, LoadedMemory);
+
+    fn run<B: pagoda_kernels::Backend>(
+        self,
+        engine: pagoda_engine::LlmEngine<B>,
+    ) -> anyhow::Result<Self::Output> {
+        let memory = LoadedMemory::of(&engine, self.model);
+        Ok((engine.runner().backend_name(), memory))
+    }
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {
@@ -26,11 +53,26 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let files = open(&args.model, true)?;
     let summary = files.summary();
     let kv = kv_footprint_bf16(&summary.config);
+    let loaded = if args.load {
+        let task = Measure {
+            model: args.model.model.as_deref(),
+        };
+        Some(run_on_device(files, &args.model, &args.cache, true, task)?)
+    } else {
+        None
+    };
     if args.json {
         let mut value = serde_json::to_value(&summary)?;
         if let Some(obj) = value.as_object_mut() {
             obj.insert("missing_support".into(), missing.into());
             obj.insert("kv_cache_bf16".into(), serde_json::to_value(kv)?);
+            if let Some((backend, memory)) = &loaded {
+                let mut m = serde_json::to_value(memory)?;
+                if let Some(m) = m.as_object_mut() {
+                    m.insert("backend".into(), backend.clone().into());
+                }
+                obj.insert("memory".into(), m);
+            }
         }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -51,6 +93,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
         for m in &missing {
             println!("pagoda lacks: {m}");
+        }
+        if let Some((backend, memory)) = &loaded {
+            print!("{}", memory.describe(backend));
         }
     }
     Ok(())

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod in_order;
 pub mod info;
 pub mod interrupt;
+pub mod memory;
 pub mod sampling;
 pub mod serve;
 
