@@ -124,14 +124,25 @@ fn one_row_kernels_equal_the_row_kernels_on_odd_row_counts() {
 #[ignore]
 #[cfg(target_arch = "x86_64")]
 fn one_row_timing() {
-    use super::x86::vnni_one_row as vnni;
+    use super::x86::{avx2_one_row as avx2, vnni_one_row as vnni};
     use std::time::Instant;
     type K = DotOneRow;
     let mut rng = Rng(77);
     let isa = Isa::detect();
-    if isa != Isa::Avx512Vnni {
-        return;
-    }
+    let (packed, spread, q6): (K, K, K) = match isa {
+        Isa::Avx512Vnni => (
+            vnni::q4_k_one_row,
+            vnni::q4_k_one_row_spread,
+            vnni::q6_k_one_row,
+        ),
+        Isa::Avx2 => (
+            avx2::q4_k_one_row,
+            avx2::q4_k_one_row_spread,
+            avx2::q6_k_one_row,
+        ),
+        Isa::Scalar => return,
+    };
+    println!("{isa:?}");
     for (ty, n, k) in [
         (GgmlType::Q4_K, 8960, 1536),
         (GgmlType::Q4_K, 1536, 8960),
@@ -142,10 +153,10 @@ fn one_row_timing() {
         let variants: Vec<(&str, Option<K>)> = match ty {
             GgmlType::Q4_K => vec![
                 ("row by row", None),
-                ("one-row, packed scales", Some(vnni::q4_k_one_row)),
-                ("one-row, spread scales", Some(vnni::q4_k_one_row_spread)),
+                ("one-row, packed scales", Some(packed)),
+                ("one-row, spread scales", Some(spread)),
             ],
-            _ => vec![("row by row", None), ("one-row", Some(vnni::q6_k_one_row))],
+            _ => vec![("row by row", None), ("one-row", Some(q6))],
         };
         let rb = row_bytes(ty, k);
         // Past the 32 MiB L3, several copies taken in turn (as a decode
@@ -174,7 +185,7 @@ fn one_row_timing() {
                     c = (c + 1) % copies;
                     match f {
                         None => by_rows(ty, isa, &ws[c], rb, &a, &mut y),
-                        // SAFETY: VNNI is here; each copy is `n` rows of whole blocks.
+                        // SAFETY: `isa` is this machine's; each copy is `n` rows of whole blocks.
                         Some(f) => unsafe { f(&ws[c], rb, &a, &mut y) },
                     }
                 }
