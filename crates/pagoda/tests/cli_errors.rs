@@ -15,7 +15,7 @@ mod common;
 
 use common::{
     default_model, fails_with, fails_with_one_line, find, gguf_string, info, pagoda,
-    workspace_root, Temp,
+    succeeds_with_json, workspace_root, Temp,
 };
 use pagoda_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue};
 
@@ -212,13 +212,7 @@ fn llama_with_embedding(embd_type: GgmlType) -> Vec<u8> {
 fn unsupported_quant_type() {
     let f = Temp::file("mxfp4.gguf", &llama_with_embedding(GgmlType::MXFP4));
     // Listing works: the type's geometry is known; info names what is missing.
-    let out = pagoda(&["info", "--model", f.path(), "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = succeeds_with_json(&["info", "--model", f.path(), "--json"]);
     assert_eq!(
         v["missing_support"],
         serde_json::json!(["tensor type MXFP4 (1 tensors)"])
@@ -245,13 +239,7 @@ fn unsupported_quant_type() {
 #[test]
 fn iq4_nl_is_supported() {
     let f = Temp::file("iq4_nl.gguf", &llama_with_embedding(GgmlType::IQ4_NL));
-    let out = pagoda(&["info", "--model", f.path(), "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = succeeds_with_json(&["info", "--model", f.path(), "--json"]);
     assert_eq!(v["missing_support"], serde_json::json!([]), "{v}");
     for dtype in ["f32", "auto"] {
         let out = pagoda(&[
@@ -560,13 +548,7 @@ fn generate_matches_transformers_greedy_tokens() {
 #[test]
 fn info_describes_smollm2() {
     let model = default_model();
-    let out = pagoda(&["info", "--model", model.to_str().unwrap(), "--json"]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = succeeds_with_json(&["info", "--model", model.to_str().unwrap(), "--json"]);
     assert_eq!(v["format"], "gguf");
     assert_eq!(v["config"]["architecture"], "llama");
     assert_eq!(v["config"]["num_hidden_layers"], 30);
@@ -580,7 +562,7 @@ fn info_describes_smollm2() {
 fn info_load_reports_the_memory_of_the_loaded_model() {
     let model = default_model();
     let path = model.to_str().unwrap();
-    let out = pagoda(&[
+    let v = succeeds_with_json(&[
         "info",
         "--model",
         path,
@@ -591,12 +573,6 @@ fn info_load_reports_the_memory_of_the_loaded_model() {
         "--kv-cache-memory",
         "64MiB",
     ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let m = &v["memory"];
     let num = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("{k} in {m}"));
     let file = std::fs::metadata(&model).unwrap().len() as f64 / (1024.0 * 1024.0);
@@ -635,7 +611,7 @@ fn tokenizer_option_replaces_the_gguf_tokenizer() {
     // tokenizer.json alone: no tokenizer_config.json, so no chat template.
     let dir = Temp::dir("tokenizer-override", &[("tokenizer.json", &json)]);
     let file = format!("{}/tokenizer.json", dir.path());
-    let out = pagoda(&[
+    let v = succeeds_with_json(&[
         "info",
         "--model",
         model.to_str().unwrap(),
@@ -643,12 +619,6 @@ fn tokenizer_option_replaces_the_gguf_tokenizer() {
         &file,
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["tokenizer_vocab_size"], 49152);
     assert_eq!(
         v["chat_template"], false,
@@ -745,13 +715,7 @@ fn chat_template_option_replaces_the_template_or_fails_clearly() {
         let mut args = vec!["generate", "--model", m, "--chat", "--prompt", "Hi"];
         args.extend(greedy);
         args.extend(extra);
-        let out = pagoda(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = succeeds_with_json(&args);
         (v["prompt_token_ids"].clone(), v["text"].clone())
     };
     assert_eq!(

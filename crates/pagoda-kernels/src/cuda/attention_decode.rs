@@ -62,13 +62,13 @@ use super::CudaBackend;
 use crate::{AttentionParams, ForwardContext, KernelError, Result};
 use cudarc::driver::LaunchConfig;
 
+/// Every partition size the kernels take, ascending, each half the next.
+pub const PARTITION_SIZES: [usize; 4] = [64, 128, 256, 512];
 /// The largest partition in tokens (must match `DEC_PARTITION` in
 /// attention_decode.cu, which sizes the kernels' shared memory by it).
-pub(crate) const MAX_PARTITION: usize = 512;
+pub(crate) const MAX_PARTITION: usize = PARTITION_SIZES[PARTITION_SIZES.len() - 1];
 /// The smallest partition [`partition_size`] chooses.
-pub(crate) const MIN_PARTITION: usize = 64;
-/// Every partition size the kernels take.
-pub const PARTITION_SIZES: [usize; 4] = [64, 128, 256, 512];
+pub(crate) const MIN_PARTITION: usize = PARTITION_SIZES[0];
 /// A step splits contexts finer while `num_seqs * num_kv_heads * (512 /
 /// part)` is under `BLOCKS_PER_SM_X2 / 2` blocks per multiprocessor (1.5:
 /// on an H200 at the Qwen3-0.6B shape, 1,000-token contexts, the best sizes
@@ -672,8 +672,8 @@ mod tests {
         for n in [0, 1, 32, 100, 1024] {
             assert!(check_partition(n).is_err());
         }
-        assert_eq!(*PARTITION_SIZES.first().unwrap(), MIN_PARTITION);
-        assert_eq!(*PARTITION_SIZES.last().unwrap(), MAX_PARTITION);
+        // partition_size halves from the largest to the smallest.
+        assert!(PARTITION_SIZES.windows(2).all(|w| 2 * w[0] == w[1]));
     }
 
     #[test]

@@ -72,6 +72,19 @@ pub fn pagoda(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// Runs `args`, checks that it succeeds (showing stderr where not) and
+/// parses its stdout as one JSON value.
+#[track_caller]
+pub fn succeeds_with_json(args: &[&str]) -> serde_json::Value {
+    let out = pagoda(args);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Runs `args` and checks for a clean failure whose stderr names every phrase.
 #[track_caller]
 pub fn fails_with(args: &[&str], phrases: &[&str]) -> String {
