@@ -10,7 +10,11 @@
 //! spreads included); block sizes 16, 5 and 32; a padding row. Every case
 //! first asserts which partition kernel the backend runs, then runs with
 //! the partition its shape gets and with each of 64, 128, 256 and 512
-//! tokens (`CudaBackend::set_decode_partition`). Over an FP8
+//! tokens (`CudaBackend::set_decode_partition`), each with the partitions
+//! merged by the partition kernel's last block and by the second launch
+//! (`CudaBackend::set_separate_decode_merge`), which must agree to 1e-3
+//! (the runs reuse the backend's merge counters, so a counter left
+//! non-zero would break the next run). Over an FP8
 //! cache the CUDA-core kernel (`CudaBackend::force_core_decode`) runs the
 //! same case too, and the two GPU outputs must agree closely. One test
 //! feeds q values far outside f16's range (1e5 and 1e-6, with the scale
@@ -161,6 +165,7 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case) {
         .to_vec();
     let rows = t - 1; // the padding row's output is unspecified
     let mut outs = Vec::new();
+    let mut merged: Option<(String, Vec<f32>)> = None;
     for cores in if c.fp8 {
         vec![false, true]
     } else {
@@ -168,12 +173,17 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case) {
     } {
         g.force_core_decode(cores);
         // The shape's own partition first, then every size the kernels take.
-        for part in [None, Some(64), Some(128), Some(256), Some(512)] {
+        for (part, separate) in [None, Some(64), Some(128), Some(256), Some(512)]
+            .into_iter()
+            .flat_map(|p| [(p, false), (p, true)])
+        {
             g.set_decode_partition(part).unwrap();
+            g.set_separate_decode_merge(separate);
             let kernel = g.decode_kernel_for(&p).unwrap_or("none");
             let kernel = format!(
-                "{kernel}, partition {}",
-                g.decode_partition_for(&step.ctx, &p, t)
+                "{kernel}, partition {}, merged {}",
+                g.decode_partition_for(&step.ctx, &p, t),
+                if separate { "apart" } else { "in the last block" }
             );
             let out = g
                 .attention(&gq, &gc, &gs, &p)
@@ -202,11 +212,24 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case) {
                 &got[at..at + 4],
                 &want[at..at + 4]
             );
-            if part.is_none() {
+            if separate {
+                let (fused_kernel, fused) = merged.take().expect("the fused run came first");
+                let (e, r, h) = worst(&got, &fused, rows, nh, hd);
+                assert!(
+                    e < 1e-3,
+                    "{what}: {fused_kernel} and {kernel} differ at row {r} (context {}) head \
+                     {h}: relative error {e:.3e}",
+                    LENS[r]
+                );
+            } else {
+                merged = Some((kernel.clone(), got.clone()));
+            }
+            if part.is_none() && !separate {
                 outs.push((kernel, got));
             }
         }
         g.set_decode_partition(None).unwrap();
+        g.set_separate_decode_merge(false);
     }
     g.force_core_decode(false);
     if let [(ka, a), (kb, b)] = &outs[..] {

@@ -4,11 +4,14 @@
 //!
 //! Owns the choice of kernel for (cache element type, head_dim, group)
 //! ([`partition_kernel`]), of the partition size ([`partition_size`]) and
-//! the two launches: the partition kernel over
+//! the launch of the partition kernel over
 //! (sequence, kv head, partition of 64 to [`MAX_PARTITION`] tokens), each block
-//! attending all query heads of its kv head's group, then
-//! `paged_decode_reduce_bf16` over (sequence, head) to merge the partitions
-//! of sequences that have several. A bf16 cache runs
+//! attending all query heads of its kv head's group; in sequences of several
+//! partitions the block that finishes last merges them (counted in the
+//! backend's [`MERGE_COUNTERS`] counters, one per (sequence, kv head)), or,
+//! for grids of more pairs than that or when told to
+//! ([`CudaBackend::set_separate_decode_merge`]), a second launch
+//! `paged_decode_reduce_bf16` over (sequence, head) does. A bf16 cache runs
 //! `paged_decode_attention_bf16_hd{64,128,256}_g{1,2,4,8}` (CUDA cores), an
 //! FP8 cache `paged_decode_attention_fp8_tc_hd{64,128,256}` (tensor cores,
 //! every group of 1..=8), or the CUDA-core
@@ -42,6 +45,9 @@
 //!   `window` of them: the partitions then start at the window's first
 //!   position, so blocks before it are never read and a long context costs
 //!   what its window costs.
+//! - The merge counters are zero before and after every launch (the merging
+//!   block resets its own), so a graph replays with them as captured; the
+//!   host never touches them after creating them.
 //! - Scratch comes from the backend's pool (two f32 buffers of
 //!   `num_seqs * num_heads * partitions * (head_dim + 2)` floats in all,
 //!   only when `partitions > 1`); no other device allocation.
@@ -86,6 +92,10 @@ pub const PARTITION_ENV: &str = "PAGODA_DECODE_PARTITION";
 const THREADS: u32 = 128;
 /// Threads per reduce block.
 const REDUCE_THREADS: u32 = 128;
+/// Merge counters the backend holds (128 KiB): a step of up to this many
+/// (sequence, kv head) pairs merges its partitions in the partition
+/// kernel (batch 4,096 at 8 kv heads), a larger one in a second launch.
+pub(crate) const MERGE_COUNTERS: usize = 1 << 15;
 /// Largest grid y/z dimension.
 const MAX_GRID_YZ: usize = 65_535;
 
@@ -160,6 +170,16 @@ pub(crate) fn partition_kernel(
 /// attention on the CUDA-core kernel (value `cores`; anything else keeps the
 /// tensor-core one).
 pub const DECODE_KERNEL_ENV: &str = "PAGODA_DECODE_ATTENTION";
+
+/// The environment variable that makes new backends merge split decode
+/// attention in a second launch (value `separate`; anything else merges in
+/// the partition kernel), to compare the two.
+pub const DECODE_MERGE_ENV: &str = "PAGODA_DECODE_MERGE";
+
+/// Whether [`DECODE_MERGE_ENV`] asks for the separate merge launch.
+pub(crate) fn separate_merge_from_env() -> bool {
+    std::env::var(DECODE_MERGE_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("separate"))
+}
 
 /// Whether [`DECODE_KERNEL_ENV`] asks for the CUDA-core FP8 kernel.
 pub(crate) fn cores_from_env() -> bool {
@@ -420,11 +440,19 @@ pub(crate) fn decode_attention_into(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
+    // The last block merges where the counters cover the grid's (sequence,
+    // kv head) pairs; a null pointer leaves the merge to the second launch.
+    let fused = parts > 1 && seqs * p.num_kv_heads <= MERGE_COUNTERS && !b.separate_decode_merge();
+    let null = 0u64;
     let mut l = b.dev.launch(name)?;
-    l.out(y.bf16_mut(op)?)
-        .out(&mut part_acc)
-        .out(&mut part_ml)
-        .arg(q.bf16(op)?)
+    l.out(y.bf16_mut(op)?).out(&mut part_acc).out(&mut part_ml);
+    if fused {
+        // Written only by the kernels (see the module docs).
+        l.arg(b.decode_counters());
+    } else {
+        l.arg(&null);
+    }
+    l.arg(q.bf16(op)?)
         .arg(&cache.k)
         .arg(&cache.v)
         .arg(&cache.scales)
@@ -440,7 +468,7 @@ pub(crate) fn decode_attention_into(
         .arg(&window)
         .arg(&softcap);
     l.run(cfg)?;
-    if parts == 1 {
+    if parts == 1 || fused {
         return Ok(());
     }
     let cfg = LaunchConfig {

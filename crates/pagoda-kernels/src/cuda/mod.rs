@@ -53,7 +53,8 @@ mod storage;
 pub mod testing;
 mod token_masks;
 
-pub use attention_decode::{DECODE_KERNEL_ENV, PARTITION_ENV, PARTITION_SIZES};
+pub use attention_decode::{DECODE_KERNEL_ENV, DECODE_MERGE_ENV, PARTITION_ENV, PARTITION_SIZES};
+pub use compile::WEIGHT_PREFETCH_ENV;
 pub use attention_path::{
     attention_kernel, prefer_tiled, AttentionKernel, FAST_HEAD_DIMS, PREFILL_KERNEL_ENV,
 };
@@ -110,6 +111,14 @@ pub struct CudaBackend {
     /// The most f32 partials a split decode step took while the step
     /// memory warmed up (see [`attention_decode`]).
     split_floats_seen: AtomicUsize,
+    /// The decode attention's merge counters, zero between launches (see
+    /// [`attention_decode`]); never read or written by the host after
+    /// they are zeroed here.
+    decode_counters: cudarc::driver::CudaSlice<u32>,
+    /// Split decode attention merges in a second launch instead of in the
+    /// partition kernel's last block (see
+    /// [`CudaBackend::set_separate_decode_merge`]).
+    separate_decode_merge: AtomicBool,
     /// The small-row linear path ([`SmallLinear`] as `to_u8`; see
     /// [`CudaBackend::set_small_linear`]).
     small_linear: AtomicU8,
@@ -160,6 +169,10 @@ impl CudaBackend {
     pub fn new(opts: CudaOptions) -> Result<Self> {
         let dev = device::Device::open(opts.device)?;
         let pool = pool::Pool::new(dev.stream.clone());
+        let decode_counters = dev
+            .stream
+            .alloc_zeros::<u32>(attention_decode::MERGE_COUNTERS)
+            .map_err(|e| device_err("decode merge counters", e))?;
         Ok(CudaBackend {
             lt: blaslt::LtGemm::new(dev.stream.clone(), &pool, GemmTuning::from_env()?)?,
             pool,
@@ -172,6 +185,8 @@ impl CudaBackend {
                 attention_decode::partition_from_env()?.unwrap_or(0),
             ),
             split_floats_seen: AtomicUsize::new(0),
+            decode_counters,
+            separate_decode_merge: AtomicBool::new(attention_decode::separate_merge_from_env()),
             small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
             decode_fusion: AtomicBool::new(gemv::fusion_from_env()),
             masks: Default::default(),
@@ -248,6 +263,25 @@ impl CudaBackend {
         };
         self.decode_partition.store(n, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Merge the partitions of split decode attention in a second launch
+    /// (`paged_decode_reduce_bf16`) instead of in the partition kernel's
+    /// last block, to compare the two (tests, benchmarks); new backends start
+    /// from [`DECODE_MERGE_ENV`] (`separate`). Graphs captured before a
+    /// change keep the way they recorded.
+    pub fn set_separate_decode_merge(&self, on: bool) {
+        self.separate_decode_merge.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`CudaBackend::set_separate_decode_merge`] is on.
+    pub(crate) fn separate_decode_merge(&self) -> bool {
+        self.separate_decode_merge.load(Ordering::Relaxed)
+    }
+
+    /// The decode attention's merge counters (see [`attention_decode`]).
+    pub(crate) fn decode_counters(&self) -> &cudarc::driver::CudaSlice<u32> {
+        &self.decode_counters
     }
 
     /// The forced partition of [`CudaBackend::set_decode_partition`].

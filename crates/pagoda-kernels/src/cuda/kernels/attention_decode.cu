@@ -21,7 +21,10 @@
 //      A block whose partition starts at or past seq_len exits at once. When
 //      the sequence has ONE partition the block writes the bf16 output itself;
 //      otherwise it writes, per head, the partition's max logit m and exp sum
-//      l (f32, log2 domain) and its UNNORMALIZED sum_t 2^(s_t - m) v_t (f32).
+//      l (f32, log2 domain) and its UNNORMALIZED sum_t 2^(s_t - m) v_t (f32),
+//      and, given `counters` (num_seqs * num_kv_heads zeros, left zero), the
+//      last of the sequence's blocks to finish merges them into the output
+//      (dec_merge_if_last), so no second launch is needed.
 //      With softcap > 0 each score is soft-capped (softcap_score, in the
 //      log2 domain) in shared memory before the softmax.
 //      Over an FP8 cache the host runs paged_decode_attention_fp8_tc_hd*
@@ -30,8 +33,9 @@
 //      asked to (PAGODA_DECODE_ATTENTION=cores).
 //   2. paged_decode_reduce_bf16: grid (num_seqs, num_heads), 128 threads;
 //      merges the partitions of sequences that have more than one (the
-//      others return at once: launch 1 already wrote them). Skipped by the
-//      host when max_partitions == 1.
+//      others return at once: launch 1 already wrote them). Only when launch
+//      1 had no counters (the host has too few for the grid, or is told to
+//      merge apart); skipped by the host when max_partitions == 1.
 //   max_partitions = ceil(min(window, max_blocks_per_seq * block_size) /
 //   part_size) (the window term only with a window), and part_size (64,
 //   128, 256 or DEC_PARTITION = 512 tokens, a kernel argument) is chosen by
@@ -208,10 +212,83 @@ __device__ __forceinline__ float dec_block_reduce(float v, float* red) {
     return r;
 }
 
+// The partition merge, folded into launch 1 ("the last block merges"):
+// every block of a multi-partition sequence has written its partials when it
+// calls this; it makes them visible device-wide (__threadfence) and counts
+// itself in `*counter` (one per (sequence, kv head)). The block that counts
+// last (the nparts-th) sees every other block's partials, merges the
+// group's heads into `out` (out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p -
+// M) l_p, M = max_p m_p, as paged_decode_reduce_bf16) and sets the counter
+// back to 0, so every launch, graph replays included, finds it zeroed. One
+// warp merges one head: lane p holds partition p's weight (32 at a time,
+// shuffled to the others), lanes read dims lane + 32 i of each partition's
+// acc (coalesced, through L2: the partials were written by other blocks).
+template <int D>
+__device__ __forceinline__ void dec_merge_if_last(bf16* __restrict__ out,
+                                                  const float* __restrict__ part_acc,
+                                                  const float* __restrict__ part_ml,
+                                                  unsigned* __restrict__ counter, long long head0,
+                                                  int group, int max_parts, int nparts) {
+    __shared__ unsigned s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        s_last = atomicAdd(counter, 1u) == (unsigned)(nparts - 1) ? 1u : 0u;
+    }
+    __syncthreads();
+    if (s_last == 0u) {
+        return;
+    }
+    __threadfence();
+    if (threadIdx.x == 0) {
+        *counter = 0u;
+    }
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    for (int h = warp; h < group; h += DEC_WARPS) {
+        const long long slot0 = (head0 + h) * max_parts;
+        const float* ml = part_ml + slot0 * 2;
+        float gm = NEG_INF;
+        for (int p = lane; p < nparts; p += 32) {
+            gm = fmaxf(gm, __ldcg(ml + 2 * p));
+        }
+        gm = warp_max(gm);
+        float o[D / 32];
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) {
+            o[i] = 0.0f;
+        }
+        float gl = 0.0f;
+        for (int p0 = 0; p0 < nparts; p0 += 32) {
+            float w = 0.0f;
+            if (p0 + lane < nparts) {
+                w = exp2f(__ldcg(ml + 2 * (p0 + lane)) - gm);
+                gl += __ldcg(ml + 2 * (p0 + lane) + 1) * w;
+            }
+            const int cnt = min(32, nparts - p0);
+            const float* acc = part_acc + (slot0 + p0) * D + lane;
+#pragma unroll 4
+            for (int k = 0; k < cnt; k++) {
+                const float wk = __shfl_sync(0xffffffffu, w, k);
+#pragma unroll
+                for (int i = 0; i < D / 32; i++) {
+                    o[i] = fmaf(wk, __ldcg(acc + (long long)k * D + 32 * i), o[i]);
+                }
+            }
+        }
+        const float inv = 1.0f / warp_sum(gl);
+        bf16* dst = out + (head0 + h) * D + lane;
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) {
+            dst[32 * i] = f2bf(o[i] * inv);
+        }
+    }
+}
+
 template <int D, int G, typename KV>
 __device__ __forceinline__ void paged_decode_attention(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-    const bf16* __restrict__ q, const KV* __restrict__ k_cache,
+    unsigned* __restrict__ counters, const bf16* __restrict__ q, const KV* __restrict__ k_cache,
     const KV* __restrict__ v_cache, const float* __restrict__ kv_scales,
     const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size,
@@ -463,6 +540,10 @@ __device__ __forceinline__ void paged_decode_attention(
             }
         }
     }
+    if (!single && counters != nullptr) {
+        dec_merge_if_last<D>(out, part_acc, part_ml, counters + (long long)seq * num_kv_heads + kv,
+                             head0, group, max_parts, (span + part_size - 1) / part_size);
+    }
 }
 
 // Entry points: one per (cache element, head_dim, G), spelled out so their
@@ -472,13 +553,13 @@ __device__ __forceinline__ void paged_decode_attention(
 // this file (which declares no entry point), so the two compile side by side.
 #define DEC_PARAMS(KV)                                                                    \
     bf16 *__restrict__ out, float *__restrict__ part_acc, float *__restrict__ part_ml,    \
-        const bf16 *__restrict__ q, const KV *__restrict__ k_cache,                       \
+        unsigned *__restrict__ counters, const bf16 *__restrict__ q, const KV *__restrict__ k_cache,                       \
         const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,              \
         const int *__restrict__ context_lens, const int *__restrict__ block_tables,       \
         int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,          \
         int max_parts, int part_size, float scale, int window, float softcap
 #define DEC_CALL(D, G, KV)                                                                \
-    paged_decode_attention<D, G, KV>(out, part_acc, part_ml, q, k_cache, v_cache,        \
+    paged_decode_attention<D, G, KV>(out, part_acc, part_ml, counters, q, k_cache, v_cache, \
                                      kv_scales, context_lens, block_tables,              \
                                      max_blocks_per_seq, block_size, num_heads,          \
                                      num_kv_heads, max_parts, part_size, scale, window,  \

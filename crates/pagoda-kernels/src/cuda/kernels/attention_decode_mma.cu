@@ -131,7 +131,7 @@ __device__ __forceinline__ void dtc_zero(unsigned* w) {
 template <int D>
 __device__ __forceinline__ void paged_decode_attention_tc(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-    const bf16* __restrict__ q, const fp8* __restrict__ k_cache, const fp8* __restrict__ v_cache,
+    unsigned* __restrict__ counters, const bf16* __restrict__ q, const fp8* __restrict__ k_cache, const fp8* __restrict__ v_cache,
     const float* __restrict__ kv_scales, const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size, int num_heads,
     int num_kv_heads, int max_parts, int part_size, float scale, int window, float softcap) {
@@ -368,12 +368,17 @@ __device__ __forceinline__ void paged_decode_attention_tc(
             }
         }
     }
+    if (!single && counters != nullptr) {
+        dec_merge_if_last<D>(out, part_acc, part_ml, counters + (long long)seq * num_kv_heads + kv,
+                             head0, group, max_parts, (span + part_size - 1) / part_size);
+    }
 }
 
 // Entry points, one per head_dim (every group of 1..8 shares one); the
 // arguments are those of the CUDA-core FP8 kernels (DEC_PARAMS).
 #define DTC_CALL(D)                                                                       \
-    paged_decode_attention_tc<D>(out, part_acc, part_ml, q, k_cache, v_cache, kv_scales, \
+    paged_decode_attention_tc<D>(out, part_acc, part_ml, counters, q, k_cache, v_cache,  \
+                                 kv_scales,                                              \
                                  context_lens, block_tables, max_blocks_per_seq,         \
                                  block_size, num_heads, num_kv_heads, max_parts,         \
                                  part_size, scale, window, softcap)

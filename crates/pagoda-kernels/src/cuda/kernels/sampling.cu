@@ -421,6 +421,41 @@ __device__ int smp_draw_dense(const bf16* x, int vocab, float t, float vmax, flo
 // and kept[2 * row + 1] get the length and fixed-point mass of the kept
 // rank prefix when top-k or top-p filtered the row, else 0 and 0 (the
 // logprobs kernel's input, see sampling_extras.cu).
+// This thread's largest (key << 32 | ~id) over the row `x` of `vocab`
+// logits (the lowest id wins ties once reduced over the block). The
+// 16-byte-aligned middle of the row is read 8 logits a load (a greedy row
+// is this pass alone: 2-byte loads left a 300 KB row latency-bound), the
+// unaligned ends one logit a thread.
+__device__ __forceinline__ smp_u64 smp_row_max(const bf16* __restrict__ x, int vocab) {
+    const int tid = threadIdx.x;
+    smp_u64 best = ((smp_u64)SMP_KEY_NEG_INF << 32) | 0xffffffffull;
+    // Logits before the first 16-byte boundary, and whole 8-logit chunks after.
+    const int head = min(vocab, (int)(((16u - ((unsigned)(unsigned long long)x & 15u)) & 15u) >> 1));
+    const int chunks = (vocab - head) >> 3;
+    const int tail = head + 8 * chunks;
+    if (tid < head) {
+        best = ((smp_u64)smp_key(x[tid]) << 32) | (smp_u64)(0xffffffffu - (unsigned)tid);
+    }
+    const uint4* v = reinterpret_cast<const uint4*>(x + head);
+#pragma unroll 4
+    for (int c = tid; c < chunks; c += SMP_THREADS) {
+        const uint4 w = __ldg(v + c);
+        const unsigned u[4] = {w.x, w.y, w.z, w.w};
+        const unsigned id0 = (unsigned)(head + 8 * c);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const bf16 b = (bf16)((u[k >> 1] >> (16 * (k & 1))) & 0xffffu);
+            const smp_u64 cand = ((smp_u64)smp_key(b) << 32) | (smp_u64)(0xffffffffu - (id0 + k));
+            best = cand > best ? cand : best;
+        }
+    }
+    for (int i = tail + tid; i < vocab; i += SMP_THREADS) {
+        const smp_u64 cand = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
+        best = cand > best ? cand : best;
+    }
+    return best;
+}
+
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
 sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
             const int* __restrict__ sampling, int vocab, smp_u64* __restrict__ kept) {
@@ -444,11 +479,7 @@ sample_bf16(int* __restrict__ out, const bf16* __restrict__ logits,
     }
 
     // Pass 1: the largest key, lowest id first (key << 32 | ~id).
-    smp_u64 best = ((smp_u64)SMP_KEY_NEG_INF << 32) | 0xffffffffull;
-    for (int i = tid; i < vocab; i += SMP_THREADS) {
-        smp_u64 c = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
-        best = c > best ? c : best;
-    }
+    smp_u64 best = smp_row_max(x, vocab);
     best = smp_block_max(best, sh.red);
     const unsigned max_key = (unsigned)(best >> 32);
     const int top = max_key == SMP_KEY_NEG_INF ? 0 : (int)(0xffffffffu - (unsigned)best);
