@@ -5,10 +5,11 @@
 //!   weights per group of up to 4 rows, memory-bandwidth bound; for
 //!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
 //!   integer block dot products, one pass over the blocks.
-//! - from `KGEMM_MIN_ROWS` rows (batched decode and prefill) for Q4_K /
-//!   Q5_K / Q6_K blocks on AVX-512 VNNI, [`super::quant::kgemm`]'s integer
-//!   GEMM over 8-bit activations; more rows than `QUANT_MAX_ROWS` otherwise
-//!   (prefill):
+//! - for Q4_K / Q5_K / Q6_K blocks on the SIMD paths, from
+//!   [`super::quant::kgemm::min_rows`] rows (batched decode from 17 with
+//!   AVX-512 VNNI, prefill past `QUANT_MAX_ROWS` on AVX2),
+//!   [`super::quant::kgemm`]'s integer GEMM over 8-bit activations; more
+//!   rows than `QUANT_MAX_ROWS` otherwise (prefill):
 //!   the `gemm` crate's f32 kernels (multi-threaded).
 //!   Weights stored as f16/bf16 or quantized blocks are widened to f32 in chunks of output
 //!   features first (once per call, shared by every row), so a narrow weight
@@ -32,7 +33,7 @@ const GEMV_MAX_ROWS: usize = 16;
 /// block once per group of rows); more rows dequantize tiles to f32 for the
 /// GEMM, which is faster per row once the weights are reused enough. A
 /// batched decode step of up to this many sequences stays on the blocks
-/// (but for the k-quants' GEMM from `KGEMM_MIN_ROWS` rows).
+/// (but for the k-quants' GEMM from `quant::kgemm::min_rows` rows).
 /// Measured (`cargo bench -p pagoda-kernels --bench cpu_ops -- 2 linear`,
 /// AVX-512 VNNI, Q4_1 / Q8_0 / Q4_K): at 32 rows the blocks take 0.7-1.0x
 /// the tiles' time, at 64 rows 1.0-1.3x. The block kernels equal f32
@@ -41,16 +42,14 @@ const GEMV_MAX_ROWS: usize = 16;
 /// goldens see (golden_moe's Q8_0 check says where it matters).
 pub(crate) const QUANT_MAX_ROWS: usize = 32;
 
-/// Fewest rows that take [`quant::kgemm`] where it is preferred (Q4_K / Q5_K
-/// / Q6_K on AVX-512 VNNI), batched decode steps included. Measured
-/// (`decode_rows_timing` in quant/kgemm_tests.rs, Qwen2.5-1.5B shapes, CPU
-/// time): the GEMM against the block kernels at 16 rows 0.92-1.12x, at 24
-/// rows 0.74-0.88x, at 32 rows 0.63-0.87x.
-pub(crate) const KGEMM_MIN_ROWS: usize = 17;
-
-/// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`].
+/// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`]: the
+/// k-quants on the SIMD paths from [`quant::kgemm::min_rows`] rows (17 with
+/// AVX-512 VNNI, batched decode steps included: measured by
+/// `decode_rows_timing` in quant/kgemm_tests.rs, Qwen2.5-1.5B shapes, CPU
+/// time, the GEMM against the block kernels at 16 rows 0.92-1.12x, at 24
+/// rows 0.74-0.88x, at 32 rows 0.63-0.87x; past `QUANT_MAX_ROWS` on AVX2).
 pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {
-    rows >= KGEMM_MIN_ROWS && quant::kgemm::preferred(ty, isa)
+    rows >= quant::kgemm::min_rows(isa) && quant::kgemm::preferred(ty, isa)
 }
 
 /// Size of the per-thread buffer narrow weights are widened into.

@@ -23,8 +23,10 @@
 //!   slices of 1024 so that a tile's operands stay in L1.
 //!
 //! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
-//! [`matmul`] returns false and the caller takes the dequantized tiles,
-//! as it does on AVX2 ([`preferred`]).
+//! [`matmul`] returns false and the caller takes the dequantized tiles.
+//! On AVX2 (no `vpdpbusd`) each step's `vpmaddubsw` pair sums are added in
+//! 16-bit lanes for as many steps as cannot overflow and widened once per
+//! run, a third fewer integer instructions than widening every step.
 
 use super::Isa;
 use crate::GgmlType;
@@ -47,13 +49,27 @@ pub fn handles(ty: GgmlType, isa: Isa) -> bool {
         && isa.is_available()
 }
 
-/// Whether prefill rows take this GEMM on `isa` ([`super::super::matmul`]):
-/// on the VNNI path only. On AVX2 it ran level with the dequantized f32
-/// tiles (Q4_K / Q6_K at 512 rows on the AVX-512 machine of BENCHMARKS.md,
-/// forced to AVX2: 77-100 against 82-94 GFLOP per CPU second), against
-/// about twice their rate with VNNI.
+/// Whether prefill rows take this GEMM on `isa` ([`super::super::matmul`])
+/// rather than dequantized f32 tiles: on both SIMD paths. With AVX-512
+/// VNNI it runs at about twice the tiles' rate; on AVX2 (`vpmaddubsw`
+/// pair sums added in 16-bit lanes, [`x86`]'s `steps_in_i16`) Qwen2.5-1.5B
+/// Q4_K_M prefill ran 38-41 against the tiles' 35 tok/s on a 2-core AMD
+/// EPYC without AVX-512 (BENCHMARKS.md); widening every step, as the VNNI
+/// path's layout would suggest, it ran level with them.
 pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
-    isa == Isa::Avx512Vnni && handles(ty, isa)
+    handles(ty, isa)
+}
+
+/// Fewest x rows that take this GEMM on `isa` where it is [`preferred`]:
+/// batched decode steps from 17 rows with VNNI; on AVX2 only past the
+/// block kernels' 32 rows (`decode_rows_timing` there: the block kernels
+/// took 0.7-0.9x the GEMM's CPU time at 24 and 32 rows, 0.5x at 8).
+pub fn min_rows(isa: Isa) -> usize {
+    if isa == Isa::Avx512Vnni {
+        17
+    } else {
+        33
+    }
 }
 
 /// `y[r * n + j] = dot(x[r], w[j])` for the `n = y.len() / rows` rows of `w`
@@ -171,7 +187,7 @@ mod x86 {
                     // `handles`; `w` holds `n` rows of `rb` bytes.
                     unsafe {
                         prepare_panel(ty, &w[j0 * rb..j1 * rb], j1 - j0, k, sub, panel);
-                        multiply(acts, panel, rows, j0, j1, n, k, sub, out, vnni);
+                        multiply(ty, acts, panel, rows, j0, j1, n, k, sub, out, vnni);
                     }
                 });
             });
@@ -277,6 +293,7 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn multiply(
+        ty: GgmlType,
         a: &Acts,
         p: &Panel,
         rows: usize,
@@ -291,6 +308,7 @@ mod x86 {
         let groups = k / (8 * sub);
         let per_slice = (SLICE / (8 * sub)).max(1);
         let cols = j1 - j0;
+        let h16 = steps_in_i16(ty);
         let mut t = [[0f32; NR]; MR];
         for g0 in (0..groups).step_by(per_slice) {
             let g1 = (g0 + per_slice).min(groups);
@@ -310,24 +328,25 @@ mod x86 {
                         g1,
                     };
                     macro_rules! go {
-                        ($s:literal, $v:literal) => {
+                        ($s:literal, $v:literal, $h:literal) => {
                             match (rn, cn) {
-                                (4, 2) => tile.run::<4, 2, 1, $s, $v>(&mut t),
-                                (3, 2) => tile.run::<3, 2, 1, $s, $v>(&mut t),
-                                (2, 2) => tile.run::<2, 2, 2, $s, $v>(&mut t),
-                                (1, 2) => tile.run::<1, 2, 2, $s, $v>(&mut t),
-                                (4, _) => tile.run::<4, 1, 2, $s, $v>(&mut t),
-                                (3, _) => tile.run::<3, 1, 2, $s, $v>(&mut t),
-                                (2, _) => tile.run::<2, 1, 2, $s, $v>(&mut t),
-                                _ => tile.run::<1, 1, 2, $s, $v>(&mut t),
+                                (4, 2) => tile.run::<4, 2, 1, $s, $v, $h>(&mut t),
+                                (3, 2) => tile.run::<3, 2, 1, $s, $v, $h>(&mut t),
+                                (2, 2) => tile.run::<2, 2, 2, $s, $v, $h>(&mut t),
+                                (1, 2) => tile.run::<1, 2, 2, $s, $v, $h>(&mut t),
+                                (4, _) => tile.run::<4, 1, 2, $s, $v, $h>(&mut t),
+                                (3, _) => tile.run::<3, 1, 2, $s, $v, $h>(&mut t),
+                                (2, _) => tile.run::<2, 1, 2, $s, $v, $h>(&mut t),
+                                _ => tile.run::<1, 1, 2, $s, $v, $h>(&mut t),
                             }
                         };
                     }
-                    match (sub == 32, vnni) {
-                        (true, true) => go!(8, true),
-                        (true, false) => go!(8, false),
-                        (false, true) => go!(4, true),
-                        (false, false) => go!(4, false),
+                    match (sub == 32, vnni, h16) {
+                        (true, true, _) => go!(8, true, 1),
+                        (false, true, _) => go!(4, true, 1),
+                        (true, false, 8) => go!(8, false, 8),
+                        (true, false, _) => go!(8, false, 4),
+                        (false, false, _) => go!(4, false, 2),
                     }
                     for (r, tr) in t.iter().enumerate().take(rn) {
                         for (c, v) in tr.iter().enumerate().take(cn) {
@@ -339,6 +358,20 @@ mod x86 {
                     }
                 }
             }
+        }
+    }
+
+    /// Steps of `vpmaddubsw` pair sums the AVX2 path adds in 16-bit lanes
+    /// before widening them (`vpmaddwd` by ones) into the i32 sums: a pair
+    /// sum is at most `2 * umax * 128` in magnitude (activations in
+    /// -128..=127), so `32767 / (256 umax)` of them fit: 8 for Q4_K (quants
+    /// 0..=15: 30,720), 4 for Q5_K (0..=31: 31,744), 2 for Q6_K (0..=63:
+    /// 32,256). One widening per run instead of one per step.
+    pub(super) fn steps_in_i16(ty: GgmlType) -> usize {
+        match ty {
+            GgmlType::Q4_K => 8,
+            GgmlType::Q5_K => 4,
+            _ => 2,
         }
     }
 
@@ -393,6 +426,9 @@ mod x86 {
         /// `out[r][c]` for the first `R` x rows and `C` weight rows, groups of
         /// `S` steps (VNNI: `vpdpbusd`), the integer sums spread over `P`
         /// sets of registers (enough independent chains to hide latency).
+        /// Without VNNI, runs of `H` steps add their `vpmaddubsw` pair sums
+        /// in 16-bit lanes and widen once per run ([`steps_in_i16`]; `H = 1`
+        /// widens every step).
         #[target_feature(enable = "avx2,fma")]
         #[inline]
         unsafe fn run<
@@ -401,6 +437,7 @@ mod x86 {
             const P: usize,
             const S: usize,
             const VNNI: bool,
+            const H: usize,
         >(
             &self,
             out: &mut [[f32; NR]; MR],
@@ -409,17 +446,44 @@ mod x86 {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             for g in self.g0..self.g1 {
                 let mut part = [[[zero; C]; R]; P];
-                for s in 0..S {
-                    let isum = &mut part[s % P];
-                    let off = (g * S + s) * 32;
-                    let mut wv = [zero; C];
-                    for (c, v) in wv.iter_mut().enumerate() {
-                        *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
+                if VNNI || H <= 1 {
+                    for s in 0..S {
+                        let isum = &mut part[s % P];
+                        let off = (g * S + s) * 32;
+                        let mut wv = [zero; C];
+                        for (c, v) in wv.iter_mut().enumerate() {
+                            *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
+                        }
+                        for (r, row) in isum.iter_mut().enumerate() {
+                            let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
+                            for (c, v) in row.iter_mut().enumerate() {
+                                *v = dot::<VNNI>(*v, wv[c], av);
+                            }
+                        }
                     }
-                    for (r, row) in isum.iter_mut().enumerate() {
-                        let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
-                        for (c, v) in row.iter_mut().enumerate() {
-                            *v = dot::<VNNI>(*v, wv[c], av);
+                } else {
+                    for s0 in (0..S).step_by(H) {
+                        let mut h = [[zero; C]; R];
+                        for s in s0..(s0 + H).min(S) {
+                            let off = (g * S + s) * 32;
+                            let mut wv = [zero; C];
+                            for (c, v) in wv.iter_mut().enumerate() {
+                                *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
+                            }
+                            for (r, row) in h.iter_mut().enumerate() {
+                                let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
+                                for (c, v) in row.iter_mut().enumerate() {
+                                    *v = _mm256_add_epi16(*v, _mm256_maddubs_epi16(wv[c], av));
+                                }
+                            }
+                        }
+                        let isum = &mut part[(s0 / H) % P];
+                        let ones = _mm256_set1_epi16(1);
+                        for r in 0..R {
+                            for c in 0..C {
+                                let w = _mm256_madd_epi16(h[r][c], ones);
+                                isum[r][c] = _mm256_add_epi32(isum[r][c], w);
+                            }
                         }
                     }
                 }

@@ -45,19 +45,19 @@ fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
     for isa in paths() {
         for ty in TYPES {
             assert!(kgemm::handles(ty, isa));
-            assert_eq!(kgemm::preferred(ty, isa), isa == Isa::Avx512Vnni);
+            assert!(kgemm::preferred(ty, isa));
         }
     }
     assert!(!kgemm::preferred(GgmlType::Q4_K, Isa::Scalar));
 }
 
 /// The backend's `linear` on kept k-quant blocks takes this GEMM from
-/// `KGEMM_MIN_ROWS` rows where it is preferred (batched decode steps) and
+/// `kgemm::min_rows` rows where it is preferred (batched decode steps) and
 /// the block kernels below: its output equals the chosen kernel's bit for
 /// bit on both sides of the switch.
 #[test]
 fn linear_switches_to_the_gemm_at_its_row_count() {
-    use crate::cpu::matmul::{takes_kgemm, KGEMM_MIN_ROWS, QUANT_MAX_ROWS};
+    use crate::cpu::matmul::{takes_kgemm, QUANT_MAX_ROWS};
     use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
     use crate::{Backend, HostData, HostTensor, QuantData};
     let opts = CpuOptions {
@@ -68,7 +68,10 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
     let mut rng = Rng(0x5EED);
     let (n, k) = (40, 512);
     let isa = Isa::detect();
-    const { assert!(KGEMM_MIN_ROWS > 1 && KGEMM_MIN_ROWS <= QUANT_MAX_ROWS) };
+    let min = kgemm::min_rows(isa);
+    assert!(min > 1 && min <= QUANT_MAX_ROWS + 1);
+    assert_eq!(kgemm::min_rows(Isa::Avx512Vnni), 17);
+    assert_eq!(kgemm::min_rows(Isa::Avx2), QUANT_MAX_ROWS + 1);
     for ty in TYPES {
         let bytes = random_blocks(ty, n, k, &mut rng);
         let host = HostTensor {
@@ -79,14 +82,17 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
             }),
         };
         let w = b.load_weight(host).unwrap();
-        for rows in [KGEMM_MIN_ROWS - 1, KGEMM_MIN_ROWS, QUANT_MAX_ROWS] {
+        for rows in [min - 1, min, QUANT_MAX_ROWS] {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
             let got = b
                 .linear(&b.tensor_from_host(rows, k, &x).unwrap(), &w, None)
                 .unwrap();
             let mut want = vec![f32::NAN; rows * n];
             let gemm = takes_kgemm(ty, rows, isa);
-            assert_eq!(gemm, rows >= KGEMM_MIN_ROWS && isa == Isa::Avx512Vnni);
+            assert_eq!(gemm, rows >= min && isa != Isa::Scalar);
+            if !gemm && rows > QUANT_MAX_ROWS {
+                continue; // dequantized tiles, not the block kernels
+            }
             if gemm {
                 assert!(kgemm::matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));
             } else {
