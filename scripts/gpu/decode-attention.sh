@@ -6,8 +6,9 @@
 # 2. `pagoda bench decode` (graphs, 1,000-token contexts) at the Qwen3-0.6B and
 #    Llama-3.1-8B shapes under A and under B, alternating, ROUNDS rounds.
 # 3. The nano-vllm workload at the 0.6B shape both ways.
-# A and B are environment assignments (default: the partition fixed at 512
-# tokens against the size chosen by the step's shape; e.g.
+# A and B are settings: environment assignments and BIN=PATH for another
+# pagoda binary, space-separated (default: the partition fixed at 512 tokens
+# against the size chosen by the step's shape; e.g.
 # A=PAGODA_DECODE_MERGE=separate B=PAGODA_DECODE_MERGE=fused for the merge).
 # Usage: OUT=DIR [ROUNDS=2] [A=..] [B=..] [BATCHES=1,8,32,64,256] [NANO=1] [TESTS='t1 t2']
 #        scripts/gpu/decode-attention.sh [tests] [bench]
@@ -44,8 +45,21 @@ has tests && for t in $TESTS; do
     note "test $t: rc $rc ($(($(date +%s) - start)) s, $(grep -E '^test result' "$LOG" | tail -1))"
 done
 
+# A setting: words that are environment assignments, and BIN=PATH for
+# another pagoda binary than .device-bin/pagoda.
+with() { # setting command args...
+    local bin=.device-bin/pagoda envs=() w
+    for w in $1; do
+        case $w in
+        BIN=*) bin=${w#BIN=} ;;
+        *) envs+=("$w") ;;
+        esac
+    done
+    shift
+    env "${envs[@]}" "$bin" "$@"
+}
 decode() { # shape setting
-    env "$2" .device-bin/pagoda bench decode --device cuda --dummy-weights \
+    with "$2" bench decode --device cuda --dummy-weights \
         --config "scripts/gpu/$1.json" --max-model-len 4096 --batch-sizes "$BATCHES" \
         --context 1000 2>&1
 }
@@ -61,7 +75,7 @@ done
 
 has bench && [ "$NANO" = 1 ] && for v in A B; do
     echo "==== nano-vllm $v (${!v})" >> "$LOG"
-    env "${!v}" .device-bin/pagoda bench --device cuda --dummy-weights \
+    with "${!v}" bench --device cuda --dummy-weights \
         --config scripts/gpu/qwen3-0.6b.json --max-model-len 4096 >> "$LOG" 2>&1
     note "nano-vllm $v (${!v}): $(grep -o '"output_tok_per_s":[0-9.]*' "$LOG" | tail -1)"
 done

@@ -308,19 +308,7 @@ pub(crate) fn options(cc: (i32, i32), cuda_home: &Path) -> Vec<String> {
             o.push(format!("--include-path={}", dir.display()));
         }
     }
-    if !weight_prefetch_from_env() {
-        o.push("-DPAGODA_NO_WEIGHT_PREFETCH".to_string());
-    }
     o
-}
-
-/// The environment variable that compiles the kernels without their L2
-/// prefetch of weights ahead of the PDL wait (value `off`), to compare.
-pub const WEIGHT_PREFETCH_ENV: &str = "PAGODA_WEIGHT_PREFETCH";
-
-/// Whether [`WEIGHT_PREFETCH_ENV`] leaves the weight prefetch on.
-fn weight_prefetch_from_env() -> bool {
-    !std::env::var(WEIGHT_PREFETCH_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"))
 }
 
 /// 64-bit FNV-1a over the parts, with a separator between them.

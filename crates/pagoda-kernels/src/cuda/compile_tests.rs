@@ -274,8 +274,7 @@ fn elf_check() {
 
 /// Launches may carry the programmatic-dependent-launch attribute (see
 /// `launch.rs`), so every kernel must wait for the previous one before it
-/// reads anything: its body opens with `PDL_ENTRY();`, or with
-/// `PDL_ENTRY_PREFETCHING(...)` (L2 prefetches of weights, then the wait).
+/// reads anything: its body opens with `PDL_ENTRY();`.
 #[test]
 fn every_kernel_waits_for_the_previous_one_first() {
     let mut n = 0;
@@ -286,10 +285,7 @@ fn every_kernel_waits_for_the_previous_one_first() {
             assert!(!rest[..open].contains(';'), "a declaration without body");
             let body = rest[open + 1..].trim_start_matches([' ', '\\', '\n']);
             let head = &rest[..open.min(120)];
-            assert!(
-                body.starts_with("PDL_ENTRY();") || body.starts_with("PDL_ENTRY_PREFETCHING("),
-                "{head}"
-            );
+            assert!(body.starts_with("PDL_ENTRY();"), "{head}");
             n += 1;
         }
     }
@@ -298,6 +294,4 @@ fn every_kernel_waits_for_the_previous_one_first() {
     let prelude = source_text("prelude.cuh").expect("the prelude");
     assert!(prelude.contains("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900"));
     assert!(prelude.contains("griddepcontrol.wait;"));
-    // The prefetching entry ends in the plain one, compiled in or out.
-    assert_eq!(prelude.matches("#define PDL_ENTRY_PREFETCHING").count(), 2);
 }

@@ -11,10 +11,7 @@
 //! sound because every kernel of ours opens with `PDL_ENTRY()` (the
 //! kernels' prelude), which waits for the previous kernel to complete and
 //! its writes to be visible before anything is read (a host-side test
-//! checks every kernel body); the decode GEMVs open with
-//! `PDL_ENTRY_PREFETCHING`, which first asks L2 for their weight rows
-//! (memory no kernel writes), so the weights start moving while the kernel
-//! before still runs. cuBLASLt's kernels launch without the
+//! checks every kernel body). cuBLASLt's kernels launch without the
 //! attribute, so they start after the kernel before them completes, and
 //! ours after them still wait. Under stream capture the attribute becomes
 //! a programmatic edge of the graph (CUDA 12.3 and newer), so decode

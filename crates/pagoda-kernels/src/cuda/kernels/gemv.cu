@@ -152,13 +152,10 @@ __device__ __forceinline__ const bf16* gemv_stage_norm(const float* __restrict__
     return xs;
 }
 
-// One warp per output of the segments (OUT_BF16 / OUT_ACC) or per gated
-// output pair (OUT_SILU: segment 0 only, n[0] outputs of a [2 * n[0], k]
-// weight). x: M bf16 rows (global, or staged in shared memory when SX).
+// Output n (counted over the segments) of gemv_warp.
 template <int M, int OUT, bool SX>
-__device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int k) {
-    int lane = threadIdx.x & 31;
-    int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+__device__ __forceinline__ void gemv_one_output(const GemvSegs& s, const bf16* x, int k, int n,
+                                                int lane) {
     // The segment of output n (selects, not indexing: s stays in registers).
     int seg = 0;
     if (n >= s.n[0]) {
@@ -208,29 +205,20 @@ __device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int 
     }
 }
 
-// The weight rows gemv_warp<..., OUT, ...> will read for this warp (the same
-// segment lookup), prefetched into L2 (PDL_ENTRY_PREFETCHING: before the
-// wait for the previous kernel).
-template <int OUT>
-__device__ __forceinline__ void gemv_prefetch(const GemvSegs& s, int k) {
-    int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    int seg = 0;
-    if (n >= s.n[0]) {
-        n -= s.n[0];
-        seg = 1;
-        if (n >= s.n[1]) {
-            n -= s.n[1];
-            seg = 2;
-            if (n >= s.n[2]) {
-                return;
-            }
-        }
-    }
-    const bf16* ws = seg == 0 ? s.w[0] : seg == 1 ? s.w[1] : s.w[2];
-    const long long row = (long long)k * 2;  // bytes
-    prefetch_l2_warp(ws + (long long)n * k, row);
-    if constexpr (OUT == GEMV_OUT_SILU) {
-        prefetch_l2_warp(ws + (long long)(s.n[0] + n) * k, row);
+// One warp per output of the segments (OUT_BF16 / OUT_ACC) or per gated
+// output pair (OUT_SILU: segment 0 only, n[0] outputs of a [2 * n[0], k]
+// weight), striding over the grid: warp w of block b takes outputs
+// b * GEMV_WARPS + w + i * gridDim.x * GEMV_WARPS, so a grid of fewer blocks
+// than output groups (the fused-norm launches, whose blocks each stage the
+// normalized x once) still covers them all. x: M bf16 rows (global, or
+// staged in shared memory when SX).
+template <int M, int OUT, bool SX>
+__device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int k) {
+    int lane = threadIdx.x & 31;
+    const int total = OUT == GEMV_OUT_SILU ? s.n[0] : s.n[0] + s.n[1] + s.n[2];
+    for (int n0 = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); n0 < total;
+         n0 += gridDim.x * GEMV_WARPS) {
+        gemv_one_output<M, OUT, SX>(s, x, k, n0, lane);
     }
 }
 
@@ -305,7 +293,7 @@ __device__ __forceinline__ GemvSegs gemv_three(bf16* y0, bf16* y1, bf16* y2, con
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
           const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
-    PDL_ENTRY_PREFETCHING(gemv_prefetch<GEMV_OUT_BF16>(gemv_one(y, w, bias, has_bias, n_out), k));
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_BF16, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr,
                                       nullptr, 0.0f, m, k);
 }
@@ -313,7 +301,7 @@ gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restri
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_acc_f32(float* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
                   const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
-    PDL_ENTRY_PREFETCHING(gemv_prefetch<GEMV_OUT_ACC>(gemv_one(y, w, bias, has_bias, n_out), k));
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_ACC, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr, nullptr,
                                      0.0f, m, k);
 }
@@ -323,8 +311,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv3_bf16(bf16* y0, bf16* y1, bf16* y2, const bf16* __restrict__ x, const bf16* w0,
            const bf16* w1, const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2,
            int bias_mask, int m, int n0, int n1, int n2, int k) {
-    PDL_ENTRY_PREFETCHING(gemv_prefetch<GEMV_OUT_BF16>(
-        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), k));
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_BF16, false>(
         gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), x, nullptr,
         nullptr, 0.0f, m, k);
@@ -336,8 +323,7 @@ gemv3_norm_bf16(bf16* y0, bf16* y1, bf16* y2, const float* __restrict__ xres,
                 const bf16* __restrict__ nw, float eps, const bf16* w0, const bf16* w1,
                 const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2, int bias_mask,
                 int m, int n0, int n1, int n2, int k) {
-    PDL_ENTRY_PREFETCHING(gemv_prefetch<GEMV_OUT_BF16>(
-        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), k));
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_BF16, true>(
         gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), nullptr, xres, nw,
         eps, m, k);
@@ -349,6 +335,6 @@ extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_norm_silu_bf16(bf16* __restrict__ y, const float* __restrict__ xres,
                     const bf16* __restrict__ nw, float eps, const bf16* __restrict__ w, int m,
                     int n_inter, int k) {
-    PDL_ENTRY_PREFETCHING(gemv_prefetch<GEMV_OUT_SILU>(gemv_one(y, w, w, 0, n_inter), k));
+    PDL_ENTRY();
     gemv_family<GEMV_OUT_SILU, true>(gemv_one(y, w, w, 0, n_inter), nullptr, xres, nw, eps, m, k);
 }

@@ -28,32 +28,6 @@ typedef unsigned short bf16;
     } while (0)
 #endif
 
-// PDL_ENTRY() after `prefetch`, a statement that only asks for memory no
-// kernel ever writes (the model's weights) to be brought into L2: that may
-// happen before the previous kernel completes, so a decode step's small
-// products find their weights in L2 instead of paying DRAM latency after
-// the wait. `prefetch` must read nothing (prefetch_l2_warp only names
-// addresses) and compute them from kernel parameters alone. Compiled out
-// with -DPAGODA_NO_WEIGHT_PREFETCH (PAGODA_WEIGHT_PREFETCH=off, to compare).
-#ifdef PAGODA_NO_WEIGHT_PREFETCH
-#define PDL_ENTRY_PREFETCHING(prefetch) PDL_ENTRY()
-#else
-#define PDL_ENTRY_PREFETCHING(prefetch) \
-    do {                                \
-        prefetch;                       \
-        PDL_ENTRY();                    \
-    } while (0)
-#endif
-
-// Asks L2 for the `bytes` bytes at p, one 128-byte line per lane at a time
-// over the warp's 32 lanes; nothing waits for the lines.
-__device__ __forceinline__ void prefetch_l2_warp(const void* p, long long bytes) {
-    const char* c = static_cast<const char*>(p);
-    for (long long o = (long long)(threadIdx.x & 31) * 128; o < bytes; o += 32 * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-    }
-}
-
 // -inf without <math.h> (NVRTC has no INFINITY without the headers).
 #define NEG_INF __int_as_float(0xff800000)
 
