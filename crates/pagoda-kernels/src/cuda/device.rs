@@ -228,18 +228,6 @@ impl Device {
             .get(name)
             .ok_or_else(|| err(format!("kernel {name} is not loaded")))
     }
-
-    /// How many blocks of `threads` threads and `smem` bytes of dynamic
-    /// shared memory of kernel `name` fit on one multiprocessor at once (the
-    /// driver's occupancy calculator: registers, shared memory, threads);
-    /// at least 1.
-    pub fn resident_blocks(&self, name: &str, threads: u32, smem: usize) -> Result<usize> {
-        let n = self
-            .kernel(name)?
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-            .map_err(|e| err(format!("occupancy of {name}: {e:?}")))?;
-        Ok((n as usize).max(1))
-    }
 }
 
 /// Each of `names` from the module that holds it: the first module, in

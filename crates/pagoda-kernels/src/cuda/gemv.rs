@@ -292,10 +292,6 @@ pub(crate) fn launch3(
             })
         }
     };
-    let blocks = match &x {
-        GemvInput::Norm(..) => norm_grid(b, name, blocks, smem)?,
-        GemvInput::Bf16(_) => blocks,
-    };
     let cfg = LaunchConfig {
         grid_dim: (i32_of(blocks, op)? as u32, 1, 1),
         block_dim: (threads, 1, 1),
@@ -321,17 +317,6 @@ pub(crate) fn launch3(
         .arg(&kk);
     l.run(cfg)?;
     Ok(())
-}
-
-/// Blocks of a fused-norm launch of `groups` output groups: no more than
-/// the GPU holds at once (each block normalizes x once, then strides over
-/// the groups), so the norm is computed once per resident block instead of
-/// once per group. A function of the kernel and the shapes only.
-fn norm_grid(b: &CudaBackend, name: &str, groups: usize, smem: u32) -> Result<usize> {
-    let resident = b
-        .dev
-        .resident_blocks(name, 32 * WARP_WARPS as u32, smem as usize)?;
-    Ok(groups.min(resident * b.multiprocessors()).max(1))
 }
 
 /// Dynamic shared memory of a fused-norm launch: its normalized rows.
@@ -364,15 +349,12 @@ pub(crate) fn launch_norm_silu(
         return Ok(());
     }
     let (m, nn, kk) = (i32_of(rows, op)?, i32_of(n, op)?, i32_of(inner, op)?);
-    let name = "gemv_norm_silu_bf16";
-    let smem = norm_smem(rows, inner, op)?;
-    let blocks = norm_grid(b, name, n.div_ceil(WARP_WARPS), smem)?;
     let cfg = LaunchConfig {
-        grid_dim: (i32_of(blocks, op)? as u32, 1, 1),
+        grid_dim: (i32_of(n.div_ceil(WARP_WARPS), op)? as u32, 1, 1),
         block_dim: (32 * WARP_WARPS as u32, 1, 1),
-        shared_mem_bytes: smem,
+        shared_mem_bytes: norm_smem(rows, inner, op)?,
     };
-    let mut l = b.dev.launch(name)?;
+    let mut l = b.dev.launch("gemv_norm_silu_bf16")?;
     l.arg(y)
         .arg(xres)
         .arg(nw)

@@ -331,14 +331,15 @@ impl CudaBackend {
     /// Whether a fused-norm product (`norm_linear3`, `norm_gate_up_silu`)
     /// of `rows` x `inner` by bf16 weights of `out` rows in all runs as one
     /// GEMV launch: the fusions on, the small-row path choosing the
-    /// CUDA-core GEMV and the normalized rows fitting its shared memory.
-    /// Its grid is only as large as the GPU holds at once, each block
-    /// normalizing x once and then striding over the outputs (when every
-    /// group of 8 outputs had its own block and norm, the Llama-3.1-8B
-    /// shape's large products lost: 5.90 ms fused against 5.23 ms a
-    /// batch-1 step on an H200).
+    /// CUDA-core GEMV, the normalized rows fitting its shared memory, and
+    /// the weights under [`LARGE_WEIGHT_BYTES`]: every block re-reads its
+    /// input rows for the norm, which pays on small weights but not on
+    /// large ones (H200, batch-1 decode at a 1,000-token context: the
+    /// Qwen3-0.6B shape 1.55 ms fused against 1.64 ms, the Llama-3.1-8B
+    /// shape 5.90 ms fused against 5.23 ms).
     pub fn norm_fusion_for(&self, rows: usize, out: usize, inner: usize) -> bool {
         self.decode_fusion()
+            && out.saturating_mul(inner).saturating_mul(2) < LARGE_WEIGHT_BYTES
             && self.small_linear().kernel_for(rows, out, inner) == Some(GemvKernel::Warp)
             && gemv::norm_fits(rows, inner)
     }

@@ -247,15 +247,10 @@ __device__ __forceinline__ void dec_merge_if_last(bf16* __restrict__ out,
     const int warp = threadIdx.x >> 5;
     for (int h = warp; h < group; h += DEC_WARPS) {
         const long long slot0 = (head0 + h) * max_parts;
-        const float2* ml = reinterpret_cast<const float2*>(part_ml) + slot0;  // (m, l) pairs
-        // Partition lane's (m, l) of the first 32, kept for their weights.
-        float2 first = make_float2(NEG_INF, 0.0f);
-        if (lane < nparts) {
-            first = __ldcg(ml + lane);
-        }
-        float gm = first.x;
-        for (int p = lane + 32; p < nparts; p += 32) {
-            gm = fmaxf(gm, __ldcg(ml + p).x);
+        const float* ml = part_ml + slot0 * 2;
+        float gm = NEG_INF;
+        for (int p = lane; p < nparts; p += 32) {
+            gm = fmaxf(gm, __ldcg(ml + 2 * p));
         }
         gm = warp_max(gm);
         float o[D / 32];
@@ -267,14 +262,12 @@ __device__ __forceinline__ void dec_merge_if_last(bf16* __restrict__ out,
         for (int p0 = 0; p0 < nparts; p0 += 32) {
             float w = 0.0f;
             if (p0 + lane < nparts) {
-                const float2 e = p0 == 0 ? first : __ldcg(ml + p0 + lane);
-                w = exp2f(e.x - gm);
-                gl += e.y * w;
+                w = exp2f(__ldcg(ml + 2 * (p0 + lane)) - gm);
+                gl += __ldcg(ml + 2 * (p0 + lane) + 1) * w;
             }
             const int cnt = min(32, nparts - p0);
             const float* acc = part_acc + (slot0 + p0) * D + lane;
-            // 8 partitions' loads in flight (4 at head_dim 256: 8 each).
-#pragma unroll(D >= 256 ? 4 : 8)
+#pragma unroll 4
             for (int k = 0; k < cnt; k++) {
                 const float wk = __shfl_sync(0xffffffffu, w, k);
 #pragma unroll

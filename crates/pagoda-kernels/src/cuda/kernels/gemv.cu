@@ -152,10 +152,13 @@ __device__ __forceinline__ const bf16* gemv_stage_norm(const float* __restrict__
     return xs;
 }
 
-// Output n (counted over the segments) of gemv_warp.
+// One warp per output of the segments (OUT_BF16 / OUT_ACC) or per gated
+// output pair (OUT_SILU: segment 0 only, n[0] outputs of a [2 * n[0], k]
+// weight). x: M bf16 rows (global, or staged in shared memory when SX).
 template <int M, int OUT, bool SX>
-__device__ __forceinline__ void gemv_one_output(const GemvSegs& s, const bf16* x, int k, int n,
-                                                int lane) {
+__device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int k) {
+    int lane = threadIdx.x & 31;
+    int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     // The segment of output n (selects, not indexing: s stays in registers).
     int seg = 0;
     if (n >= s.n[0]) {
@@ -202,23 +205,6 @@ __device__ __forceinline__ void gemv_one_output(const GemvSegs& s, const bf16* x
                 }
             }
         }
-    }
-}
-
-// One warp per output of the segments (OUT_BF16 / OUT_ACC) or per gated
-// output pair (OUT_SILU: segment 0 only, n[0] outputs of a [2 * n[0], k]
-// weight), striding over the grid: warp w of block b takes outputs
-// b * GEMV_WARPS + w + i * gridDim.x * GEMV_WARPS, so a grid of fewer blocks
-// than output groups (the fused-norm launches, whose blocks each stage the
-// normalized x once) still covers them all. x: M bf16 rows (global, or
-// staged in shared memory when SX).
-template <int M, int OUT, bool SX>
-__device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int k) {
-    int lane = threadIdx.x & 31;
-    const int total = OUT == GEMV_OUT_SILU ? s.n[0] : s.n[0] + s.n[1] + s.n[2];
-    for (int n0 = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); n0 < total;
-         n0 += gridDim.x * GEMV_WARPS) {
-        gemv_one_output<M, OUT, SX>(s, x, k, n0, lane);
     }
 }
 

@@ -422,56 +422,38 @@ __device__ int smp_draw_dense(const bf16* x, int vocab, float t, float vmax, flo
 // rank prefix when top-k or top-p filtered the row, else 0 and 0 (the
 // logprobs kernel's input, see sampling_extras.cu).
 // This thread's largest (key << 32 | ~id) over the row `x` of `vocab`
-// logits, as smp_block_max takes it (the lowest id wins ties once reduced
-// over the block). A greedy row is this pass alone, one block per row, so it
-// is kept to a few instructions a logit: each thread compares the logits as
-// f32 (NaN never compares greater, -0 equals +0) in increasing id order,
-// keeping the first of equal ones, and forms the key once at the end. The
-// 16-byte-aligned middle of the row is read 8 logits a load, the unaligned
-// ends one logit a thread.
+// logits (the lowest id wins ties once reduced over the block). The
+// 16-byte-aligned middle of the row is read 8 logits a load (a greedy row
+// is this pass alone: 2-byte loads left a 300 KB row latency-bound), the
+// unaligned ends one logit a thread.
 __device__ __forceinline__ smp_u64 smp_row_max(const bf16* __restrict__ x, int vocab) {
     const int tid = threadIdx.x;
-    float bv = NEG_INF;
-    unsigned bi = 0u;
+    smp_u64 best = ((smp_u64)SMP_KEY_NEG_INF << 32) | 0xffffffffull;
     // Logits before the first 16-byte boundary, and whole 8-logit chunks after.
     const int head = min(vocab, (int)(((16u - ((unsigned)(unsigned long long)x & 15u)) & 15u) >> 1));
     const int chunks = (vocab - head) >> 3;
     const int tail = head + 8 * chunks;
     if (tid < head) {
-        const float v = bf2f(x[tid]);
-        if (v > bv) {
-            bv = v;
-            bi = (unsigned)tid;
-        }
+        best = ((smp_u64)smp_key(x[tid]) << 32) | (smp_u64)(0xffffffffu - (unsigned)tid);
     }
-    const uint4* vx = reinterpret_cast<const uint4*>(x + head);
+    const uint4* v = reinterpret_cast<const uint4*>(x + head);
 #pragma unroll 4
     for (int c = tid; c < chunks; c += SMP_THREADS) {
-        const uint4 w = __ldg(vx + c);
+        const uint4 w = __ldg(v + c);
         const unsigned u[4] = {w.x, w.y, w.z, w.w};
         const unsigned id0 = (unsigned)(head + 8 * c);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const float v = __uint_as_float((k & 1) ? (u[k >> 1] & 0xffff0000u) : (u[k >> 1] << 16));
-            if (v > bv) {
-                bv = v;
-                bi = id0 + k;
-            }
+            const bf16 b = (bf16)((u[k >> 1] >> (16 * (k & 1))) & 0xffffu);
+            const smp_u64 cand = ((smp_u64)smp_key(b) << 32) | (smp_u64)(0xffffffffu - (id0 + k));
+            best = cand > best ? cand : best;
         }
     }
     for (int i = tail + tid; i < vocab; i += SMP_THREADS) {
-        const float v = bf2f(x[i]);
-        if (v > bv) {
-            bv = v;
-            bi = (unsigned)i;
-        }
+        const smp_u64 cand = ((smp_u64)smp_key(x[i]) << 32) | (smp_u64)(0xffffffffu - (unsigned)i);
+        best = cand > best ? cand : best;
     }
-    if (!(bv > NEG_INF)) {
-        return ((smp_u64)SMP_KEY_NEG_INF << 32) | 0xffffffffull;
-    }
-    // bv is a bf16 value widened: its top half is the logit's bits.
-    const unsigned key = smp_key((bf16)(__float_as_uint(bv) >> 16));
-    return ((smp_u64)key << 32) | (smp_u64)(0xffffffffu - bi);
+    return best;
 }
 
 extern "C" __global__ void __launch_bounds__(SMP_THREADS)
