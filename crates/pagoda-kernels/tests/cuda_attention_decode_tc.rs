@@ -183,7 +183,11 @@ fn run_case(g: &CudaBackend, cpu: &CpuBackend, rng: &mut Rng, c: &Case) {
             let kernel = format!(
                 "{kernel}, partition {}, merged {}",
                 g.decode_partition_for(&step.ctx, &p, t),
-                if separate { "apart" } else { "in the last block" }
+                if separate {
+                    "apart"
+                } else {
+                    "in the last block"
+                }
             );
             let out = g
                 .attention(&gq, &gc, &gs, &p)
