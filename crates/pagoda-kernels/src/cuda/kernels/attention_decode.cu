@@ -285,6 +285,83 @@ __device__ __forceinline__ void dec_merge_if_last(bf16* __restrict__ out,
     }
 }
 
+// Phase 2 of the decode kernels (this file's and attention_decode_mma.cu's):
+// the scores s_score[t * G + h] of the partition's n tokens become softmax
+// numerators 2^(s - m_h) in place, soft-capped first (in the log2 domain)
+// where softcap > 0; s_m[h] and s_l[h] get each head's max and sum. Thread
+// tid sees only head tid % G (G divides DEC_THREADS). Ends with a barrier.
+template <int G>
+__device__ __forceinline__ void dec_softmax(float* s_score, int n, float softcap, float* s_red,
+                                            float* s_m, float* s_l) {
+    const int tid = threadIdx.x;
+    float m = NEG_INF;
+    if (softcap > 0.0f) {
+        const float cap_log2 = softcap * DEC_LOG2E;
+        for (int i = tid; i < n * G; i += DEC_THREADS) {
+            const float x = softcap_score(s_score[i], cap_log2);
+            s_score[i] = x;
+            m = fmaxf(m, x);
+        }
+    } else {
+        for (int i = tid; i < n * G; i += DEC_THREADS) {
+            m = fmaxf(m, s_score[i]);
+        }
+    }
+    m = dec_block_reduce<G, true>(m, s_red);
+    float l = 0.0f;
+    for (int i = tid; i < n * G; i += DEC_THREADS) {
+        const float p = exp2f(s_score[i] - m);
+        s_score[i] = p;
+        l += p;
+    }
+    l = dec_block_reduce<G, false>(l, s_red);
+    if (tid < G) {
+        s_m[tid] = m;
+        s_l[tid] = l;
+    }
+    __syncthreads();
+}
+
+// The end of the decode kernels: each of the group's heads h < group sums
+// the warps' s_acc[(w * G + h) * D + d], scales by v_scale, and writes the
+// bf16 output (the sequence's only partition) or the partition's partials
+// (acc, then m and l); with `counters`, the last block of a split sequence
+// then merges (dec_merge_if_last).
+template <int D, int G>
+__device__ __forceinline__ void dec_write(bf16* __restrict__ out, float* __restrict__ part_acc,
+                                          float* __restrict__ part_ml, unsigned* counter,
+                                          const float* s_acc, const float* s_m, const float* s_l,
+                                          float v_scale, long long head0, int group,
+                                          int max_parts, int part, int nparts) {
+    const bool single = nparts == 1;
+    for (int idx = threadIdx.x; idx < G * D; idx += DEC_THREADS) {
+        const int h = idx / D;
+        const int d = idx - h * D;
+        if (h >= group) {
+            break;  // idx only grows, and so does h
+        }
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) {
+            o += s_acc[(w * G + h) * D + d];
+        }
+        o *= v_scale;
+        if (single) {
+            out[(head0 + h) * D + d] = f2bf(o / s_l[h]);
+        } else {
+            const long long slot = (head0 + h) * max_parts + part;
+            part_acc[slot * D + d] = o;
+            if (d == 0) {
+                part_ml[slot * 2] = s_m[h];
+                part_ml[slot * 2 + 1] = s_l[h];
+            }
+        }
+    }
+    if (!single && counter != nullptr) {
+        dec_merge_if_last<D>(out, part_acc, part_ml, counter, head0, group, max_parts, nparts);
+    }
+}
+
 template <int D, int G, typename KV>
 __device__ __forceinline__ void paged_decode_attention(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
@@ -323,7 +400,6 @@ __device__ __forceinline__ void paged_decode_attention(
     }
     const int start = n_seq - span + off;
     const int n = min(part_size, span - off);
-    const bool single = span <= part_size;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -402,34 +478,8 @@ __device__ __forceinline__ void paged_decode_attention(
     }
     __syncthreads();
 
-    // Phase 2: softmax numerators in place; thread tid sees only head tid % G.
-    // Soft-capping (in the log2 domain) first, in place, where asked.
-    float m = NEG_INF;
-    if (softcap > 0.0f) {
-        const float cap_log2 = softcap * DEC_LOG2E;
-        for (int i = tid; i < n * G; i += DEC_THREADS) {
-            const float x = softcap_score(s_score[i], cap_log2);
-            s_score[i] = x;
-            m = fmaxf(m, x);
-        }
-    } else {
-        for (int i = tid; i < n * G; i += DEC_THREADS) {
-            m = fmaxf(m, s_score[i]);
-        }
-    }
-    m = dec_block_reduce<G, true>(m, s_red);
-    float l = 0.0f;
-    for (int i = tid; i < n * G; i += DEC_THREADS) {
-        const float p = exp2f(s_score[i] - m);
-        s_score[i] = p;
-        l += p;
-    }
-    l = dec_block_reduce<G, false>(l, s_red);
-    if (tid < G) {
-        s_m[tid] = m;
-        s_l[tid] = l;
-    }
-    __syncthreads();
+    // Phase 2: softmax numerators in place.
+    dec_softmax<G>(s_score, n, softcap, s_red, s_m, s_l);
 
     // Phase 3: acc[g] = sum_t p[t][g] * v_t over this lane's 8 dims.
     float acc[G][8];
@@ -516,34 +566,10 @@ __device__ __forceinline__ void paged_decode_attention(
     __syncthreads();
 
     const long long head0 = (long long)seq * num_heads + (long long)kv * group;
-    const float v_scale = kv_scale<KV>(kv_scales, 1);
-    for (int idx = tid; idx < G * D; idx += DEC_THREADS) {
-        const int g = idx / D;
-        const int d = idx - g * D;
-        if (g >= group) {
-            break;  // idx only grows, and so does g
-        }
-        float o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
-            o += s_acc[(w * G + g) * D + d];
-        }
-        o *= v_scale;
-        if (single) {
-            out[(head0 + g) * D + d] = f2bf(o / s_l[g]);
-        } else {
-            const long long slot = (head0 + g) * max_parts + part;
-            part_acc[slot * D + d] = o;
-            if (d == 0) {
-                part_ml[slot * 2] = s_m[g];
-                part_ml[slot * 2 + 1] = s_l[g];
-            }
-        }
-    }
-    if (!single && counters != nullptr) {
-        dec_merge_if_last<D>(out, part_acc, part_ml, counters + (long long)seq * num_kv_heads + kv,
-                             head0, group, max_parts, (span + part_size - 1) / part_size);
-    }
+    dec_write<D, G>(out, part_acc, part_ml,
+                    counters == nullptr ? nullptr : counters + (long long)seq * num_kv_heads + kv,
+                    s_acc, s_m, s_l, kv_scale<KV>(kv_scales, 1), head0, group, max_parts, part,
+                    (span + part_size - 1) / part_size);
 }
 
 // Entry points: one per (cache element, head_dim, G), spelled out so their

@@ -161,7 +161,6 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     }
     const int start = n_seq - span + off;
     const int n = min(part_size, span - off);
-    const bool single = span <= part_size;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -254,33 +253,8 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     }
     __syncthreads();
 
-    // Phase 2: softmax numerators in place; thread tid sees only head tid % 8.
-    float m = NEG_INF;
-    if (softcap > 0.0f) {
-        const float cap_log2 = softcap * DEC_LOG2E;
-        for (int i = tid; i < n * DTC_N; i += DEC_THREADS) {
-            const float x = softcap_score(s_score[i], cap_log2);
-            s_score[i] = x;
-            m = fmaxf(m, x);
-        }
-    } else {
-        for (int i = tid; i < n * DTC_N; i += DEC_THREADS) {
-            m = fmaxf(m, s_score[i]);
-        }
-    }
-    m = dec_block_reduce<DTC_N, true>(m, s_red);
-    float l = 0.0f;
-    for (int i = tid; i < n * DTC_N; i += DEC_THREADS) {
-        const float p = exp2f(s_score[i] - m);
-        s_score[i] = p;
-        l += p;
-    }
-    l = dec_block_reduce<DTC_N, false>(l, s_red);
-    if (tid < DTC_N) {
-        s_m[tid] = m;
-        s_l[tid] = l;
-    }
-    __syncthreads();
+    // Phase 2: softmax numerators in place.
+    dec_softmax<DTC_N>(s_score, n, softcap, s_red, s_m, s_l);
 
     // Phase 3: acc[mt] = O^T rows (dims g D/8 + 2mt, + 1) x heads (2c, 2c + 1).
     float acc[KS][4];
@@ -344,34 +318,11 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     }
     __syncthreads();
 
-    const float v_scale = kv_scales[1];
-    for (int idx = tid; idx < DTC_N * D; idx += DEC_THREADS) {
-        const int h = idx / D;
-        const int d = idx - h * D;
-        if (h >= group) {
-            break;  // idx only grows, and so does h
-        }
-        float o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
-            o += s_acc[(w * DTC_N + h) * D + d];
-        }
-        o *= v_scale;
-        if (single) {
-            out[(head0 + h) * D + d] = f2bf(o / s_l[h]);
-        } else {
-            const long long slot = (head0 + h) * max_parts + part;
-            part_acc[slot * D + d] = o;
-            if (d == 0) {
-                part_ml[slot * 2] = s_m[h];
-                part_ml[slot * 2 + 1] = s_l[h];
-            }
-        }
-    }
-    if (!single && counters != nullptr) {
-        dec_merge_if_last<D>(out, part_acc, part_ml, counters + (long long)seq * num_kv_heads + kv,
-                             head0, group, max_parts, (span + part_size - 1) / part_size);
-    }
+    dec_write<D, DTC_N>(out, part_acc, part_ml,
+                        counters == nullptr ? nullptr
+                                            : counters + (long long)seq * num_kv_heads + kv,
+                        s_acc, s_m, s_l, kv_scales[1], head0, group, max_parts, part,
+                        (span + part_size - 1) / part_size);
 }
 
 // Entry points, one per head_dim (every group of 1..8 shares one); the
