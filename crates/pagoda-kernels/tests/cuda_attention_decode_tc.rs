@@ -11,7 +11,8 @@
 //! first asserts which partition kernel the backend runs, then runs with
 //! the partition its shape gets and with each of 64, 128, 256 and 512
 //! tokens (`CudaBackend::set_decode_partition`), each with the partitions
-//! merged by the partition kernel's last block and by the second launch
+//! merged by the partition kernel's last block (below 512 tokens; 512-token
+//! partitions always take the second launch) and by the second launch
 //! (`CudaBackend::set_separate_decode_merge`), which must agree to 1e-3
 //! (the runs reuse the backend's merge counters, so a counter left
 //! non-zero would break the next run). Over an FP8
