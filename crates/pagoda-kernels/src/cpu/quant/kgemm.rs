@@ -446,7 +446,7 @@ mod x86 {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             for g in self.g0..self.g1 {
                 let mut part = [[[zero; C]; R]; P];
-                if VNNI || H <= 1 {
+                if VNNI {
                     for s in 0..S {
                         let isum = &mut part[s % P];
                         let off = (g * S + s) * 32;

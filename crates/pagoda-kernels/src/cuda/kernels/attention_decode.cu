@@ -579,13 +579,15 @@ __device__ __forceinline__ void paged_decode_attention(
 // this file (which declares no entry point), so the two compile side by side.
 #define DEC_PARAMS(KV)                                                                    \
     bf16 *__restrict__ out, float *__restrict__ part_acc, float *__restrict__ part_ml,    \
-        unsigned *__restrict__ counters, const bf16 *__restrict__ q, const KV *__restrict__ k_cache,                       \
-        const KV *__restrict__ v_cache, const float *__restrict__ kv_scales,              \
+        unsigned *__restrict__ counters, const bf16 *__restrict__ q,                      \
+        const KV *__restrict__ k_cache, const KV *__restrict__ v_cache,                   \
+        const float *__restrict__ kv_scales,                                              \
         const int *__restrict__ context_lens, const int *__restrict__ block_tables,       \
         int max_blocks_per_seq, int block_size, int num_heads, int num_kv_heads,          \
         int max_parts, int part_size, float scale, int window, float softcap
 #define DEC_CALL(D, G, KV)                                                                \
-    paged_decode_attention<D, G, KV>(out, part_acc, part_ml, counters, q, k_cache, v_cache, \
+    paged_decode_attention<D, G, KV>(out, part_acc, part_ml, counters, q, k_cache,      \
+                                     v_cache,                                            \
                                      kv_scales, context_lens, block_tables,              \
                                      max_blocks_per_seq, block_size, num_heads,          \
                                      num_kv_heads, max_parts, part_size, scale, window,  \

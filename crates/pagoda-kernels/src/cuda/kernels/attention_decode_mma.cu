@@ -131,7 +131,8 @@ __device__ __forceinline__ void dtc_zero(unsigned* w) {
 template <int D>
 __device__ __forceinline__ void paged_decode_attention_tc(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-    unsigned* __restrict__ counters, const bf16* __restrict__ q, const fp8* __restrict__ k_cache, const fp8* __restrict__ v_cache,
+    unsigned* __restrict__ counters, const bf16* __restrict__ q, const fp8* __restrict__ k_cache,
+    const fp8* __restrict__ v_cache,
     const float* __restrict__ kv_scales, const int* __restrict__ context_lens,
     const int* __restrict__ block_tables, int max_blocks_per_seq, int block_size, int num_heads,
     int num_kv_heads, int max_parts, int part_size, float scale, int window, float softcap) {
