@@ -238,35 +238,6 @@ pub trait Backend: Send + Sync + 'static {
             self.linear(x, w[2], bias[2])?,
         ])
     }
-    /// `linear3(rms_norm(x, norm, eps), w, bias)`: an attention layer's
-    /// input norm and q, k, v projections (what this default does; a
-    /// backend may fold the norm into the products' input load, with the
-    /// results of the sequence up to the norm's rounding).
-    fn norm_linear3(
-        &self,
-        x: &Self::Tensor,
-        norm: &Self::Weight,
-        eps: f32,
-        w: [&Self::Weight; 3],
-        bias: [Option<&Self::Weight>; 3],
-    ) -> Result<[Self::Tensor; 3]> {
-        let h = self.rms_norm(x, norm, eps)?;
-        self.linear3(&h, w, bias)
-    }
-    /// `silu_mul(linear(rms_norm(x, norm, eps), gate_up))`: a dense SwiGLU
-    /// MLP's input norm, stacked gate/up product and activation (what this
-    /// default does; a backend may run them as one pass, with the results
-    /// of the sequence up to the norm's rounding).
-    fn norm_gate_up_silu(
-        &self,
-        x: &Self::Tensor,
-        norm: &Self::Weight,
-        eps: f32,
-        gate_up: &Self::Weight,
-    ) -> Result<Self::Tensor> {
-        let h = self.rms_norm(x, norm, eps)?;
-        self.silu_mul(&self.linear(&h, gate_up, None)?)
-    }
     /// `residual += x @ w^T (+ bias)`: a projection added into the residual
     /// stream at the residual's precision (on CUDA the GEMM accumulates into
     /// the f32 residual, so the projection is never rounded to bf16).
@@ -279,6 +250,13 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()> {
         let y = self.linear(x, w, bias)?;
         self.add(residual, &y)
+    }
+    /// `silu_mul(linear(h, gate_up))`: a dense SwiGLU MLP's stacked gate/up
+    /// product and activation of normalized rows `h` (what this default
+    /// does; a backend may take the activation into the product's output,
+    /// with the same results).
+    fn gate_up_silu(&self, h: &Self::Tensor, gate_up: &Self::Weight) -> Result<Self::Tensor> {
+        self.silu_mul(&self.linear(h, gate_up, None)?)
     }
     /// RMSNorm of each row with weight `w: [cols]`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Weight, eps: f32) -> Result<Self::Tensor>;

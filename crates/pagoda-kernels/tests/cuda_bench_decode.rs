@@ -1,9 +1,9 @@
 //! Decode step times of a dense layer stack on the GPU host (ignored by
 //! default; run with `--ignored --nocapture`): the whole Llama-family
-//! forward pass of a decode step (embedding, per layer `norm_linear3`,
-//! `qk_norm_rope_store_kv`, `attention`, o_proj `add_linear`,
-//! `norm_gate_up_silu`, down `add_linear`; the final norm, the logits rows
-//! and the LM head; then device sampling), as the model code calls it,
+//! forward pass of a decode step (embedding, the first input norm; per layer
+//! `linear3`, `qk_norm_rope_store_kv`, `attention`, o_proj `add_linear`,
+//! `rms_norm`, `gate_up_silu`, down `add_linear`, the next norm; the logits
+//! rows and the LM head; then device sampling), as the model code calls it,
 //! captured into a CUDA graph and replayed, at batch 1 and 8 with
 //! 1,000-token contexts, at the Qwen3-0.6B shape (28 layers, hidden 1024,
 //! q/k norms, tied 151,936-row LM head) and the Llama-3.1-8B shape (32
@@ -21,34 +21,34 @@
 //! # The kernels of a batch-1 decode step (Qwen3 / Llama, bf16 cache)
 //!
 //! Per step, in the graph: `gather_rows_bf16_f32` (embedding into the f32
-//! residual); the layers; `rms_norm_f32` (final norm),
+//! residual), `rms_norm_f32` (the first layer's input norm); the layers;
 //! `gather_rows_bf16` (the logits rows), the LM head (`gemv_bf16` at one
 //! row; cuBLASLt from 2 rows for these heads, over 24 MiB). After the graph:
 //! `sample_bf16` (plus `penalize_bf16` / `logprobs_bf16` where a request
 //! asks), then the one download.
 //!
 //! Per layer, fusions on (the default) where the CUDA-core GEMV runs the
-//! products (1 row; 2-4 rows of weights under 24 MiB), 7 launches:
-//! 1. `gemv3_norm_bf16`: input RMSNorm folded into the q, k, v GEMV;
+//! products (1 row; 2-4 rows of weights under 24 MiB), 8 launches:
+//! 1. `gemv3_bf16`: q, k, v;
 //! 2. `qk_norm_rope_store_{f32,bf16}_bf16`: Qwen3's q/k head norms (Llama:
 //!    none), rope, and K/V into the cache;
 //! 3. `paged_decode_attention_bf16_hd128_g{2,4}` (Qwen3-0.6B 16 over 8
-//!    heads, Llama-3.1-8B 32 over 8);
-//! 4. `paged_decode_reduce_bf16` (the partitions of 512 tokens merged;
-//!    a 1,000-token context has two);
-//! 5. `gemv_bf16_acc_f32`: o_proj added into the residual;
-//! 6. `gemv_norm_silu_bf16`: post-attention RMSNorm, gate/up and SiLU;
-//! 7. `gemv_bf16_acc_f32`: down added into the residual.
+//!    heads, Llama-3.1-8B 32 over 8), its partitions merged by its last
+//!    block at small batches (else `paged_decode_reduce_bf16` after it);
+//! 4. `gemv_bf16_acc_f32`: o_proj added into the residual;
+//! 5. `rms_norm_f32`: the post-attention norm;
+//! 6. `gemv_silu_bf16`: gate/up and SiLU;
+//! 7. `gemv_bf16_acc_f32`: down added into the residual;
+//! 8. `rms_norm_f32`: the next layer's input norm (the last layer's: the
+//!    final norm).
 //!
-//! Before (and with `PAGODA_DECODE_FUSION=off`), 13: `rms_norm_f32`,
-//! `gemv_bf16` x 3 (q, k, v; one `gemv_mma3_bf16` on the tensor-core
-//! path), `qk_norm_rope_bf16`, `store_kv_v8_bf16`, the two attention
-//! kernels, `gemv_bf16_acc_f32`, `rms_norm_f32`, `gemv_bf16`,
-//! `silu_mul_v8_bf16`, `gemv_bf16_acc_f32` (q, k, v now one `gemv3_bf16`
-//! launch on that path too: 11). Where cuBLASLt runs the products (the 8B
-//! from 2 rows) each product is a cuBLASLt GEMM (a `fill_u32` and an
-//! `add_bias_round_bf16` more with a bias) and the norms and SiLU stay
-//! separate; the tensor-core GEMV (5-16 rows of small weights) likewise.
+//! With `PAGODA_DECODE_FUSION=off`, 10: `qk_norm_rope_bf16` and
+//! `store_kv_v8_bf16` for 2, `gemv_bf16` and `silu_mul_v8_bf16` for 6.
+//! Where cuBLASLt runs the products (the 8B from 2 rows) each product is a
+//! cuBLASLt GEMM (a `fill_u32` and an `add_bias_round_bf16` more with a
+//! bias, three for q, k, v) and the SiLU stays separate; the tensor-core
+//! GEMV (5-16 rows of small weights) likewise, q, k, v in one
+//! `gemv_mma3_bf16`.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -218,9 +218,9 @@ fn forward(
     let eps = 1e-6;
     let hd = m.params.head_dim;
     let mut x = g.embedding(st, &m.embed)?;
-    for (l, cache) in m.layers.iter().zip(caches.iter_mut()) {
-        let [mut q, mut k, v] =
-            g.norm_linear3(&x, &l.in_norm, eps, [&l.q, &l.k, &l.v], [None; 3])?;
+    let mut h = g.rms_norm(&x, &m.layers[0].in_norm, eps)?;
+    for (i, (l, cache)) in m.layers.iter().zip(caches.iter_mut()).enumerate() {
+        let [mut q, mut k, v] = g.linear3(&h, [&l.q, &l.k, &l.v], [None; 3])?;
         let norms = l.q_norm.as_ref().zip(l.k_norm.as_ref());
         g.qk_norm_rope_store_kv(
             &mut q,
@@ -236,10 +236,12 @@ fn forward(
         )?;
         let a = g.attention(&q, cache, st, &m.params)?;
         g.add_linear(&mut x, &a, &l.o, None)?;
-        let act = g.norm_gate_up_silu(&x, &l.post_norm, eps, &l.gate_up)?;
+        let hm = g.rms_norm(&x, &l.post_norm, eps)?;
+        let act = g.gate_up_silu(&hm, &l.gate_up)?;
         g.add_linear(&mut x, &act, &l.down, None)?;
+        let next = m.layers.get(i + 1).map_or(&m.norm, |l| &l.in_norm);
+        h = g.rms_norm(&x, next, eps)?;
     }
-    let h = g.rms_norm(&x, &m.norm, eps)?;
     let last = g.gather_logits_rows(&h, st)?;
     g.linear(&last, m.lm_head.as_ref().unwrap_or(&m.embed), None)
 }

@@ -1,23 +1,14 @@
 //! The CUDA backend's decode fusions against the unfused ops: the CPU
-//! backend's `norm_linear3` / `norm_gate_up_silu` (their default bodies:
-//! `rms_norm`, then `linear3`, or `linear` and `silu_mul`) and the CUDA
-//! backend's own op sequence (fusions off).
+//! backend's sequence and the CUDA backend's own (fusions off).
 //!
-//! - `norm_linear3` (RMSNorm folded into the q/k/v GEMV's input load, one
-//!   launch) with biases on some of the three;
-//! - `norm_gate_up_silu` (RMSNorm in, SiLU(gate) * up out, one launch);
+//! - `gate_up_silu` (the stacked gate/up product with SiLU(gate) * up taken
+//!   into the CUDA-core GEMV's output, one launch): the bits of `linear`
+//!   then `silu_mul`, at 1..=9 rows on every small-row path, at a tiny shape
+//!   (odd output count), the Qwen3-0.6B MLP and a weight over the 24 MiB
+//!   that sends 2-4 rows to cuBLASLt on the default path; outputs are
+//!   NaN-poisoned, so an element left unwritten fails;
 //! - `qk_norm_rope_store_kv` (head norms, rope and the KV store, one
-//!   launch): the bits of the sequence, bf16 and FP8 caches;
-//!
-//! at 1..=9 rows on every small-row path, fusions on and off, at a tiny
-//! shape (K = 200, odd output counts) and the Qwen3-0.6B layer shape (hidden
-//! 1024, q/k/v 2048/1024/1024, gate_up 2 x 3072), plus a step of rows whose
-//! normalized copy does not fit the fused kernel (it must fall back). Each
-//! case asserts whether the fused launch ran (`norm_fusion_for`), no NaN
-//! (outputs are NaN-poisoned, so an element left unwritten fails), relative
-//! L2 error under 1e-2 against the CPU and under 2e-3 against the unfused
-//! CUDA sequence (the two differ only where the per-block inverse RMS
-//! rounds a normalized element the other way).
+//!   launch): the bits of the sequence, bf16 and FP8 caches.
 //!
 //! Without a CUDA device every test prints a notice and passes (fails where
 //! PAGODA_REQUIRE_GPU=1 says a GPU must be present).
@@ -29,9 +20,9 @@ mod common;
 const PORTABLE: bool = false;
 
 use common::*;
-use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
+use pagoda_kernels::cpu::WeightDtype;
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2};
-use pagoda_kernels::cuda::{CudaBackend, SmallLinear, NORM_SMEM_BYTES};
+use pagoda_kernels::cuda::{GemvKernel, SmallLinear};
 use pagoda_kernels::{Backend, HostTensor, KvCacheDtype, KvCacheShape, RopeStyle};
 
 const PATHS: [SmallLinear; 4] = [
@@ -46,184 +37,78 @@ fn weight<B: Backend>(b: &B, shape: Vec<usize>, data: &[f32]) -> B::Weight {
         .unwrap()
 }
 
-fn check(what: &str, got: &[f32], cpu: &[f32], unfused: &[f32]) {
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
-    }
-    let e = rel_err_l2(got, cpu);
-    assert!(e < 1e-2, "{what}: relative error {e:.3e} against the CPU");
-    let e = rel_err_l2(got, unfused);
-    assert!(
-        e < 2e-3,
-        "{what}: relative error {e:.3e} against the unfused sequence"
-    );
-}
-
-/// One layer's norm and products on both backends.
-struct Layer<W> {
-    norm: W,
-    qkv: [W; 3],
-    bias: [W; 3],
-    gate_up: W,
-}
-
-fn layer<B: Backend>(b: &B, host: &HostLayer) -> Layer<B::Weight> {
-    let h = host.hidden;
-    Layer {
-        norm: weight(b, vec![h], &host.norm),
-        qkv: [0, 1, 2].map(|i| weight(b, vec![host.dims[i], h], &host.qkv[i])),
-        bias: [0, 1, 2].map(|i| weight(b, vec![host.dims[i]], &host.bias[i])),
-        gate_up: weight(b, vec![2 * host.inter, h], &host.gate_up),
-    }
-}
-
-struct HostLayer {
-    hidden: usize,
-    inter: usize,
-    dims: [usize; 3],
-    norm: Vec<f32>,
-    qkv: [Vec<f32>; 3],
-    bias: [Vec<f32>; 3],
-    gate_up: Vec<f32>,
-}
-
-fn host_layer(rng: &mut Rng, hidden: usize, dims: [usize; 3], inter: usize) -> HostLayer {
-    let norm = (0..hidden).map(|_| bf(1.0 + 0.5 * rng.uniform())).collect();
-    HostLayer {
-        hidden,
-        inter,
-        dims,
-        norm,
-        qkv: dims.map(|n| rvec(rng, n * hidden, 0.1)),
-        bias: dims.map(|n| rvec(rng, n, 1.0)),
-        gate_up: rvec(rng, 2 * inter * hidden, 0.1),
-    }
-}
-
-fn run_shape(g: &CudaBackend, c: &CpuBackend, host: &HostLayer, rows_list: &[usize], seed: u64) {
-    let mut rng = Rng::new(seed);
-    let (gl, cl) = (layer(g, host), layer(c, host));
-    let h = host.hidden;
-    let out3: usize = host.dims.iter().sum();
-    for &rows in rows_list {
-        // The residual stream: f32, of a scale far from 1 (the norm matters).
-        let x = rvec_f32(&mut rng, rows * h, 6.0);
-        let gx = g.residual_from_host(rows, h, &x).unwrap();
-        let cx = c.tensor_from_host(rows, h, &x).unwrap();
-        let (gb, cb) = (
-            [Some(&gl.bias[0]), None, Some(&gl.bias[2])],
-            [Some(&cl.bias[0]), None, Some(&cl.bias[2])],
+/// `gate_up_silu` with the fusions on equals the sequence with them off bit
+/// for bit on every path and row count, and the CPU within bf16.
+#[test]
+fn gate_up_silu_equals_the_sequence() {
+    let Some(g) = gpu() else { return };
+    let c = backend(2, WeightDtype::F32);
+    let mut rng = Rng::new(41);
+    // (hidden, intermediate): tiny, Qwen3-0.6B, over the 24 MiB bound.
+    for (h, inter) in [(200, 21), (1024, 3072), (512, 13_000)] {
+        let w = rvec(&mut rng, 2 * inter * h, 0.1);
+        let (gw, cw) = (
+            weight(&g, vec![2 * inter, h], &w),
+            weight(&c, vec![2 * inter, h], &w),
         );
-        let cq = c
-            .norm_linear3(
-                &cx,
-                &cl.norm,
-                1e-6,
-                [&cl.qkv[0], &cl.qkv[1], &cl.qkv[2]],
-                cb,
-            )
-            .unwrap();
-        let cg = c
-            .norm_gate_up_silu(&cx, &cl.norm, 1e-6, &cl.gate_up)
-            .unwrap();
-        // The CUDA sequence with the fusions off, on the same path.
-        for path in PATHS {
-            g.set_small_linear(path);
-            let run = |fused: bool| {
-                g.set_decode_fusion(fused);
-                let w = [&gl.qkv[0], &gl.qkv[1], &gl.qkv[2]];
-                let q = g.norm_linear3(&gx, &gl.norm, 1e-6, w, gb).unwrap();
-                let q = q.map(|t| {
-                    assert_eq!(g.dims(&t).0, rows);
-                    g.tensor_to_host(&t).unwrap()
-                });
-                let a = g
-                    .norm_gate_up_silu(&gx, &gl.norm, 1e-6, &gl.gate_up)
-                    .unwrap();
-                assert_eq!(g.dims(&a), (rows, host.inter));
-                (q, g.tensor_to_host(&a).unwrap())
-            };
-            let (uq, ua) = run(false);
-            let (fq, fa) = run(true);
-            let what = format!("{path:?} rows {rows} hidden {h}");
-            // Where the fused launch runs: the CUDA-core GEMV, up to 8 rows
-            // (on Auto up to 4 here: small weights), rows fitting.
-            let warp_rows = match path {
-                SmallLinear::Auto => rows <= 4,
-                SmallLinear::Warp => rows <= 8,
-                _ => false,
-            };
-            let fits = rows * h * 2 <= NORM_SMEM_BYTES;
-            assert_eq!(
-                g.norm_fusion_for(rows, out3, h),
-                warp_rows && fits,
-                "{what}: fused q/k/v launch"
-            );
-            assert_eq!(
-                g.norm_fusion_for(rows, 2 * host.inter, h),
-                warp_rows && fits,
-                "{what}: fused gate/up launch"
-            );
-            for i in 0..3 {
-                let what = format!("{what} norm_linear3 product {i}");
-                check(&what, &fq[i], cq[i].data(), &uq[i]);
-                // Off, the sequence itself: equal to CPU within bf16.
-                check(&format!("{what} (unfused)"), &uq[i], cq[i].data(), &uq[i]);
+        for rows in 1..=9 {
+            let x = rvec(&mut rng, rows * h, 1.0);
+            let cx = c.tensor_from_host(rows, h, &x).unwrap();
+            let want = c
+                .tensor_to_host(&c.gate_up_silu(&cx, &cw).unwrap())
+                .unwrap();
+            let gx = g.tensor_from_host(rows, h, &x).unwrap();
+            for path in PATHS {
+                g.set_small_linear(path);
+                let run = |fused: bool| {
+                    g.set_decode_fusion(fused);
+                    let y = g.gate_up_silu(&gx, &gw).unwrap();
+                    assert_eq!(g.dims(&y), (rows, inter));
+                    g.tensor_to_host(&y).unwrap()
+                };
+                let (unfused, fused) = (run(false), run(true));
+                let what = format!(
+                    "{path:?} rows {rows} {h}x{inter} (CUDA-core GEMV: {})",
+                    path.kernel_for(rows, 2 * inter, h) == Some(GemvKernel::Warp)
+                );
+                if let Some(i) = fused.iter().position(|v| !v.is_finite()) {
+                    panic!(
+                        "{what}: element {i} is {} (unwritten or overflow)",
+                        fused[i]
+                    );
+                }
+                assert!(
+                    fused
+                        .iter()
+                        .zip(&unfused)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: differs from linear then silu_mul"
+                );
+                let e = rel_err_l2(&fused, &want);
+                assert!(e < 1e-2, "{what}: relative error {e:.3e} against the CPU");
             }
-            check(&format!("{what} norm_gate_up_silu"), &fa, cg.data(), &ua);
         }
     }
     g.set_decode_fusion(true);
     g.set_small_linear(SmallLinear::from_env());
 }
 
+/// Shapes the fused launch does not take are the sequence's errors, never a
+/// wrong result: an odd gate_up, a weight of another input width; and a
+/// known answer.
 #[test]
-fn fused_norm_products_match_the_sequence() {
-    let Some(g) = gpu() else { return };
-    let c = backend(2, WeightDtype::F32);
-    let mut rng = Rng::new(41);
-    let rows: Vec<usize> = (1..=9).collect();
-    // A tiny shape: K not a multiple of 32, odd output counts.
-    let tiny = host_layer(&mut rng, 200, [37, 8, 5], 21);
-    run_shape(&g, &c, &tiny, &rows, 1);
-    // Qwen3-0.6B's layer.
-    let qwen = host_layer(&mut rng, 1024, [2048, 1024, 1024], 3072);
-    run_shape(&g, &c, &qwen, &[1, 2, 3, 4, 8], 2);
-    // 6-8 rows of 4096 do not fit the fused kernel's shared memory: the
-    // sequence runs (and the Warp path still takes the plain GEMV).
-    let wide = host_layer(&mut rng, 4096, [64, 16, 16], 40);
-    run_shape(&g, &c, &wide, &[1, 5, 6, 8], 3);
-}
-
-/// Shapes the fused kernels refuse or do not take are errors or the
-/// sequence, never a wrong result: a norm weight of the wrong width, a
-/// weight of another input width, an odd gate_up.
-#[test]
-fn fused_norm_products_check_shapes() {
+fn gate_up_silu_checks_shapes() {
     let Some(g) = gpu() else { return };
     g.set_small_linear(SmallLinear::Warp);
     g.set_decode_fusion(true);
     let h = 64;
-    let x = g.residual_from_host(2, h, &vec![1.0; 2 * h]).unwrap();
+    let x = g.tensor_from_host(2, h, &vec![0.5; 2 * h]).unwrap();
     let w = |rows: usize, cols: usize| weight(&g, vec![rows, cols], &vec![0.5; rows * cols]);
-    let (norm, bad_norm) = (w(1, h), w(1, h + 8));
-    let (q, k, v, other) = (w(16, h), w(8, h), w(8, h), w(8, h + 8));
-    assert!(g
-        .norm_linear3(&x, &bad_norm, 1e-6, [&q, &k, &v], [None, None, None])
-        .is_err());
-    assert!(g
-        .norm_linear3(&x, &norm, 1e-6, [&q, &other, &v], [None, None, None])
-        .is_err());
-    let bad_bias = w(1, 7);
-    assert!(g
-        .norm_linear3(&x, &norm, 1e-6, [&q, &k, &v], [Some(&bad_bias), None, None])
-        .is_err());
-    assert!(g.norm_gate_up_silu(&x, &bad_norm, 1e-6, &q).is_err());
-    assert!(g.norm_gate_up_silu(&x, &norm, 1e-6, &other).is_err());
-    // An odd gate_up takes the sequence, which refuses it.
-    assert!(g.norm_gate_up_silu(&x, &norm, 1e-6, &w(7, h)).is_err());
-    // Every value 0.5 * 64 * (normalized 1.0 * 0.5): the exact answer.
-    let y = g.norm_gate_up_silu(&x, &norm, 1e-6, &q).unwrap();
+    assert!(g.gate_up_silu(&x, &w(7, h)).is_err());
+    assert!(g.gate_up_silu(&x, &w(8, h + 8)).is_err());
+    // Every product 0.5 * 0.5 * 64 = 16: silu(16) * 16.
+    let y = g.gate_up_silu(&x, &w(16, h)).unwrap();
+    assert_eq!(g.dims(&y), (2, 8));
     let y = g.tensor_to_host(&y).unwrap();
     let d = 16.0f32;
     let want = d / (1.0 + (-d).exp()) * d;

@@ -20,10 +20,12 @@
 //! - [`SmallLinear::Cublas`]: no GEMV, every product on cuBLASLt.
 //!
 //! [`launch3`] runs three products of one x (q, k, v) as one GEMV launch on
-//! either kernel. Where the CUDA-core GEMV is chosen, [`launch_norm3`] and
-//! [`launch_norm_silu`] also fold the RMSNorm before the product into its
-//! input load, and the gated MLP's SiLU after it into its output
-//! (`gemv3_norm_bf16`, `gemv_norm_silu_bf16`; [`norm_fits`] says when).
+//! either kernel; [`launch_silu`] the stacked gate/up product with the
+//! gated MLP's SiLU taken into its output (`gemv_silu_bf16`, CUDA-core).
+//! RMSNorms run as their own launch: folding one into the next product's
+//! input load (every block normalizing its rows) or into the previous
+//! residual product's last block both measured slower on an H200
+//! (BENCHMARKS.md, "Batch-1 decode: the norms apart").
 //!
 //! Both GEMV kernels need `inner % 8 == 0` (16-byte rows); other shapes go to
 //! cuBLASLt on every path. New backends start from [`SMALL_LINEAR_ENV`].
@@ -65,10 +67,6 @@ const WARP_WARPS: usize = 8;
 /// layer's products (32 MiB and up) are over it, the 2,048-wide MoE
 /// model's attention products (16-20 MiB) and Qwen3-0.6B's under.
 pub const LARGE_WEIGHT_BYTES: usize = 24 << 20;
-/// Most bytes of normalized x rows a fused-norm GEMV block stages in shared
-/// memory (under the 48 KiB a block gets without opting in, with room for
-/// the kernel's static reduction buffer).
-pub const NORM_SMEM_BYTES: usize = 44 << 10;
 
 /// Which kernels run linear layers of few rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -163,12 +161,6 @@ impl SmallLinear {
     }
 }
 
-/// Whether the CUDA-core GEMV can fold the RMSNorm of its `rows` x `inner`
-/// input into its load (the normalized rows fit its shared memory).
-pub(crate) fn norm_fits(rows: usize, inner: usize) -> bool {
-    rows.saturating_mul(inner).saturating_mul(2) <= NORM_SMEM_BYTES
-}
-
 fn i32_of(v: usize, op: &'static str) -> Result<i32> {
     i32::try_from(v).map_err(|_| KernelError::Shape {
         op,
@@ -234,26 +226,17 @@ pub(crate) fn launch(
     Ok(())
 }
 
-/// The input of a fused GEMV: bf16 rows, or the f32 residual stream
-/// normalized on load by an RMSNorm weight and epsilon.
-pub(crate) enum GemvInput<'a> {
-    Bf16(&'a CudaSlice<bf16>),
-    Norm(&'a CudaSlice<f32>, &'a CudaSlice<bf16>, f32),
-}
-
 /// `outs[i] = x @ w[i]^T (+ bias[i])` for three weights of `dims[i]`
 /// outputs and x `[rows, inner]`, all checked by the caller, in one launch
-/// of kernel `k` (`gemv_mma3_bf16`, `gemv3_bf16`, or with a normalized
-/// input `gemv3_norm_bf16`, which only the CUDA-core family has; the
-/// caller asked [`SmallLinear::kernel_for`], and [`norm_fits`] for a
-/// normalized input).
+/// of kernel `k` (`gemv_mma3_bf16` or `gemv3_bf16`; the caller asked
+/// [`SmallLinear::kernel_for`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch3(
     b: &CudaBackend,
     op: &'static str,
     k: GemvKernel,
     (rows, inner): (usize, usize),
-    x: GemvInput<'_>,
+    x: &CudaSlice<bf16>,
     w: [&CudaSlice<bf16>; 3],
     dims: [usize; 3],
     bias: [Option<&CudaSlice<bf16>>; 3],
@@ -277,33 +260,18 @@ pub(crate) fn launch3(
         i32_of(dims[2], op)?,
     ];
     let mask: i32 = (0..3).filter(|&i| bias[i].is_some()).map(|i| 1 << i).sum();
-    let (name, threads, smem) = match (k, &x) {
-        (GemvKernel::Mma, GemvInput::Bf16(_)) => ("gemv_mma3_bf16", 32 * MMA_WARPS, 0),
-        (GemvKernel::Warp, GemvInput::Bf16(_)) => ("gemv3_bf16", 32 * WARP_WARPS as u32, 0),
-        (GemvKernel::Warp, GemvInput::Norm(..)) => (
-            "gemv3_norm_bf16",
-            32 * WARP_WARPS as u32,
-            norm_smem(rows, inner, op)?,
-        ),
-        (GemvKernel::Mma, GemvInput::Norm(..)) => {
-            return Err(KernelError::Shape {
-                op,
-                detail: "the tensor-core GEMV takes no normalized input".into(),
-            })
-        }
+    let (name, threads) = match k {
+        GemvKernel::Mma => ("gemv_mma3_bf16", 32 * MMA_WARPS),
+        GemvKernel::Warp => ("gemv3_bf16", 32 * WARP_WARPS as u32),
     };
     let cfg = LaunchConfig {
         grid_dim: (i32_of(blocks, op)? as u32, 1, 1),
         block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem,
+        shared_mem_bytes: 0,
     };
     let mut l = b.dev.launch(name)?;
     let [o0, o1, o2] = outs;
-    l.arg(o0).arg(o1).arg(o2);
-    match &x {
-        GemvInput::Bf16(xd) => l.arg(*xd),
-        GemvInput::Norm(xr, nw, eps) => l.arg(*xr).arg(*nw).arg(eps),
-    };
+    l.arg(o0).arg(o1).arg(o2).arg(x);
     l.arg(w[0]).arg(w[1]).arg(w[2]);
     // A missing bias is never read: its weight stands in.
     for (bi, wi) in bias.iter().zip(w) {
@@ -319,50 +287,35 @@ pub(crate) fn launch3(
     Ok(())
 }
 
-/// Dynamic shared memory of a fused-norm launch: its normalized rows.
-fn norm_smem(rows: usize, inner: usize, op: &'static str) -> Result<u32> {
-    if !norm_fits(rows, inner) || rows > WARP_MAX_ROWS {
-        return Err(KernelError::Shape {
-            op,
-            detail: format!("{rows} normalized rows of {inner} do not fit the GEMV"),
-        });
-    }
-    Ok((rows * inner * 2) as u32)
-}
-
-/// `y = silu(h @ gate^T) * (h @ up^T)` with `h = RMSNorm(xres)` (weight
-/// `nw`, `eps`), for the stacked `[2 * n, inner]` `gate_up` weight and y
-/// `[rows, n]`, in one `gemv_norm_silu_bf16` launch; shapes checked by the
-/// caller, [`norm_fits`] true.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_norm_silu(
+/// `y = silu(h @ gate^T) * (h @ up^T)` for the stacked `[2 * n, inner]`
+/// `gate_up` weight, h `[rows, inner]` and y `[rows, n]`, in one
+/// `gemv_silu_bf16` launch; shapes checked by the caller, who asked
+/// [`SmallLinear::kernel_for`] for the CUDA-core GEMV.
+pub(crate) fn launch_silu(
     b: &CudaBackend,
     op: &'static str,
     (rows, n, inner): (usize, usize, usize),
-    xres: &CudaSlice<f32>,
-    nw: &CudaSlice<bf16>,
-    eps: f32,
+    h: &CudaSlice<bf16>,
     gate_up: &CudaSlice<bf16>,
     y: &mut CudaSlice<bf16>,
 ) -> Result<()> {
     if rows == 0 || n == 0 {
         return Ok(());
     }
+    if rows > WARP_MAX_ROWS {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("{rows} rows exceed the GEMV's {WARP_MAX_ROWS}"),
+        });
+    }
     let (m, nn, kk) = (i32_of(rows, op)?, i32_of(n, op)?, i32_of(inner, op)?);
     let cfg = LaunchConfig {
         grid_dim: (i32_of(n.div_ceil(WARP_WARPS), op)? as u32, 1, 1),
         block_dim: (32 * WARP_WARPS as u32, 1, 1),
-        shared_mem_bytes: norm_smem(rows, inner, op)?,
+        shared_mem_bytes: 0,
     };
-    let mut l = b.dev.launch("gemv_norm_silu_bf16")?;
-    l.arg(y)
-        .arg(xres)
-        .arg(nw)
-        .arg(&eps)
-        .arg(gate_up)
-        .arg(&m)
-        .arg(&nn)
-        .arg(&kk);
+    let mut l = b.dev.launch("gemv_silu_bf16")?;
+    l.arg(y).arg(h).arg(gate_up).arg(&m).arg(&nn).arg(&kk);
     l.run(cfg)?;
     Ok(())
 }
@@ -442,14 +395,6 @@ mod tests {
                 .unwrap();
             assert_eq!(p.min_cublas_rows(), first, "{p:?}");
         }
-    }
-
-    #[test]
-    fn norm_fusion_fits_shared_memory() {
-        assert!(norm_fits(8, 1024));
-        assert!(norm_fits(5, 4096));
-        assert!(!norm_fits(6, 4096));
-        assert!(!norm_fits(2, 16384));
     }
 
     #[test]

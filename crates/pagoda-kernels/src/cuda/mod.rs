@@ -61,10 +61,7 @@ pub use blaslt_cache::{GemmTuning, GEMM_TUNING_ENV};
 pub use blaslt_tune::GemmTuningStats;
 pub use device::KernelStartup;
 pub use fp8_path::Fp8GemmPath;
-pub use gemv::{
-    GemvKernel, SmallLinear, DECODE_FUSION_ENV, LARGE_WEIGHT_BYTES, NORM_SMEM_BYTES,
-    SMALL_LINEAR_ENV,
-};
+pub use gemv::{GemvKernel, SmallLinear, DECODE_FUSION_ENV, LARGE_WEIGHT_BYTES, SMALL_LINEAR_ENV};
 pub use graph::CudaGraphRunner;
 pub use launch::PDL_ENV;
 pub use moe::{CudaRoutes, MoePath, GEMV_MAX_ROWS as MOE_GEMV_MAX_ROWS};
@@ -315,10 +312,11 @@ impl CudaBackend {
         self.small_linear.store(path.to_u8(), Ordering::Relaxed);
     }
 
-    /// Whether `norm_linear3` / `norm_gate_up_silu` fold the RMSNorm (and
-    /// the SiLU) into the CUDA-core GEMV where it runs them; off, they run
-    /// the op sequence. New backends start from [`DECODE_FUSION_ENV`]
-    /// (`off`), else on. Graphs captured before a change keep theirs.
+    /// Whether the decode fusions run: `gate_up_silu` takes the SiLU into
+    /// the CUDA-core GEMV's output where that GEMV runs the product, and
+    /// `qk_norm_rope_store_kv` is one launch; off, both run the op
+    /// sequence. New backends start from [`DECODE_FUSION_ENV`] (`off`),
+    /// else on. Graphs captured before a change keep theirs.
     pub fn set_decode_fusion(&self, on: bool) {
         self.decode_fusion.store(on, Ordering::Relaxed);
     }
@@ -326,22 +324,6 @@ impl CudaBackend {
     /// Whether the decode fusions are on.
     pub fn decode_fusion(&self) -> bool {
         self.decode_fusion.load(Ordering::Relaxed)
-    }
-
-    /// Whether a fused-norm product (`norm_linear3`, `norm_gate_up_silu`)
-    /// of `rows` x `inner` by bf16 weights of `out` rows in all runs as one
-    /// GEMV launch: the fusions on, the small-row path choosing the
-    /// CUDA-core GEMV, the normalized rows fitting its shared memory, and
-    /// the weights under [`LARGE_WEIGHT_BYTES`]: every block re-reads its
-    /// input rows for the norm, which pays on small weights but not on
-    /// large ones (H200, batch-1 decode at a 1,000-token context: the
-    /// Qwen3-0.6B shape 1.55 ms fused against 1.64 ms, the Llama-3.1-8B
-    /// shape 5.90 ms fused against 5.23 ms).
-    pub fn norm_fusion_for(&self, rows: usize, out: usize, inner: usize) -> bool {
-        self.decode_fusion()
-            && out.saturating_mul(inner).saturating_mul(2) < LARGE_WEIGHT_BYTES
-            && self.small_linear().kernel_for(rows, out, inner) == Some(GemvKernel::Warp)
-            && gemv::norm_fits(rows, inner)
     }
 
     /// The current small-row linear path.
@@ -780,27 +762,6 @@ impl Backend for CudaBackend {
         ops::linear3(self, x, w, bias)
     }
 
-    fn norm_linear3(
-        &self,
-        x: &CudaTensor,
-        norm: &CudaWeight,
-        eps: f32,
-        w: [&CudaWeight; 3],
-        bias: [Option<&CudaWeight>; 3],
-    ) -> Result<[CudaTensor; 3]> {
-        ops::norm_linear3(self, x, norm, eps, w, bias)
-    }
-
-    fn norm_gate_up_silu(
-        &self,
-        x: &CudaTensor,
-        norm: &CudaWeight,
-        eps: f32,
-        gate_up: &CudaWeight,
-    ) -> Result<CudaTensor> {
-        ops::norm_gate_up_silu(self, x, norm, eps, gate_up)
-    }
-
     fn add_linear(
         &self,
         residual: &mut CudaTensor,
@@ -809,6 +770,10 @@ impl Backend for CudaBackend {
         bias: Option<&CudaWeight>,
     ) -> Result<()> {
         ops::add_linear(self, residual, x, w, bias)
+    }
+
+    fn gate_up_silu(&self, h: &CudaTensor, gate_up: &CudaWeight) -> Result<CudaTensor> {
+        ops::gate_up_silu(self, h, gate_up)
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaWeight, eps: f32) -> Result<CudaTensor> {

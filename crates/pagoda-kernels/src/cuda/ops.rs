@@ -284,18 +284,15 @@ pub(crate) fn linear3(
         check_linear(op, x, w[1], bias[1])?,
         check_linear(op, x, w[2], bias[2])?,
     ];
-    let input = super::gemv::GemvInput::Bf16(x.bf16(op)?);
-    launch_linear3(b, op, kernel, x, input, w, biases)
+    launch_linear3(b, op, kernel, x, w, biases)
 }
 
-/// The one GEMV launch of a checked `linear3` / `norm_linear3` into fresh
-/// outputs.
+/// The one GEMV launch of a checked `linear3` into fresh outputs.
 fn launch_linear3(
     b: &CudaBackend,
     op: &'static str,
     kernel: super::gemv::GemvKernel,
     x: &CudaTensor,
-    input: super::gemv::GemvInput<'_>,
     w: [&CudaWeight; 3],
     biases: [Option<&CudaSlice<bf16>>; 3],
 ) -> Result<[CudaTensor; 3]> {
@@ -317,75 +314,13 @@ fn launch_linear3(
         op,
         kernel,
         (x.rows, x.cols),
-        input,
+        x.bf16(op)?,
         ws,
         dims,
         biases,
         outs,
     )?;
     Ok(ys)
-}
-
-/// Whether the CUDA-core GEMV takes a fused-norm product of the f32
-/// residual `x` by bf16 weights of `out` rows in all (the decode fusions
-/// on, the small-row path choosing that kernel, the rows fitting).
-fn norm_fused(b: &CudaBackend, x: &CudaTensor, w: &[&CudaWeight], out: usize) -> bool {
-    matches!(x.data, Act::F32(_))
-        && w.iter()
-            .all(|w| matches!(w.data, WeightBuf::Bf16(_)) && w.cols == x.cols)
-        && b.norm_fusion_for(x.rows, out, x.cols)
-}
-
-/// [`crate::Backend::norm_linear3`]: one fused-norm GEMV launch where
-/// [`norm_fused`] allows, else `rms_norm` then `linear3`.
-pub(crate) fn norm_linear3(
-    b: &CudaBackend,
-    x: &CudaTensor,
-    norm: &CudaWeight,
-    eps: f32,
-    w: [&CudaWeight; 3],
-    bias: [Option<&CudaWeight>; 3],
-) -> Result<[CudaTensor; 3]> {
-    let op = "norm_linear3";
-    let out: usize = w.iter().map(|w| w.rows).sum();
-    let (Act::F32(xr), true) = (&x.data, norm_fused(b, x, &w, out)) else {
-        let h = rms_norm(b, x, norm, eps)?;
-        return linear3(b, &h, w, bias);
-    };
-    let nw = norm.vector(x.cols, op)?;
-    let biases = [
-        bias[0].map(|bb| bb.vector(w[0].rows, op)).transpose()?,
-        bias[1].map(|bb| bb.vector(w[1].rows, op)).transpose()?,
-        bias[2].map(|bb| bb.vector(w[2].rows, op)).transpose()?,
-    ];
-    let input = super::gemv::GemvInput::Norm(xr, nw, eps);
-    let kernel = super::gemv::GemvKernel::Warp;
-    launch_linear3(b, op, kernel, x, input, w, biases)
-}
-
-/// [`crate::Backend::norm_gate_up_silu`]: one fused-norm GEMV launch with
-/// the SiLU gate in its output where [`norm_fused`] allows, else
-/// `rms_norm`, `linear` and `silu_mul`.
-pub(crate) fn norm_gate_up_silu(
-    b: &CudaBackend,
-    x: &CudaTensor,
-    norm: &CudaWeight,
-    eps: f32,
-    gate_up: &CudaWeight,
-) -> Result<CudaTensor> {
-    let op = "norm_gate_up_silu";
-    let fused = gate_up.rows.is_multiple_of(2) && norm_fused(b, x, &[gate_up], gate_up.rows);
-    let (Act::F32(xr), true) = (&x.data, fused) else {
-        let h = rms_norm(b, x, norm, eps)?;
-        return silu_mul(b, &linear(b, &h, gate_up, None)?);
-    };
-    let nw = norm.vector(x.cols, op)?;
-    let n = gate_up.rows / 2;
-    let mut y = b.output(x.rows, n)?;
-    let dims = (x.rows, n, x.cols);
-    let wd = gate_up.bf16(op)?;
-    super::gemv::launch_norm_silu(b, op, dims, xr, nw, eps, wd, y.bf16_mut(op)?)?;
-    Ok(y)
 }
 
 /// `residual += x @ w^T (+ bias)`, unrounded into an f32 residual; a bf16
@@ -415,6 +350,33 @@ pub(crate) fn add_linear(
             add(b, residual, &y)
         }
     }
+}
+
+/// [`crate::Backend::gate_up_silu`]: the product with the SiLU in its
+/// output (`gemv_silu_bf16`) where the decode fusions are on and the
+/// CUDA-core GEMV takes it (the bits of `linear` then `silu_mul` on that
+/// GEMV); else `linear` then `silu_mul`.
+pub(crate) fn gate_up_silu(
+    b: &CudaBackend,
+    h: &CudaTensor,
+    gate_up: &CudaWeight,
+) -> Result<CudaTensor> {
+    let op = "gate_up_silu";
+    let fused = b.decode_fusion()
+        && !h.is_f32()
+        && gate_up.rows.is_multiple_of(2)
+        && matches!(gate_up.data, WeightBuf::Bf16(_))
+        && gate_up.cols == h.cols
+        && b.small_linear().kernel_for(h.rows, gate_up.rows, h.cols)
+            == Some(super::gemv::GemvKernel::Warp);
+    if !fused {
+        return silu_mul(b, &linear(b, h, gate_up, None)?);
+    }
+    let n = gate_up.rows / 2;
+    let mut y = b.output(h.rows, n)?;
+    let (hd, wd) = (h.bf16(op)?, gate_up.bf16(op)?);
+    super::gemv::launch_silu(b, op, (h.rows, n, h.cols), hd, wd, y.bf16_mut(op)?)?;
+    Ok(y)
 }
 
 /// Where a product goes: a fresh bf16 output, or added into the f32 residual.

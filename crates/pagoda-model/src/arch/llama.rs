@@ -207,24 +207,21 @@ impl<B: Backend> LlamaFamily<B> {
         })
     }
 
-    /// Self-attention of the residual stream `x` normalized by `norm`, up
+    /// Self-attention of `h` (the residual stream's normalized rows), up
     /// to (not including) o_proj, which the caller adds into the residual
     /// stream.
     fn attention(
         &self,
         b: &B,
         a: &Attention<B>,
-        x: &B::Tensor,
-        norm: &B::Weight,
+        h: &B::Tensor,
         step: &B::Step,
         kv: &mut B::KvCache,
     ) -> Result<B::Tensor> {
         let hd = self.attn.head_dim;
-        // 1. Normalize and project (one backend op).
-        let [mut q, mut k, v] = b.norm_linear3(
-            x,
-            norm,
-            self.eps,
+        // 1. Project (one backend op).
+        let [mut q, mut k, v] = b.linear3(
+            h,
             [&a.q_proj, &a.k_proj, &a.v_proj],
             [a.q_bias.as_ref(), a.k_bias.as_ref(), a.v_bias.as_ref()],
         )?;
@@ -254,36 +251,40 @@ impl<B: Backend> LlamaFamily<B> {
 
 impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
     fn forward(&self, b: &B, step: &B::Step, kv: &mut [B::KvCache]) -> Result<B::Tensor> {
-        // `x` is the residual stream (f32 on every backend). Each block's
-        // input norm goes with the block's first products (backend ops that
-        // may fold it into them); the two output projections of a layer add
-        // straight into `x`.
+        // `x` is the residual stream (f32 on every backend), `h` its rows
+        // normalized for the block that reads them next: each block's
+        // output projection adds into `x`, then the next block's norm runs.
         //
         // A decode step's launches per layer on CUDA, where the CUDA-core
         // GEMV runs the products (gemv.rs: 1 row, or 2-4 rows of small
-        // weights): norm_linear3 (1: RMSNorm folded into the q/k/v GEMV),
-        // qk_norm_rope_store_kv (1: head norms, rope and the KV store),
-        // attention (2: split-K decode and its reduction), o_proj
-        // add_linear (1), norm_gate_up_silu (1: RMSNorm and SiLU folded
-        // into the gate/up GEMV), down add_linear (1): 7. Unfused
+        // weights): q/k/v (1), qk_norm_rope_store_kv (1: head norms, rope
+        // and the KV store), attention (1: split-K decode, merged by its
+        // last block at small batches), o_proj (1), rms_norm (1), gate/up
+        // with the SiLU (1), down (1), the next rms_norm (1): 8. Unfused
         // (PAGODA_DECODE_FUSION=off), or where cuBLASLt or the tensor-core
-        // GEMV runs the products: rms_norm, q/k/v (1, or 3 on cuBLASLt),
-        // qk_norm_rope, store_kv, attention (2), o_proj, rms_norm,
-        // gate_up, silu_mul, down: 11-13. Per step: embedding, the final
-        // rms_norm, gather_logits_rows, the LM head (then sampling, outside
-        // the graph).
+        // GEMV runs the products: q/k/v (1, or 3 on cuBLASLt),
+        // qk_norm_rope, store_kv, attention (1-2), o_proj, rms_norm,
+        // gate_up, silu_mul, down, rms_norm: 10-13. Per step: embedding,
+        // the first layer's input rms_norm, gather_logits_rows, the LM head
+        // (then sampling, outside the graph).
         let mut x = b.embedding(step, &self.embed_tokens)?;
-        if self.layers.is_empty() {
+        let Some(first) = self.layers.first() else {
             return Err(crate::ModelError::Config("model has no layers".into()));
-        }
-        for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
+        };
+        let mut h = b.rms_norm(&x, &first.input_layernorm, self.eps)?;
+        for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
             let a = &layer.self_attn;
-            let attn = self.attention(b, a, &x, &layer.input_layernorm, step, cache)?;
+            let attn = self.attention(b, a, &h, step, cache)?;
+            let post = &layer.post_attention_layernorm;
             b.add_linear(&mut x, &attn, &a.o_proj, a.o_bias.as_ref())?;
-            let norm = &layer.post_attention_layernorm;
-            layer.mlp.add_normed(b, &mut x, norm, self.eps)?;
+            let hm = b.rms_norm(&x, post, self.eps)?;
+            // The next layer's input norm, or the final norm.
+            let next = self
+                .layers
+                .get(i + 1)
+                .map_or(&self.norm, |l| &l.input_layernorm);
+            h = layer.mlp.add_then_norm(b, &mut x, &hm, next, self.eps)?;
         }
-        let h = b.rms_norm(&x, &self.norm, self.eps)?;
         let last = b.gather_logits_rows(&h, step)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         Ok(b.linear(&last, head, None)?)

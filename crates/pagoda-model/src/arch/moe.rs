@@ -166,51 +166,48 @@ impl<B: Backend> FeedForward<B> {
         }))
     }
 
-    /// `x += ffn(rms_norm(x, norm, eps))`: a dense block's norm, gate/up
-    /// product and activation are one backend op
-    /// ([`Backend::norm_gate_up_silu`]).
-    pub fn add_normed(&self, b: &B, x: &mut B::Tensor, norm: &B::Weight, eps: f32) -> Result<()> {
+    /// `x += ffn(h)`, then returns `rms_norm(x, norm, eps)` (the next
+    /// block's input): `x` the residual stream, `h` its normalized rows. A
+    /// dense block's gate/up product and activation are one backend op
+    /// ([`Backend::gate_up_silu`]).
+    pub fn add_then_norm(
+        &self,
+        b: &B,
+        x: &mut B::Tensor,
+        h: &B::Tensor,
+        norm: &B::Weight,
+        eps: f32,
+    ) -> Result<B::Tensor> {
         match self {
             FeedForward::Dense {
                 gate_up_proj,
                 down_proj,
             } => {
-                let act = b.norm_gate_up_silu(x, norm, eps, gate_up_proj)?;
+                let act = b.gate_up_silu(h, gate_up_proj)?;
                 b.add_linear(x, &act, down_proj, None)?;
-                Ok(())
             }
-            FeedForward::Sparse(_) => {
-                let h = b.rms_norm(x, norm, eps)?;
-                self.add_to(b, x, &h)
-            }
+            FeedForward::Sparse(m) => m.add_to(b, x, h)?,
         }
+        Ok(b.rms_norm(x, norm, eps)?)
     }
+}
 
-    /// `x += ffn(h)`: `x` the residual stream, `h` its normalized rows.
-    pub fn add_to(&self, b: &B, x: &mut B::Tensor, h: &B::Tensor) -> Result<()> {
-        match self {
-            FeedForward::Dense {
-                gate_up_proj,
-                down_proj,
-            } => {
-                let gate_up = b.linear(h, gate_up_proj, None)?;
-                b.add_linear(x, &b.silu_mul(&gate_up)?, down_proj, None)?;
-            }
-            FeedForward::Sparse(m) => {
-                // 1. Route: each row's top-k experts and their weights.
-                let logits = b.linear(h, &m.gate, None)?;
-                let routes = b.moe_route(&logits, m.top_k, m.renormalize)?;
-                // 2. The chosen experts' MLPs, weighted and summed per row.
-                let y = b.moe_experts(h, &routes, &m.gate_up, &m.down, m.num_experts)?;
-                b.add(x, &y)?;
-                // 3. The shared expert, gated per row.
-                if let Some(s) = &m.shared {
-                    let mut act = b.silu_mul(&b.linear(h, &s.gate_up, None)?)?;
-                    let gate = b.linear(h, &s.gate, None)?;
-                    b.sigmoid_gate_rows(&mut act, &gate)?;
-                    b.add_linear(x, &act, &s.down, None)?;
-                }
-            }
+impl<B: Backend> SparseMoe<B> {
+    /// `x += experts(h)` (+ the gated shared expert): `x` the residual
+    /// stream, `h` its normalized rows.
+    fn add_to(&self, b: &B, x: &mut B::Tensor, h: &B::Tensor) -> Result<()> {
+        // 1. Route: each row's top-k experts and their weights.
+        let logits = b.linear(h, &self.gate, None)?;
+        let routes = b.moe_route(&logits, self.top_k, self.renormalize)?;
+        // 2. The chosen experts' MLPs, weighted and summed per row.
+        let y = b.moe_experts(h, &routes, &self.gate_up, &self.down, self.num_experts)?;
+        b.add(x, &y)?;
+        // 3. The shared expert, gated per row.
+        if let Some(s) = &self.shared {
+            let mut act = b.silu_mul(&b.linear(h, &s.gate_up, None)?)?;
+            let gate = b.linear(h, &s.gate, None)?;
+            b.sigmoid_gate_rows(&mut act, &gate)?;
+            b.add_linear(x, &act, &s.down, None)?;
         }
         Ok(())
     }

@@ -15,20 +15,16 @@
 // once, ~1.2 GB with the tied LM head, ~0.28 ms at 4.2 TB/s; FLOPs are 2
 // per weight per row, negligible. Each warp keeps 2 chunks of w in flight.
 //
-// One kernel family, its fusions template parameters of gemv_warp (the decode
-// step's launches per layer drop from ~12 to ~7, see cuda/gemv.rs):
+// One kernel family, its fusions template parameters of gemv_warp (see
+// cuda/gemv.rs):
 // - up to three weights of one x (q, k, v) in one launch: the warps of the
-//   grid are cut into segments, one per weight (gemv3_*);
-// - NORM: x is the f32 residual stream, RMS-normalized on load: each block
-//   sums the squares of its rows, writes the normalized bf16 rows (rounded
-//   as rms_norm rounds them) to shared memory and reads x from there
-//   (gemv3_norm_bf16, gemv_norm_silu_bf16; M * K * 2 bytes of shared memory);
+//   grid are cut into segments, one per weight (gemv3_bf16);
 // - OUT: y = product (rounded once), y += product (the f32 residual), or
 //   the gated MLP's act(gate) * up of two weight rows (n and n_out + n of a
 //   stacked [2 * n_out, K] gate_up weight), each rounded to bf16 first, as
-//   linear then silu_mul round them.
+//   linear then silu_mul round them (gemv_silu_bf16).
 // A warp's sums are taken in the same order in every variant, so the fused
-// products equal the unfused ones bit for bit given the same x.
+// products equal the unfused ones bit for bit.
 
 #define GEMV_MAX_ROWS 8
 #define GEMV_WARPS 8
@@ -37,20 +33,9 @@
 #define GEMV_OUT_ACC 1
 #define GEMV_OUT_SILU 2
 
-// A 16-byte chunk of x: through the read-only cache from global memory, or
-// from the block's staged rows in shared memory (SX).
-template <bool SX>
-__device__ __forceinline__ uint4 ld_x(const uint4* p) {
-    if constexpr (SX) {
-        return *p;
-    } else {
-        return __ldg(p);
-    }
-}
-
 // acc[r][m] = sum_c w[r][c] * x[m][c] over the warp's R weight rows and the
 // M rows of x (row stride k), warp-reduced (every lane holds the sums).
-template <int M, int R, bool SX>
+template <int M, int R>
 __device__ __forceinline__ void gemv_dot(float (&acc)[R][M], const bf16* const (&w)[R],
                                          const bf16* x, int k) {
     int lane = threadIdx.x & 31;
@@ -76,8 +61,8 @@ __device__ __forceinline__ void gemv_dot(float (&acc)[R][M], const bf16* const (
         for (int m = 0; m < M; m++) {
             const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)m * k);
             float xa[8], xb[8];
-            bf16x8_to_f32(ld_x<SX>(xr + c), xa);
-            bf16x8_to_f32(ld_x<SX>(xr + c + 32), xb);
+            bf16x8_to_f32(__ldg(xr + c), xa);
+            bf16x8_to_f32(__ldg(xr + c + 32), xb);
 #pragma unroll
             for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -98,7 +83,7 @@ __device__ __forceinline__ void gemv_dot(float (&acc)[R][M], const bf16* const (
         for (int m = 0; m < M; m++) {
             const uint4* xr = reinterpret_cast<const uint4*>(x + (long long)m * k);
             float xa[8];
-            bf16x8_to_f32(ld_x<SX>(xr + c), xa);
+            bf16x8_to_f32(__ldg(xr + c), xa);
 #pragma unroll
             for (int r = 0; r < R; r++) {
 #pragma unroll
@@ -127,35 +112,10 @@ struct GemvSegs {
     int bias_mask;
 };
 
-// Stages RMSNorm(xres) (M rows of k f32, weight nw) in shared memory as
-// bf16, rounded as rms_norm_f32 rounds; every thread of the block calls it.
-template <int M>
-__device__ __forceinline__ const bf16* gemv_stage_norm(const float* __restrict__ xres,
-                                                       const bf16* __restrict__ nw, float eps,
-                                                       int k) {
-    extern __shared__ uint4 gemv_smem[];
-    bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float* xr = xres + (long long)m * k;
-        float ss = 0.0f;
-        for (int c = threadIdx.x; c < k; c += blockDim.x) {
-            float v = xr[c];
-            ss += v * v;
-        }
-        float inv = rsqrtf(block_sum(ss) / (float)k + eps);
-        for (int c = threadIdx.x; c < k; c += blockDim.x) {
-            xs[m * k + c] = f2bf(xr[c] * inv * bf2f(nw[c]));
-        }
-    }
-    __syncthreads();
-    return xs;
-}
-
 // One warp per output of the segments (OUT_BF16 / OUT_ACC) or per gated
 // output pair (OUT_SILU: segment 0 only, n[0] outputs of a [2 * n[0], k]
-// weight). x: M bf16 rows (global, or staged in shared memory when SX).
-template <int M, int OUT, bool SX>
+// weight). x: M bf16 rows.
+template <int M, int OUT>
 __device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int k) {
     int lane = threadIdx.x & 31;
     int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -178,7 +138,7 @@ __device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int 
     if constexpr (OUT == GEMV_OUT_SILU) {
         const bf16* const w[2] = {ws + (long long)n * k, ws + (long long)(n_out + n) * k};
         float acc[2][M];
-        gemv_dot<M, 2, SX>(acc, w, x, k);
+        gemv_dot<M, 2>(acc, w, x, k);
         if (lane == 0) {
             bf16* y = static_cast<bf16*>(ys);
 #pragma unroll
@@ -191,7 +151,7 @@ __device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int 
     } else {
         const bf16* const w[1] = {ws + (long long)n * k};
         float acc[1][M];
-        gemv_dot<M, 1, SX>(acc, w, x, k);
+        gemv_dot<M, 1>(acc, w, x, k);
         if (lane == 0) {
             const bf16* bs = seg == 0 ? s.bias[0] : seg == 1 ? s.bias[1] : s.bias[2];
             float b = (s.bias_mask >> seg) & 1 ? bf2f(bs[n]) : 0.0f;
@@ -208,19 +168,12 @@ __device__ __forceinline__ void gemv_warp(const GemvSegs& s, const bf16* x, int 
     }
 }
 
-// The row-count dispatch (M <= GEMV_MAX_ROWS), optionally staging the
-// normalized residual first.
-template <int OUT, bool NORM>
-__device__ __forceinline__ void gemv_family(const GemvSegs& s, const bf16* x,
-                                            const float* xres, const bf16* nw, float eps, int m,
-                                            int k) {
-#define GEMV_CASE(MM)                                                    \
-    case MM:                                                             \
-        if constexpr (NORM) {                                            \
-            gemv_warp<MM, OUT, true>(s, gemv_stage_norm<MM>(xres, nw, eps, k), k); \
-        } else {                                                         \
-            gemv_warp<MM, OUT, false>(s, x, k);                          \
-        }                                                                \
+// The row-count dispatch (M <= GEMV_MAX_ROWS).
+template <int OUT>
+__device__ __forceinline__ void gemv_family(const GemvSegs& s, const bf16* x, int m, int k) {
+#define GEMV_CASE(MM)                     \
+    case MM:                              \
+        gemv_warp<MM, OUT>(s, x, k);      \
         break;
     switch (m) {
         GEMV_CASE(1)
@@ -274,22 +227,19 @@ __device__ __forceinline__ GemvSegs gemv_three(bf16* y0, bf16* y1, bf16* y2, con
     return s;
 }
 
-// Grid: ceil(outputs / GEMV_WARPS) blocks of 32 * GEMV_WARPS threads (the
-// NORM kernels with m * k * 2 bytes of dynamic shared memory).
+// Grid: ceil(outputs / GEMV_WARPS) blocks of 32 * GEMV_WARPS threads.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
           const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
     PDL_ENTRY();
-    gemv_family<GEMV_OUT_BF16, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr,
-                                      nullptr, 0.0f, m, k);
+    gemv_family<GEMV_OUT_BF16>(gemv_one(y, w, bias, has_bias, n_out), x, m, k);
 }
 
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_bf16_acc_f32(float* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
                   const bf16* __restrict__ bias, int has_bias, int m, int n_out, int k) {
     PDL_ENTRY();
-    gemv_family<GEMV_OUT_ACC, false>(gemv_one(y, w, bias, has_bias, n_out), x, nullptr, nullptr,
-                                     0.0f, m, k);
+    gemv_family<GEMV_OUT_ACC>(gemv_one(y, w, bias, has_bias, n_out), x, m, k);
 }
 
 // q, k and v of one x in one launch (linear3).
@@ -298,29 +248,17 @@ gemv3_bf16(bf16* y0, bf16* y1, bf16* y2, const bf16* __restrict__ x, const bf16*
            const bf16* w1, const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2,
            int bias_mask, int m, int n0, int n1, int n2, int k) {
     PDL_ENTRY();
-    gemv_family<GEMV_OUT_BF16, false>(
-        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), x, nullptr,
-        nullptr, 0.0f, m, k);
+    gemv_family<GEMV_OUT_BF16>(
+        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), x, m, k);
 }
 
-// linear3(rms_norm(xres, nw), ...) in one launch (norm_linear3).
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv3_norm_bf16(bf16* y0, bf16* y1, bf16* y2, const float* __restrict__ xres,
-                const bf16* __restrict__ nw, float eps, const bf16* w0, const bf16* w1,
-                const bf16* w2, const bf16* b0, const bf16* b1, const bf16* b2, int bias_mask,
-                int m, int n0, int n1, int n2, int k) {
+// silu_mul(linear(x, gate_up)) in one launch (gate_up_silu): y [m, n_inter],
+// w [2 * n_inter, k]. At least 3 blocks an SM (the 8-row case's two weight
+// rows a warp would take 92 registers and 2 blocks: a third fewer loads in
+// flight on the largest product of a layer).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, 3)
+gemv_silu_bf16(bf16* __restrict__ y, const bf16* __restrict__ x, const bf16* __restrict__ w,
+               int m, int n_inter, int k) {
     PDL_ENTRY();
-    gemv_family<GEMV_OUT_BF16, true>(
-        gemv_three(y0, y1, y2, w0, w1, w2, b0, b1, b2, bias_mask, n0, n1, n2), nullptr, xres, nw,
-        eps, m, k);
-}
-
-// silu_mul(linear(rms_norm(xres, nw), gate_up)) in one launch
-// (norm_gate_up_silu): y [m, n_inter], w [2 * n_inter, k].
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_norm_silu_bf16(bf16* __restrict__ y, const float* __restrict__ xres,
-                    const bf16* __restrict__ nw, float eps, const bf16* __restrict__ w, int m,
-                    int n_inter, int k) {
-    PDL_ENTRY();
-    gemv_family<GEMV_OUT_SILU, true>(gemv_one(y, w, w, 0, n_inter), nullptr, xres, nw, eps, m, k);
+    gemv_family<GEMV_OUT_SILU>(gemv_one(y, w, w, 0, n_inter), x, m, k);
 }
