@@ -10,6 +10,7 @@ mod common;
 #[allow(dead_code)]
 const PORTABLE: bool = false;
 
+use common::moe::{reference, routes};
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_kernels::{Backend, GgmlType, HostData, HostTensor, QuantData};
@@ -32,66 +33,6 @@ fn route_ref(logits: &[f32], e: usize, top_k: usize, renorm: bool) -> (Vec<u32>,
             ids.push(i as u32);
             ws.push(if renorm { ex[i] / sum / s } else { ex[i] / sum });
         }
-    }
-    (ids, ws)
-}
-
-/// Reference expert MLPs in f64 on the (already rounded) stacked weights;
-/// also the per-element scale `sum |w_k| |down| |h|` for tolerances.
-#[allow(clippy::too_many_arguments)]
-fn experts_ref(
-    x: &[f32],
-    hidden: usize,
-    inter: usize,
-    ids: &[u32],
-    ws: &[f32],
-    top_k: usize,
-    gate_up: &[f32],
-    down: &[f32],
-) -> (Vec<f64>, Vec<f64>) {
-    let rows = x.len() / hidden;
-    let mut y = vec![0f64; rows * hidden];
-    let mut scale = vec![0f64; rows * hidden];
-    for r in 0..rows {
-        let xr = &x[r * hidden..(r + 1) * hidden];
-        for k in 0..top_k {
-            let (e, w) = (ids[r * top_k + k] as usize, ws[r * top_k + k] as f64);
-            let gu = &gate_up[e * 2 * inter * hidden..(e + 1) * 2 * inter * hidden];
-            let dot = |row: &[f32]| -> f64 {
-                row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum()
-            };
-            let h: Vec<f64> = (0..inter)
-                .map(|i| {
-                    let g = dot(&gu[i * hidden..(i + 1) * hidden]);
-                    let u = dot(&gu[(inter + i) * hidden..(inter + i + 1) * hidden]);
-                    g / (1.0 + (-g).exp()) * u
-                })
-                .collect();
-            let d = &down[e * hidden * inter..(e + 1) * hidden * inter];
-            for o in 0..hidden {
-                let drow = &d[o * inter..(o + 1) * inter];
-                let v: f64 = drow.iter().zip(&h).map(|(&a, &b)| a as f64 * b).sum();
-                let m: f64 = drow
-                    .iter()
-                    .zip(&h)
-                    .map(|(&a, &b)| (a as f64 * b).abs())
-                    .sum();
-                y[r * hidden + o] += w * v;
-                scale[r * hidden + o] += w.abs() * m;
-            }
-        }
-    }
-    (y, scale)
-}
-
-/// `rows` rows of `top_k` distinct experts each, drawn from `pool`.
-fn random_routes(rng: &mut Rng, rows: usize, top_k: usize, pool: &[u32]) -> (Vec<u32>, Vec<f32>) {
-    let (mut ids, mut ws) = (Vec::new(), Vec::new());
-    for _ in 0..rows {
-        let mut p = pool.to_vec();
-        rng.shuffle(&mut p);
-        ids.extend_from_slice(&p[..top_k]);
-        ws.extend((0..top_k).map(|_| 0.1 + rng.uniform().abs()));
     }
     (ids, ws)
 }
@@ -207,13 +148,13 @@ fn experts_match_reference_in_every_dense_storage() {
         let d_r: Vec<f32> = down.iter().map(|&v| round(v, dtype)).collect();
         for (rows, top_k, pool) in cases(e) {
             let x = rvec_f32(&mut rng, rows * hidden, 1.0);
-            let (ids, ws) = random_routes(&mut rng, rows, top_k, &pool);
+            let (ids, ws) = routes(&mut rng, rows, top_k, &pool);
             let routes = b.moe_routes_from_host(&ids, &ws, top_k).unwrap();
             let y = b
                 .moe_experts(&tensor(&b, rows, hidden, &x), &routes, &gu_w, &d_w, e)
                 .unwrap();
             assert_eq!(b.dims(&y), (rows, hidden));
-            let (want, scale) = experts_ref(&x, hidden, inter, &ids, &ws, top_k, &gu_r, &d_r);
+            let (want, scale) = reference(&x, (hidden, inter), &ids, &ws, top_k, &gu_r, &d_r);
             let what = format!("{dtype:?} rows {rows} top-{top_k} pool {pool:?}");
             assert_close(&what, &host(&b, &y), &want, &scale, 1e-6, 1e-5);
         }
@@ -245,7 +186,7 @@ fn routed_experts_match_reference_end_to_end() {
             .unwrap();
         let (ids, ws) = route_ref(&logits, e, top_k, renorm);
         let ws: Vec<f32> = ws.iter().map(|&w| w as f32).collect();
-        let (want, scale) = experts_ref(&x, hidden, inter, &ids, &ws, top_k, &gate_up, &down);
+        let (want, scale) = reference(&x, (hidden, inter), &ids, &ws, top_k, &gate_up, &down);
         assert_close("routed", &host(&b, &y), &want, &scale, 1e-6, 1e-5);
     }
 }
@@ -258,7 +199,7 @@ fn outputs_do_not_depend_on_the_thread_count() {
     let down = rvec_f32(&mut rng, e * hidden * inter, 0.5);
     let x = rvec_f32(&mut rng, rows * hidden, 1.0);
     let all: Vec<u32> = (0..e as u32).collect();
-    let (ids, ws) = random_routes(&mut rng, rows, top_k, &all);
+    let (ids, ws) = routes(&mut rng, rows, top_k, &all);
     let run = |threads: usize| {
         let b = backend(threads, WeightDtype::BF16);
         let gu = b
@@ -336,7 +277,7 @@ fn kept_quantized_experts_equal_per_expert_linears() {
     let (gu_r, d_r) = (dequant(&gate_up), dequant(&down));
     for (rows, top_k, pool) in cases(e) {
         let x = rvec_f32(&mut rng, rows * hidden, 1.0);
-        let (ids, ws) = random_routes(&mut rng, rows, top_k, &pool);
+        let (ids, ws) = routes(&mut rng, rows, top_k, &pool);
         let routes = b.moe_routes_from_host(&ids, &ws, top_k).unwrap();
         let got = host(
             &b,
@@ -371,7 +312,7 @@ fn kept_quantized_experts_equal_per_expert_linears() {
         let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
         assert_close_rel(&what, &got, &want64, 1e-5, 1e-5);
         // And near the f64 reference (8-bit activations on few rows).
-        let (want, scale) = experts_ref(&x, hidden, inter, &ids, &ws, top_k, &gu_r, &d_r);
+        let (want, scale) = reference(&x, (hidden, inter), &ids, &ws, top_k, &gu_r, &d_r);
         assert_close(&what, &got, &want, &scale, 1e-4, 3e-2);
     }
 }

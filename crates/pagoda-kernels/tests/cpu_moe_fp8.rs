@@ -12,67 +12,10 @@ mod common;
 #[allow(dead_code)]
 const PORTABLE: bool = false;
 
+use common::moe::{reference, routes};
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, WeightDtype};
 use pagoda_kernels::{Backend, Fp8Matrix};
-
-/// `sum_k w_k * down_e(silu(gate_e x) * up_e x)` in f64 on the given
-/// weight values, with each element's scale `sum |w_k| |down| |h|`.
-#[allow(clippy::too_many_arguments)]
-fn reference(
-    x: &[f32],
-    hidden: usize,
-    inter: usize,
-    ids: &[u32],
-    ws: &[f32],
-    top_k: usize,
-    gate_up: &[f32],
-    down: &[f32],
-) -> (Vec<f64>, Vec<f64>) {
-    let rows = x.len() / hidden.max(1);
-    let mut y = vec![0f64; rows * hidden];
-    let mut scale = vec![0f64; rows * hidden];
-    let dot =
-        |a: &[f32], b: &[f32]| -> f64 { a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum() };
-    for r in 0..rows {
-        let xr = &x[r * hidden..][..hidden];
-        for k in 0..top_k {
-            let (e, w) = (ids[r * top_k + k] as usize, ws[r * top_k + k] as f64);
-            let h: Vec<f64> = (0..inter)
-                .map(|i| {
-                    let g = dot(&gate_up[(e * 2 * inter + i) * hidden..][..hidden], xr);
-                    let u = dot(
-                        &gate_up[(e * 2 * inter + inter + i) * hidden..][..hidden],
-                        xr,
-                    );
-                    g / (1.0 + (-g).exp()) * u
-                })
-                .collect();
-            for o in 0..hidden {
-                let d = &down[(e * hidden + o) * inter..][..inter];
-                y[r * hidden + o] += w * d.iter().zip(&h).map(|(&a, &b)| a as f64 * b).sum::<f64>();
-                scale[r * hidden + o] += w.abs()
-                    * d.iter()
-                        .zip(&h)
-                        .map(|(&a, &b)| (a as f64 * b).abs())
-                        .sum::<f64>();
-            }
-        }
-    }
-    (y, scale)
-}
-
-/// `rows` rows of `top_k` distinct experts drawn from `pool`.
-fn routes(rng: &mut Rng, rows: usize, top_k: usize, pool: &[u32]) -> (Vec<u32>, Vec<f32>) {
-    let (mut ids, mut ws) = (Vec::new(), Vec::new());
-    for _ in 0..rows {
-        let mut p = pool.to_vec();
-        rng.shuffle(&mut p);
-        ids.extend_from_slice(&p[..top_k]);
-        ws.extend((0..top_k).map(|_| 0.1 + rng.uniform().abs()));
-    }
-    (ids, ws)
-}
 
 /// Weights with a few large values per row (as real weights have), so the
 /// per-row scales differ and small values land in E4M3's subnormal range.
@@ -133,7 +76,7 @@ fn fp8_experts_equal_the_dequantized_reference() {
         let (ids, ws) = routes(&mut rng, rows, top_k, &pool);
         let r = b.moe_routes_from_host(&ids, &ws, top_k).unwrap();
         let xt = tensor(&b, rows, hidden, &x);
-        let (want, scale) = reference(&x, hidden, inter, &ids, &ws, top_k, &gu_d, &dn_d);
+        let (want, scale) = reference(&x, (hidden, inter), &ids, &ws, top_k, &gu_d, &dn_d);
         let y1 = host(
             &b,
             &b.moe_experts(&xt, &r, &at_load.0, &at_load.1, e).unwrap(),
@@ -148,7 +91,7 @@ fn fp8_experts_equal_the_dequantized_reference() {
             // bits: each weight within 1/16 relative, or 1/1024 of its row's
             // scale below the normal range) compounded through gate, up and
             // down: well under 3 * 1/16 of the output's scale.
-            let (exact, _) = reference(&x, hidden, inter, &ids, &ws, top_k, &gate_up, &down);
+            let (exact, _) = reference(&x, (hidden, inter), &ids, &ws, top_k, &gate_up, &down);
             let max_dev = y1
                 .iter()
                 .zip(&exact)

@@ -27,12 +27,12 @@ mod common;
 #[allow(dead_code)]
 const PORTABLE: bool = false;
 
+use common::moe::{all_experts, check_rel, routes, Experts as Layer};
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuWeight, WeightDtype};
-use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2, sampling_step};
+use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, sampling_step};
 use pagoda_kernels::cuda::{CudaBackend, CudaWeight, MoePath, MOE_GEMV_MAX_ROWS};
 use pagoda_kernels::{Backend, HostTensor, KernelError, SamplingRow};
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 fn cpu() -> CpuBackend {
@@ -40,31 +40,13 @@ fn cpu() -> CpuBackend {
     backend(threads, WeightDtype::F32)
 }
 
-/// One expert layer's stacked weights (bf16-rounded values).
-struct Layer {
-    e: usize,
-    hidden: usize,
-    inter: usize,
-    /// `[e * 2 * inter, hidden]`: each expert's gate rows, then its up rows.
-    gate_up: Vec<f32>,
-    /// `[e * hidden, inter]`.
-    down: Vec<f32>,
+/// A layer's stacked experts loaded on each backend.
+trait Load {
+    fn gpu(&self, g: &CudaBackend) -> (CudaWeight, CudaWeight);
+    fn cpu(&self, c: &CpuBackend) -> (CpuWeight, CpuWeight);
 }
 
-impl Layer {
-    /// Random weights scaled so gate, up and the outputs are of order 1.
-    fn random(rng: &mut Rng, e: usize, hidden: usize, inter: usize) -> Layer {
-        let s_in = (3.0 / hidden as f32).sqrt();
-        let s_out = (3.0 / inter.max(1) as f32).sqrt();
-        Layer {
-            e,
-            hidden,
-            inter,
-            gate_up: rvec(rng, e * 2 * inter * hidden, s_in),
-            down: rvec(rng, e * hidden * inter, s_out),
-        }
-    }
-
+impl Load for Layer {
     fn gpu(&self, g: &CudaBackend) -> (CudaWeight, CudaWeight) {
         let (gu, dn) = self.host();
         (g.load_weight(gu).unwrap(), g.load_weight(dn).unwrap())
@@ -74,78 +56,6 @@ impl Layer {
         let (gu, dn) = self.host();
         (c.load_weight(gu).unwrap(), c.load_weight(dn).unwrap())
     }
-
-    fn host(&self) -> (HostTensor, HostTensor) {
-        (
-            HostTensor::f32(
-                vec![self.e * 2 * self.inter, self.hidden],
-                self.gate_up.clone(),
-            ),
-            HostTensor::f32(vec![self.e * self.hidden, self.inter], self.down.clone()),
-        )
-    }
-
-    /// `sum_k w_k * down_e(silu(gate_e x) * up_e x)` per row, in f64.
-    fn reference(&self, x: &[f32], ids: &[u32], w: &[f32], k: usize) -> Vec<f64> {
-        let (h, i) = (self.hidden, self.inter);
-        let rows = x.len() / h;
-        let dot = |a: &[f32], b: &[f32]| -> f64 {
-            a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum()
-        };
-        let per_row: Vec<Vec<f64>> = (0..rows)
-            .into_par_iter()
-            .map(|r| {
-                let xr = &x[r * h..][..h];
-                let mut out = vec![0f64; h];
-                for j in 0..k {
-                    let e = ids[r * k + j] as usize;
-                    let wt = w[r * k + j] as f64;
-                    let act: Vec<f64> = (0..i)
-                        .map(|n| {
-                            let g = dot(&self.gate_up[(e * 2 * i + n) * h..][..h], xr);
-                            let u = dot(&self.gate_up[(e * 2 * i + i + n) * h..][..h], xr);
-                            g / (1.0 + (-g).exp()) * u
-                        })
-                        .collect();
-                    for (c, o) in out.iter_mut().enumerate() {
-                        let row = &self.down[(e * h + c) * i..][..i];
-                        let d: f64 = row.iter().zip(&act).map(|(&p, &q)| p as f64 * q).sum();
-                        *o += wt * d;
-                    }
-                }
-                out
-            })
-            .collect();
-        per_row.concat()
-    }
-}
-
-/// `k` distinct experts per row with positive weights summing to 1.
-fn random_routes(rng: &mut Rng, rows: usize, e: usize, k: usize) -> (Vec<u32>, Vec<f32>) {
-    let mut ids = Vec::with_capacity(rows * k);
-    let mut w = Vec::with_capacity(rows * k);
-    let mut all: Vec<u32> = (0..e as u32).collect();
-    for _ in 0..rows {
-        rng.shuffle(&mut all);
-        ids.extend_from_slice(&all[..k]);
-        let raw: Vec<f32> = (0..k).map(|_| 0.1 + rng.uniform().abs()).collect();
-        let s: f32 = raw.iter().sum();
-        w.extend(raw.iter().map(|v| v / s));
-    }
-    (ids, w)
-}
-
-/// Asserts every element is finite and the relative L2 error is at most
-/// `tol`; prints the error.
-fn check_rel(what: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
-    }
-    let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
-    let e = rel_err_l2(got, &want32);
-    eprintln!("{what}: relative error {e:.2e}");
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:e}");
 }
 
 static CPU_NOTICE: AtomicBool = AtomicBool::new(false);
@@ -332,11 +242,11 @@ fn moe_route_matches_the_f64_softmax_top_k() {
 }
 
 #[test]
-fn moe_experts_matches_the_reference_on_random_routes() {
+fn moe_experts_matches_the_reference_on_routes() {
     let Some(g) = gpu() else { return };
     let c = cpu();
     let mut rng = Rng::new(2);
-    // (experts, hidden, inter, top_k, rows): widths off the 64-column tile
+    // (experts, hidden, top_k, rows, &all_experts(inter)): widths off the 64-column tile
     // and the 32-wide k step, tile heights 16 and 64, and widths that are
     // not multiples of 8 (the element-copy path).
     let layers: &[(usize, usize, usize, usize, &[usize])] = &[
@@ -350,7 +260,7 @@ fn moe_experts_matches_the_reference_on_random_routes() {
         let (gw, cw) = (l.gpu(&g), l.cpu(&c));
         for &rows in rows_list {
             let x = rvec(&mut rng, rows * hidden, 1.0);
-            let (ids, w) = random_routes(&mut rng, rows, e, k);
+            let (ids, w) = routes(&mut rng, rows, k, &all_experts(e));
             let label = format!("experts E{e} H{hidden} I{inter} k{k} rows{rows}");
             case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, &label);
         }
@@ -450,7 +360,7 @@ fn rows_past_one_chunk() {
     let l = Layer::random(&mut rng, e, hidden, inter);
     let (gw, cw) = (l.gpu(&g), l.cpu(&c));
     let x = rvec(&mut rng, rows * hidden, 1.0);
-    let (ids, w) = random_routes(&mut rng, rows, e, k);
+    let (ids, w) = routes(&mut rng, rows, k, &all_experts(e));
     case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, "two chunks");
     check_rel(
         "two chunks, grouped GEMV vs f64",
@@ -472,7 +382,7 @@ fn qwen3_30b_a3b_sizes() {
     // 64-row ones.
     for rows in [1, 64, 600] {
         let x = rvec(&mut rng, rows * hidden, 1.0);
-        let (ids, w) = random_routes(&mut rng, rows, e, k);
+        let (ids, w) = routes(&mut rng, rows, k, &all_experts(e));
         case(
             &g,
             &c,
@@ -540,7 +450,7 @@ fn outputs_are_deterministic_and_independent_of_the_batch() {
     let l = Layer::random(&mut rng, e, hidden, inter);
     let gw = l.gpu(&g);
     let x = rvec(&mut rng, rows * hidden, 1.0);
-    let (ids, w) = random_routes(&mut rng, rows, e, k);
+    let (ids, w) = routes(&mut rng, rows, k, &all_experts(e));
     let run = |x: &[f32], ids: &[u32], w: &[f32], path: MoePath| {
         let n = x.len() / hidden;
         let xt = g.tensor_from_host(n, hidden, x).unwrap();
@@ -678,7 +588,7 @@ fn gemv_path_at_small_batches_and_the_switch_over() {
         let (gw, cw) = (l.gpu(&g), l.cpu(&c));
         for &rows in rows_list {
             let x = rvec(&mut rng, rows * hidden, 1.0);
-            let (ids, w) = random_routes(&mut rng, rows, e, k);
+            let (ids, w) = routes(&mut rng, rows, k, &all_experts(e));
             let path = MoePath::for_shape(rows, k, e, hidden, inter);
             let want_gemv = rows <= MOE_GEMV_MAX_ROWS && rows * k <= e;
             assert_eq!(path == MoePath::Gemv, want_gemv, "E{e} k{k} rows{rows}");

@@ -23,12 +23,12 @@ mod common;
 #[allow(dead_code)]
 const PORTABLE: bool = false;
 
+use common::moe::{check_rel, reference, routes, Experts};
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuWeight, WeightDtype};
 use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2};
 use pagoda_kernels::cuda::{CudaBackend, CudaWeight, MoePath};
 use pagoda_kernels::{Backend, Fp8Matrix, HostTensor};
-use rayon::prelude::*;
 
 fn cpu() -> CpuBackend {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
@@ -51,10 +51,11 @@ struct Layer {
 
 impl Layer {
     fn random(rng: &mut Rng, e: usize, hidden: usize, inter: usize) -> Layer {
-        let s_in = (3.0 / hidden as f32).sqrt();
-        let s_out = (3.0 / inter.max(1) as f32).sqrt();
-        let gu = rvec(rng, e * 2 * inter * hidden, s_in);
-        let dn = rvec(rng, e * hidden * inter, s_out);
+        let Experts {
+            gate_up: gu,
+            down: dn,
+            ..
+        } = Experts::random(rng, e, hidden, inter);
         let gate_up = Fp8Matrix::quantize(e * 2 * inter, hidden, &gu).unwrap();
         let down = Fp8Matrix::quantize(e * hidden, inter, &dn).unwrap();
         Layer {
@@ -93,8 +94,7 @@ impl Layer {
         )
     }
 
-    /// `sum_k w_k * down_e(silu(gate_e x) * up_e x)` per row in f64 on the
-    /// given weight values.
+    /// [`common::moe::reference`] on the given weight values.
     fn reference(
         &self,
         gu: &[f32],
@@ -104,67 +104,8 @@ impl Layer {
         w: &[f32],
         k: usize,
     ) -> Vec<f64> {
-        let (h, i) = (self.hidden, self.inter);
-        let rows = x.len() / h;
-        let dot = |a: &[f32], b: &[f32]| -> f64 {
-            a.iter().zip(b).map(|(&p, &q)| p as f64 * q as f64).sum()
-        };
-        (0..rows)
-            .into_par_iter()
-            .map(|r| {
-                let xr = &x[r * h..][..h];
-                let mut out = vec![0f64; h];
-                for j in 0..k {
-                    let e = ids[r * k + j] as usize;
-                    let wt = w[r * k + j] as f64;
-                    let act: Vec<f64> = (0..i)
-                        .map(|n| {
-                            let g = dot(&gu[(e * 2 * i + n) * h..][..h], xr);
-                            let u = dot(&gu[(e * 2 * i + i + n) * h..][..h], xr);
-                            g / (1.0 + (-g).exp()) * u
-                        })
-                        .collect();
-                    for (c, o) in out.iter_mut().enumerate() {
-                        let row = &dn[(e * h + c) * i..][..i];
-                        *o += wt
-                            * row
-                                .iter()
-                                .zip(&act)
-                                .map(|(&p, &q)| p as f64 * q)
-                                .sum::<f64>();
-                    }
-                }
-                out
-            })
-            .collect::<Vec<_>>()
-            .concat()
+        reference(x, (self.hidden, self.inter), ids, w, k, gu, dn).0
     }
-}
-
-/// `k` distinct experts per row from `pool`, positive weights summing to 1.
-fn routes(rng: &mut Rng, rows: usize, pool: &[u32], k: usize) -> (Vec<u32>, Vec<f32>) {
-    let (mut ids, mut w) = (Vec::new(), Vec::new());
-    let mut p = pool.to_vec();
-    for _ in 0..rows {
-        rng.shuffle(&mut p);
-        ids.extend_from_slice(&p[..k]);
-        let raw: Vec<f32> = (0..k).map(|_| 0.1 + rng.uniform().abs()).collect();
-        let s: f32 = raw.iter().sum();
-        w.extend(raw.iter().map(|v| v / s));
-    }
-    (ids, w)
-}
-
-fn check_rel(what: &str, got: &[f32], want: &[f64], tol: f64) -> f64 {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
-    }
-    let want32: Vec<f32> = want.iter().map(|&v| v as f32).collect();
-    let e = rel_err_l2(got, &want32);
-    eprintln!("{what}: relative error {e:.2e}");
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:e}");
-    e
 }
 
 /// Every path the shape allows: the GEMV path only with widths that are
@@ -248,7 +189,7 @@ fn fp8_experts_match_the_cpu_fp8_op_at_every_row_count() {
             (2, &some, "some idle"),
             (1, &vec![5u32], "one expert"),
         ] {
-            let (ids, w) = routes(&mut rng, rows, pool, k);
+            let (ids, w) = routes(&mut rng, rows, k, pool);
             case(
                 &g,
                 &c,
@@ -278,7 +219,7 @@ fn fp8_experts_at_widths_off_the_copy_size() {
         let all: Vec<u32> = (0..8).collect();
         for rows in [1, 3, 70] {
             let x = rvec(&mut rng, rows * hidden, 1.0);
-            let (ids, w) = routes(&mut rng, rows, &all, 2);
+            let (ids, w) = routes(&mut rng, rows, 2, &all);
             case(
                 &g,
                 &c,
@@ -311,7 +252,7 @@ fn fp8_experts_are_fp8_and_load_experts_quantizes_under_fp8_weights() {
     let all: Vec<u32> = (0..8).collect();
     for rows in [1, 16, 64] {
         let x = rvec(&mut rng, rows * l.hidden, 1.0);
-        let (ids, w) = routes(&mut rng, rows, &all, 2);
+        let (ids, w) = routes(&mut rng, rows, 2, &all);
         let xt = g8.tensor_from_host(rows, l.hidden, &x).unwrap();
         let r = g8.moe_routes_from_host(&ids, &w, 2).unwrap();
         let run = |ws: &(CudaWeight, CudaWeight)| {

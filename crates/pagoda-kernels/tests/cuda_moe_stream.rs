@@ -23,9 +23,10 @@ mod common;
 #[allow(dead_code)]
 const PORTABLE: bool = false;
 
+use common::moe::{check_rel, routes, widen, Experts};
 use common::*;
 use pagoda_kernels::cpu::{CpuBackend, CpuWeight, WeightDtype};
-use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, rel_err_l2, sampling_step};
+use pagoda_kernels::cuda::testing::{gpu_poisoned as gpu, sampling_step};
 use pagoda_kernels::cuda::{CudaBackend, CudaWeight, MoePath};
 use pagoda_kernels::{Backend, Fp8Matrix, HostTensor, SamplingRow};
 
@@ -53,10 +54,11 @@ impl Layer {
         inter: usize,
         fp8: bool,
     ) -> Layer {
-        let s_in = (3.0 / hidden as f32).sqrt();
-        let s_out = (3.0 / inter.max(1) as f32).sqrt();
-        let gu = rvec(rng, e * 2 * inter * hidden, s_in);
-        let dn = rvec(rng, e * hidden * inter, s_out);
+        let Experts {
+            gate_up: gu,
+            down: dn,
+            ..
+        } = Experts::random(rng, e, hidden, inter);
         let (gpu, cpu) = if fp8 {
             let gu8 = Fp8Matrix::quantize(e * 2 * inter, hidden, &gu).unwrap();
             let dn8 = Fp8Matrix::quantize(e * hidden, inter, &dn).unwrap();
@@ -128,30 +130,6 @@ impl Layer {
     }
 }
 
-fn check_rel(what: &str, got: &[f32], want: &[f32], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
-        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
-    }
-    let e = rel_err_l2(got, want);
-    eprintln!("{what}: relative error {e:.2e}");
-    assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:e}");
-}
-
-/// `k` distinct experts per row from `pool`, positive weights summing to 1.
-fn routes(rng: &mut Rng, rows: usize, pool: &[u32], k: usize) -> (Vec<u32>, Vec<f32>) {
-    let (mut ids, mut w) = (Vec::new(), Vec::new());
-    let mut p = pool.to_vec();
-    for _ in 0..rows {
-        rng.shuffle(&mut p);
-        ids.extend_from_slice(&p[..k]);
-        let raw: Vec<f32> = (0..k).map(|_| 0.1 + rng.uniform().abs()).collect();
-        let s: f32 = raw.iter().sum();
-        w.extend(raw.iter().map(|v| v / s));
-    }
-    (ids, w)
-}
-
 /// The stream path against the CPU op and the grouped path.
 #[allow(clippy::too_many_arguments)]
 fn case(
@@ -166,13 +144,9 @@ fn case(
 ) {
     let label = format!("{} {label}", l.kind());
     let got = l.run(g, x, ids, w, k, MoePath::Stream);
-    check_rel(
-        &format!("{label} stream vs cpu"),
-        &got,
-        &l.cpu_out(c, x, ids, w, k),
-        1e-2,
-    );
-    let grouped = l.run(g, x, ids, w, k, MoePath::Grouped);
+    let cpu_out = widen(&l.cpu_out(c, x, ids, w, k));
+    check_rel(&format!("{label} stream vs cpu"), &got, &cpu_out, 1e-2);
+    let grouped = widen(&l.run(g, x, ids, w, k, MoePath::Grouped));
     check_rel(&format!("{label} stream vs grouped"), &got, &grouped, 5e-3);
 }
 
@@ -193,7 +167,7 @@ fn stream_matches_the_cpu_on_random_routings() {
         for rows in [1, 2, 8, 16, 17, 33, 64, 256] {
             let x = rvec(&mut rng, rows * l.hidden, 1.0);
             for (k, pool, what) in [(4, &all, "all"), (2, &some, "some idle")] {
-                let (ids, w) = routes(&mut rng, rows, pool, k);
+                let (ids, w) = routes(&mut rng, rows, k, pool);
                 case(
                     &g,
                     &c,
@@ -257,7 +231,7 @@ fn stream_at_widths_with_tails_and_off_the_copy_size() {
             let all: Vec<u32> = (0..8).collect();
             for rows in [1, 3, 70] {
                 let x = rvec(&mut rng, rows * hidden, 1.0);
-                let (ids, w) = routes(&mut rng, rows, &all, 2);
+                let (ids, w) = routes(&mut rng, rows, 2, &all);
                 case(
                     &g,
                     &c,
@@ -284,7 +258,7 @@ fn stream_at_qwen3_30b_a3b_sizes_is_deterministic() {
         let l = Layer::random(&g, &c, &mut rng, e, hidden, inter, fp8);
         for rows in [16, 64, 256] {
             let x = rvec(&mut rng, rows * hidden, 1.0);
-            let (ids, w) = routes(&mut rng, rows, &all, k);
+            let (ids, w) = routes(&mut rng, rows, k, &all);
             case(
                 &g,
                 &c,

@@ -5,6 +5,8 @@
 //! device through `pagoda_kernels::cuda::testing`.)
 #![allow(dead_code)]
 
+pub mod moe;
+
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, CpuTensor, WeightDtype};
 use pagoda_kernels::{Backend, ForwardContext, HostTensor};
 
