@@ -26,10 +26,9 @@ use pagoda_engine::logit_rules::LogitRules;
 use pagoda_engine::sampler::{
     apply_logit_rules, apply_penalties, sample_with_logprobs, splitmix64, RequestRng,
 };
-use pagoda_engine::token_history::TokenHistory;
 use pagoda_engine::{EngineRequest, LlmEngine, RequestId, SchedulerConfig};
 use pagoda_kernels::cuda::testing::sampling_step;
-use pagoda_kernels::{Backend, DeviceSamples, RowOptions, SamplingOptions, SamplingRow};
+use pagoda_kernels::{Backend, DeviceSamples, SamplingOptions, SamplingRow};
 use pagoda_model::loader::dummy::DummySource;
 use pagoda_model::loader::hf_config::load_config_file;
 use std::collections::HashMap;
@@ -41,10 +40,6 @@ struct Case {
     outputs: Vec<u32>,
     seed: u64,
     logprobs: Option<usize>,
-}
-
-fn has_penalties(p: &SamplingParams) -> bool {
-    p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
 }
 
 /// Every filter setting crossed with every rule setting.
@@ -125,28 +120,8 @@ fn batch(vocab: usize, s: &mut u64) -> (Vec<Case>, Vec<f32>, Vec<SamplingRow>, S
     let mut entries = Vec::new();
     for c in &cases {
         let p = &c.params;
-        sampling.push(SamplingRow {
-            temperature: p.temperature,
-            top_k: p.top_k as u32,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            random: RequestRng::new(c.seed).next_u64(),
-        });
-        let mut row = RowOptions {
-            logprobs: c.logprobs.map(|n| n as u32),
-            ..RowOptions::NONE
-        };
-        if has_penalties(p) {
-            let mut h = TokenHistory::from_prompt(&[]);
-            h.sync(&[], &c.outputs);
-            row.repetition_penalty = p.repetition_penalty;
-            row.frequency_penalty = p.frequency_penalty;
-            row.presence_penalty = p.presence_penalty;
-            row.history_start = (opts.history.len() / 2) as u32;
-            row.history_len = h.len() as u32;
-            opts.history.extend_from_slice(h.pairs());
-        }
-        opts.rows.push(row);
+        let history = (&[][..], &c.outputs[..]);
+        push_sampling_row(&mut sampling, &mut opts, p, c.seed, history, c.logprobs);
         match LogitRules::new(p, &[EOS], None, vocab).unwrap() {
             Some(r) => {
                 r.entries(&c.outputs, &mut entries);

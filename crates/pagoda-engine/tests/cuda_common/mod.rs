@@ -35,6 +35,47 @@ pub fn bf(v: f32) -> f32 {
     f32::from_bits(r & 0xffff_0000)
 }
 
+/// Appends one request's row to a device sampling batch as the engine
+/// builds it: its filters and random draw (`seed`) to `sampling`, its
+/// logprobs and, where it has penalties, its token history (`prompt` and
+/// `outputs`) to `opts`.
+pub fn push_sampling_row(
+    sampling: &mut Vec<pagoda_kernels::SamplingRow>,
+    opts: &mut pagoda_kernels::SamplingOptions,
+    p: &pagoda_core::SamplingParams,
+    seed: u64,
+    (prompt, outputs): (&[u32], &[u32]),
+    logprobs: Option<usize>,
+) {
+    sampling.push(pagoda_kernels::SamplingRow {
+        temperature: p.temperature,
+        top_k: p.top_k as u32,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        random: pagoda_engine::sampler::RequestRng::new(seed).next_u64(),
+    });
+    let mut row = pagoda_kernels::RowOptions {
+        logprobs: logprobs.map(|n| n as u32),
+        ..pagoda_kernels::RowOptions::NONE
+    };
+    if has_penalties(p) {
+        let mut h = pagoda_engine::token_history::TokenHistory::from_prompt(prompt);
+        h.sync(prompt, outputs);
+        row.repetition_penalty = p.repetition_penalty;
+        row.frequency_penalty = p.frequency_penalty;
+        row.presence_penalty = p.presence_penalty;
+        row.history_start = (opts.history.len() / 2) as u32;
+        row.history_len = h.len() as u32;
+        opts.history.extend_from_slice(h.pairs());
+    }
+    opts.rows.push(row);
+}
+
+/// Whether a request asks for any of the three penalties.
+pub fn has_penalties(p: &pagoda_core::SamplingParams) -> bool {
+    p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
+}
+
 /// Uniform in [0, 1), drawn from a SplitMix64 state.
 pub fn unit(s: &mut u64) -> f32 {
     (pagoda_engine::sampler::splitmix64(s) >> 40) as f32 / (1u64 << 24) as f32
