@@ -275,9 +275,8 @@ impl<B: Backend> CausalLm<B> for LlamaFamily<B> {
         for (i, (layer, cache)) in self.layers.iter().zip(kv.iter_mut()).enumerate() {
             let a = &layer.self_attn;
             let attn = self.attention(b, a, &h, step, cache)?;
-            let post = &layer.post_attention_layernorm;
             b.add_linear(&mut x, &attn, &a.o_proj, a.o_bias.as_ref())?;
-            let hm = b.rms_norm(&x, post, self.eps)?;
+            let hm = b.rms_norm(&x, &layer.post_attention_layernorm, self.eps)?;
             // The next layer's input norm, or the final norm.
             let next = self
                 .layers

@@ -204,7 +204,7 @@ impl<B: Backend> SparseMoe<B> {
         b.add(x, &y)?;
         // 3. The shared expert, gated per row.
         if let Some(s) = &self.shared {
-            let mut act = b.silu_mul(&b.linear(h, &s.gate_up, None)?)?;
+            let mut act = b.gate_up_silu(h, &s.gate_up)?;
             let gate = b.linear(h, &s.gate, None)?;
             b.sigmoid_gate_rows(&mut act, &gate)?;
             b.add_linear(x, &act, &s.down, None)?;
