@@ -121,9 +121,8 @@ pub struct LlmEngine<B: Backend> {
     /// Grammar compiler and mask workers, made at the first constrained
     /// request (from `structured_build` where that was started).
     structured: Option<StructuredEngine>,
-    /// Where the forward pass runs on a device, the compiler is built on a
-    /// thread of its own from the engine's start (a few hundred ms of CPU
-    /// that the first constrained request would otherwise wait for).
+    /// The compiler being built on a thread of its own, where the caller
+    /// started that before the model loaded ([`Self::set_structured_build`]).
     structured_build: Option<StructuredBuild>,
     /// Reused per row: the logit rules' entries of a step.
     rule_entries: Vec<(u32, f32)>,
@@ -133,6 +132,18 @@ pub struct LlmEngine<B: Backend> {
     /// Requests whose grammar the last advance ended (complete or broken),
     /// reported at a mask join, to be ended by the next emit.
     ended: Vec<(RequestId, Advanced)>,
+}
+
+/// The ids that end a request's generation: the model config's
+/// end-of-sequence ids, then the tokenizer's that the config lacks.
+pub fn stop_token_ids(config_eos: &[u32], tokenizer: Option<&Tokenizer>) -> Vec<u32> {
+    let mut ids = config_eos.to_vec();
+    for &id in tokenizer.map_or(&[][..], |t| t.eos_token_ids()) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
 }
 
 impl<B: Backend> LlmEngine<B> {
@@ -171,22 +182,7 @@ impl<B: Backend> LlmEngine<B> {
                 "the scheduler's block size or count differs from the KV cache's".into(),
             ));
         }
-        let mut eos_token_ids = runner.config().eos_token_ids.clone();
-        if let Some(t) = &tokenizer {
-            for &id in t.eos_token_ids() {
-                if !eos_token_ids.contains(&id) {
-                    eos_token_ids.push(id);
-                }
-            }
-        }
-        let structured_build = match &tokenizer {
-            Some(t) if runner.samples_on_device() => Some(StructuredBuild::start(
-                t.clone(),
-                runner.config().vocab_size,
-                eos_token_ids.clone(),
-            )),
-            _ => None,
-        };
+        let eos_token_ids = stop_token_ids(&runner.config().eos_token_ids, tokenizer.as_deref());
         let time_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -205,11 +201,22 @@ impl<B: Backend> LlmEngine<B> {
             step_log: StepLog::from_env(),
             sampling_options: SamplingOptions::default(),
             structured: None,
-            structured_build,
+            structured_build: None,
             rule_entries: Vec::new(),
             prompt_rows: Vec::new(),
             ended: Vec::new(),
         })
+    }
+
+    /// Takes the structured-output compiler that `build` is making (see
+    /// [`StructuredBuild`]: started before the model loaded, so that the
+    /// first constrained request does not wait for it). One built for
+    /// another vocabulary or other stop ids than this engine's is dropped
+    /// at that request, which then builds its own.
+    pub fn set_structured_build(&mut self, build: StructuredBuild) {
+        if self.structured.is_none() {
+            self.structured_build = Some(build);
+        }
     }
 
     pub fn runner(&self) -> &ModelRunner<B> {
@@ -299,7 +306,11 @@ impl<B: Backend> LlmEngine<B> {
         let guide = match &r.params.structured {
             Some(c) => {
                 if self.structured.is_none() {
-                    let built = self.structured_build.take().and_then(StructuredBuild::join);
+                    let vocab = self.runner.config().vocab_size;
+                    let built = self
+                        .structured_build
+                        .take()
+                        .and_then(|b| b.join(vocab, &self.eos_token_ids));
                     let s = match built {
                         Some(s) => s,
                         None => StructuredEngine::new(

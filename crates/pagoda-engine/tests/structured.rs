@@ -222,3 +222,39 @@ fn an_end_of_sequence_id_outside_the_vocabulary_is_an_error() {
     assert!(e.message.contains("151645"), "{}", e.message);
     assert!(pagoda_engine::structured::GrammarCompiler::new(tok, 49152, &[2]).is_ok());
 }
+
+#[test]
+fn a_compiler_built_while_the_model_loaded_gives_the_same_outputs() {
+    use pagoda_engine::engine::stop_token_ids;
+    use pagoda_engine::structured::StructuredBuild;
+    let cases = [
+        (
+            "Describe a person as JSON.",
+            StructuredOutput::JsonSchema(PERSON.into()),
+        ),
+        (
+            "What is the phone number?",
+            StructuredOutput::Regex(r"\d{3}-\d{4}".into()),
+        ),
+    ];
+    let (mut e, tok) = default_engine(256);
+    let want: Vec<String> = run(&mut e, &tok, &cases, 60)
+        .into_iter()
+        .map(|o| o.text)
+        .collect();
+    let (vocab, eos) = {
+        let c = e.runner().config();
+        (c.vocab_size, stop_token_ids(&c.eos_token_ids, Some(&tok)))
+    };
+    // Built for this model, or for another vocabulary (dropped, and the
+    // engine builds its own at the first constrained request).
+    for (v, ids) in [(vocab, eos.clone()), (vocab + 1, eos.clone())] {
+        let (mut e, t) = default_engine(256);
+        e.set_structured_build(StructuredBuild::start(tok.clone(), v, ids));
+        let got: Vec<String> = run(&mut e, &t, &cases, 60)
+            .into_iter()
+            .map(|o| o.text)
+            .collect();
+        assert_eq!(got, want, "built for {v} ids");
+    }
+}

@@ -36,7 +36,7 @@ pub use masks::{
     thread_cpu_secs, Advanced, MaskJob, MaskResult, MaskStats, MaskWorkers, FAMILIES_PER_WORKER,
 };
 pub use pipe::{PipeJob, PipeResult};
-pub use step::{mask_threads, mask_threads_for};
+pub use step::{mask_threads, mask_threads_for, StructuredBuild};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};

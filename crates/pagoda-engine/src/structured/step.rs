@@ -1,6 +1,6 @@
 //! The engine's side of structured outputs: the compiler and mask workers
 //! (made at the first constrained request, or built on a thread of their
-//! own from the engine's start where the forward pass runs on a device:
+//! own while the model loads where the forward pass runs on a device:
 //! [`StructuredBuild`]), and a step's mask round trip:
 //! the masks of rows that went on from the last step were started by its
 //! advance (`pipe`) and are in flight; the other constrained rows' guides
@@ -102,29 +102,46 @@ pub fn deferred() -> bool {
     )
 }
 
-/// A [`StructuredEngine`] (for a device backend) being built on a thread
-/// of its own, so that the first constrained request finds it ready.
-pub(crate) struct StructuredBuild(
-    Option<std::thread::JoinHandle<Result<StructuredEngine, StructuredError>>>,
-);
+/// The structured-output compiler and mask workers of a device engine,
+/// being built on a thread of their own: started before the model loads
+/// (the token trie and llguidance's slicer take 0.1-0.3 s of CPU), so that
+/// the first constrained request finds them ready instead of waiting for
+/// them. Given to the engine with [`crate::LlmEngine::set_structured_build`].
+pub struct StructuredBuild {
+    thread: Option<std::thread::JoinHandle<Result<StructuredEngine, StructuredError>>>,
+    /// What it is built for: the logits row width and the stop ids.
+    vocab_size: usize,
+    eos: Vec<u32>,
+}
 
 impl StructuredBuild {
+    /// Starts building for a model of `vocab_size` logits whose generation
+    /// ends at `eos` (the engine's stop ids, [`crate::engine::stop_token_ids`]).
     pub fn start(tokenizer: Arc<Tokenizer>, vocab_size: usize, eos: Vec<u32>) -> Self {
-        let build = move || StructuredEngine::new(Some(&tokenizer), vocab_size, &eos, true);
+        let ids = eos.clone();
+        let build = move || StructuredEngine::new(Some(&tokenizer), vocab_size, &ids, true);
         // A thread that cannot be started: the first constrained request
         // builds it, as without this.
-        StructuredBuild(
-            std::thread::Builder::new()
+        StructuredBuild {
+            thread: std::thread::Builder::new()
                 .name("pagoda-grammar".into())
                 .spawn(build)
                 .ok(),
-        )
+            vocab_size,
+            eos,
+        }
     }
 
-    /// The built engine, or its error; `None` if there is no thread or it
-    /// died (the caller builds it anew).
-    pub fn join(self) -> Option<Result<StructuredEngine, StructuredError>> {
-        self.0?.join().ok()
+    /// The built engine, or its error; `None` if there is no thread, it
+    /// died, or it was built for another vocabulary or other stop ids than
+    /// `vocab_size` and `eos` (the caller builds it anew).
+    pub(crate) fn join(
+        self,
+        vocab_size: usize,
+        eos: &[u32],
+    ) -> Option<Result<StructuredEngine, StructuredError>> {
+        let built = self.thread?.join().ok()?;
+        (self.vocab_size == vocab_size && self.eos == eos).then_some(built)
     }
 }
 
@@ -508,7 +525,7 @@ mod tests {
             Arc::new(Tokenizer::from_hf_file(path).unwrap())
         };
         let built = StructuredBuild::start(tok(), 49152, vec![2])
-            .join()
+            .join(49152, &[2])
             .expect("the build thread ran")
             .unwrap();
         let mut g = built
@@ -520,7 +537,14 @@ mod tests {
         assert_eq!(mask[0] >> 2 & 1, 0);
         assert!(mask.iter().any(|&w| w != 0));
         // Its errors come back as they would built in place.
-        let e = StructuredBuild::start(tok(), 49152, vec![]).join();
+        let e = StructuredBuild::start(tok(), 49152, vec![]).join(49152, &[]);
         assert!(matches!(e, Some(Err(_))), "no EOS id must be an error");
+        // One built for another vocabulary or other stop ids is not taken.
+        assert!(StructuredBuild::start(tok(), 49152, vec![2])
+            .join(49153, &[2])
+            .is_none());
+        assert!(StructuredBuild::start(tok(), 49152, vec![2])
+            .join(49152, &[2, 0])
+            .is_none());
     }
 }

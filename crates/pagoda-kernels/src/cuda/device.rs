@@ -1,4 +1,4 @@
-//! Opening a CUDA device: the driver context, one stream and the kernel
+//! Opening a CUDA device: the driver context, its compute stream and the kernel
 //! modules, one per compile unit, with every kernel looked up by name in
 //! the module that holds it (the cuBLASLt handle lives in
 //! [`super::blaslt`]).
@@ -122,8 +122,10 @@ impl Device {
         let t = std::time::Instant::now();
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| err(format!("cannot open CUDA device {ordinal}: {e:?}")))?;
-        // One stream only: cudarc's cross-stream event tracking is not needed.
-        // SAFETY: all work of this context is submitted to `stream` below.
+        // One compute stream: cudarc's cross-stream event tracking is not
+        // needed. SAFETY: all work of this context is submitted to `stream`
+        // below, but for the token mask uploads, whose stream orders itself
+        // against this one with events of its own (`token_masks.rs`).
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()

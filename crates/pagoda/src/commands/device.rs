@@ -23,6 +23,8 @@ use crate::progress;
 use crate::startup::{StartupReport, TimedSource};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pagoda_engine::engine::stop_token_ids;
+use pagoda_engine::structured::StructuredBuild;
 use pagoda_engine::{LlmEngine, ModelRunner, SchedulerConfig};
 use pagoda_kernels::cpu::{CpuBackend, CpuOptions, WeightDtype};
 use pagoda_kernels::{Backend, KvCacheDtype};
@@ -328,6 +330,17 @@ fn build_engine<B: KvBudget>(
     if cache.block_size == 0 {
         bail!("--block-size must be at least 1");
     }
+    // Where the device samples, the structured-output compiler builds on a
+    // thread of its own while the model loads, so that the first
+    // constrained request does not wait for it.
+    let structured_build = match &files.tokenizer {
+        Some(t) if backend.samples_on_device() => Some(StructuredBuild::start(
+            t.clone(),
+            cfg.vocab_size,
+            stop_token_ids(&cfg.eos_token_ids, Some(t)),
+        )),
+        _ => None,
+    };
     let pb = progress::bar((cfg.num_hidden_layers + 2) as u64, "loading", quiet);
     // Time in the source is reading (or generating) weights; the rest of the
     // build is the backend's conversion and upload.
@@ -480,6 +493,9 @@ fn build_engine<B: KvBudget>(
         enable_prefix_caching: !cache.no_prefix_caching,
     };
     let mut engine = report.time("engine", || LlmEngine::new(runner, files.tokenizer, config))?;
+    if let Some(b) = structured_build {
+        engine.set_structured_build(b);
+    }
     engine.set_mixed_prefill_budget(match cache.mixed_prefill_budget {
         Some(0) => None,
         Some(n) => Some(n),
