@@ -290,7 +290,13 @@ fn moe_timings() {
     // for FP8 a 4-byte scale per row (2 * inter + hidden rows).
     let bf16_bytes = (3 * hidden * inter * 2) as f64;
     let fp8_bytes = (3 * hidden * inter + 4 * (2 * inter + hidden)) as f64;
-    for rows in [1usize, 2, 4, 8, 16, 32, 64, 256] {
+    // MOE_ROWS=1024,8192 (say) times prefill-sized steps instead; the
+    // GEMV paths, for decode, are left out past 256 rows.
+    let row_counts: Vec<usize> = match std::env::var("MOE_ROWS") {
+        Ok(v) => v.split(',').filter_map(|r| r.trim().parse().ok()).collect(),
+        Err(_) => vec![1, 2, 4, 8, 16, 32, 64, 256],
+    };
+    for rows in row_counts {
         let x = g
             .tensor_from_host(rows, hidden, &rvec_f32(&mut rng, rows * hidden, 1.0))
             .unwrap();
@@ -330,6 +336,9 @@ fn moe_timings() {
                 MoePath::GroupedGemv,
                 MoePath::Stream,
             ] {
+                if rows > 256 && matches!(path, MoePath::Gemv | MoePath::GroupedGemv) {
+                    continue;
+                }
                 let secs = time(&g, 20, || {
                     for _ in 0..10 {
                         let _ = g
