@@ -246,14 +246,15 @@ fn moe_experts_matches_the_reference_on_routes() {
     let Some(g) = gpu() else { return };
     let c = cpu();
     let mut rng = Rng::new(2);
-    // (experts, hidden, top_k, rows, &all_experts(inter)): widths off the 64-column tile
-    // and the 32-wide k step, tile heights 16 and 64, and widths that are
-    // not multiples of 8 (the element-copy path).
+    // (experts, hidden, top_k, rows, &all_experts(inter)): widths off the 64- and
+    // 128-column tiles and the 32-wide k step, tile heights 16, 64 and 128
+    // (from 192 pairs an expert: rows 1000, 500 and 400 below), and widths
+    // that are not multiples of 8 (the element-copy path).
     let layers: &[(usize, usize, usize, usize, &[usize])] = &[
-        (8, 96, 40, 2, &[1, 7, 64, 300]),
+        (8, 96, 40, 2, &[1, 7, 64, 300, 1000]),
         (16, 64, 128, 4, &[1, 64, 300]),
-        (4, 20, 12, 2, &[7, 64]),
-        (6, 136, 72, 6, &[5, 100]),
+        (4, 20, 12, 2, &[7, 64, 500]),
+        (6, 136, 72, 6, &[5, 100, 400]),
     ];
     for &(e, hidden, inter, k, rows_list) in layers {
         let l = Layer::random(&mut rng, e, hidden, inter);

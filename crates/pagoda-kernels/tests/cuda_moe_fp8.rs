@@ -182,7 +182,8 @@ fn fp8_experts_match_the_cpu_fp8_op_at_every_row_count() {
         .copied()
         .filter(|&i| i != 0 && i != 7 && i != 15)
         .collect();
-    for rows in [1, 2, 8, 16, 64, 256] {
+    // 1,024 rows at top-4: 256 pairs an expert, the 128-row tiles.
+    for rows in [1, 2, 8, 16, 64, 256, 1024] {
         let x = rvec(&mut rng, rows * l.hidden, 1.0);
         for (k, pool, what) in [
             (4, &all, "all"),
@@ -217,7 +218,8 @@ fn fp8_experts_at_widths_off_the_copy_size() {
         let l = Layer::random(&mut rng, 8, hidden, inter);
         let (gw, cw) = (l.gpu(&g), l.cpu(&c));
         let all: Vec<u32> = (0..8).collect();
-        for rows in [1, 3, 70] {
+        // 800 rows: 200 pairs an expert, the 128-row tiles.
+        for rows in [1, 3, 70, 800] {
             let x = rvec(&mut rng, rows * hidden, 1.0);
             let (ids, w) = routes(&mut rng, rows, 2, &all);
             case(

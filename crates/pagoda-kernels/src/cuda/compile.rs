@@ -37,6 +37,7 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("kv.cuh", include_str!("kernels/kv.cuh")),
     ("mma.cuh", include_str!("kernels/mma.cuh")),
+    ("moe.cuh", include_str!("kernels/moe.cuh")),
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("qk_norm_rope.cu", include_str!("kernels/qk_norm_rope.cu")),
@@ -77,13 +78,16 @@ pub(crate) const SOURCES: &[(&str, &str)] = &[
         include_str!("kernels/attention_prefill_mma.cu"),
     ),
     ("moe.cu", include_str!("kernels/moe.cu")),
+    ("moe_gemm.cu", include_str!("kernels/moe_gemm.cu")),
     ("moe_stream.cu", include_str!("kernels/moe_stream.cu")),
 ];
 
 /// The compile units: a name and the sources after `prelude.cuh`, in the
 /// order they are concatenated (headers first). One unit per heavy file (the
 /// split-K decode attention's 24 instantiations in two, by cache element
-/// type) so they compile side by side; the light files share one.
+/// type, and its tensor-core FP8 kernels in a third; the MoE kernels in three: routing, grouping and GEMVs, the grouped
+/// GEMMs, the stream kernels) so they compile side by side; the light files
+/// share one.
 pub(crate) const UNITS: &[(&str, &[&str])] = &[
     (
         "attention_decode_bf16",
@@ -91,12 +95,11 @@ pub(crate) const UNITS: &[(&str, &[&str])] = &[
     ),
     (
         "attention_decode_fp8",
-        &[
-            "kv.cuh",
-            "attention_decode.cu",
-            "attention_decode_fp8.cu",
-            "attention_decode_mma.cu",
-        ],
+        &["kv.cuh", "attention_decode.cu", "attention_decode_fp8.cu"],
+    ),
+    (
+        "attention_decode_fp8_tc",
+        &["kv.cuh", "attention_decode.cu", "attention_decode_mma.cu"],
     ),
     ("gemv", &["common.cuh", "gemv.cu"]),
     (
@@ -107,7 +110,15 @@ pub(crate) const UNITS: &[(&str, &[&str])] = &[
         "attention_prefill_mma",
         &["kv.cuh", "mma.cuh", "attention_prefill_mma.cu"],
     ),
-    ("moe", &["common.cuh", "mma.cuh", "moe.cu", "moe_stream.cu"]),
+    ("moe", &["common.cuh", "mma.cuh", "moe.cuh", "moe.cu"]),
+    (
+        "moe_gemm",
+        &["common.cuh", "mma.cuh", "moe.cuh", "moe_gemm.cu"],
+    ),
+    (
+        "moe_stream",
+        &["common.cuh", "mma.cuh", "moe.cuh", "moe_stream.cu"],
+    ),
     ("elementwise", &["common.cuh", "kv.cuh", "elementwise.cu"]),
     ("sampling", &["sampling.cu", "sampling_extras.cu"]),
     (
@@ -242,6 +253,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "moe_gemm_gate_up_m16",
     "moe_gemm_down_m64",
     "moe_gemm_down_m16",
+    "moe_gemm_gate_up_m128",
+    "moe_gemm_down_m128",
     "moe_combine_bf16",
     "moe_gemv_gate_up",
     "moe_gemv_down",
@@ -251,6 +264,8 @@ pub(crate) const KERNELS: &[&str] = &[
     "moe_gemm_gate_up_m16_fp8",
     "moe_gemm_down_m64_fp8",
     "moe_gemm_down_m16_fp8",
+    "moe_gemm_gate_up_m128_fp8",
+    "moe_gemm_down_m128_fp8",
     "moe_gemv_gate_up_fp8",
     "moe_gemv_down_fp8",
     "moe_ggemv_gate_up_fp8",

@@ -169,6 +169,7 @@ impl Device {
         super::attention_prefill::configure(&kernels)?;
         super::attention_prefill_mma::configure(&kernels)?;
         super::moe_stream::configure(&kernels)?;
+        super::moe::configure(&kernels)?;
         let gpu = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let name = format!("cuda:{ordinal} ({gpu}, sm_{}{}, bf16)", cc.0, cc.1);
         let pdl_supported = launch::pdl_supported(cc, launch::driver_version());

@@ -286,6 +286,8 @@ fn fp8_kernel(base: &str) -> Option<&'static str> {
         "moe_gemm_gate_up_m16" => "moe_gemm_gate_up_m16_fp8",
         "moe_gemm_down_m64" => "moe_gemm_down_m64_fp8",
         "moe_gemm_down_m16" => "moe_gemm_down_m16_fp8",
+        "moe_gemm_gate_up_m128" => "moe_gemm_gate_up_m128_fp8",
+        "moe_gemm_down_m128" => "moe_gemm_down_m128_fp8",
         "moe_gemv_gate_up" => "moe_gemv_gate_up_fp8",
         "moe_gemv_down" => "moe_gemv_down_fp8",
         "moe_ggemv_gate_up" => "moe_ggemv_gate_up_fp8",
@@ -418,13 +420,66 @@ fn max_tiles(pairs: usize, n_exp: usize, bm: usize) -> usize {
 }
 
 /// The tile height for a chunk: 16 while the average expert gets fewer than
-/// 32 pairs (decode), 64 beyond. Depends only on the shape.
+/// 32 pairs (decode), 64 below [`M128_PAIRS`] pairs an expert, 128 from
+/// there (prefill-sized chunks). Depends only on the shape.
 fn tile_rows(pairs: usize, n_exp: usize) -> usize {
     if pairs < 32 * n_exp {
         16
-    } else {
+    } else if pairs < M128_PAIRS * n_exp {
         64
+    } else {
+        128
     }
+}
+
+/// Average pairs an expert from which chunks take the 128-row tiles: the
+/// padding of each expert's last tile (half a tile on average) stays under
+/// a third of its rows, while each block reads half as many weight bytes
+/// per product from L2 (where the 64-row tiles were bound: BENCHMARKS.md).
+const M128_PAIRS: usize = 192;
+
+/// Threads of the 128-row GEMM blocks (8 warps).
+const M128_THREADS: u32 = 256;
+
+/// Output columns of a 128-row block: 64 of gate and of up for gate_up,
+/// 128 for down.
+fn m128_cols(gate_up: bool) -> usize {
+    if gate_up {
+        64
+    } else {
+        128
+    }
+}
+
+/// Dynamic shared memory of a 128-row GEMM block (`MoeGemmSmem<W, 128, BN,
+/// 4, MODE>::BYTES` in kernels/moe.cu: both modes stream 128 weight rows):
+/// 4 stages of the 128 x (32 + 8) bf16 A tile, and of the bf16 B tile
+/// (bf16 weights) or of the 128 x (32 + 16)-byte code tile plus one
+/// widened bf16 B tile (FP8).
+pub(crate) fn m128_smem_bytes(fp8: bool) -> usize {
+    const STAGES: usize = 4;
+    let tile = 128 * (32 + 8) * 2;
+    let a = STAGES * tile;
+    if fp8 {
+        a + tile + STAGES * 128 * (32 + 16)
+    } else {
+        a + STAGES * tile + 16
+    }
+}
+
+/// Lets the 128-row GEMM kernels use their dynamic shared memory.
+pub(crate) fn configure(
+    kernels: &std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,
+) -> Result<()> {
+    super::attention_prefill::raise_smem(
+        kernels,
+        [
+            (Some("moe_gemm_gate_up_m128"), m128_smem_bytes(false)),
+            (Some("moe_gemm_down_m128"), m128_smem_bytes(false)),
+            (Some("moe_gemm_gate_up_m128_fp8"), m128_smem_bytes(true)),
+            (Some("moe_gemm_down_m128_fp8"), m128_smem_bytes(true)),
+        ],
+    )
 }
 
 /// The launch shape of a chunk of `n` rows: its pairs, tile height and
@@ -800,12 +855,22 @@ fn grouped_gemm(
     bm: usize,
     tiles: usize,
 ) -> Result<()> {
+    // The grid's x extent is `tiles`, the bound meta[0] stays under.
+    if bm == 128 {
+        let smem = m128_smem_bytes(d.gate_up.is_fp8()) as u32;
+        let cfg = |cols: usize, gate_up: bool| LaunchConfig {
+            grid_dim: (tiles as u32, cols.div_ceil(m128_cols(gate_up)) as u32, 1),
+            block_dim: (M128_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let names = ["moe_gemm_gate_up_m128", "moe_gemm_down_m128"];
+        return expert_gemms(b, d, x, s, weights, r0, n, names, cfg);
+    }
     let names = if bm == 16 {
         ["moe_gemm_gate_up_m16", "moe_gemm_down_m16"]
     } else {
         ["moe_gemm_gate_up_m64", "moe_gemm_down_m64"]
     };
-    // The grid's x extent is `tiles`, the bound meta[0] stays under.
     let cfg = |cols: usize, _gate_up: bool| LaunchConfig {
         grid_dim: (tiles as u32, cols.div_ceil(GEMM_BN) as u32, 1),
         block_dim: (GEMM_THREADS, 1, 1),
@@ -978,7 +1043,7 @@ mod tests {
         };
         for n_exp in [1, 3, 8, 64, 128, 1024] {
             for pairs in [1, 2, 15, 16, 17, 100, 4096, 33000] {
-                for bm in [16, 64] {
+                for bm in [16, 64, 128] {
                     let bound = max_tiles(pairs, n_exp, bm);
                     // All on one expert, spread one by one, and at random.
                     let mut one = vec![0; n_exp];
@@ -1061,5 +1126,9 @@ mod tests {
         assert_eq!(plan(256, 8, 128, None).bm, 16);
         assert_eq!(plan(512, 8, 128, None).bm, 64);
         assert_eq!(plan(300, 2, 8, None).bm, 64);
+        // Prefill-sized chunks: Qwen3-30B-A3B's full chunk, Mixtral's.
+        assert_eq!(plan(4096, 8, 128, None).bm, 128);
+        assert_eq!(plan(3071, 8, 128, None).bm, 64);
+        assert_eq!(plan(1000, 2, 8, None).bm, 128);
     }
 }

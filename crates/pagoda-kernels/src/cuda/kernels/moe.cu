@@ -1,6 +1,8 @@
 // Mixture-of-experts layers: routing, grouping by expert, the grouped expert
 // GEMMs on tensor cores and the weighted combine (the launches and the host
-// checks are in cuda/moe.rs).
+// checks are in cuda/moe.rs). The GEMMs' code is in moe_gemm.cu and the
+// stream kernels' in moe_stream.cu, each its own compile unit; the pieces
+// they share with this file are in moe.cuh.
 //
 // A "pair" is one (row, k) choice: pair q = row * top_k + k, expert ids[q],
 // routing weight weights[q]. The pairs of one chunk of rows are grouped by
@@ -35,14 +37,19 @@
 //            up rows e*2N + N + n, out h[slot, n] = bf16(silu(g) * u);
 //   down:    A row = h[slot], B = rows e*N + n of down, out
 //            y[slot, n] = bf16(weight[pair] * acc).
-// 4 warps (WM x WN), each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate);
-// K walked 32 at a time through a cp.async pipeline of 3 to 6 stages (as
-// many as 48 KB of static shared memory hold: decode-sized tiles are bound
-// by the weight stream and keep more of it in flight; 16-byte copies where
-// K % 8 == 0, element copies otherwise; zero past K, past N and for padding
-// slots). Fragment addressing as in attention_prefill.cu, with the
-// pf_* helpers (ldmatrix, mma, cp.async) of mma.cuh. Two shapes: BM 64 x
-// BN 64 (warps 2 x 2) for steps with many pairs per expert, BM 16 x BN 64
+// WM x WN warps, each MI x NI m16n8k16 tiles (bf16 in, f32 accumulate);
+// K walked 32 at a time through a cp.async pipeline of 3 to 6 stages (the
+// 4-warp shapes: as many as 48 KB of static shared memory hold;
+// decode-sized tiles are bound by the weight stream and keep more of it in
+// flight; 16-byte copies where K % 8 == 0, element copies otherwise; zero
+// past K, past N and for padding slots). Fragment addressing as in
+// attention_prefill.cu, with the pf_* helpers (ldmatrix, mma, cp.async) of
+// mma.cuh. Three shapes: BM 128 x 128 weight rows (8 warps, 4 x 2; gate_up
+// BN 64 of each set, down BN 128; 4 stages in dynamic shared memory) for
+// prefill-sized steps, where the 64-row tiles were bound by L2 traffic
+// (each block re-reads its A and B tiles from L2: the larger tile halves
+// the weight re-reads and reads a third fewer bytes per product); BM 64 x
+// BN 64 (warps 2 x 2) for steps with a few tiles per expert; BM 16 x BN 64
 // (warps 1 x 4) for decode-sized ones, where most of a 64-row tile would be
 // padding.
 //
@@ -91,21 +98,6 @@
 // x[r, c] = bf16(x[r, c] * sigmoid(gate[r * gate_cols])) in f32;
 // grid-stride over rows * cols.
 
-#define MR_WARPS 4
-#define MR_CACHE 8
-#define MG_THREADS 256
-#define MG_WARPS (MG_THREADS / 32)
-#define MOE_THREADS 128
-#define MOE_BK 32
-#define MOE_LD (MOE_BK + 8)
-#define MV_WARPS 8
-#define MV_BM 8
-
-// Waits until at most N committed cp.async groups are still in flight.
-template <int N>
-__device__ __forceinline__ void moe_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <typename T>
 __device__ __forceinline__ void moe_route_row(const T* __restrict__ logits, int rows, int n_exp,
@@ -317,310 +309,6 @@ moe_group(const int* __restrict__ ids, int pairs, int n_exp, int bm, int* __rest
         __syncthreads();
     }
 }
-
-// Expert weight storage, the template parameter W of every kernel that
-// reads expert weights: bf16, or FP8 E4M3 codes with one f32 scale per
-// weight row (`w_scale`, indexed like the rows; unread for bf16). A "chunk"
-// is 8 consecutive weights of a row (16 bytes of bf16, 8 of FP8); the GEMV
-// loops keep UNROLL chunks of a row in flight per lane, the same 64 bytes
-// for both. Codes widen exactly (every E4M3 value is an f16 and a bf16);
-// the dot products run on the codes and each is multiplied by its row's
-// scale in f32 in the epilogue.
-struct MoeBf16 {
-    typedef bf16 T;
-    typedef uint4 Chunk;
-    static constexpr bool FP8 = false;
-    static constexpr int UNROLL = 4;
-    __device__ static __forceinline__ float scale(const float*, long long) { return 1.0f; }
-    __device__ static __forceinline__ void to_f32(Chunk c, float* f) { bf16x8_to_f32(c, f); }
-};
-
-struct MoeFp8 {
-    typedef fp8 T;
-    typedef uint2 Chunk;
-    static constexpr bool FP8 = true;
-    static constexpr int UNROLL = 8;
-    __device__ static __forceinline__ float scale(const float* s, long long row) { return s[row]; }
-    __device__ static __forceinline__ void to_f32(Chunk c, float* f) {
-        fp8x4_to_f32(c.x, f);
-        fp8x4_to_f32(c.y, f + 4);
-    }
-};
-
-// The two epilogues of every path: a gate_up output from the gate and up
-// dot products of weight rows gr and ur, and a down output from the dot
-// product of weight row dr and the pair's routing weight.
-template <typename W>
-__device__ __forceinline__ float moe_gate_up_val(float g, float u, const float* __restrict__ s,
-                                                 long long gr, long long ur) {
-    return silu(g * W::scale(s, gr)) * (u * W::scale(s, ur));
-}
-
-template <typename W>
-__device__ __forceinline__ float moe_down_val(float acc, float route_w,
-                                              const float* __restrict__ s, long long dr) {
-    return route_w * (acc * W::scale(s, dr));
-}
-
-// One 16-byte piece of a GEMM operand tile into shared memory: a cp.async
-// where rows are 16-byte aligned (vec), element copies otherwise; zero past
-// k and for absent rows.
-template <typename T>
-__device__ __forceinline__ void moe_load16(T* dst, const T* src, int kk, int k, bool vec) {
-    constexpr int N = 16 / sizeof(T);
-    if (vec) {
-        if (src != nullptr && kk < k) {
-            pf_cp_async16(pf_smem_addr(dst), src + kk);
-        } else {
-            pf_zero16(dst);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            dst[i] = (src != nullptr && kk + i < k) ? src[kk + i] : (T)0;
-        }
-    }
-}
-
-// Two f32 values that are exactly bf16 values (widened codes) as a bf16x2.
-__device__ __forceinline__ unsigned moe_pack_bf16x2(float lo, float hi) {
-    return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
-}
-
-// The grouped GEMM of one (column block, tile); MODE 0 gate_up, 1 down.
-// FP8 weights: the code tiles go through the cp.async stages (32 bytes a
-// row), and each k step widens its stage into one bf16 tile before the
-// mma loop (one more barrier); everything from there on is shared.
-template <typename W, int BM, int BN, int WM, int WN, int STAGES, int MODE>
-__device__ __forceinline__ void moe_gemm_tile(bf16* __restrict__ out, const bf16* __restrict__ a,
-                                              const typename W::T* __restrict__ w,
-                                              const float* __restrict__ w_scale,
-                                              const int* __restrict__ meta,
-                                              const int* __restrict__ slot_pair,
-                                              const float* __restrict__ route_w, int top_k, int n,
-                                              int k, int vec) {
-    typedef typename W::T WT;
-    constexpr bool Q = W::FP8;
-    constexpr int NSETS = MODE == 0 ? 2 : 1;  // gate and up, or down
-    constexpr int BROWS = NSETS * BN;
-    constexpr int MI = BM / (16 * WM);
-    constexpr int NI = BN / (8 * WN);
-    constexpr int CPR = MOE_BK / 8;            // 16-byte chunks per bf16 tile row
-    constexpr int QCPR = MOE_BK / 16;          // 16-byte chunks per code tile row
-    constexpr int QLD = MOE_BK + 16;           // bytes per code tile row
-    constexpr int BSTAGES = Q ? 1 : STAGES;    // bf16 weight tiles
-    constexpr int QSTAGES = Q ? STAGES : 1;    // code tiles
-    static_assert(WM * WN * 32 == MOE_THREADS, "4 warps");
-    static_assert(MI >= 1 && NI % 2 == 0, "warp tiling");
-
-    __shared__ __align__(16) bf16 s_a[STAGES][BM * MOE_LD];
-    __shared__ __align__(16) bf16 s_b[BSTAGES][BROWS * MOE_LD];
-    __shared__ __align__(16) unsigned char s_q[QSTAGES][Q ? BROWS * QLD : 16];
-    __shared__ const bf16* a_rows[BM];
-    __shared__ const WT* b_rows[BROWS];
-
-    const int tile = blockIdx.x;
-    if (tile >= meta[0]) {
-        return;
-    }
-    const int expert = meta[1 + tile];
-    const int n0 = blockIdx.y * BN;
-    const int tid = threadIdx.x;
-    const long long slot0 = (long long)tile * BM;
-    for (int r = tid; r < BM; r += MOE_THREADS) {
-        int p = slot_pair[slot0 + r];
-        const bf16* row = nullptr;
-        if (p >= 0) {
-            row = MODE == 0 ? a + (long long)(p / top_k) * k : a + (slot0 + r) * k;
-        }
-        a_rows[r] = row;
-    }
-    for (int r = tid; r < BROWS; r += MOE_THREADS) {
-        int col = n0 + r % BN;
-        const WT* row = nullptr;
-        if (col < n) {
-            row = w + ((long long)expert * NSETS * n + (long long)(r / BN) * n + col) * k;
-        }
-        b_rows[r] = row;
-    }
-    __syncthreads();
-
-    // 16-byte code copies need k % 16 == 0.
-    const bool vec_a = vec != 0;
-    const bool vec_b = vec_a && (!Q || k % 16 == 0);
-    auto load = [&](int stage, int k0) {
-        for (int c = tid; c < BM * CPR; c += MOE_THREADS) {
-            int r = c / CPR;
-            int col = (c % CPR) * 8;
-            moe_load16(&s_a[stage][r * MOE_LD + col], a_rows[r], k0 + col, k, vec_a);
-        }
-        if constexpr (Q) {
-            for (int c = tid; c < BROWS * QCPR; c += MOE_THREADS) {
-                int r = c / QCPR;
-                int col = (c % QCPR) * 16;
-                moe_load16(&s_q[stage][r * QLD + col], b_rows[r], k0 + col, k, vec_b);
-            }
-        } else {
-            for (int c = tid; c < BROWS * CPR; c += MOE_THREADS) {
-                int r = c / CPR;
-                int col = (c % CPR) * 8;
-                moe_load16(&s_b[stage][r * MOE_LD + col], b_rows[r], k0 + col, k, vec_b);
-            }
-        }
-    };
-
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    const int wm = warp / WN;
-    const int wn = warp % WN;
-    float acc[NSETS][MI][NI][4];
-#pragma unroll
-    for (int s = 0; s < NSETS; s++)
-#pragma unroll
-        for (int i = 0; i < MI; i++)
-#pragma unroll
-            for (int j = 0; j < NI; j++)
-                acc[s][i][j][0] = acc[s][i][j][1] = acc[s][i][j][2] = acc[s][i][j][3] = 0.0f;
-
-    // A fragments: matrix i = lane / 8 covers rows 8 * (i % 2), cols 8 * (i / 2).
-    const int a_r = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int a_c = 8 * (lane >> 4);
-    // B (rows are n, k contiguous): matrix i covers n 8 * (i / 2), k 8 * (i % 2).
-    const int b_r = (lane & 7) + 8 * (lane >> 4);
-    const int b_c = 8 * ((lane >> 3) & 1);
-
-    const int k_tiles = (k + MOE_BK - 1) / MOE_BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < k_tiles) {
-            load(s, s * MOE_BK);
-        }
-        pf_cp_async_commit();
-    }
-    for (int kt = 0; kt < k_tiles; kt++) {
-        moe_cp_async_wait<STAGES - 2>();  // tile kt landed (later ones may pend)
-        __syncthreads();  // and every warp is done with the stage reloaded below
-        const int nk = kt + STAGES - 1;
-        if (nk < k_tiles) {
-            load(nk % STAGES, nk * MOE_BK);
-        }
-        pf_cp_async_commit();
-        if constexpr (Q) {
-            // Widen the stage's codes into the bf16 tile: 8 codes a thread
-            // per step (every warp is past its previous mma loop).
-            const unsigned char* q = s_q[kt % STAGES];
-            for (int i = tid; i < BROWS * (MOE_BK / 8); i += MOE_THREADS) {
-                int r = i / (MOE_BK / 8);
-                int c = (i % (MOE_BK / 8)) * 8;
-                uint2 v = *reinterpret_cast<const uint2*>(&q[r * QLD + c]);
-                float f[8];
-                W::to_f32(v, f);
-                uint4 o;
-                o.x = moe_pack_bf16x2(f[0], f[1]);
-                o.y = moe_pack_bf16x2(f[2], f[3]);
-                o.z = moe_pack_bf16x2(f[4], f[5]);
-                o.w = moe_pack_bf16x2(f[6], f[7]);
-                *reinterpret_cast<uint4*>(&s_b[0][r * MOE_LD + c]) = o;
-            }
-            __syncthreads();
-        }
-        const bf16* sa = s_a[kt % STAGES];
-        const bf16* sb = s_b[Q ? 0 : kt % STAGES];
-#pragma unroll
-        for (int ks = 0; ks < MOE_BK / 16; ks++) {
-            unsigned af[MI][4];
-#pragma unroll
-            for (int mi = 0; mi < MI; mi++) {
-                int r = (wm * MI + mi) * 16 + a_r;
-                pf_ldsm_x4(pf_smem_addr(&sa[r * MOE_LD + ks * 16 + a_c]), af[mi][0], af[mi][1],
-                           af[mi][2], af[mi][3]);
-            }
-#pragma unroll
-            for (int s = 0; s < NSETS; s++) {
-#pragma unroll
-                for (int np = 0; np < NI / 2; np++) {
-                    unsigned b0, b1, b2, b3;
-                    int r = s * BN + (wn * NI + 2 * np) * 8 + b_r;
-                    pf_ldsm_x4(pf_smem_addr(&sb[r * MOE_LD + ks * 16 + b_c]), b0, b1, b2, b3);
-#pragma unroll
-                    for (int mi = 0; mi < MI; mi++) {
-                        pf_mma(acc[s][mi][2 * np], af[mi], b0, b1);
-                        pf_mma(acc[s][mi][2 * np + 1], af[mi], b2, b3);
-                    }
-                }
-            }
-        }
-    }
-
-    // C fragments: c0, c1 at (lane / 4, 2 (lane % 4) + 0..1), c2, c3 eight rows down.
-    const int g = lane >> 2;
-    const int c2 = 2 * (lane & 3);
-    const long long wrow0 = (long long)expert * NSETS * n;  // the expert's first weight row
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            long long slot = slot0 + (wm * MI + mi) * 16 + g + 8 * h;
-            int p = slot_pair[slot];
-            if (p < 0) {
-                continue;
-            }
-            bf16* orow = out + slot * n;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int col = n0 + (wn * NI + ni) * 8 + c2 + j;
-                    if (col < n) {
-                        const float v0 = acc[0][mi][ni][2 * h + j];
-                        float v;
-                        if constexpr (MODE == 0) {
-                            v = moe_gate_up_val<W>(v0, acc[NSETS - 1][mi][ni][2 * h + j], w_scale,
-                                                   wrow0 + col, wrow0 + n + col);
-                        } else {
-                            v = moe_down_val<W>(v0, route_w[p], w_scale, wrow0 + col);
-                        }
-                        orow[col] = f2bf(v);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#define MOE_GEMM_ARGS(WT)                                                                        \
-    bf16 *__restrict__ out, const bf16 *__restrict__ a, const WT *__restrict__ w,                \
-        const float *__restrict__ w_scale, const int *__restrict__ meta,                          \
-        const int *__restrict__ slot_pair, const float *__restrict__ route_w, int top_k, int n,   \
-        int k, int vec
-#define MOE_GEMM_PASS out, a, w, w_scale, meta, slot_pair, route_w, top_k, n, k, vec
-// The four GEMM kernels of one weight type (name suffix SFX). Stages: as
-// many as 48 KB of static shared memory hold (FP8 stages are smaller; the
-// widened tile is one more fixed buffer).
-#define MOE_GEMM_KERNELS(W, SFX, S_GU64, S_GU16, S_DN64, S_DN16)                                  \
-    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
-        moe_gemm_gate_up_m64##SFX(MOE_GEMM_ARGS(W::T)) {                                          \
-        PDL_ENTRY();                                                                          \
-        moe_gemm_tile<W, 64, 64, 2, 2, S_GU64, 0>(MOE_GEMM_PASS);                                 \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
-        moe_gemm_gate_up_m16##SFX(MOE_GEMM_ARGS(W::T)) {                                          \
-        PDL_ENTRY();                                                                          \
-        moe_gemm_tile<W, 16, 64, 1, 4, S_GU16, 0>(MOE_GEMM_PASS);                                 \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
-        moe_gemm_down_m64##SFX(MOE_GEMM_ARGS(W::T)) {                                             \
-        PDL_ENTRY();                                                                          \
-        moe_gemm_tile<W, 64, 64, 2, 2, S_DN64, 1>(MOE_GEMM_PASS);                                 \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MOE_THREADS)                                   \
-        moe_gemm_down_m16##SFX(MOE_GEMM_ARGS(W::T)) {                                             \
-        PDL_ENTRY();                                                                          \
-        moe_gemm_tile<W, 16, 64, 1, 4, S_DN16, 1>(MOE_GEMM_PASS);                                 \
-    }
-
-MOE_GEMM_KERNELS(MoeBf16, , 3, 4, 4, 6)
-MOE_GEMM_KERNELS(MoeFp8, _fp8, 3, 5, 5, 8)
 
 // Grid-stride over rows * n output elements.
 extern "C" __global__ void moe_combine_bf16(bf16* __restrict__ out, const bf16* __restrict__ y,

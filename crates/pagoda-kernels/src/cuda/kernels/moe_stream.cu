@@ -1,9 +1,9 @@
 // The decode-regime expert GEMMs ("stream" kernels): each touched expert's
 // weights are read exactly once per step, at copy bandwidth, by blocks
 // that hold all of the expert's slots (the launches are in
-// cuda/moe_stream.rs). Compiled after moe.cu, whose grouping (moe_group
-// with 16-slot tiles), weight types (MoeBf16, MoeFp8), epilogues and
-// moe_load16 they share.
+// cuda/moe_stream.rs). They take moe.cu's grouping (moe_group with 16-slot
+// tiles) and are compiled after moe.cuh, whose weight types (MoeBf16,
+// MoeFp8), epilogues and moe_load16 they share.
 //
 // Grid (E, ceil(N / BN)), MS_THREADS threads (8 warps): block (e, nb)
 // finds expert e's tiles in meta (contiguous, ascending: one scan of
