@@ -362,6 +362,43 @@ __device__ __forceinline__ void dec_write(bf16* __restrict__ out, float* __restr
     }
 }
 
+// The positions partition `part` of sequence `seq` covers: [start, start +
+// n), n <= 0 when the partition lies past them (its block returns), and the
+// `span` the partitions tile. The
+// sequence's positions are clamped to its block table, so even a corrupt
+// length reads only the sequence's own table row (the host checked every
+// block id it holds); partitions tile the `span` positions the query sees,
+// [n_seq - span, n_seq): all of them, or the last `window` (nothing before
+// is read).
+struct DecSpan {
+    int start;
+    int n;
+    int span;  // the positions all partitions tile
+};
+
+__device__ __forceinline__ DecSpan dec_span(const int* __restrict__ context_lens, int seq,
+                                            int max_blocks_per_seq, int block_size, int part,
+                                            int part_size, int window) {
+    const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
+    const int span = window > 0 ? min(window, n_seq) : n_seq;
+    const int off = part * part_size;
+    return DecSpan{n_seq - span + off, min(part_size, span - off), span};
+}
+
+// Phase 0 of both decode kernels: the cache slot of each of the n positions
+// from `start` into s_slot, by the block's DEC_THREADS threads.
+__device__ __forceinline__ void dec_slots(int* __restrict__ s_slot,
+                                          const int* __restrict__ block_tables, int seq,
+                                          int max_blocks_per_seq, int block_size, int start,
+                                          int n) {
+    const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+    for (int i = threadIdx.x; i < n; i += DEC_THREADS) {
+        const int pos = start + i;
+        const int b = pos / block_size;
+        s_slot[i] = table[b] * block_size + (pos - b * block_size);
+    }
+}
+
 template <int D, int G, typename KV>
 __device__ __forceinline__ void paged_decode_attention(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
@@ -388,18 +425,13 @@ __device__ __forceinline__ void paged_decode_attention(
     const int seq = blockIdx.x;
     const int kv = blockIdx.y;
     const int part = blockIdx.z;
-    // Clamped to the block table, so even a corrupt length reads only the
-    // sequence's own table row (the host checked every block id it holds).
-    const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
-    // Partitions tile the `span` positions the query sees, [n_seq - span,
-    // n_seq): all of them, or the last `window` (nothing before is read).
-    const int span = window > 0 ? min(window, n_seq) : n_seq;
-    const int off = part * part_size;
-    if (off >= span) {
+    const DecSpan sp =
+        dec_span(context_lens, seq, max_blocks_per_seq, block_size, part, part_size, window);
+    if (sp.n <= 0) {
         return;
     }
-    const int start = n_seq - span + off;
-    const int n = min(part_size, span - off);
+    const int start = sp.start;
+    const int n = sp.n;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -408,12 +440,7 @@ __device__ __forceinline__ void paged_decode_attention(
     const int tg = lane / TPT; // this lane's row within a warp load
 
     // Phase 0: cache slot of every token of the partition.
-    const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-    for (int i = tid; i < n; i += DEC_THREADS) {
-        const int pos = start + i;
-        const int b = pos / block_size;
-        s_slot[i] = table[b] * block_size + (pos - b * block_size);
-    }
+    dec_slots(s_slot, block_tables, seq, max_blocks_per_seq, block_size, start, n);
 
     // This lane's 8 dims of q for each head of the group, in the log2 domain.
     float qf[G][8];
@@ -569,7 +596,7 @@ __device__ __forceinline__ void paged_decode_attention(
     dec_write<D, G>(out, part_acc, part_ml,
                     counters == nullptr ? nullptr : counters + (long long)seq * num_kv_heads + kv,
                     s_acc, s_m, s_l, kv_scale<KV>(kv_scales, 1), head0, group, max_parts, part,
-                    (span + part_size - 1) / part_size);
+                    (sp.span + part_size - 1) / part_size);
 }
 
 // Entry points: one per (cache element, head_dim, G), spelled out so their

@@ -153,15 +153,13 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     const int seq = blockIdx.x;
     const int kv = blockIdx.y;
     const int part = blockIdx.z;
-    // As in paged_decode_attention (attention_decode.cu).
-    const int n_seq = min(context_lens[seq] + 1, max_blocks_per_seq * block_size);
-    const int span = window > 0 ? min(window, n_seq) : n_seq;
-    const int off = part * part_size;
-    if (off >= span) {
+    const DecSpan sp =
+        dec_span(context_lens, seq, max_blocks_per_seq, block_size, part, part_size, window);
+    if (sp.n <= 0) {
         return;
     }
-    const int start = n_seq - span + off;
-    const int n = min(part_size, span - off);
+    const int start = sp.start;
+    const int n = sp.n;
     const int group = num_heads / num_kv_heads;
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -170,12 +168,7 @@ __device__ __forceinline__ void paged_decode_attention_tc(
     const int c = lane & 3;
 
     // Phase 0: cache slot of every token of the partition.
-    const int* table = block_tables + (long long)seq * max_blocks_per_seq;
-    for (int i = tid; i < n; i += DEC_THREADS) {
-        const int pos = start + i;
-        const int b = pos / block_size;
-        s_slot[i] = table[b] * block_size + (pos - b * block_size);
-    }
+    dec_slots(s_slot, block_tables, seq, max_blocks_per_seq, block_size, start, n);
 
     // Head g's dims [c D/4, (c+1) D/4) of q as f16 pairs scaled by 2^e (zero
     // for heads past the group); every warp holds the same fragments.
@@ -323,7 +316,7 @@ __device__ __forceinline__ void paged_decode_attention_tc(
                         counters == nullptr ? nullptr
                                             : counters + (long long)seq * num_kv_heads + kv,
                         s_acc, s_m, s_l, kv_scales[1], head0, group, max_parts, part,
-                        (span + part_size - 1) / part_size);
+                        (sp.span + part_size - 1) / part_size);
 }
 
 // Entry points, one per head_dim (every group of 1..8 shares one); the
