@@ -842,6 +842,43 @@ fn run_chunk(
     Ok(())
 }
 
+/// How the grouped GEMMs of one tile height launch: the gate_up and down
+/// kernels, threads a block, dynamic shared memory, and output columns a
+/// block of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GemmLaunch {
+    names: [&'static str; 2],
+    threads: u32,
+    smem: u32,
+    cols: [usize; 2],
+}
+
+impl GemmLaunch {
+    /// The kernels of tile height `bm` (16, 64 or 128, [`tile_rows`]).
+    fn for_tile_rows(bm: usize, fp8: bool) -> Self {
+        match bm {
+            128 => GemmLaunch {
+                names: ["moe_gemm_gate_up_m128", "moe_gemm_down_m128"],
+                threads: M128_THREADS,
+                smem: m128_smem_bytes(fp8) as u32,
+                cols: [m128_cols(true), m128_cols(false)],
+            },
+            16 => GemmLaunch {
+                names: ["moe_gemm_gate_up_m16", "moe_gemm_down_m16"],
+                threads: GEMM_THREADS,
+                smem: 0,
+                cols: [GEMM_BN; 2],
+            },
+            _ => GemmLaunch {
+                names: ["moe_gemm_gate_up_m64", "moe_gemm_down_m64"],
+                threads: GEMM_THREADS,
+                smem: 0,
+                cols: [GEMM_BN; 2],
+            },
+        }
+    }
+}
+
 /// The grouped path's two tensor-core GEMMs of rows `r0 .. r0 + n`.
 #[allow(clippy::too_many_arguments)]
 fn grouped_gemm(
@@ -855,28 +892,18 @@ fn grouped_gemm(
     bm: usize,
     tiles: usize,
 ) -> Result<()> {
+    let g = GemmLaunch::for_tile_rows(bm, d.gate_up.is_fp8());
     // The grid's x extent is `tiles`, the bound meta[0] stays under.
-    if bm == 128 {
-        let smem = m128_smem_bytes(d.gate_up.is_fp8()) as u32;
-        let cfg = |cols: usize, gate_up: bool| LaunchConfig {
-            grid_dim: (tiles as u32, cols.div_ceil(m128_cols(gate_up)) as u32, 1),
-            block_dim: (M128_THREADS, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        let names = ["moe_gemm_gate_up_m128", "moe_gemm_down_m128"];
-        return expert_gemms(b, d, x, s, weights, r0, n, names, cfg);
-    }
-    let names = if bm == 16 {
-        ["moe_gemm_gate_up_m16", "moe_gemm_down_m16"]
-    } else {
-        ["moe_gemm_gate_up_m64", "moe_gemm_down_m64"]
+    let cfg = |cols: usize, gate_up: bool| LaunchConfig {
+        grid_dim: (
+            tiles as u32,
+            cols.div_ceil(g.cols[usize::from(!gate_up)]) as u32,
+            1,
+        ),
+        block_dim: (g.threads, 1, 1),
+        shared_mem_bytes: g.smem,
     };
-    let cfg = |cols: usize, _gate_up: bool| LaunchConfig {
-        grid_dim: (tiles as u32, cols.div_ceil(GEMM_BN) as u32, 1),
-        block_dim: (GEMM_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    expert_gemms(b, d, x, s, weights, r0, n, names, cfg)
+    expert_gemms(b, d, x, s, weights, r0, n, g.names, cfg)
 }
 
 /// The two expert GEMMs of rows `r0 .. r0 + n` after `moe_group` grouped
@@ -1117,6 +1144,25 @@ mod tests {
             assert_eq!(at(511, s), Stream);
             // 4,096 pairs over 128 experts: 64-slot tiles, the grouped GEMMs.
             assert_eq!(at(512, s), Grouped);
+        }
+    }
+
+    #[test]
+    fn each_tile_height_launches_its_own_kernels() {
+        let m128 = GemmLaunch::for_tile_rows(128, false);
+        assert_eq!(m128.names, ["moe_gemm_gate_up_m128", "moe_gemm_down_m128"]);
+        assert_eq!((m128.threads, m128.cols), (256, [64, 128]));
+        assert_eq!(m128.smem as usize, m128_smem_bytes(false));
+        assert_eq!(
+            GemmLaunch::for_tile_rows(128, true).smem as usize,
+            m128_smem_bytes(true)
+        );
+        for (bm, name) in [(16, "moe_gemm_gate_up_m16"), (64, "moe_gemm_gate_up_m64")] {
+            let g = GemmLaunch::for_tile_rows(bm, true);
+            assert_eq!(
+                (g.names[0], g.threads, g.smem, g.cols),
+                (name, 128, 0, [64, 64])
+            );
         }
     }
 
