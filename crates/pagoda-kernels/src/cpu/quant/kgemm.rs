@@ -24,9 +24,12 @@
 //!
 //! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
 //! [`matmul`] returns false and the caller takes the dequantized tiles.
-//! On AVX2 (no `vpdpbusd`) each step's `vpmaddubsw` pair sums are added in
-//! 16-bit lanes for as many steps as cannot overflow and widened once per
-//! run, a third fewer integer instructions than widening every step.
+//! The tiles of the VNNI path are here; on AVX2 (no `vpdpbusd`) the
+//! products are [`super::kgemm_avx2`]'s, whose `vpmaddubsw` pair sums are
+//! added in 16-bit lanes for as many steps as cannot overflow and widened
+//! once per run, a third fewer integer instructions than widening every
+//! step. The weight panel is reordered in registers (a transpose of 4-byte
+//! runs per block), not element by element.
 
 use super::Isa;
 use crate::GgmlType;
@@ -52,20 +55,23 @@ pub fn handles(ty: GgmlType, isa: Isa) -> bool {
 /// Whether prefill rows take this GEMM on `isa` ([`super::super::matmul`])
 /// rather than dequantized f32 tiles: on both SIMD paths. With AVX-512
 /// VNNI it runs at about twice the tiles' rate; on AVX2 (`vpmaddubsw`
-/// pair sums added in 16-bit lanes, [`x86`]'s `steps_in_i16`) Qwen2.5-1.5B
+/// pair sums added in 16-bit lanes, [`super::kgemm_avx2`]) Qwen2.5-1.5B
 /// Q4_K_M prefill ran 38-41 against the tiles' 35 tok/s on a 2-core AMD
-/// EPYC without AVX-512 (BENCHMARKS.md); widening every step, as the VNNI
-/// path's layout would suggest, it ran level with them.
+/// EPYC without AVX-512 (BENCHMARKS.md) before the register tiles of that
+/// module.
 pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
     handles(ty, isa)
 }
 
-/// Fewest x rows that take this GEMM on `isa` where it is [`preferred`]:
-/// batched decode steps from 17 rows with VNNI; on AVX2 only past the
-/// block kernels' 32 rows (`decode_rows_timing` there: the block kernels
-/// took 0.7-0.9x the GEMM's CPU time at 24 and 32 rows, 0.5x at 8).
-pub fn min_rows(isa: Isa) -> usize {
-    if isa == Isa::Avx512Vnni {
+/// Fewest x rows of `ty` that take this GEMM on `isa` where it is
+/// [`preferred`]: batched decode steps from 17 rows with VNNI, and on AVX2
+/// for Q4_K and Q5_K; Q6_K on AVX2 only past the block kernels' 32 rows.
+/// `decode_rows_timing` on a 2-core AMD EPYC without AVX-512 (CPU time,
+/// Qwen2.5-1.5B shapes, the GEMM against the block kernels): Q4_K 0.98-1.0x
+/// at 12-16 rows, 0.64-0.85x at 24, 0.74-0.76x at 32; Q5_K 0.63x at 16,
+/// 0.76x at 32; Q6_K 1.2-1.35x at 8-32 rows.
+pub fn min_rows(ty: GgmlType, isa: Isa) -> usize {
+    if isa == Isa::Avx512Vnni || ty != GgmlType::Q6_K {
         17
     } else {
         33
@@ -100,7 +106,7 @@ pub fn matmul(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use super::super::act::{quantize_q8k, BlockQ8K};
     use super::super::scalar::scale_min_k4;
     use super::super::x86::{unpack_q45_k, unpack_q6_k, KBlock};
@@ -114,18 +120,18 @@ mod x86 {
     /// Reordered activations: `q` (`rows * k` bytes), per (row, group) the
     /// block scale `d` and 8 lanes of `d * sum(q over the lane's sub-block)`.
     #[derive(Default)]
-    struct Acts {
-        q: Vec<i8>,
-        d: Vec<f32>,
-        s: Vec<f32>,
+    pub(in super::super) struct Acts {
+        pub(in super::super) q: Vec<i8>,
+        pub(in super::super) d: Vec<f32>,
+        pub(in super::super) s: Vec<f32>,
     }
 
     /// A task's reordered weight rows: `q` (`k` bytes per row) and per
     /// (row, group) 8 lanes of `d sc` then 8 of the offset factor.
     #[derive(Default)]
-    struct Panel {
-        q: Vec<u8>,
-        f: Vec<f32>,
+    pub(in super::super) struct Panel {
+        pub(in super::super) q: Vec<u8>,
+        pub(in super::super) f: Vec<f32>,
     }
 
     thread_local! {
@@ -134,7 +140,7 @@ mod x86 {
     }
 
     /// `y`, written from several tasks at once, each at its own columns.
-    struct SharedOut(*mut f32);
+    pub(in super::super) struct SharedOut(pub(in super::super) *mut f32);
     // SAFETY: tasks of `matmul` write disjoint columns of `y`.
     unsafe impl Sync for SharedOut {}
 
@@ -187,7 +193,23 @@ mod x86 {
                     // `handles`; `w` holds `n` rows of `rb` bytes.
                     unsafe {
                         prepare_panel(ty, &w[j0 * rb..j1 * rb], j1 - j0, k, sub, panel);
-                        multiply(ty, acts, panel, rows, j0, j1, n, k, sub, out, vnni);
+                        let per_slice = (SLICE / (8 * sub)).max(1);
+                        if vnni {
+                            multiply(acts, panel, rows, (j0, j1), n, k, sub, per_slice, out);
+                        } else {
+                            super::super::kgemm_avx2::multiply(
+                                ty,
+                                acts,
+                                panel,
+                                rows,
+                                (j0, j1),
+                                n,
+                                k,
+                                sub,
+                                per_slice,
+                                out,
+                            );
+                        }
                     }
                 });
             });
@@ -254,7 +276,6 @@ mod x86 {
         let gb = 256 / (8 * sub);
         p.q.resize(cols * k, 0);
         p.f.resize(cols * groups * 16, 0.0);
-        let mut nat = [0u8; 256];
         for i in 0..cols * k / 256 {
             let b = w.as_ptr().add(i * ts);
             let kb: KBlock = match ty {
@@ -262,10 +283,7 @@ mod x86 {
                 GgmlType::Q5_K => unpack_q45_k::<true>(b),
                 _ => unpack_q6_k(b),
             };
-            for (j, u) in kb.u.iter().enumerate() {
-                _mm256_storeu_si256(nat.as_mut_ptr().add(32 * j) as *mut __m256i, *u);
-            }
-            interleave(&nat, sub, &mut p.q[256 * i..256 * (i + 1)]);
+            interleave_block(&kb.u, sub, p.q.as_mut_ptr().add(256 * i));
             let f = &mut p.f[16 * gb * i..16 * gb * (i + 1)];
             if sub == 32 {
                 let sb = std::slice::from_raw_parts(b.add(4), 12);
@@ -287,28 +305,65 @@ mod x86 {
         }
     }
 
-    /// Every x row against the panel's weight rows `j0..j1`, in tiles of
-    /// `MR` x `NR`, K slice by K slice (summed into the output), written to
-    /// columns `j0..j1` of `out` (`[rows, n]`).
+    /// [`interleave`] of one unpacked block (`u[j]`: elements `32 j..32 j +
+    /// 32`) into the 256 bytes at `out`, in registers: each 4-step run of
+    /// the 8 lanes is a transpose of 8 rows of 4 i32, two rows to a
+    /// register (row `l` in the low half, `l + 4` in the high one).
+    #[target_feature(enable = "avx2")]
+    unsafe fn interleave_block(u: &[__m256i; 8], sub: usize, out: *mut u8) {
+        // For sub-blocks of 32 (Q4_K, Q5_K) the rows of run `h` are the
+        // halves `h` of `u[l]`; for 16 (Q6_K), the rows of group `h` are
+        // sub-blocks `8 h + l`, the halves `l % 2` of `u[4 h + l / 2]`.
+        for h in 0..2 {
+            let rows: [__m256i; 4] = std::array::from_fn(|l| {
+                let (lo, hi, sel) = if sub == 32 {
+                    (u[l], u[l + 4], if h == 0 { 0x20 } else { 0x31 })
+                } else {
+                    (
+                        u[4 * h + l / 2],
+                        u[4 * h + 2 + l / 2],
+                        if l % 2 == 0 { 0x20 } else { 0x31 },
+                    )
+                };
+                match sel {
+                    0x20 => _mm256_permute2x128_si256(lo, hi, 0x20),
+                    _ => _mm256_permute2x128_si256(lo, hi, 0x31),
+                }
+            });
+            let t0 = _mm256_unpacklo_epi32(rows[0], rows[1]);
+            let t1 = _mm256_unpacklo_epi32(rows[2], rows[3]);
+            let t2 = _mm256_unpackhi_epi32(rows[0], rows[1]);
+            let t3 = _mm256_unpackhi_epi32(rows[2], rows[3]);
+            let steps = [
+                _mm256_unpacklo_epi64(t0, t1),
+                _mm256_unpackhi_epi64(t0, t1),
+                _mm256_unpacklo_epi64(t2, t3),
+                _mm256_unpackhi_epi64(t2, t3),
+            ];
+            for (s, v) in steps.iter().enumerate() {
+                _mm256_storeu_si256(out.add(128 * h + 32 * s) as *mut __m256i, *v);
+            }
+        }
+    }
+
+    /// Every x row against the panel's weight rows `j0..j1` with VNNI, in
+    /// tiles of `MR` x `NR`, K slice by K slice (`per_slice` groups, summed
+    /// into the output), written to columns `j0..j1` of `out` (`[rows, n]`).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn multiply(
-        ty: GgmlType,
         a: &Acts,
         p: &Panel,
         rows: usize,
-        j0: usize,
-        j1: usize,
+        (j0, j1): (usize, usize),
         n: usize,
         k: usize,
         sub: usize,
+        per_slice: usize,
         out: &SharedOut,
-        vnni: bool,
     ) {
         let groups = k / (8 * sub);
-        let per_slice = (SLICE / (8 * sub)).max(1);
         let cols = j1 - j0;
-        let h16 = steps_in_i16(ty);
         let mut t = [[0f32; NR]; MR];
         for g0 in (0..groups).step_by(per_slice) {
             let g1 = (g0 + per_slice).min(groups);
@@ -328,25 +383,23 @@ mod x86 {
                         g1,
                     };
                     macro_rules! go {
-                        ($s:literal, $v:literal, $h:literal) => {
+                        ($s:literal) => {
                             match (rn, cn) {
-                                (4, 2) => tile.run::<4, 2, 1, $s, $v, $h>(&mut t),
-                                (3, 2) => tile.run::<3, 2, 1, $s, $v, $h>(&mut t),
-                                (2, 2) => tile.run::<2, 2, 2, $s, $v, $h>(&mut t),
-                                (1, 2) => tile.run::<1, 2, 2, $s, $v, $h>(&mut t),
-                                (4, _) => tile.run::<4, 1, 2, $s, $v, $h>(&mut t),
-                                (3, _) => tile.run::<3, 1, 2, $s, $v, $h>(&mut t),
-                                (2, _) => tile.run::<2, 1, 2, $s, $v, $h>(&mut t),
-                                _ => tile.run::<1, 1, 2, $s, $v, $h>(&mut t),
+                                (4, 2) => tile.run::<4, 2, 1, $s>(&mut t),
+                                (3, 2) => tile.run::<3, 2, 1, $s>(&mut t),
+                                (2, 2) => tile.run::<2, 2, 2, $s>(&mut t),
+                                (1, 2) => tile.run::<1, 2, 2, $s>(&mut t),
+                                (4, _) => tile.run::<4, 1, 2, $s>(&mut t),
+                                (3, _) => tile.run::<3, 1, 2, $s>(&mut t),
+                                (2, _) => tile.run::<2, 1, 2, $s>(&mut t),
+                                _ => tile.run::<1, 1, 2, $s>(&mut t),
                             }
                         };
                     }
-                    match (sub == 32, vnni, h16) {
-                        (true, true, _) => go!(8, true, 1),
-                        (false, true, _) => go!(4, true, 1),
-                        (true, false, 8) => go!(8, false, 8),
-                        (true, false, _) => go!(8, false, 4),
-                        (false, false, _) => go!(4, false, 2),
+                    if sub == 32 {
+                        go!(8)
+                    } else {
+                        go!(4)
                     }
                     for (r, tr) in t.iter().enumerate().take(rn) {
                         for (c, v) in tr.iter().enumerate().take(cn) {
@@ -358,20 +411,6 @@ mod x86 {
                     }
                 }
             }
-        }
-    }
-
-    /// Steps of `vpmaddubsw` pair sums the AVX2 path adds in 16-bit lanes
-    /// before widening them (`vpmaddwd` by ones) into the i32 sums: a pair
-    /// sum is at most `2 * umax * 128` in magnitude (activations in
-    /// -128..=127), so `32767 / (256 umax)` of them fit: 8 for Q4_K (quants
-    /// 0..=15: 30,720), 4 for Q5_K (0..=31: 31,744), 2 for Q6_K (0..=63:
-    /// 32,256). One widening per run instead of one per step.
-    pub(super) fn steps_in_i16(ty: GgmlType) -> usize {
-        match ty {
-            GgmlType::Q4_K => 8,
-            GgmlType::Q5_K => 4,
-            _ => 2,
         }
     }
 
@@ -392,24 +431,18 @@ mod x86 {
         g1: usize,
     }
 
-    /// `acc + u . s` per 4 bytes (`u` unsigned, at most 63; `s` signed).
+    /// `acc + u . s` per 4 bytes (`u` unsigned, `s` signed): `vpdpbusd`.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn dot<const VNNI: bool>(mut acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        if VNNI {
-            asm!(
-                "vpdpbusd {a}, {u}, {s}",
-                a = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack)
-            );
-            acc
-        } else {
-            // Pairwise 16-bit sums stay below 2 * 63 * 127: no saturation.
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-            _mm256_add_epi32(acc, p)
-        }
+    unsafe fn dot(mut acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        asm!(
+            "vpdpbusd {a}, {u}, {s}",
+            a = inout(ymm_reg) acc,
+            u = in(ymm_reg) u,
+            s = in(ymm_reg) s,
+            options(pure, nomem, nostack)
+        );
+        acc
     }
 
     /// Sum of the 8 lanes.
@@ -424,21 +457,11 @@ mod x86 {
 
     impl Tile {
         /// `out[r][c]` for the first `R` x rows and `C` weight rows, groups of
-        /// `S` steps (VNNI: `vpdpbusd`), the integer sums spread over `P`
-        /// sets of registers (enough independent chains to hide latency).
-        /// Without VNNI, runs of `H` steps add their `vpmaddubsw` pair sums
-        /// in 16-bit lanes and widen once per run ([`steps_in_i16`]; `H = 1`
-        /// widens every step).
+        /// `S` steps (`vpdpbusd`), the integer sums spread over `P` sets of
+        /// registers (enough independent chains to hide latency).
         #[target_feature(enable = "avx2,fma")]
         #[inline]
-        unsafe fn run<
-            const R: usize,
-            const C: usize,
-            const P: usize,
-            const S: usize,
-            const VNNI: bool,
-            const H: usize,
-        >(
+        unsafe fn run<const R: usize, const C: usize, const P: usize, const S: usize>(
             &self,
             out: &mut [[f32; NR]; MR],
         ) {
@@ -446,44 +469,17 @@ mod x86 {
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             for g in self.g0..self.g1 {
                 let mut part = [[[zero; C]; R]; P];
-                if VNNI {
-                    for s in 0..S {
-                        let isum = &mut part[s % P];
-                        let off = (g * S + s) * 32;
-                        let mut wv = [zero; C];
-                        for (c, v) in wv.iter_mut().enumerate() {
-                            *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
-                        }
-                        for (r, row) in isum.iter_mut().enumerate() {
-                            let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
-                            for (c, v) in row.iter_mut().enumerate() {
-                                *v = dot::<VNNI>(*v, wv[c], av);
-                            }
-                        }
+                for s in 0..S {
+                    let isum = &mut part[s % P];
+                    let off = (g * S + s) * 32;
+                    let mut wv = [zero; C];
+                    for (c, v) in wv.iter_mut().enumerate() {
+                        *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
                     }
-                } else {
-                    for s0 in (0..S).step_by(H) {
-                        let mut h = [[zero; C]; R];
-                        for s in s0..(s0 + H).min(S) {
-                            let off = (g * S + s) * 32;
-                            let mut wv = [zero; C];
-                            for (c, v) in wv.iter_mut().enumerate() {
-                                *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
-                            }
-                            for (r, row) in h.iter_mut().enumerate() {
-                                let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
-                                for (c, v) in row.iter_mut().enumerate() {
-                                    *v = _mm256_add_epi16(*v, _mm256_maddubs_epi16(wv[c], av));
-                                }
-                            }
-                        }
-                        let isum = &mut part[(s0 / H) % P];
-                        let ones = _mm256_set1_epi16(1);
-                        for r in 0..R {
-                            for c in 0..C {
-                                let w = _mm256_madd_epi16(h[r][c], ones);
-                                isum[r][c] = _mm256_add_epi32(isum[r][c], w);
-                            }
+                    for (r, row) in isum.iter_mut().enumerate() {
+                        let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
+                        for (c, v) in row.iter_mut().enumerate() {
+                            *v = dot(*v, wv[c], av);
                         }
                     }
                 }

@@ -68,11 +68,18 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
     let mut rng = Rng(0x5EED);
     let (n, k) = (40, 512);
     let isa = Isa::detect();
-    let min = kgemm::min_rows(isa);
-    assert!(min > 1 && min <= QUANT_MAX_ROWS + 1);
-    assert_eq!(kgemm::min_rows(Isa::Avx512Vnni), 17);
-    assert_eq!(kgemm::min_rows(Isa::Avx2), QUANT_MAX_ROWS + 1);
     for ty in TYPES {
+        assert_eq!(kgemm::min_rows(ty, Isa::Avx512Vnni), 17);
+    }
+    assert_eq!(kgemm::min_rows(GgmlType::Q4_K, Isa::Avx2), 17);
+    assert_eq!(kgemm::min_rows(GgmlType::Q5_K, Isa::Avx2), 17);
+    assert_eq!(
+        kgemm::min_rows(GgmlType::Q6_K, Isa::Avx2),
+        QUANT_MAX_ROWS + 1
+    );
+    for ty in TYPES {
+        let min = kgemm::min_rows(ty, isa);
+        assert!(min > 1 && min <= QUANT_MAX_ROWS + 1);
         let bytes = random_blocks(ty, n, k, &mut rng);
         let host = HostTensor {
             shape: vec![n, k],
@@ -112,9 +119,9 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
 #[test]
 fn gemm_matches_dequantized_weights_and_the_block_kernels() {
     let mut rng = Rng(0xC0FFEE);
-    // Odd n: tiles of one weight row and a short last panel.
-    let (n, k) = (37, 768);
-    for ty in TYPES {
+    // Odd n: tiles of one weight row and a short last panel; K of one
+    // slice and of two (the second summed into the output).
+    for (n, k, ty) in TYPES.iter().flat_map(|&ty| [(37, 768, ty), (9, 1536, ty)]) {
         let w = random_blocks(ty, n, k, &mut rng);
         let wf = dequant(ty, &w, n * k);
         for rows in ROWS {
@@ -212,6 +219,8 @@ fn gemm_handles_extreme_quants() {
 /// Timing at Qwen2.5-1.5B shapes against the dequantized tiles (f32 GEMM
 /// plus the per-call dequantization): `cargo test --release -p
 /// pagoda-kernels --lib kgemm_timing -- --ignored --nocapture`.
+/// `KGEMM_ROWS=N` sets the x rows (512), `KGEMM_SHAPES=q4:N:K,q6:N:K,...`
+/// the weight shapes (Q4_K or Q6_K, `n` by `k`).
 #[test]
 #[ignore]
 fn kgemm_timing() {
@@ -225,13 +234,28 @@ fn kgemm_timing() {
     let quant = CpuBackend::new(opts).unwrap().with_quantized_weights(true);
     let dense = CpuBackend::new(opts).unwrap();
     let mut rng = Rng(5);
-    let rows = 512;
-    for (ty, n, k) in [
+    let rows: usize = std::env::var("KGEMM_ROWS").map_or(512, |v| v.parse().unwrap());
+    let mut shapes = vec![
         (GgmlType::Q4_K, 1536, 1536),
         (GgmlType::Q4_K, 8960, 1536),
         (GgmlType::Q6_K, 1536, 8960),
         (GgmlType::Q4_K, 1536, 8960),
-    ] {
+    ];
+    if let Ok(v) = std::env::var("KGEMM_SHAPES") {
+        shapes = v
+            .split(',')
+            .map(|s| {
+                let f: Vec<&str> = s.split(':').collect();
+                let ty = if f[0] == "q6" {
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q4_K
+                };
+                (ty, f[1].parse().unwrap(), f[2].parse().unwrap())
+            })
+            .collect();
+    }
+    for (ty, n, k) in shapes {
         let bytes = random_blocks(ty, n, k, &mut rng);
         let host = HostTensor {
             shape: vec![n, k],
@@ -320,9 +344,10 @@ fn decode_rows_timing() {
         (GgmlType::Q4_K, 8960, 1536),
         (GgmlType::Q6_K, 1536, 8960),
         (GgmlType::Q4_K, 1536, 8960),
+        (GgmlType::Q5_K, 8960, 1536),
     ] {
         let bytes = random_blocks(ty, n, k, &mut rng);
-        for rows in [1, 4, 8, 16, 24, 32] {
+        for rows in [1, 4, 8, 12, 16, 24, 32] {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
             let mut y = vec![0f32; rows * n];
             let tb = time(&mut || {

@@ -17,10 +17,10 @@
 //! - Several matrices of the same x rows (a step's q, k and v): [`fused`],
 //!   one pass over all of them with the activations quantized once.
 //! - Many rows (prefill, and batched decode steps from 17 rows): Q4_K,
-//!   Q5_K and Q6_K on AVX-512 VNNI take [`kgemm`], an integer GEMM that
-//!   unpacks each block once per call (the row counts are
-//!   [`super::matmul`]'s);
-//!   other types (and machines without VNNI) go through [`super::matmul`],
+//!   Q5_K and Q6_K on AVX-512 VNNI and AVX2 take [`kgemm`], an integer GEMM
+//!   that unpacks each block once per call (the row counts are
+//!   [`super::matmul`]'s; the AVX2 products are `kgemm_avx2`'s);
+//!   other types go through [`super::matmul`],
 //!   which dequantizes tiles of rows to f32 ([`dequantize`], with SIMD for
 //!   Q4_1, Q4_K and Q6_K: [`widen`]) and runs the f32 GEMM, as for f16
 //!   weights.
@@ -32,6 +32,8 @@
 pub mod act;
 pub mod fused;
 pub mod kgemm;
+#[cfg(target_arch = "x86_64")]
+mod kgemm_avx2;
 #[cfg(test)]
 mod kgemm_tests;
 #[cfg(test)]
