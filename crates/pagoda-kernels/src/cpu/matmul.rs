@@ -48,8 +48,12 @@ pub(crate) const QUANT_MAX_ROWS: usize = 32;
 /// quant/kgemm_tests.rs, Qwen2.5-1.5B shapes, CPU time, the GEMM against
 /// the block kernels with AVX-512 VNNI at 16 rows 0.92-1.12x, at 24 rows
 /// 0.74-0.88x, at 32 rows 0.63-0.87x; Q6_K on AVX2 past `QUANT_MAX_ROWS`).
+/// Q4_1 (on AVX2) takes it for batched decode steps alone: from 17 rows
+/// to `QUANT_MAX_ROWS`.
 pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {
-    rows >= quant::kgemm::min_rows(ty, isa) && quant::kgemm::preferred(ty, isa)
+    quant::kgemm::handles(ty, isa)
+        && rows >= quant::kgemm::min_rows(ty, isa)
+        && (rows <= QUANT_MAX_ROWS || quant::kgemm::preferred(ty, isa))
 }
 
 /// Size of the per-thread buffer narrow weights are widened into.

@@ -38,17 +38,24 @@ use crate::GgmlType;
 /// GEMM handles.
 fn sub_len(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => Some(32),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q4_1 => Some(32),
         GgmlType::Q6_K => Some(16),
         _ => None,
     }
 }
 
-/// Whether [`matmul`] handles `ty` on `isa`.
+/// Whether [`matmul`] handles `ty` on `isa`: the k-quants on both SIMD
+/// paths, Q4_1 on AVX2 (its 32-blocks one lane each, 8 to a group, the
+/// activations in 32-blocks as for its block kernels; with VNNI those
+/// kernels stay, unmeasured against this GEMM there).
 pub fn handles(ty: GgmlType, isa: Isa) -> bool {
     cfg!(target_arch = "x86_64")
         && sub_len(ty).is_some()
-        && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && match isa {
+            Isa::Avx2 => true,
+            Isa::Avx512Vnni => ty != GgmlType::Q4_1,
+            Isa::Scalar => false,
+        }
         && isa.is_available()
 }
 
@@ -59,8 +66,10 @@ pub fn handles(ty: GgmlType, isa: Isa) -> bool {
 /// Q4_K_M prefill ran 38-41 against the tiles' 35 tok/s on a 2-core AMD
 /// EPYC without AVX-512 (BENCHMARKS.md) before the register tiles of that
 /// module.
+/// Q4_1 prefill stays on the tiles (SmolLM2-135M pp512 at twice
+/// llama.cpp's there, and f32 products for the prompt).
 pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
-    handles(ty, isa)
+    handles(ty, isa) && ty != GgmlType::Q4_1
 }
 
 /// Fewest x rows of `ty` that take this GEMM on `isa` where it is
@@ -69,7 +78,8 @@ pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
 /// `decode_rows_timing` on a 2-core AMD EPYC without AVX-512 (CPU time,
 /// Qwen2.5-1.5B shapes, the GEMM against the block kernels): Q4_K 0.98-1.0x
 /// at 12-16 rows, 0.64-0.85x at 24, 0.74-0.76x at 32; Q5_K 0.63x at 16,
-/// 0.76x at 32; Q6_K 1.2-1.35x at 8-32 rows.
+/// 0.76x at 32; Q6_K 1.2-1.35x at 8-32 rows. Q4_1 takes it from 17 rows
+/// up to the block kernels' 32 (never for prefill: [`preferred`]).
 pub fn min_rows(ty: GgmlType, isa: Isa) -> usize {
     if isa == Isa::Avx512Vnni || ty != GgmlType::Q6_K {
         17
@@ -95,7 +105,8 @@ pub fn matmul(
     if !handles(ty, isa) {
         return false;
     }
-    assert!(k.is_multiple_of(256) && x.len() == rows * k);
+    let block = if ty == GgmlType::Q4_1 { 32 } else { 256 };
+    assert!(k.is_multiple_of(block) && x.len() == rows * k);
     assert!(rows > 0 && y.len().is_multiple_of(rows));
     assert!(w.len() >= y.len() / rows * super::row_bytes(ty, k));
     #[cfg(target_arch = "x86_64")]
@@ -107,8 +118,8 @@ pub fn matmul(
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
-    use super::super::act::{quantize_q8k, BlockQ8K};
-    use super::super::scalar::scale_min_k4;
+    use super::super::act::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
+    use super::super::scalar::{f16_at, scale_min_k4};
     use super::super::x86::{unpack_q45_k, unpack_q6_k, KBlock};
     use super::sub_len;
     use crate::GgmlType;
@@ -117,8 +128,11 @@ pub(super) mod x86 {
     use std::arch::x86_64::*;
     use std::cell::RefCell;
 
-    /// Reordered activations: `q` (`rows * k` bytes), per (row, group) the
-    /// block scale `d` and 8 lanes of `d * sum(q over the lane's sub-block)`.
+    /// Reordered activations: `q` (`rows * kp` bytes, `kp` = `k` rounded up
+    /// to whole groups of 256, the padding zero), per (row, group) 8 lanes
+    /// of the block scale `d` (the same in every lane for the k-quants'
+    /// 256-blocks; Q4_1's 32-blocks one a lane) and 8 lanes of `d *
+    /// sum(q over the lane's sub-block)`.
     #[derive(Default)]
     pub(in super::super) struct Acts {
         pub(in super::super) q: Vec<i8>,
@@ -126,8 +140,9 @@ pub(super) mod x86 {
         pub(in super::super) s: Vec<f32>,
     }
 
-    /// A task's reordered weight rows: `q` (`k` bytes per row) and per
-    /// (row, group) 8 lanes of `d sc` then 8 of the offset factor.
+    /// A task's reordered weight rows: `q` (`kp` bytes per row, as for
+    /// [`Acts`]) and per (row, group) 8 lanes of `d sc` (Q4_1: `d`) then 8
+    /// of the offset factor (Q4_1: `m`; zero in padding lanes).
     #[derive(Default)]
     pub(in super::super) struct Panel {
         pub(in super::super) q: Vec<u8>,
@@ -172,9 +187,10 @@ pub(super) mod x86 {
                 Ok(a) => &mut **a,
                 Err(_) => &mut fresh,
             };
-            prepare_acts(x, rows, k, sub, acts);
+            prepare_acts(x, rows, k, ty, sub, acts);
             let rb = super::super::row_bytes(ty, k);
-            let per_row = k.min(SLICE) * 5 / 4;
+            let kp = k.next_multiple_of(256);
+            let per_row = kp.min(SLICE) * 5 / 4;
             let by_bytes = (PANEL_BYTES / per_row).max(2);
             let by_tasks = n.div_ceil(threads.max(1) * 4).max(2);
             let chunk = by_bytes.min(by_tasks).next_multiple_of(2);
@@ -195,7 +211,7 @@ pub(super) mod x86 {
                         prepare_panel(ty, &w[j0 * rb..j1 * rb], j1 - j0, k, sub, panel);
                         let per_slice = (SLICE / (8 * sub)).max(1);
                         if vnni {
-                            multiply(acts, panel, rows, (j0, j1), n, k, sub, per_slice, out);
+                            multiply(acts, panel, rows, (j0, j1), n, kp, sub, per_slice, out);
                         } else {
                             super::super::kgemm_avx2::multiply(
                                 ty,
@@ -204,7 +220,7 @@ pub(super) mod x86 {
                                 rows,
                                 (j0, j1),
                                 n,
-                                k,
+                                kp,
                                 sub,
                                 per_slice,
                                 out,
@@ -230,17 +246,43 @@ pub(super) mod x86 {
         }
     }
 
-    /// Quantizes every x row to 256-blocks and reorders it into `a`.
-    fn prepare_acts(x: &[f32], rows: usize, k: usize, sub: usize, a: &mut Acts) {
-        let groups = k / (8 * sub);
-        a.q.resize(rows * k, 0);
-        a.d.resize(rows * groups, 0.0);
+    /// Quantizes every x row (to 256-blocks; for Q4_1 to 32-blocks, as its
+    /// block kernels do) and reorders it into `a`.
+    fn prepare_acts(x: &[f32], rows: usize, k: usize, ty: GgmlType, sub: usize, a: &mut Acts) {
+        let kp = k.next_multiple_of(256);
+        let groups = kp / (8 * sub);
+        a.q.resize(rows * kp, 0);
+        a.d.resize(rows * groups * 8, 0.0);
         a.s.resize(rows * groups * 8, 0.0);
-        a.q.par_chunks_mut(k)
-            .zip(a.d.par_chunks_mut(groups))
+        a.q.par_chunks_mut(kp)
+            .zip(a.d.par_chunks_mut(groups * 8))
             .zip(a.s.par_chunks_mut(groups * 8))
             .zip(x.par_chunks(k))
             .for_each(|(((q, d), s), x)| {
+                if ty == GgmlType::Q4_1 {
+                    // A group is 8 blocks of 32; lanes past `k` stay zero.
+                    let mut b = [BlockQ8 {
+                        d: 0.0,
+                        s: 0.0,
+                        q: [0; 32],
+                    }];
+                    let mut nat = [0i8; 256];
+                    for g in 0..groups {
+                        nat.fill(0);
+                        for l in 0..8 {
+                            let i = 8 * g + l;
+                            (d[i], s[i]) = if 32 * i < k {
+                                quantize_q8(&x[32 * i..32 * i + 32], &mut b);
+                                nat[32 * l..32 * l + 32].copy_from_slice(&b[0].q);
+                                (b[0].d, b[0].s)
+                            } else {
+                                (0.0, 0.0)
+                            };
+                        }
+                        interleave(&nat, sub, &mut q[256 * g..256 * (g + 1)]);
+                    }
+                    return;
+                }
                 let mut b = [BlockQ8K::default()];
                 let gb = 256 / (8 * sub);
                 for (i, xb) in x.chunks_exact(256).enumerate() {
@@ -248,13 +290,13 @@ pub(super) mod x86 {
                     let b = &b[0];
                     interleave(&b.q, sub, &mut q[256 * i..256 * (i + 1)]);
                     for g in 0..gb {
-                        d[gb * i + g] = b.d;
                         for l in 0..8 {
                             let v = if sub == 32 {
                                 b.bsums[2 * l] as i32 + b.bsums[2 * l + 1] as i32
                             } else {
                                 b.bsums[8 * g + l] as i32
                             };
+                            d[8 * (gb * i + g) + l] = b.d;
                             s[8 * (gb * i + g) + l] = b.d * v as f32;
                         }
                     }
@@ -272,10 +314,35 @@ pub(super) mod x86 {
         sub: usize,
         p: &mut Panel,
     ) {
-        let (ts, groups) = (ty.type_size(), k / (8 * sub));
-        let gb = 256 / (8 * sub);
-        p.q.resize(cols * k, 0);
+        let (ts, kp) = (ty.type_size(), k.next_multiple_of(256));
+        let (groups, gb) = (kp / (8 * sub), 256 / (8 * sub));
+        p.q.resize(cols * kp, 0);
         p.f.resize(cols * groups * 16, 0.0);
+        if ty == GgmlType::Q4_1 {
+            // 8 blocks of 32 a group, one a lane; lanes past `k` zero.
+            let (per_row, m4) = (k / 32, _mm_set1_epi8(0x0F));
+            for c in 0..cols {
+                for g in 0..groups {
+                    let f = &mut p.f[16 * (c * groups + g)..16 * (c * groups + g + 1)];
+                    let u: [__m256i; 8] = std::array::from_fn(|l| {
+                        let i = 8 * g + l;
+                        if i >= per_row {
+                            (f[l], f[8 + l]) = (0.0, 0.0);
+                            return _mm256_setzero_si256();
+                        }
+                        let b =
+                            std::slice::from_raw_parts(w.as_ptr().add((c * per_row + i) * ts), ts);
+                        (f[l], f[8 + l]) = (f16_at(b, 0), f16_at(b, 2));
+                        let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
+                        let lo = _mm_and_si128(qs, m4);
+                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+                        _mm256_set_m128i(hi, lo)
+                    });
+                    interleave_block(&u, sub, p.q.as_mut_ptr().add(c * kp + 256 * g));
+                }
+            }
+            return;
+        }
         for i in 0..cols * k / 256 {
             let b = w.as_ptr().add(i * ts);
             let kb: KBlock = match ty {
@@ -375,7 +442,7 @@ pub(super) mod x86 {
                     let col = |i: usize| c0 + i.min(cn - 1);
                     let tile = Tile {
                         aq: std::array::from_fn(|i| a.q.as_ptr().add(row(i) * k)),
-                        ad: std::array::from_fn(|i| a.d.as_ptr().add(row(i) * groups)),
+                        ad: std::array::from_fn(|i| a.d.as_ptr().add(row(i) * groups * 8)),
                         as_: std::array::from_fn(|i| a.s.as_ptr().add(row(i) * groups * 8)),
                         wq: std::array::from_fn(|i| p.q.as_ptr().add(col(i) * k)),
                         wf: std::array::from_fn(|i| p.f.as_ptr().add(col(i) * groups * 16)),
@@ -492,7 +559,7 @@ pub(super) mod x86 {
                     }
                 }
                 for r in 0..R {
-                    let d = _mm256_set1_ps(*self.ad[r].add(g));
+                    let d = _mm256_loadu_ps(self.ad[r].add(8 * g));
                     let sums = _mm256_loadu_ps(self.as_[r].add(8 * g));
                     for c in 0..C {
                         let f = self.wf[c].add(16 * g);

@@ -25,11 +25,11 @@ use std::arch::x86_64::*;
 /// Steps of `vpmaddubsw` pair sums added in 16-bit lanes before widening
 /// them (`vpmaddwd` by ones) into the i32 sums: a pair sum is at most
 /// `2 * umax * 128` in magnitude (activations in -128..=127), so
-/// `32767 / (256 umax)` of them fit: 8 for Q4_K (quants 0..=15: 30,720),
-/// 4 for Q5_K (0..=31: 31,744), 2 for Q6_K (0..=63: 32,256).
+/// `32767 / (256 umax)` of them fit: 8 for Q4_K and Q4_1 (quants 0..=15:
+/// 30,720), 4 for Q5_K (0..=31: 31,744), 2 for Q6_K (0..=63: 32,256).
 pub(super) fn steps_in_i16(ty: GgmlType) -> usize {
     match ty {
-        GgmlType::Q4_K => 8,
+        GgmlType::Q4_K | GgmlType::Q4_1 => 8,
         GgmlType::Q5_K => 4,
         _ => 2,
     }
@@ -41,7 +41,7 @@ const MR: usize = 4;
 const NR: usize = 2;
 
 /// One tile's operands: x rows from `aq` (stride `k` bytes), their block
-/// scales `ad` and scaled sums `as_` (strides `groups` and `8 groups`);
+/// scales `ad` and scaled sums `as_` (8 lanes a group, stride `8 groups`);
 /// weight rows from `wq` (stride `k`) and their factors `wf` (stride `16
 /// groups`); the groups `g0..g1` of one K slice.
 struct Tile {
@@ -62,7 +62,8 @@ struct Tile {
 ///
 /// # Safety
 /// AVX2, FMA; `a` and `p` prepared for `rows` x rows and `j1 - j0` weight
-/// rows of `k` columns of `ty` with sub-blocks of `sub`; `out` holds `rows
+/// rows of `ty` with sub-blocks of `sub`, reordered to `k` columns (whole
+/// groups, padded); `out` holds `rows
 /// * n` values of which this call alone writes columns `j0..j1`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
@@ -94,7 +95,7 @@ pub(super) unsafe fn multiply(
                 let cn = (cols - c0).min(NR);
                 let tile = Tile {
                     aq: a.q.as_ptr().add(r0 * k),
-                    ad: a.d.as_ptr().add(r0 * groups),
+                    ad: a.d.as_ptr().add(r0 * groups * 8),
                     as_: a.s.as_ptr().add(r0 * groups * 8),
                     wq: p.q.as_ptr().add(c0 * k),
                     wf: p.f.as_ptr().add(c0 * groups * 16),
@@ -200,7 +201,7 @@ impl Tile {
                 }
             }
             for (r, ir) in isum.iter().enumerate() {
-                let d = _mm256_set1_ps(*self.ad.add(r * self.groups + g));
+                let d = _mm256_loadu_ps(self.ad.add((r * self.groups + g) * 8));
                 let sums = _mm256_loadu_ps(self.as_.add((r * self.groups + g) * 8));
                 for (c, iv) in ir.iter().enumerate() {
                     let f = self.wf.add((c * self.groups + g) * 16);

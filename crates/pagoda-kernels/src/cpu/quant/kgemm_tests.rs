@@ -2,27 +2,43 @@
 //! (within the activation rounding bound, as in [`super::tests`]) and
 //! against the block kernels on the portable path (the same 8-bit
 //! activations and integer sums, so equal to f32 rounding), at row counts
-//! around the tiles' and the dispatch's edges, on every path here.
+//! around the tiles' and the dispatch's edges, on every path here; Q4_1
+//! (32-blocks, its rows padded to whole groups) as well.
 
 use super::tests::{dequant, random_blocks, Rng};
 use super::*;
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const K_QUANTS: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const TYPES: [GgmlType; 4] = [
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q4_1,
+];
 const ROWS: [usize; 6] = [1, 7, 32, 33, 100, 512];
 
-/// The paths here that run the GEMM (none without AVX2).
-fn paths() -> Vec<Isa> {
+/// The paths here that run the GEMM on `ty` (none without AVX2).
+fn paths(ty: GgmlType) -> Vec<Isa> {
     Isa::available()
         .into_iter()
-        .filter(|&isa| kgemm::handles(GgmlType::Q4_K, isa))
+        .filter(|&isa| kgemm::handles(ty, isa))
         .collect()
 }
 
 #[test]
-fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
+fn the_gemm_runs_where_it_says_and_only_on_k_quants_and_q4_1() {
     assert!(!kgemm::handles(GgmlType::Q4_K, Isa::Scalar));
+    // Q4_1 on AVX2 alone, and never for prefill rows.
+    assert_eq!(
+        kgemm::handles(GgmlType::Q4_1, Isa::Avx2),
+        cfg!(target_arch = "x86_64") && Isa::Avx2.is_available()
+    );
+    for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni] {
+        assert!(!kgemm::preferred(GgmlType::Q4_1, isa));
+    }
+    assert!(!kgemm::handles(GgmlType::Q4_1, Isa::Avx512Vnni));
     for ty in [
-        GgmlType::Q4_1,
+        GgmlType::Q4_0,
         GgmlType::Q8_0,
         GgmlType::Q3_K,
         GgmlType::IQ4_XS,
@@ -42,8 +58,8 @@ fn the_gemm_runs_where_it_says_and_only_on_k_quants() {
             ));
         }
     }
-    for isa in paths() {
-        for ty in TYPES {
+    for ty in K_QUANTS {
+        for isa in paths(GgmlType::Q4_K) {
             assert!(kgemm::handles(ty, isa));
             assert!(kgemm::preferred(ty, isa));
         }
@@ -96,7 +112,7 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
                 .unwrap();
             let mut want = vec![f32::NAN; rows * n];
             let gemm = takes_kgemm(ty, rows, isa);
-            assert_eq!(gemm, rows >= min && isa != Isa::Scalar);
+            assert_eq!(gemm, rows >= min && kgemm::handles(ty, isa));
             if !gemm && rows > QUANT_MAX_ROWS {
                 continue; // dequantized tiles, not the block kernels
             }
@@ -121,7 +137,12 @@ fn gemm_matches_dequantized_weights_and_the_block_kernels() {
     let mut rng = Rng(0xC0FFEE);
     // Odd n: tiles of one weight row and a short last panel; K of one
     // slice and of two (the second summed into the output).
-    for (n, k, ty) in TYPES.iter().flat_map(|&ty| [(37, 768, ty), (9, 1536, ty)]) {
+    // Q4_1 also at a K of no whole groups (576: two and a quarter).
+    let shapes = TYPES
+        .iter()
+        .flat_map(|&ty| [(37, 768, ty), (9, 1536, ty)])
+        .chain([(37, 576, GgmlType::Q4_1), (5, 32, GgmlType::Q4_1)]);
+    for (n, k, ty) in shapes {
         let w = random_blocks(ty, n, k, &mut rng);
         let wf = dequant(ty, &w, n * k);
         for rows in ROWS {
@@ -130,7 +151,7 @@ fn gemm_matches_dequantized_weights_and_the_block_kernels() {
                 .collect();
             let mut blocks = vec![0f32; rows * n];
             assert!(matmul(&x, rows, k, ty, &w, &mut blocks, 2, Isa::Scalar));
-            for isa in paths() {
+            for isa in paths(ty) {
                 let mut got = vec![f32::NAN; rows * n];
                 assert!(kgemm::matmul(&x, rows, k, ty, &w, &mut got, 2, isa));
                 for (i, (&g, &b)) in got.iter().zip(&blocks).enumerate() {
@@ -193,7 +214,7 @@ fn gemm_handles_extreme_quants() {
                 }
             })
             .collect();
-        for isa in paths() {
+        for isa in paths(ty) {
             let mut got = vec![0f32; rows * n];
             assert!(kgemm::matmul(&x, rows, k, ty, &w, &mut got, 1, isa));
             for (i, &g) in got.iter().enumerate() {
@@ -315,7 +336,8 @@ fn kgemm_timing() {
 }
 
 /// CPU time of the block kernels ([`super::matmul`]) against this GEMM at
-/// decode row counts (1 to 32 x rows; Qwen2.5-1.5B shapes), for choosing
+/// decode row counts (1 to 32 x rows; Qwen2.5-1.5B shapes, and
+/// SmolLM2-135M's for Q4_1), for choosing
 /// where batched decode steps switch over. Run with `cargo test --release
 /// -p pagoda-kernels --lib decode_rows_timing -- --ignored --nocapture`.
 #[test]
@@ -345,6 +367,8 @@ fn decode_rows_timing() {
         (GgmlType::Q6_K, 1536, 8960),
         (GgmlType::Q4_K, 1536, 8960),
         (GgmlType::Q5_K, 8960, 1536),
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
     ] {
         let bytes = random_blocks(ty, n, k, &mut rng);
         for rows in [1, 4, 8, 12, 16, 24, 32] {
