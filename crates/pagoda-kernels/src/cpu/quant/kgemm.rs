@@ -1,5 +1,6 @@
 //! Many-row products of k-quant weights (Q4_K, Q5_K, Q6_K), for prefill
-//! and batched decode steps of 17 rows or more:
+//! and batched decode steps of 17 rows or more, and of Q4_1 for batched
+//! decode steps of 17-32 rows on AVX2:
 //! an integer GEMM over 8-bit activations in which every weight block is
 //! unpacked once per call and reused by every x row.
 //!
@@ -12,11 +13,14 @@
 //!   (`d sc` per lane) rather than once per step.
 //! - Weights: each task unpacks a panel of output features into unsigned
 //!   quants in that order plus, per group, `d sc` and the offset factor
-//!   (`-dmin m` for Q4_K / Q5_K, `-32 d sc` for Q6_K) per lane.
+//!   (`-dmin m` for Q4_K / Q5_K, `-32 d sc` for Q6_K) per lane. Q4_1's
+//!   group is 8 of its 32-blocks (`d` and `m` per lane), a row's last group
+//!   padded with zero lanes where K is no multiple of 256.
 //! - Activations: each x row is quantized once per call to 256-blocks as
-//!   for the block kernels ([`super::act::quantize_q8k`], so the integer sums are the
-//!   same), reordered like the weights, with the block scale and the
-//!   per-sub-block sums times it.
+//!   for the block kernels ([`super::act::quantize_q8k`]; Q4_1's to
+//!   32-blocks, [`super::act::quantize_q8`]: so the integer sums are the
+//!   same), reordered like the weights, with the block scale per lane and
+//!   the per-sub-block sums times it.
 //! - A group's value for one (x row, weight row) pair is
 //!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; in tiles of 4 x rows
 //!   by 2 weight rows each load serves several products, and K is taken in
