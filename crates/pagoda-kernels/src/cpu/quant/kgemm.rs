@@ -124,7 +124,7 @@ pub fn matmul(
 pub(super) mod x86 {
     use super::super::act::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
     use super::super::scalar::{f16_at, scale_min_k4};
-    use super::super::x86::{unpack_q45_k, unpack_q6_k, KBlock};
+    use super::super::x86::{hsum, unpack_q45_k, unpack_q6_k, KBlock};
     use super::sub_len;
     use crate::GgmlType;
     use rayon::prelude::*;
@@ -514,16 +514,6 @@ pub(super) mod x86 {
             options(pure, nomem, nostack)
         );
         acc
-    }
-
-    /// Sum of the 8 lanes.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     impl Tile {

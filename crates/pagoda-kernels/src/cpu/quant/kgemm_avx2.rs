@@ -19,6 +19,7 @@
 //! order, so the two paths agree to f32 rounding of the final lane sums.
 
 use super::kgemm::x86::{Acts, Panel, SharedOut};
+use super::x86::hsum;
 use crate::GgmlType;
 use std::arch::x86_64::*;
 
@@ -135,16 +136,6 @@ pub(super) unsafe fn multiply(
             }
         }
     }
-}
-
-/// Sum of the 8 lanes.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 impl Tile {
