@@ -387,18 +387,15 @@ pub(super) mod x86 {
         // sub-blocks `8 h + l`, the halves `l % 2` of `u[4 h + l / 2]`.
         for h in 0..2 {
             let rows: [__m256i; 4] = std::array::from_fn(|l| {
-                let (lo, hi, sel) = if sub == 32 {
-                    (u[l], u[l + 4], if h == 0 { 0x20 } else { 0x31 })
+                let (lo, hi, upper) = if sub == 32 {
+                    (u[l], u[l + 4], h == 1)
                 } else {
-                    (
-                        u[4 * h + l / 2],
-                        u[4 * h + 2 + l / 2],
-                        if l % 2 == 0 { 0x20 } else { 0x31 },
-                    )
+                    (u[4 * h + l / 2], u[4 * h + 2 + l / 2], l % 2 == 1)
                 };
-                match sel {
-                    0x20 => _mm256_permute2x128_si256(lo, hi, 0x20),
-                    _ => _mm256_permute2x128_si256(lo, hi, 0x31),
+                if upper {
+                    _mm256_permute2x128_si256(lo, hi, 0x31)
+                } else {
+                    _mm256_permute2x128_si256(lo, hi, 0x20)
                 }
             });
             let t0 = _mm256_unpacklo_epi32(rows[0], rows[1]);
@@ -485,10 +482,10 @@ pub(super) mod x86 {
         }
     }
 
-    /// x rows per tile.
-    const MR: usize = 4;
-    /// Weight rows per tile.
-    const NR: usize = 2;
+    /// x rows per tile (both paths: the AVX2 one in `kgemm_avx2`).
+    pub(in super::super) const MR: usize = 4;
+    /// Weight rows per tile (both paths).
+    pub(in super::super) const NR: usize = 2;
 
     /// Pointers to up to `MR` reordered x rows and `NR` weight rows.
     struct Tile {

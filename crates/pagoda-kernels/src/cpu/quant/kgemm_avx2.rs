@@ -18,7 +18,7 @@
 //! The sums are the same integers as the VNNI path's, in the same f32
 //! order, so the two paths agree to f32 rounding of the final lane sums.
 
-use super::kgemm::x86::{Acts, Panel, SharedOut};
+use super::kgemm::x86::{Acts, Panel, SharedOut, MR, NR};
 use super::x86::hsum;
 use crate::GgmlType;
 use std::arch::x86_64::*;
@@ -35,11 +35,6 @@ pub(super) fn steps_in_i16(ty: GgmlType) -> usize {
         _ => 2,
     }
 }
-
-/// x rows per full tile.
-const MR: usize = 4;
-/// Weight rows per full tile.
-const NR: usize = 2;
 
 /// One tile's operands: x rows from `aq` (stride `k` bytes), their block
 /// scales `ad` and scaled sums `as_` (8 lanes a group, stride `8 groups`);
@@ -64,8 +59,8 @@ struct Tile {
 /// # Safety
 /// AVX2, FMA; `a` and `p` prepared for `rows` x rows and `j1 - j0` weight
 /// rows of `ty` with sub-blocks of `sub`, reordered to `k` columns (whole
-/// groups, padded); `out` holds `rows
-/// * n` values of which this call alone writes columns `j0..j1`.
+/// groups, padded); `out` holds `rows * n` values of which this call alone
+/// writes columns `j0..j1`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn multiply(
