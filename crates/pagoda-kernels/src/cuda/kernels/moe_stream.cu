@@ -93,6 +93,37 @@ __device__ __forceinline__ void ms_widen4(unsigned w, unsigned& lo, unsigned& hi
     hi = moe_pack_bf16x2(f[2], f[3]);
 }
 
+// The checked copies of one thread's share of a stage (the K tail, or
+// rows that are not 16-byte aligned): element copies with zero fill, out
+// of line so the plain path's registers stay free of them. Weight rows
+// r0 + i * STEP of a block whose row r is column r % BN of set r / BN
+// (source row0 + that offset; bit i of mask: below N), i < PER.
+template <typename T, int PER, int STEP, int BN, int DST_STEP>
+__device__ __noinline__ void ms_load_w_checked(unsigned char* dst, const T* row0, unsigned mask,
+                                               int n, int k, int kk, bool vec) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const T* src = (mask & (1u << i))
+                           ? row0 + ((long long)((i * STEP) / BN) * n + (i * STEP) % BN) * k
+                           : nullptr;
+        moe_load16(reinterpret_cast<T*>(dst + i * DST_STEP), src, kk, k, vec);
+    }
+}
+
+// Activation rows r0 + i * STEP below `rows` (sources in rows_of, null for
+// padding), i < PER.
+template <int PER, int STEP, int DST_STEP>
+__device__ __noinline__ void ms_load_a_checked(unsigned char* dst, const bf16* const* rows_of,
+                                               int r0, int rows, int k, int kk, bool vec) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        if (r0 + i * STEP < rows) {
+            moe_load16(reinterpret_cast<bf16*>(dst + i * DST_STEP), rows_of[r0 + i * STEP], kk,
+                       k, vec);
+        }
+    }
+}
+
 template <typename W, int MODE>
 __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf16* __restrict__ a,
                                                 const typename W::T* __restrict__ w,
@@ -117,7 +148,6 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
     extern __shared__ __align__(16) unsigned char ms_smem[];
     unsigned char* s_w = ms_smem;
     unsigned char* s_a = ms_smem + MS_STAGES * L::W_STAGE;
-    __shared__ const WT* w_rows[MS_ROWS];
     __shared__ const bf16* a_rows[MS_SLOTS];
     __shared__ int s_first, s_last;
 
@@ -131,20 +161,45 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         s_first = 0x7fffffff;
         s_last = -1;
     }
-    for (int r = tid; r < MS_ROWS; r += MS_THREADS) {
-        const int col = n0 + r % BN;
-        w_rows[r] = col < n ? w + ((long long)e * NSETS * n + (long long)(r / BN) * n + col) * k
-                            : nullptr;
-    }
-    __syncthreads();
 
+    // This thread's share of every weight stage, fixed for the block: chunk
+    // wch of rows r0 + i * W_STEP. Row r of the block is column n0 + r % BN
+    // of set r / BN, so its source is row0 (row r0's) plus a constant
+    // offset, bit i of wmask says whether its column is below N, and its
+    // place in a stage is dst0 plus i * W_STEP rows (W_STEP keeps the
+    // swizzle's row bits).
+    constexpr int W_STEP = MS_THREADS / W_CPR;
+    constexpr int W_PER = MS_ROWS / W_STEP;
+    static_assert(BN % W_STEP == 0 && W_STEP % 4 == 0, "rows of a thread share a swizzle");
+    const int wch = tid % W_CPR;
+    const int r0 = tid / W_CPR;
+    const WT* row0 = w + ((long long)e * NSETS * n + n0 + r0) * k;
+    const int wdst0 = r0 * MS_ROW_BYTES + (Q ? ms_code_chunk(r0, wch) : ms_bf16_chunk(r0, wch));
+    unsigned wmask = 0;
+#pragma unroll
+    for (int i = 0; i < W_PER; i++) {
+        wmask |= (n0 + r0 + (i * W_STEP) % BN < n ? 1u : 0u) << i;
+    }
+    auto w_src = [&](int i) {
+        return row0 + ((long long)((i * W_STEP) / BN) * n + (i * W_STEP) % BN) * k;
+    };
+    // A full stage of 16-byte-aligned rows is plain copies; rows past N are
+    // skipped (their columns are never stored, and an mma's output column
+    // depends on its own B column only). The K tail and unaligned rows
+    // take the checked element path, which zero-fills.
     auto load_w = [&](int stage, int k0) {
-        unsigned char* sw = s_w + stage * L::W_STAGE;
-        for (int c = tid; c < MS_ROWS * W_CPR; c += MS_THREADS) {
-            const int r = c / W_CPR, ch = c % W_CPR;
-            WT* dst = reinterpret_cast<WT*>(sw + r * MS_ROW_BYTES +
-                                            (Q ? ms_code_chunk(r, ch) : ms_bf16_chunk(r, ch)));
-            moe_load16(dst, w_rows[r], k0 + ch * W_ELEMS, k, vec_w);
+        unsigned char* sw = s_w + stage * L::W_STAGE + wdst0;
+        if (vec_w && k0 + BK <= k) {
+            const unsigned dst = pf_smem_addr(sw);
+#pragma unroll
+            for (int i = 0; i < W_PER; i++) {
+                if (wmask & (1u << i)) {
+                    pf_cp_async16(dst + i * W_STEP * MS_ROW_BYTES, w_src(i) + k0 + wch * W_ELEMS);
+                }
+            }
+        } else {
+            ms_load_w_checked<WT, W_PER, W_STEP, BN, W_STEP * MS_ROW_BYTES>(
+                sw, row0, wmask, n, k, k0 + wch * W_ELEMS, vec_w);
         }
     };
     // The first pass's weight stages go out before the expert's slots are
@@ -159,6 +214,7 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         }
         pf_cp_async_commit();
     }
+    __syncthreads();  // s_first, s_last
     const int tiles = meta[0];
     for (int t = tid; t < tiles; t += MS_THREADS) {
         if (meta[1 + t] == e) {
@@ -195,12 +251,32 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         }
         __syncthreads();
 
+        // This thread's share of the pass's activation stages: chunk ach of
+        // rows ar0 + i * A_STEP (A_STEP keeps the swizzle's row bit); absent
+        // rows (past the pass's tiles, or padding) are skipped on the plain
+        // path: their accumulator rows are never stored.
+        constexpr int A_STEP = MS_THREADS / A_CPR;
+        constexpr int A_PER = MS_SLOTS / A_STEP;
+        static_assert(A_STEP % 2 == 0, "rows of a thread share a swizzle");
+        const int ach = tid % A_CPR;
+        const int ar0 = tid / A_CPR;
+        const int adst0 = ar0 * L::A_ROW + ms_bf16_chunk(ar0, ach);
         auto load_a = [&](int stage, int k0) {
-            unsigned char* sa = s_a + stage * L::A_STAGE;
-            for (int c = tid; c < mt * 16 * A_CPR; c += MS_THREADS) {
-                const int r = c / A_CPR, ch = c % A_CPR;
-                bf16* dst = reinterpret_cast<bf16*>(sa + r * L::A_ROW + ms_bf16_chunk(r, ch));
-                moe_load16(dst, a_rows[r], k0 + ch * 8, k, vec_a);
+            unsigned char* sa = s_a + stage * L::A_STAGE + adst0;
+            if (vec_a && k0 + BK <= k) {
+                const unsigned dst = pf_smem_addr(sa);
+#pragma unroll
+                for (int i = 0; i < A_PER; i++) {
+                    if (ar0 + i * A_STEP < mt * 16) {
+                        const bf16* row = a_rows[ar0 + i * A_STEP];
+                        if (row != nullptr) {
+                            pf_cp_async16(dst + i * A_STEP * L::A_ROW, row + k0 + ach * 8);
+                        }
+                    }
+                }
+            } else {
+                ms_load_a_checked<A_PER, A_STEP, A_STEP * L::A_ROW>(sa, a_rows, ar0, mt * 16, k,
+                                                                    k0 + ach * 8, vec_a);
             }
         };
         // Prologue: the first pass adds its activation stages as one more
