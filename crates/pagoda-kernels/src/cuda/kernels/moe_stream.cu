@@ -24,9 +24,13 @@
 // codes or 64 bf16 weights; one 128-byte line a row per stage, 16 KB a
 // stage) plus the pass's activation rows over the same k range (bf16, 2 *
 // BK bytes a row, only the rows the expert has), through a cp.async
-// pipeline of MS_STAGES stages in dynamic shared memory (16-byte copies
-// where rows are 16-byte aligned, element copies otherwise; zero past K,
-// past N and for absent rows). MS_STAGES - 1 = 3 stages in flight: 48 KB
+// pipeline of MS_STAGES stages in dynamic shared memory. Each thread's
+// share of a stage (a fixed chunk of fixed rows) is computed once: a full
+// stage of 16-byte-aligned rows is that many plain 16-byte copies, rows
+// past N and absent slots skipped (an mma's output row and column depend
+// only on their own A row and B column, and those outputs are never
+// stored); the K tail and unaligned rows take an out-of-line checked copy
+// that zero-fills. MS_STAGES - 1 = 3 stages in flight: 48 KB
 // of weights a block, 2 blocks an SM on sm_90 (96 KB of shared memory
 // each for FP8, 80 KB for bf16): about 96 KB in flight an SM, over the
 // ~25-30 KB that 3.35 TB/s x ~1 us of latency asks for.
@@ -44,10 +48,16 @@
 // first mma consumes 8t .. 8t + 3 as the logical k {2t, 2t + 1, 2t + 8,
 // 2t + 9} of the m16n8k16 layout, the second 8t + 4 .. 8t + 7 likewise:
 // the same permutation of k for A and B, so the dot products are
-// unchanged. FP8 codes widen in registers (cvt.rn.f16x2.e4m3x2, exact;
-// then to bf16, exact: every E4M3 value is a bf16 value): no widened
-// tile, no extra barrier; the row scales apply in f32 in the shared
-// epilogues, as on every other path. Shared layouts are swizzled so those
+// unchanged. bf16 weights are the B operand (A: two m16 tiles of slots).
+// FP8 weights are the A operand instead (the product transposed: D =
+// W x A^T, B: four n8 tiles of slots): the warp's two sets of 8 weight
+// rows (gate and up; down's two column octets) form one m16 tile, so the
+// codes widen in registers (cvt.rn.f16x2.e4m3x2, exact; then to bf16,
+// exact: every E4M3 value is a bf16 value) straight into fragment order,
+// the activation rows' 16-byte loads are already B fragments, and
+// gate and up of an output land in the same thread (c0 / c2). No widened
+// tile, no extra barrier, no register shuffles; the row scales apply in
+// f32 in the shared epilogues, as on every other path. Shared layouts are swizzled so those
 // loads are free of bank conflicts: a bf16 row's 16-byte chunk c sits at
 // c ^ 4 in odd rows (rows of a multiple of 128 bytes; a quarter warp
 // reads rows g, g + 1 at 64 bytes each), a code row's 32-byte unit u at u
@@ -301,7 +311,12 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
             }
         }
 
+        // bf16 weights: acc[set][m16 tile of slots][n8 tile of columns].
+        // FP8 weights, transposed: acct[n8 tile of slots], rows g the
+        // warp's first 8 weight rows (gate, or down's first 8 columns),
+        // rows g + 8 its other 8 (up, or down's next 8).
         float acc[NSETS][MS_MT][NT][4];
+        float acct[MS_SLOTS / 8][4];
 #pragma unroll
         for (int s = 0; s < NSETS; s++)
 #pragma unroll
@@ -309,6 +324,12 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
 #pragma unroll
                 for (int j = 0; j < NT; j++)
                     acc[s][i][j][0] = acc[s][i][j][1] = acc[s][i][j][2] = acc[s][i][j][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MS_SLOTS / 8; j++)
+            acct[j][0] = acct[j][1] = acct[j][2] = acct[j][3] = 0.0f;
+        // The warp's two weight rows of the FP8 A fragment (block rows).
+        const int r_lo = MODE == 0 ? warp * 8 + g : warp * 16 + g;
+        const int r_hi = MODE == 0 ? BN + warp * 8 + g : warp * 16 + 8 + g;
 
         for (int kt = 0; kt < k_tiles; kt++) {
             // Stage kt landed (the first pass's kt 0 waits for its whole
@@ -329,46 +350,61 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
             const unsigned char* sa = s_a + (kt % MS_STAGES) * L::A_STAGE;
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                // A: rows g and g + 8 of each m16 tile, physical k 8t .. 8t + 7.
-                uint4 af[MS_MT][2];
+                if constexpr (Q) {
+                    // A: the two weight rows' codes at physical k 8t .. 8t + 7,
+                    // widened straight into fragment order; B: slot row g of
+                    // each n8 tile over the same k.
+                    const uint2 ql = *reinterpret_cast<const uint2*>(
+                        sw + r_lo * MS_ROW_BYTES + ((kb ^ (r_lo & 3)) << 5) + 8 * t4);
+                    const uint2 qh = *reinterpret_cast<const uint2*>(
+                        sw + r_hi * MS_ROW_BYTES + ((kb ^ (r_hi & 3)) << 5) + 8 * t4);
+                    unsigned lo[4], hi[4];
+                    ms_widen4(ql.x, lo[0], lo[1]);
+                    ms_widen4(ql.y, lo[2], lo[3]);
+                    ms_widen4(qh.x, hi[0], hi[1]);
+                    ms_widen4(qh.y, hi[2], hi[3]);
+                    const unsigned a1[4] = {lo[0], hi[0], lo[1], hi[1]};
+                    const unsigned a2[4] = {lo[2], hi[2], lo[3], hi[3]};
 #pragma unroll
-                for (int mi = 0; mi < MS_MT; mi++) {
-                    if (mi < mt) {
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const int r = mi * 16 + g + 8 * h;
-                            af[mi][h] = ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
+                    for (int j = 0; j < MS_SLOTS / 8; j++) {
+                        if (j < 2 * mt) {
+                            const int r = j * 8 + g;
+                            const uint4 b = ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
+                            pf_mma(acct[j], a1, b.x, b.y);
+                            pf_mma(acct[j], a2, b.z, b.w);
                         }
                     }
-                }
+                } else {
+                    // A: rows g and g + 8 of each m16 tile, physical k 8t .. 8t + 7.
+                    uint4 af[MS_MT][2];
 #pragma unroll
-                for (int s = 0; s < NSETS; s++) {
+                    for (int mi = 0; mi < MS_MT; mi++) {
+                        if (mi < mt) {
 #pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const int r = s * BN + (warp * NT + j) * 8 + g;  // weight row in the block
-                        const unsigned char* row = sw + r * MS_ROW_BYTES;
-                        unsigned b[4];
-                        if constexpr (Q) {
-                            const uint2 q = *reinterpret_cast<const uint2*>(
-                                row + ((kb ^ (r & 3)) << 5) + 8 * t4);
-                            ms_widen4(q.x, b[0], b[1]);
-                            ms_widen4(q.y, b[2], b[3]);
-                        } else {
-                            const uint4 v = ms_lds128(row + ms_bf16_chunk(r, 4 * kb + t4));
-                            b[0] = v.x;
-                            b[1] = v.y;
-                            b[2] = v.z;
-                            b[3] = v.w;
+                            for (int h = 0; h < 2; h++) {
+                                const int r = mi * 16 + g + 8 * h;
+                                af[mi][h] =
+                                    ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
+                            }
                         }
+                    }
 #pragma unroll
-                        for (int mi = 0; mi < MS_MT; mi++) {
-                            if (mi < mt) {
-                                const unsigned a1[4] = {af[mi][0].x, af[mi][1].x, af[mi][0].y,
-                                                        af[mi][1].y};
-                                const unsigned a2[4] = {af[mi][0].z, af[mi][1].z, af[mi][0].w,
-                                                        af[mi][1].w};
-                                pf_mma(acc[s][mi][j], a1, b[0], b[1]);
-                                pf_mma(acc[s][mi][j], a2, b[2], b[3]);
+                    for (int s = 0; s < NSETS; s++) {
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            const int r = s * BN + (warp * NT + j) * 8 + g;  // weight row
+                            const uint4 v =
+                                ms_lds128(sw + r * MS_ROW_BYTES + ms_bf16_chunk(r, 4 * kb + t4));
+#pragma unroll
+                            for (int mi = 0; mi < MS_MT; mi++) {
+                                if (mi < mt) {
+                                    const unsigned a1[4] = {af[mi][0].x, af[mi][1].x, af[mi][0].y,
+                                                            af[mi][1].y};
+                                    const unsigned a2[4] = {af[mi][0].z, af[mi][1].z, af[mi][0].w,
+                                                            af[mi][1].w};
+                                    pf_mma(acc[s][mi][j], a1, v.x, v.y);
+                                    pf_mma(acc[s][mi][j], a2, v.z, v.w);
+                                }
                             }
                         }
                     }
@@ -377,35 +413,72 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         }
         moe_cp_async_wait<0>();
 
-        // C fragments: c0, c1 at (g, 2t + 0..1), c2, c3 eight rows down.
+        if constexpr (Q) {
+            // C fragments: c0, c1 at weight row g and slots 2t, 2t + 1 of
+            // n8 tile j; c2, c3 at weight row g + 8.
 #pragma unroll
-        for (int mi = 0; mi < MS_MT; mi++) {
-            if (mi >= mt) {
-                continue;
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const long long slot = slot0 + mi * 16 + g + 8 * h;
-                const int p = slot_pair[slot];
-                if (p < 0) {
+            for (int j = 0; j < MS_SLOTS / 8; j++) {
+                if (j >= 2 * mt) {
                     continue;
                 }
-                bf16* orow = out + slot * n;
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-#pragma unroll
-                    for (int jj = 0; jj < 2; jj++) {
-                        const int col = n0 + (warp * NT + j) * 8 + 2 * t4 + jj;
+                for (int jj = 0; jj < 2; jj++) {
+                    const long long slot = slot0 + j * 8 + 2 * t4 + jj;
+                    const int p = slot_pair[slot];
+                    if (p < 0) {
+                        continue;
+                    }
+                    bf16* orow = out + slot * n;
+                    if constexpr (MODE == 0) {
+                        const int col = n0 + warp * 8 + g;
                         if (col < n) {
-                            const float v0 = acc[0][mi][j][2 * h + jj];
-                            float v;
-                            if constexpr (MODE == 0) {
-                                v = moe_gate_up_val<W>(v0, acc[NSETS - 1][mi][j][2 * h + jj],
-                                                       w_scale, wrow0 + col, wrow0 + n + col);
-                            } else {
-                                v = moe_down_val<W>(v0, route_w[p], w_scale, wrow0 + col);
+                            orow[col] = f2bf(moe_gate_up_val<W>(acct[j][jj], acct[j][2 + jj],
+                                                                w_scale, wrow0 + col,
+                                                                wrow0 + n + col));
+                        }
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int col = n0 + warp * 16 + g + 8 * h;
+                            if (col < n) {
+                                orow[col] = f2bf(moe_down_val<W>(acct[j][2 * h + jj], route_w[p],
+                                                                 w_scale, wrow0 + col));
                             }
-                            orow[col] = f2bf(v);
+                        }
+                    }
+                }
+            }
+        } else {
+            // C fragments: c0, c1 at (g, 2t + 0..1), c2, c3 eight rows down.
+#pragma unroll
+            for (int mi = 0; mi < MS_MT; mi++) {
+                if (mi >= mt) {
+                    continue;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const long long slot = slot0 + mi * 16 + g + 8 * h;
+                    const int p = slot_pair[slot];
+                    if (p < 0) {
+                        continue;
+                    }
+                    bf16* orow = out + slot * n;
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) {
+                            const int col = n0 + (warp * NT + j) * 8 + 2 * t4 + jj;
+                            if (col < n) {
+                                const float v0 = acc[0][mi][j][2 * h + jj];
+                                float v;
+                                if constexpr (MODE == 0) {
+                                    v = moe_gate_up_val<W>(v0, acc[NSETS - 1][mi][j][2 * h + jj],
+                                                           w_scale, wrow0 + col, wrow0 + n + col);
+                                } else {
+                                    v = moe_down_val<W>(v0, route_w[p], w_scale, wrow0 + col);
+                                }
+                                orow[col] = f2bf(v);
+                            }
                         }
                     }
                 }
