@@ -42,26 +42,27 @@
 // first k step. A block whose expert has no pair drops its prefetch (48 KB;
 // only below ~64 rows are experts idle).
 //
-// Fragments without ldmatrix: within each k32 block of a stage, thread
-// (g = lane / 4, t = lane % 4) takes the physical k 8t .. 8t + 7 of its
-// rows (one 16-byte load of a bf16 row, 8 bytes of a code row). Its
-// first mma consumes 8t .. 8t + 3 as the logical k {2t, 2t + 1, 2t + 8,
-// 2t + 9} of the m16n8k16 layout, the second 8t + 4 .. 8t + 7 likewise:
-// the same permutation of k for A and B, so the dot products are
-// unchanged. bf16 weights are the B operand (A: two m16 tiles of slots).
-// FP8 weights are the A operand instead (the product transposed: D =
-// W x A^T, B: four n8 tiles of slots): the warp's two sets of 8 weight
-// rows (gate and up; down's two column octets) form one m16 tile, so the
-// codes widen in registers (cvt.rn.f16x2.e4m3x2, exact; then to bf16,
-// exact: every E4M3 value is a bf16 value) straight into fragment order,
-// the activation rows' 16-byte loads are already B fragments, and
-// gate and up of an output land in the same thread (c0 / c2). No widened
-// tile, no extra barrier, no register shuffles; the row scales apply in
-// f32 in the shared epilogues, as on every other path. Shared layouts are swizzled so those
-// loads are free of bank conflicts: a bf16 row's 16-byte chunk c sits at
-// c ^ 4 in odd rows (rows of a multiple of 128 bytes; a quarter warp
-// reads rows g, g + 1 at 64 bytes each), a code row's 32-byte unit u at u
-// ^ (row & 3) (a half warp reads 4 rows at 32 bytes each).
+// Fragments: the product is computed transposed, D = W x A^T: the warp's
+// two sets of 8 weight rows (gate and up; down's two column octets) are
+// one m16 A tile and the slots are four n8 B tiles, so gate and up of an
+// output meet in one thread (c0 / c2) and the shared epilogues apply.
+// bf16 weights: A and B come from ldmatrix.x4 in the standard k order;
+// both tiles' 16-byte chunk c of row r sits at c ^ (r & 7) (rows of 128
+// bytes: ldmatrix reads 8 rows at one chunk a phase). FP8 weights, no
+// ldmatrix: within each k32 block thread (g = lane / 4, t = lane % 4)
+// takes the physical k 8t .. 8t + 7 of its rows (8 bytes of a code row,
+// one 16-byte load of an activation row); its first mma consumes 8t .. 8t
+// + 3 as the logical k {2t, 2t + 1, 2t + 8, 2t + 9} of the m16n8k16
+// layout, the second 8t + 4 .. 8t + 7 likewise: the same permutation of k
+// for A and B, so the dot products are unchanged, the codes widen in
+// registers (cvt.rn.f16x2.e4m3x2, exact; then to bf16, exact: every E4M3
+// value is a bf16 value) straight into fragment order and the activation
+// loads are B fragments as loaded: no widened tile, no extra barrier, no
+// register shuffles. The row scales apply in f32 in the shared epilogues,
+// as on every other path. The FP8 tiles are swizzled for those loads: an
+// activation row's (256 bytes) chunk c at c ^ 4 in odd rows (a quarter
+// warp reads rows g, g + 1 at 64 bytes each), a code row's 32-byte unit u
+// at u ^ (row & 3) (a half warp reads 4 rows at 32 bytes each).
 
 #define MS_THREADS 256
 #define MS_WARPS (MS_THREADS / 32)
@@ -82,9 +83,15 @@ struct MsLayout {
     static constexpr int BYTES = MS_STAGES * (W_STAGE + A_STAGE);
 };
 
-// Byte offset of 16-byte chunk c of row r in a bf16 tile (rows of a
-// multiple of 128 bytes).
+// Byte offset of 16-byte chunk c of row r in an FP8 block's activation
+// tile (rows of 256 bytes, read by 16-byte loads: a quarter warp reads rows
+// g, g + 1 at 64 bytes each).
 __device__ __forceinline__ int ms_bf16_chunk(int r, int c) { return (c ^ ((r & 1) << 2)) * 16; }
+
+// Byte offset of 16-byte chunk c of row r in a bf16 block's weight or
+// activation tile (rows of 128 bytes, read by ldmatrix: 8 rows at one
+// chunk a phase).
+__device__ __forceinline__ int ms_ldsm_chunk(int r, int c) { return (c ^ (r & 7)) * 16; }
 
 // Byte offset of 16-byte chunk c of row r in a code tile (rows of 128 bytes).
 __device__ __forceinline__ int ms_code_chunk(int r, int c) {
@@ -180,11 +187,11 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
     // swizzle's row bits).
     constexpr int W_STEP = MS_THREADS / W_CPR;
     constexpr int W_PER = MS_ROWS / W_STEP;
-    static_assert(BN % W_STEP == 0 && W_STEP % 4 == 0, "rows of a thread share a swizzle");
+    static_assert(BN % W_STEP == 0 && W_STEP % 8 == 0, "rows of a thread share a swizzle");
     const int wch = tid % W_CPR;
     const int r0 = tid / W_CPR;
     const WT* row0 = w + ((long long)e * NSETS * n + n0 + r0) * k;
-    const int wdst0 = r0 * MS_ROW_BYTES + (Q ? ms_code_chunk(r0, wch) : ms_bf16_chunk(r0, wch));
+    const int wdst0 = r0 * MS_ROW_BYTES + (Q ? ms_code_chunk(r0, wch) : ms_ldsm_chunk(r0, wch));
     unsigned wmask = 0;
 #pragma unroll
     for (int i = 0; i < W_PER; i++) {
@@ -267,10 +274,10 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         // path: their accumulator rows are never stored.
         constexpr int A_STEP = MS_THREADS / A_CPR;
         constexpr int A_PER = MS_SLOTS / A_STEP;
-        static_assert(A_STEP % 2 == 0, "rows of a thread share a swizzle");
+        static_assert(A_STEP % (Q ? 2 : 8) == 0, "rows of a thread share a swizzle");
         const int ach = tid % A_CPR;
         const int ar0 = tid / A_CPR;
-        const int adst0 = ar0 * L::A_ROW + ms_bf16_chunk(ar0, ach);
+        const int adst0 = ar0 * L::A_ROW + (Q ? ms_bf16_chunk(ar0, ach) : ms_ldsm_chunk(ar0, ach));
         auto load_a = [&](int stage, int k0) {
             unsigned char* sa = s_a + stage * L::A_STAGE + adst0;
             if (vec_a && k0 + BK <= k) {
@@ -311,25 +318,20 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
             }
         }
 
-        // bf16 weights: acc[set][m16 tile of slots][n8 tile of columns].
-        // FP8 weights, transposed: acct[n8 tile of slots], rows g the
-        // warp's first 8 weight rows (gate, or down's first 8 columns),
-        // rows g + 8 its other 8 (up, or down's next 8).
-        float acc[NSETS][MS_MT][NT][4];
-        float acct[MS_SLOTS / 8][4];
-#pragma unroll
-        for (int s = 0; s < NSETS; s++)
-#pragma unroll
-            for (int i = 0; i < MS_MT; i++)
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-                    acc[s][i][j][0] = acc[s][i][j][1] = acc[s][i][j][2] = acc[s][i][j][3] = 0.0f;
+        // acc[n8 tile of slots]: rows g of the m16 tile are the warp's first
+        // 8 weight rows (gate, or down's first 8 columns), rows g + 8 its
+        // other 8 (up, or down's next 8).
+        float acc[MS_SLOTS / 8][4];
 #pragma unroll
         for (int j = 0; j < MS_SLOTS / 8; j++)
-            acct[j][0] = acct[j][1] = acct[j][2] = acct[j][3] = 0.0f;
-        // The warp's two weight rows of the FP8 A fragment (block rows).
-        const int r_lo = MODE == 0 ? warp * 8 + g : warp * 16 + g;
-        const int r_hi = MODE == 0 ? BN + warp * 8 + g : warp * 16 + 8 + g;
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        // The warp's two sets of weight rows (block rows r_lo + i, r_hi + i).
+        const int r_lo = MODE == 0 ? warp * 8 : warp * 16;
+        const int r_hi = MODE == 0 ? BN + warp * 8 : warp * 16 + 8;
+        // bf16 ldmatrix rows: lane i supplies row i % 8 of matrix i / 8.
+        const int lq = lane & 7, lm = lane >> 3;
+        const int a_row = ((lm & 1) ? r_hi : r_lo) + lq;  // A: (lo, hi) x (chunk, chunk + 1)
+        const int b_row = (lm >> 1) * 8 + lq;              // B: (tile, tile + 1) x (chunk, chunk + 1)
 
         for (int kt = 0; kt < k_tiles; kt++) {
             // Stage kt landed (the first pass's kt 0 waits for its whole
@@ -348,16 +350,17 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
             pf_cp_async_commit();
             const unsigned char* sw = s_w + (kt % MS_STAGES) * L::W_STAGE;
             const unsigned char* sa = s_a + (kt % MS_STAGES) * L::A_STAGE;
+            if constexpr (Q) {
 #pragma unroll
-            for (int kb = 0; kb < KB; kb++) {
-                if constexpr (Q) {
+                for (int kb = 0; kb < KB; kb++) {
                     // A: the two weight rows' codes at physical k 8t .. 8t + 7,
                     // widened straight into fragment order; B: slot row g of
                     // each n8 tile over the same k.
+                    const int rl = r_lo + g, rh = r_hi + g;
                     const uint2 ql = *reinterpret_cast<const uint2*>(
-                        sw + r_lo * MS_ROW_BYTES + ((kb ^ (r_lo & 3)) << 5) + 8 * t4);
+                        sw + rl * MS_ROW_BYTES + ((kb ^ (rl & 3)) << 5) + 8 * t4);
                     const uint2 qh = *reinterpret_cast<const uint2*>(
-                        sw + r_hi * MS_ROW_BYTES + ((kb ^ (r_hi & 3)) << 5) + 8 * t4);
+                        sw + rh * MS_ROW_BYTES + ((kb ^ (rh & 3)) << 5) + 8 * t4);
                     unsigned lo[4], hi[4];
                     ms_widen4(ql.x, lo[0], lo[1]);
                     ms_widen4(ql.y, lo[2], lo[3]);
@@ -369,43 +372,32 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
                     for (int j = 0; j < MS_SLOTS / 8; j++) {
                         if (j < 2 * mt) {
                             const int r = j * 8 + g;
-                            const uint4 b = ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
-                            pf_mma(acct[j], a1, b.x, b.y);
-                            pf_mma(acct[j], a2, b.z, b.w);
+                            const uint4 b =
+                                ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
+                            pf_mma(acc[j], a1, b.x, b.y);
+                            pf_mma(acc[j], a2, b.z, b.w);
                         }
                     }
-                } else {
-                    // A: rows g and g + 8 of each m16 tile, physical k 8t .. 8t + 7.
-                    uint4 af[MS_MT][2];
+                }
+            } else {
+                // Standard k order: each k16 step's A (16 weight rows) and
+                // B (two n8 tiles of slots) come from ldmatrix.
 #pragma unroll
-                    for (int mi = 0; mi < MS_MT; mi++) {
-                        if (mi < mt) {
+                for (int ks = 0; ks < BK / 16; ks++) {
+                    const int c = 2 * ks + (lm >> 1);
+                    unsigned af[4];
+                    pf_ldsm_x4(pf_smem_addr(sw + a_row * MS_ROW_BYTES + ms_ldsm_chunk(a_row, c)),
+                               af[0], af[1], af[2], af[3]);
 #pragma unroll
-                            for (int h = 0; h < 2; h++) {
-                                const int r = mi * 16 + g + 8 * h;
-                                af[mi][h] =
-                                    ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int s = 0; s < NSETS; s++) {
-#pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                            const int r = s * BN + (warp * NT + j) * 8 + g;  // weight row
-                            const uint4 v =
-                                ms_lds128(sw + r * MS_ROW_BYTES + ms_bf16_chunk(r, 4 * kb + t4));
-#pragma unroll
-                            for (int mi = 0; mi < MS_MT; mi++) {
-                                if (mi < mt) {
-                                    const unsigned a1[4] = {af[mi][0].x, af[mi][1].x, af[mi][0].y,
-                                                            af[mi][1].y};
-                                    const unsigned a2[4] = {af[mi][0].z, af[mi][1].z, af[mi][0].w,
-                                                            af[mi][1].w};
-                                    pf_mma(acc[s][mi][j], a1, v.x, v.y);
-                                    pf_mma(acc[s][mi][j], a2, v.z, v.w);
-                                }
-                            }
+                    for (int jp = 0; jp < MS_SLOTS / 16; jp++) {
+                        if (jp < mt) {
+                            const int r = jp * 16 + b_row;
+                            const int cb = 2 * ks + (lm & 1);
+                            unsigned bf[4];
+                            pf_ldsm_x4(pf_smem_addr(sa + r * L::A_ROW + ms_ldsm_chunk(r, cb)),
+                                       bf[0], bf[1], bf[2], bf[3]);
+                            pf_mma(acc[2 * jp], af, bf[0], bf[1]);
+                            pf_mma(acc[2 * jp + 1], af, bf[2], bf[3]);
                         }
                     }
                 }
@@ -413,72 +405,34 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         }
         moe_cp_async_wait<0>();
 
-        if constexpr (Q) {
-            // C fragments: c0, c1 at weight row g and slots 2t, 2t + 1 of
-            // n8 tile j; c2, c3 at weight row g + 8.
+        // C fragments: c0, c1 at weight row g and slots 2t, 2t + 1 of n8
+        // tile j; c2, c3 at weight row g + 8.
 #pragma unroll
-            for (int j = 0; j < MS_SLOTS / 8; j++) {
-                if (j >= 2 * mt) {
-                    continue;
-                }
-#pragma unroll
-                for (int jj = 0; jj < 2; jj++) {
-                    const long long slot = slot0 + j * 8 + 2 * t4 + jj;
-                    const int p = slot_pair[slot];
-                    if (p < 0) {
-                        continue;
-                    }
-                    bf16* orow = out + slot * n;
-                    if constexpr (MODE == 0) {
-                        const int col = n0 + warp * 8 + g;
-                        if (col < n) {
-                            orow[col] = f2bf(moe_gate_up_val<W>(acct[j][jj], acct[j][2 + jj],
-                                                                w_scale, wrow0 + col,
-                                                                wrow0 + n + col));
-                        }
-                    } else {
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const int col = n0 + warp * 16 + g + 8 * h;
-                            if (col < n) {
-                                orow[col] = f2bf(moe_down_val<W>(acct[j][2 * h + jj], route_w[p],
-                                                                 w_scale, wrow0 + col));
-                            }
-                        }
-                    }
-                }
+        for (int j = 0; j < MS_SLOTS / 8; j++) {
+            if (j >= 2 * mt) {
+                continue;
             }
-        } else {
-            // C fragments: c0, c1 at (g, 2t + 0..1), c2, c3 eight rows down.
 #pragma unroll
-            for (int mi = 0; mi < MS_MT; mi++) {
-                if (mi >= mt) {
+            for (int jj = 0; jj < 2; jj++) {
+                const long long slot = slot0 + j * 8 + 2 * t4 + jj;
+                const int p = slot_pair[slot];
+                if (p < 0) {
                     continue;
                 }
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const long long slot = slot0 + mi * 16 + g + 8 * h;
-                    const int p = slot_pair[slot];
-                    if (p < 0) {
-                        continue;
+                bf16* orow = out + slot * n;
+                if constexpr (MODE == 0) {
+                    const int col = n0 + warp * 8 + g;
+                    if (col < n) {
+                        orow[col] = f2bf(moe_gate_up_val<W>(acc[j][jj], acc[j][2 + jj], w_scale,
+                                                            wrow0 + col, wrow0 + n + col));
                     }
-                    bf16* orow = out + slot * n;
+                } else {
 #pragma unroll
-                    for (int j = 0; j < NT; j++) {
-#pragma unroll
-                        for (int jj = 0; jj < 2; jj++) {
-                            const int col = n0 + (warp * NT + j) * 8 + 2 * t4 + jj;
-                            if (col < n) {
-                                const float v0 = acc[0][mi][j][2 * h + jj];
-                                float v;
-                                if constexpr (MODE == 0) {
-                                    v = moe_gate_up_val<W>(v0, acc[NSETS - 1][mi][j][2 * h + jj],
-                                                           w_scale, wrow0 + col, wrow0 + n + col);
-                                } else {
-                                    v = moe_down_val<W>(v0, route_w[p], w_scale, wrow0 + col);
-                                }
-                                orow[col] = f2bf(v);
-                            }
+                    for (int h = 0; h < 2; h++) {
+                        const int col = n0 + warp * 16 + g + 8 * h;
+                        if (col < n) {
+                            orow[col] = f2bf(moe_down_val<W>(acc[j][2 * h + jj], route_w[p],
+                                                             w_scale, wrow0 + col));
                         }
                     }
                 }
