@@ -330,8 +330,9 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         const int r_hi = MODE == 0 ? BN + warp * 8 : warp * 16 + 8;
         // bf16 ldmatrix rows: lane i supplies row i % 8 of matrix i / 8.
         const int lq = lane & 7, lm = lane >> 3;
-        const int a_row = ((lm & 1) ? r_hi : r_lo) + lq;  // A: (lo, hi) x (chunk, chunk + 1)
-        const int b_row = (lm >> 1) * 8 + lq;              // B: (tile, tile + 1) x (chunk, chunk + 1)
+        // A: (lo, hi) x (chunk, chunk + 1); B: (tile, tile + 1) x (chunk, chunk + 1).
+        const int a_row = ((lm & 1) ? r_hi : r_lo) + lq;
+        const int b_row = (lm >> 1) * 8 + lq;
 
         for (int kt = 0; kt < k_tiles; kt++) {
             // Stage kt landed (the first pass's kt 0 waits for its whole
