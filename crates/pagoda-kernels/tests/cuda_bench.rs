@@ -298,7 +298,7 @@ fn moe_timings() {
     // GEMV paths, for decode, are left out past 256 rows.
     let row_counts: Vec<usize> = match std::env::var("MOE_ROWS") {
         Ok(v) => v.split(',').filter_map(|r| r.trim().parse().ok()).collect(),
-        Err(_) => vec![1, 2, 4, 8, 16, 32, 64, 256],
+        Err(_) => vec![1, 2, 4, 8, 12, 16, 24, 32, 64, 256],
     };
     for rows in row_counts {
         let x = g
