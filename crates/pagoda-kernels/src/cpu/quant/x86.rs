@@ -22,14 +22,19 @@
 //!
 //! The integer sums equal the portable kernels' ([`super::scalar`]) exactly.
 //!
-//! The AVX2 set prefetches the weights [`AVX2_PREFETCH`] bytes ahead of the
-//! block it unpacks (every cache line of that block's span). On a 2-core
+//! Both sets prefetch the weights [`WEIGHT_PREFETCH`] bytes ahead of the
+//! block they unpack (every cache line of that block's span). On a 2-core
 //! AMD EPYC without AVX-512 that raised Qwen2.5-1.5B Q4_K_M decode from
 //! 14.2 to 17.8 tok/s at two threads and from 8.1 to 10.0 at one (medians,
 //! BENCHMARKS.md): the hardware prefetchers alone left the memory bus
 //! under-used there (a plain two-thread read streams 20-23 GB/s, decode
-//! without the prefetch 14). The VNNI set does not: on the AVX-512 machine
-//! of BENCHMARKS.md a prefetch 1 KiB ahead measured slower.
+//! without the prefetch 14). On a 2-core Intel Xeon with AVX-512 VNNI the
+//! VNNI set without it stalled on the weight loads (44% of the Q4_1
+//! kernel's samples on the instruction after the load): SmolLM2 Q4_1
+//! decode went from 87-103 to 172-182 tok/s at two threads, Qwen2.5-1.5B
+//! Q4_K_M from 14.2-14.3 to 19.5-19.7 (BENCHMARKS.md). (On the AMD EPYC
+//! with AVX-512 a prefetch 1 KiB ahead had measured slower; 4 KiB is
+//! unmeasured there.)
 //!
 //! One x row against runs of k-quant weight rows (decode): `one_row`
 //! (x86_one_row.rs), on the same unpacking and integer steps.
@@ -43,10 +48,10 @@ use super::scalar::{q3_k_scales, KVALUES_IQ4NL};
 use pagoda_gguf::dequant::iquants::iq4_xs_scale;
 use std::arch::x86_64::*;
 
-/// Bytes ahead of the current block the AVX2 kernels prefetch (measured
-/// on the machine of the module docs: 3 and 4 KiB alike, 512 B-2 KiB and
-/// 8 KiB less).
-pub(crate) const AVX2_PREFETCH: usize = 4096;
+/// Bytes ahead of the current block the kernels prefetch (measured for
+/// the AVX2 set on the AMD machine of the module docs: 3 and 4 KiB alike,
+/// 512 B-2 KiB and 8 KiB less).
+pub(crate) const WEIGHT_PREFETCH: usize = 4096;
 
 /// Prefetches the cache lines of the `bytes` bytes `dist` past `b`, where
 /// `dist > 0` (a constant of the kernel set). Addresses past the weights
@@ -684,8 +689,8 @@ macro_rules! kernels {
     };
 }
 
-kernels!(avx2, avx2_ops, AVX2_PREFETCH);
-kernels!(vnni, vnni_ops, 0);
+kernels!(avx2, avx2_ops, WEIGHT_PREFETCH);
+kernels!(vnni, vnni_ops, WEIGHT_PREFETCH);
 
 #[path = "x86_one_row.rs"]
 mod one_row;
