@@ -124,7 +124,9 @@ pub fn matmul(
 pub(super) mod x86 {
     use super::super::act::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
     use super::super::scalar::{f16_at, scale_min_k4};
-    use super::super::x86::{hsum, unpack_q45_k, unpack_q6_k, KBlock};
+    use super::super::x86::{
+        hsum, prefetch_ahead, unpack_q45_k, unpack_q6_k, KBlock, WEIGHT_PREFETCH,
+    };
     use super::sub_len;
     use crate::GgmlType;
     use rayon::prelude::*;
@@ -349,6 +351,9 @@ pub(super) mod x86 {
         }
         for i in 0..cols * k / 256 {
             let b = w.as_ptr().add(i * ts);
+            // The panel is one pass over its weight rows, streamed as the
+            // block kernels stream theirs.
+            prefetch_ahead(b, WEIGHT_PREFETCH, ts);
             let kb: KBlock = match ty {
                 GgmlType::Q4_K => unpack_q45_k::<false>(b),
                 GgmlType::Q5_K => unpack_q45_k::<true>(b),

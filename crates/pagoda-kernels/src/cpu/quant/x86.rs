@@ -58,7 +58,7 @@ pub(crate) const WEIGHT_PREFETCH: usize = 4096;
 /// are harmless: a prefetch never faults.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn prefetch_ahead(b: *const u8, dist: usize, bytes: usize) {
+pub(crate) unsafe fn prefetch_ahead(b: *const u8, dist: usize, bytes: usize) {
     if dist > 0 {
         for l in 0..bytes.div_ceil(64) {
             _mm_prefetch(b.wrapping_add(dist + 64 * l) as *const i8, _MM_HINT_T0);
