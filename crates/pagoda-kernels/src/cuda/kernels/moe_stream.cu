@@ -86,7 +86,7 @@ struct MsLayout {
 // Byte offset of 16-byte chunk c of row r in an FP8 block's activation
 // tile (rows of 256 bytes, read by 16-byte loads: a quarter warp reads rows
 // g, g + 1 at 64 bytes each).
-__device__ __forceinline__ int ms_bf16_chunk(int r, int c) { return (c ^ ((r & 1) << 2)) * 16; }
+__device__ __forceinline__ int ms_fp8_act_chunk(int r, int c) { return (c ^ ((r & 1) << 2)) * 16; }
 
 // Byte offset of 16-byte chunk c of row r in a bf16 block's weight or
 // activation tile (rows of 128 bytes, read by ldmatrix: 8 rows at one
@@ -110,19 +110,23 @@ __device__ __forceinline__ void ms_widen4(unsigned w, unsigned& lo, unsigned& hi
     hi = moe_pack_bf16x2(f[2], f[3]);
 }
 
+// Weight row r0 + i * STEP of a block whose row r is column r % BN of set
+// r / BN (sets n rows apart, rows k elements long), from row r0's start.
+template <typename T, int STEP, int BN>
+__device__ __forceinline__ const T* ms_w_src(const T* row0, int i, int n, int k) {
+    return row0 + ((long long)((i * STEP) / BN) * n + (i * STEP) % BN) * k;
+}
+
 // The checked copies of one thread's share of a stage (the K tail, or
 // rows that are not 16-byte aligned): element copies with zero fill, out
 // of line so the plain path's registers stay free of them. Weight rows
-// r0 + i * STEP of a block whose row r is column r % BN of set r / BN
-// (source row0 + that offset; bit i of mask: below N), i < PER.
+// r0 + i * STEP (ms_w_src; bit i of mask: below N), i < PER.
 template <typename T, int PER, int STEP, int BN, int DST_STEP>
 __device__ __noinline__ void ms_load_w_checked(unsigned char* dst, const T* row0, unsigned mask,
                                                int n, int k, int kk, bool vec) {
 #pragma unroll
     for (int i = 0; i < PER; i++) {
-        const T* src = (mask & (1u << i))
-                           ? row0 + ((long long)((i * STEP) / BN) * n + (i * STEP) % BN) * k
-                           : nullptr;
+        const T* src = (mask & (1u << i)) ? ms_w_src<T, STEP, BN>(row0, i, n, k) : nullptr;
         moe_load16(reinterpret_cast<T*>(dst + i * DST_STEP), src, kk, k, vec);
     }
 }
@@ -197,9 +201,6 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
     for (int i = 0; i < W_PER; i++) {
         wmask |= (n0 + r0 + (i * W_STEP) % BN < n ? 1u : 0u) << i;
     }
-    auto w_src = [&](int i) {
-        return row0 + ((long long)((i * W_STEP) / BN) * n + (i * W_STEP) % BN) * k;
-    };
     // A full stage of 16-byte-aligned rows is plain copies; rows past N are
     // skipped (their columns are never stored, and an mma's output column
     // depends on its own B column only). The K tail and unaligned rows
@@ -211,7 +212,8 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
 #pragma unroll
             for (int i = 0; i < W_PER; i++) {
                 if (wmask & (1u << i)) {
-                    pf_cp_async16(dst + i * W_STEP * MS_ROW_BYTES, w_src(i) + k0 + wch * W_ELEMS);
+                    const WT* src = ms_w_src<WT, W_STEP, BN>(row0, i, n, k);
+                    pf_cp_async16(dst + i * W_STEP * MS_ROW_BYTES, src + k0 + wch * W_ELEMS);
                 }
             }
         } else {
@@ -277,7 +279,8 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
         static_assert(A_STEP % (Q ? 2 : 8) == 0, "rows of a thread share a swizzle");
         const int ach = tid % A_CPR;
         const int ar0 = tid / A_CPR;
-        const int adst0 = ar0 * L::A_ROW + (Q ? ms_bf16_chunk(ar0, ach) : ms_ldsm_chunk(ar0, ach));
+        const int adst0 =
+            ar0 * L::A_ROW + (Q ? ms_fp8_act_chunk(ar0, ach) : ms_ldsm_chunk(ar0, ach));
         auto load_a = [&](int stage, int k0) {
             unsigned char* sa = s_a + stage * L::A_STAGE + adst0;
             if (vec_a && k0 + BK <= k) {
@@ -374,7 +377,7 @@ __device__ __forceinline__ void moe_stream_impl(bf16* __restrict__ out, const bf
                         if (j < 2 * mt) {
                             const int r = j * 8 + g;
                             const uint4 b =
-                                ms_lds128(sa + r * L::A_ROW + ms_bf16_chunk(r, 4 * kb + t4));
+                                ms_lds128(sa + r * L::A_ROW + ms_fp8_act_chunk(r, 4 * kb + t4));
                             pf_mma(acc[j], a1, b.x, b.y);
                             pf_mma(acc[j], a2, b.z, b.w);
                         }
