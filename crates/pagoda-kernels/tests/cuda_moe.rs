@@ -595,7 +595,7 @@ fn gemv_path_at_small_batches_and_the_switch_over() {
             assert_eq!(path == MoePath::Gemv, want_gemv, "E{e} k{k} rows{rows}");
             // What the backend runs (the stream kernels in place of the
             // grouped GEMMs at decode-sized steps, by default).
-            let path = MoePath::chosen(rows, k, e, hidden, inter);
+            let path = MoePath::chosen(rows, k, e, (hidden, inter), false);
             let label = format!("E{e} H{hidden} I{inter} k{k} rows{rows} ({path:?})");
             let auto = case(&g, &c, &l, &gw, &cw, &x, &ids, &w, k, &label);
             let want = l.reference(&x, &ids, &w, k);

@@ -29,6 +29,7 @@
 use super::blaslt::Fp8Scales;
 use super::fp8_path::Fp8GemmPath;
 use super::ops::{elems_cfg, fill_f32, Dest};
+use super::pool::DeviceBuf;
 use super::storage::CudaTensor;
 use super::CudaBackend;
 use crate::{KernelError, Result};
@@ -67,25 +68,59 @@ pub(crate) fn chunk_rows(out: usize) -> usize {
     (SCRATCH_BYTES / (4 * out.max(1)) / 16 * 16).max(16)
 }
 
+/// An FP8 weight as the GEMM takes it: `(codes, scales, out)`.
+pub(crate) type Fp8Weight<'a> = (&'a CudaSlice<u8>, &'a CudaSlice<f32>, usize);
+
 /// The product of a checked `linear`/`add_linear` with an FP8 weight
 /// `(codes, scales, out)` into `dest`, on the device's FP8 GEMM path.
 pub(crate) fn product(
     b: &CudaBackend,
     op: &'static str,
     x: &CudaTensor,
-    w: (&CudaSlice<u8>, &CudaSlice<f32>, usize),
+    w: Fp8Weight<'_>,
     bias: Option<&CudaSlice<bf16>>,
-    mut dest: Dest<'_>,
+    dest: Dest<'_>,
+) -> Result<()> {
+    products(b, op, x, [(w, bias, dest)])
+}
+
+/// The products of one checked input with `N` FP8 weights (`linear`, and
+/// `linear3`'s q/k/v): the input is quantized once and every GEMM takes the
+/// same codes and scales, each on the device's FP8 GEMM path.
+pub(crate) fn products<const N: usize>(
+    b: &CudaBackend,
+    op: &'static str,
+    x: &CudaTensor,
+    outs: [(Fp8Weight<'_>, Option<&CudaSlice<bf16>>, Dest<'_>); N],
 ) -> Result<()> {
     let path = super::fp8_path::select(b)?;
-    match product_on(b, path, op, x, w, bias, &mut dest) {
-        // A shape cuBLASLt has no outer-vector kernel for (refused before
-        // anything is written): this call takes the other path.
-        Err(e) if path == Fp8GemmPath::OuterVec && super::fp8_path::is_refusal(&e) => {
-            product_on(b, Fp8GemmPath::UnitScaled, op, x, w, bias, &mut dest)
-        }
-        r => r,
+    for &((codes, w_scales, out), _, _) in &outs {
+        check_weight(op, x, codes, w_scales, out)?;
     }
+    if x.rows == 0 || outs.iter().all(|o| o.0 .2 == 0) {
+        return Ok(());
+    }
+    let (xq, xs) = quantize(b, op, x)?;
+    let q = Quantized {
+        codes: &xq,
+        scales: &xs,
+        rows: x.rows,
+        inner: x.cols,
+    };
+    for (w, bias, mut dest) in outs {
+        if w.2 == 0 {
+            continue;
+        }
+        match gemm_on(b, path, op, &q, w, bias, &mut dest) {
+            // A shape cuBLASLt has no outer-vector kernel for (refused
+            // before anything is written): this product takes the other path.
+            Err(e) if path == Fp8GemmPath::OuterVec && super::fp8_path::is_refusal(&e) => {
+                gemm_on(b, Fp8GemmPath::UnitScaled, op, &q, w, bias, &mut dest)?
+            }
+            r => r?,
+        }
+    }
+    Ok(())
 }
 
 /// [`product`] on a given path, with no fallback (`fp8_path.rs` checks
@@ -95,11 +130,35 @@ pub(crate) fn product_on(
     path: Fp8GemmPath,
     op: &'static str,
     x: &CudaTensor,
-    (codes, w_scales, out): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
+    (codes, w_scales, out): Fp8Weight<'_>,
     bias: Option<&CudaSlice<bf16>>,
     dest: &mut Dest<'_>,
 ) -> Result<()> {
-    let xd = x.bf16(op)?;
+    check_weight(op, x, codes, w_scales, out)?;
+    if x.rows == 0 || out == 0 {
+        return Ok(());
+    }
+    let (xq, xs) = quantize(b, op, x)?;
+    let q = Quantized {
+        codes: &xq,
+        scales: &xs,
+        rows: x.rows,
+        inner: x.cols,
+    };
+    gemm_on(b, path, op, &q, (codes, w_scales, out), bias, dest)
+}
+
+/// Checks an FP8 weight of `out` rows against the input `x` (bf16, its
+/// width the weight's): shapes cuBLASLt takes, codes and scales present,
+/// 32-bit sizes.
+fn check_weight(
+    op: &'static str,
+    x: &CudaTensor,
+    codes: &CudaSlice<u8>,
+    w_scales: &CudaSlice<f32>,
+    out: usize,
+) -> Result<()> {
+    x.bf16(op)?;
     let (rows, inner) = (x.rows, x.cols);
     if rows == 0 || out == 0 {
         return Ok(());
@@ -114,30 +173,49 @@ pub(crate) fn product_on(
             ),
         });
     }
-    let cols = to_i32(inner, op)?;
+    to_i32(inner, op)?;
     to_i32(rows, op)?;
     to_i32(rows * out, op)?;
-    // 1. The input's codes and per-row scales.
+    Ok(())
+}
+
+/// Step 1: the input's codes and per-row scales (`quant_rows_fp8`), in
+/// step-arena scratch. `x` is checked (bf16, at least one row).
+fn quantize(
+    b: &CudaBackend,
+    op: &'static str,
+    x: &CudaTensor,
+) -> Result<(DeviceBuf<u8>, DeviceBuf<f32>)> {
+    let (rows, inner) = (x.rows, x.cols);
+    let cols = to_i32(inner, op)?;
     let mut xq = b.pool.take::<u8>(rows * inner)?;
     let mut xs = b.alloc_f32(rows)?;
     let mut l = b.dev.launch("quant_rows_fp8")?;
-    l.out(&mut *xq).out(&mut *xs).arg(xd).arg(&cols);
+    l.out(&mut *xq).out(&mut *xs).arg(x.bf16(op)?).arg(&cols);
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (QUANT_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
+    // In bounds: block r reads row r of x (rows * inner bf16) and writes
+    // row r of xq (rows * inner codes) and xs[r] (rows scales).
     l.run(cfg)?;
-    let q = Quantized {
-        codes: &xq,
-        scales: &xs,
-        rows,
-        inner,
-    };
-    let w = (codes, w_scales, out);
+    Ok((xq, xs))
+}
+
+/// Step 2 for one weight on a given path.
+fn gemm_on(
+    b: &CudaBackend,
+    path: Fp8GemmPath,
+    op: &'static str,
+    q: &Quantized<'_>,
+    w: Fp8Weight<'_>,
+    bias: Option<&CudaSlice<bf16>>,
+    dest: &mut Dest<'_>,
+) -> Result<()> {
     match path {
-        Fp8GemmPath::OuterVec => outer_vec(b, op, &q, w, bias, dest),
-        Fp8GemmPath::UnitScaled => unit_scaled(b, op, &q, w, bias, dest),
+        Fp8GemmPath::OuterVec => outer_vec(b, op, q, w, bias, dest),
+        Fp8GemmPath::UnitScaled => unit_scaled(b, op, q, w, bias, dest),
     }
 }
 

@@ -16,8 +16,9 @@
 //! - Grouped, per chunk of at most [`CHUNK_ROWS`] rows, four launches
 //!   ([`MoePath::GroupedGemv`], for timing, swaps the two GEMMs for warps
 //!   streaming each expert's rows once per tile of 8 slots;
-//!   [`MoePath::Stream`], by default at decode-sized chunks
-//!   (`PAGODA_MOE_KERNEL=grouped` turns it off), for blocks that hold all of an expert's slots and
+//!   [`MoePath::Stream`], by default at decode-sized chunks and for FP8
+//!   experts past [`FP8_GEMV_MAX_ROWS`] rows (`PAGODA_MOE_KERNEL=grouped`
+//!   turns it off), for blocks that hold all of an expert's slots and
 //!   stream its weights once, see [`super::moe_stream`]):
 //!   `moe_group` (pairs grouped by expert on the device, tiles padded to the
 //!   GEMM tile height), the gate_up GEMM with SiLU(gate) * up fused
@@ -569,26 +570,48 @@ impl MoePath {
 impl MoePath {
     /// The path `moe_experts` takes: [`MoePath::for_shape`]'s, with the
     /// stream kernels in place of the grouped GEMMs where
-    /// [`super::moe_stream::MOE_KERNEL_ENV`] (read once) lets them.
-    pub fn chosen(rows: usize, top_k: usize, n_exp: usize, hidden: usize, inter: usize) -> MoePath {
+    /// [`super::moe_stream::MOE_KERNEL_ENV`] (read once) lets them, and in
+    /// place of the GEMV past [`FP8_GEMV_MAX_ROWS`] rows of FP8 experts.
+    pub fn chosen(
+        rows: usize,
+        top_k: usize,
+        n_exp: usize,
+        (hidden, inter): (usize, usize),
+        fp8: bool,
+    ) -> MoePath {
         stream_or(
             MoePath::for_shape(rows, top_k, n_exp, hidden, inter),
-            rows,
-            top_k,
-            n_exp,
+            (rows, top_k, n_exp),
+            fp8,
             super::moe_stream::from_env(),
         )
     }
 }
 
+/// Most rows FP8 experts take the GEMV path for where the stream kernels
+/// are on: from 12 rows the FP8 stream kernels measured faster at the
+/// Qwen3-30B-A3B shape on an H200 (144.7 against 168.0 us a layer at 12
+/// rows, 166.4 against 223.4 at 16; 125.2 against 114.8 at 8), while bf16
+/// experts keep the GEMV to [`GEMV_MAX_ROWS`] (257.9 against 266.7 us at
+/// 16 rows, 222.4 against 203.6 at 12: BENCHMARKS.md).
+pub const FP8_GEMV_MAX_ROWS: usize = 8;
+
 /// The stream path where `stream` asks for it in place of `auto`: grouped
-/// steps of decode-sized chunks (16-slot tiles), and with
-/// [`StreamUse::All`] GEMV steps too. Depends only on the shape.
-fn stream_or(auto: MoePath, rows: usize, top_k: usize, n_exp: usize, stream: StreamUse) -> MoePath {
+/// steps of decode-sized chunks (16-slot tiles), GEMV steps of FP8 experts
+/// past [`FP8_GEMV_MAX_ROWS`] rows, and with [`StreamUse::All`] every GEMV
+/// step. Depends only on the shape and the weights' type.
+fn stream_or(
+    auto: MoePath,
+    (rows, top_k, n_exp): (usize, usize, usize),
+    fp8: bool,
+    stream: StreamUse,
+) -> MoePath {
     let decode = tile_rows(CHUNK_ROWS.min(rows) * top_k, n_exp) == 16;
+    let on = matches!(stream, StreamUse::Grouped | StreamUse::All);
     match (auto, stream) {
-        (MoePath::Grouped, StreamUse::Grouped | StreamUse::All) if decode => MoePath::Stream,
+        (MoePath::Grouped, _) if on && decode => MoePath::Stream,
         (MoePath::Gemv, StreamUse::All) => MoePath::Stream,
+        (MoePath::Gemv, _) if on && fp8 && rows > FP8_GEMV_MAX_ROWS => MoePath::Stream,
         _ => auto,
     }
 }
@@ -618,7 +641,15 @@ pub(crate) fn experts_on(
 ) -> Result<CudaTensor> {
     let op = "moe_experts";
     let d = check(x, routes, gate_up, down, n_exp)?;
-    let path = path.unwrap_or_else(|| MoePath::chosen(d.rows, d.top_k, n_exp, d.hidden, d.inter));
+    let path = path.unwrap_or_else(|| {
+        MoePath::chosen(
+            d.rows,
+            d.top_k,
+            n_exp,
+            (d.hidden, d.inter),
+            d.gate_up.is_fp8(),
+        )
+    });
     let any_width = matches!(path, MoePath::Grouped | MoePath::Stream);
     let aligned = d.hidden.is_multiple_of(8) && d.inter.is_multiple_of(8);
     if !any_width && !aligned {
@@ -1126,25 +1157,33 @@ mod tests {
     #[test]
     fn the_stream_path_replaces_decode_sized_steps_when_asked() {
         use MoePath::*;
-        let at = |rows: usize, s: StreamUse| {
-            stream_or(MoePath::for_shape(rows, 8, 128, 2048, 768), rows, 8, 128, s)
+        let at = |rows: usize, fp8: bool, s: StreamUse| {
+            let auto = MoePath::for_shape(rows, 8, 128, 2048, 768);
+            stream_or(auto, (rows, 8, 128), fp8, s)
         };
-        for rows in [1, 16, 17, 64, 256, 511, 600] {
-            assert_eq!(
-                at(rows, StreamUse::Off),
-                MoePath::for_shape(rows, 8, 128, 2048, 768)
-            );
+        for fp8 in [false, true] {
+            for rows in [1, 8, 9, 16, 17, 64, 256, 511, 600] {
+                assert_eq!(
+                    at(rows, fp8, StreamUse::Off),
+                    MoePath::for_shape(rows, 8, 128, 2048, 768)
+                );
+            }
+            assert_eq!(at(1, fp8, StreamUse::Grouped), Gemv);
+            assert_eq!(at(FP8_GEMV_MAX_ROWS, fp8, StreamUse::Grouped), Gemv);
+            assert_eq!(at(1, fp8, StreamUse::All), Stream);
+            assert_eq!(at(16, fp8, StreamUse::All), Stream);
+            for s in [StreamUse::Grouped, StreamUse::All] {
+                assert_eq!(at(17, fp8, s), Stream);
+                assert_eq!(at(511, fp8, s), Stream);
+                // 4,096 pairs over 128 experts: 64-slot tiles, the grouped GEMMs.
+                assert_eq!(at(512, fp8, s), Grouped);
+            }
         }
-        assert_eq!(at(1, StreamUse::Grouped), Gemv);
-        assert_eq!(at(16, StreamUse::Grouped), Gemv);
-        assert_eq!(at(1, StreamUse::All), Stream);
-        assert_eq!(at(16, StreamUse::All), Stream);
-        for s in [StreamUse::Grouped, StreamUse::All] {
-            assert_eq!(at(17, s), Stream);
-            assert_eq!(at(511, s), Stream);
-            // 4,096 pairs over 128 experts: 64-slot tiles, the grouped GEMMs.
-            assert_eq!(at(512, s), Grouped);
-        }
+        // Past FP8_GEMV_MAX_ROWS, FP8 experts stream; bf16 ones keep the GEMV.
+        assert_eq!(at(FP8_GEMV_MAX_ROWS + 1, true, StreamUse::Grouped), Stream);
+        assert_eq!(at(16, true, StreamUse::Grouped), Stream);
+        assert_eq!(at(FP8_GEMV_MAX_ROWS + 1, false, StreamUse::Grouped), Gemv);
+        assert_eq!(at(16, false, StreamUse::Grouped), Gemv);
     }
 
     #[test]

@@ -12,10 +12,11 @@
 //! of experts without pairs exit at once).
 //!
 //! The path is chosen by [`MOE_KERNEL_ENV`]: `stream` where the shape
-//! would take the grouped GEMMs at 16-slot tiles (decode-sized chunks),
+//! would take the grouped GEMMs at 16-slot tiles (decode-sized chunks) and
+//! for FP8 experts past `FP8_GEMV_MAX_ROWS` rows of the GEMV path,
 //! `stream-all` there and where it would take the GEMV path (small
 //! batches); or forced with `moe_experts_on` (tests and benchmarks).
-//! Unset, nothing changes.
+//! Unset is `stream`.
 
 use super::moe::{Dims, Scratch};
 use super::storage::CudaTensor;
@@ -29,8 +30,9 @@ use std::sync::OnceLock;
 /// stream kernels: by default (unset, or `stream`) for steps the grouped
 /// GEMMs would take at 16-slot tiles (where they measured 1.2-1.5x faster
 /// than the grouped GEMMs on an H200, 17-511 rows at the Qwen3-30B-A3B
-/// shape); `stream-all` for those and the GEMV path's too (slower at 1-8
-/// rows); `grouped` keeps the paths [`super::moe::MoePath::for_shape`]
+/// shape) and for FP8 experts' GEMV steps past
+/// [`super::moe::FP8_GEMV_MAX_ROWS`] rows; `stream-all` for every GEMV
+/// step too (slower at 1-8 rows); `grouped` keeps the paths [`super::moe::MoePath::for_shape`]
 /// picks.
 pub const MOE_KERNEL_ENV: &str = "PAGODA_MOE_KERNEL";
 

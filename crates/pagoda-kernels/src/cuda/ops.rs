@@ -259,9 +259,10 @@ pub(crate) fn linear(
     Ok(y)
 }
 
-/// Three products of `x` ([`crate::Backend::linear3`]): one GEMV launch
-/// where the small-row path takes all three together (bf16 weights of the
-/// same input width), else three `linear`s.
+/// Three products of `x` ([`crate::Backend::linear3`]): with FP8 weights
+/// one quantization of `x` for the three GEMMs; one GEMV launch where the
+/// small-row path takes all three together (bf16 weights of the same input
+/// width); else three `linear`s.
 pub(crate) fn linear3(
     b: &CudaBackend,
     x: &CudaTensor,
@@ -269,6 +270,41 @@ pub(crate) fn linear3(
     bias: [Option<&CudaWeight>; 3],
 ) -> Result<[CudaTensor; 3]> {
     let op = "linear";
+    if let [WeightBuf::Fp8 {
+        codes: c0,
+        scales: s0,
+    }, WeightBuf::Fp8 {
+        codes: c1,
+        scales: s1,
+    }, WeightBuf::Fp8 {
+        codes: c2,
+        scales: s2,
+    }] = [&w[0].data, &w[1].data, &w[2].data]
+    {
+        // FP8 weights: the input quantized once for the three GEMMs.
+        let biases = [
+            check_linear(op, x, w[0], bias[0])?,
+            check_linear(op, x, w[1], bias[1])?,
+            check_linear(op, x, w[2], bias[2])?,
+        ];
+        let mut ys = [
+            b.output(x.rows, w[0].rows)?,
+            b.output(x.rows, w[1].rows)?,
+            b.output(x.rows, w[2].rows)?,
+        ];
+        let [y0, y1, y2] = &mut ys;
+        super::fp8_linear::products(
+            b,
+            op,
+            x,
+            [
+                ((c0, s0, w[0].rows), biases[0], Dest::Bf16(y0.bf16_mut(op)?)),
+                ((c1, s1, w[1].rows), biases[1], Dest::Bf16(y1.bf16_mut(op)?)),
+                ((c2, s2, w[2].rows), biases[2], Dest::Bf16(y2.bf16_mut(op)?)),
+            ],
+        )?;
+        return Ok(ys);
+    }
     let bf16_weights = w.iter().all(|w| matches!(w.data, WeightBuf::Bf16(_)));
     let out: usize = w.iter().map(|w| w.rows).sum();
     let kernel = b.small_linear().kernel_for(x.rows, out, x.cols);
