@@ -30,7 +30,9 @@ pub struct LoadedMemory {
     pub file_mib: Option<f64>,
     /// The KV cache as allocated.
     pub kv_cache_mib: f64,
-    /// Resident memory once the model is loaded and the KV cache allocated.
+    /// Resident memory once the model is loaded and the KV cache allocated
+    /// (on the CPU the cache is allocated zeroed: its pages become resident
+    /// as steps first write them, so this counts the weights and runtime).
     pub rss_after_load_mib: Option<f64>,
     /// `rss_after_load / (file + kv cache) - 1`, where both are known.
     pub over_file_and_kv: Option<f64>,
