@@ -100,13 +100,7 @@ pub(crate) fn products<const N: usize>(
     if x.rows == 0 || outs.iter().all(|o| o.0 .2 == 0) {
         return Ok(());
     }
-    let (xq, xs) = quantize(b, op, x)?;
-    let q = Quantized {
-        codes: &xq,
-        scales: &xs,
-        rows: x.rows,
-        inner: x.cols,
-    };
+    let q = quantize(b, op, x)?;
     for (w, bias, mut dest) in outs {
         if w.2 == 0 {
             continue;
@@ -138,13 +132,7 @@ pub(crate) fn product_on(
     if x.rows == 0 || out == 0 {
         return Ok(());
     }
-    let (xq, xs) = quantize(b, op, x)?;
-    let q = Quantized {
-        codes: &xq,
-        scales: &xs,
-        rows: x.rows,
-        inner: x.cols,
-    };
+    let q = quantize(b, op, x)?;
     gemm_on(b, path, op, &q, (codes, w_scales, out), bias, dest)
 }
 
@@ -181,11 +169,7 @@ fn check_weight(
 
 /// Step 1: the input's codes and per-row scales (`quant_rows_fp8`), in
 /// step-arena scratch. `x` is checked (bf16, at least one row).
-fn quantize(
-    b: &CudaBackend,
-    op: &'static str,
-    x: &CudaTensor,
-) -> Result<(DeviceBuf<u8>, DeviceBuf<f32>)> {
+fn quantize(b: &CudaBackend, op: &'static str, x: &CudaTensor) -> Result<Quantized> {
     let (rows, inner) = (x.rows, x.cols);
     let cols = to_i32(inner, op)?;
     let mut xq = b.pool.take::<u8>(rows * inner)?;
@@ -200,7 +184,12 @@ fn quantize(
     // In bounds: block r reads row r of x (rows * inner bf16) and writes
     // row r of xq (rows * inner codes) and xs[r] (rows scales).
     l.run(cfg)?;
-    Ok((xq, xs))
+    Ok(Quantized {
+        codes: xq,
+        scales: xs,
+        rows,
+        inner,
+    })
 }
 
 /// Step 2 for one weight on a given path.
@@ -208,7 +197,7 @@ fn gemm_on(
     b: &CudaBackend,
     path: Fp8GemmPath,
     op: &'static str,
-    q: &Quantized<'_>,
+    q: &Quantized,
     w: Fp8Weight<'_>,
     bias: Option<&CudaSlice<bf16>>,
     dest: &mut Dest<'_>,
@@ -220,10 +209,10 @@ fn gemm_on(
 }
 
 /// The input as the GEMM takes it: `rows` rows of `inner` codes, one scale
-/// per row.
-struct Quantized<'a> {
-    codes: &'a CudaSlice<u8>,
-    scales: &'a CudaSlice<f32>,
+/// per row, in step-arena scratch.
+struct Quantized {
+    codes: DeviceBuf<u8>,
+    scales: DeviceBuf<f32>,
     rows: usize,
     inner: usize,
 }
@@ -232,12 +221,12 @@ struct Quantized<'a> {
 fn outer_vec(
     b: &CudaBackend,
     op: &'static str,
-    q: &Quantized<'_>,
+    q: &Quantized,
     (codes, w_scales, out): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
     bias: Option<&CudaSlice<bf16>>,
     dest: &mut Dest<'_>,
 ) -> Result<()> {
-    let (rows, inner, xq, xs) = (q.rows, q.inner, q.codes, q.scales);
+    let (rows, inner, xq, xs) = (q.rows, q.inner, &*q.codes, &*q.scales);
     let scales = |xs| Fp8Scales { w: w_scales, x: xs };
     let n = rows * out;
     let (nr, nc) = (to_i32(rows, op)?, to_i32(out, op)?);
@@ -282,7 +271,7 @@ fn outer_vec(
 fn unit_scaled(
     b: &CudaBackend,
     op: &'static str,
-    q: &Quantized<'_>,
+    q: &Quantized,
     (codes, w_scales, out): (&CudaSlice<u8>, &CudaSlice<f32>, usize),
     bias: Option<&CudaSlice<bf16>>,
     dest: &mut Dest<'_>,
@@ -304,8 +293,8 @@ fn unit_scaled(
     let mut row0 = 0;
     while row0 < rows {
         let n = chunk.min(rows - row0);
-        b.lt.gemm_fp8_unit(out, n, inner, codes, q.codes, row0, &mut acc)?;
-        let scales = (&*acc, q.scales, w_scales);
+        b.lt.gemm_fp8_unit(out, n, inner, codes, &q.codes, row0, &mut acc)?;
+        let scales = (&*acc, &*q.scales, w_scales);
         launch_rescale(b, op, dest, scales, bias, (row0, n, out))?;
         row0 += n;
     }

@@ -270,37 +270,19 @@ pub(crate) fn linear3(
     bias: [Option<&CudaWeight>; 3],
 ) -> Result<[CudaTensor; 3]> {
     let op = "linear";
-    if let [WeightBuf::Fp8 {
-        codes: c0,
-        scales: s0,
-    }, WeightBuf::Fp8 {
-        codes: c1,
-        scales: s1,
-    }, WeightBuf::Fp8 {
-        codes: c2,
-        scales: s2,
-    }] = [&w[0].data, &w[1].data, &w[2].data]
-    {
+    if let [Some(f0), Some(f1), Some(f2)] = w.map(fp8_weight) {
         // FP8 weights: the input quantized once for the three GEMMs.
-        let biases = [
-            check_linear(op, x, w[0], bias[0])?,
-            check_linear(op, x, w[1], bias[1])?,
-            check_linear(op, x, w[2], bias[2])?,
-        ];
-        let mut ys = [
-            b.output(x.rows, w[0].rows)?,
-            b.output(x.rows, w[1].rows)?,
-            b.output(x.rows, w[2].rows)?,
-        ];
+        let [b0, b1, b2] = check_linear3(op, x, w, bias)?;
+        let mut ys = outputs3(b, x.rows, w)?;
         let [y0, y1, y2] = &mut ys;
         super::fp8_linear::products(
             b,
             op,
             x,
             [
-                ((c0, s0, w[0].rows), biases[0], Dest::Bf16(y0.bf16_mut(op)?)),
-                ((c1, s1, w[1].rows), biases[1], Dest::Bf16(y1.bf16_mut(op)?)),
-                ((c2, s2, w[2].rows), biases[2], Dest::Bf16(y2.bf16_mut(op)?)),
+                (f0, b0, Dest::Bf16(y0.bf16_mut(op)?)),
+                (f1, b1, Dest::Bf16(y1.bf16_mut(op)?)),
+                (f2, b2, Dest::Bf16(y2.bf16_mut(op)?)),
             ],
         )?;
         return Ok(ys);
@@ -315,12 +297,39 @@ pub(crate) fn linear3(
             linear(b, x, w[2], bias[2])?,
         ]);
     };
-    let biases = [
+    let biases = check_linear3(op, x, w, bias)?;
+    launch_linear3(b, op, kernel, x, w, biases)
+}
+
+/// An FP8 weight's codes, scales and rows; `None` for other weights.
+fn fp8_weight(w: &CudaWeight) -> Option<super::fp8_linear::Fp8Weight<'_>> {
+    match &w.data {
+        WeightBuf::Fp8 { codes, scales } => Some((codes, scales, w.rows)),
+        _ => None,
+    }
+}
+
+/// [`check_linear`] of each of `linear3`'s products.
+fn check_linear3<'w>(
+    op: &'static str,
+    x: &CudaTensor,
+    w: [&CudaWeight; 3],
+    bias: [Option<&'w CudaWeight>; 3],
+) -> Result<[Option<&'w CudaSlice<bf16>>; 3]> {
+    Ok([
         check_linear(op, x, w[0], bias[0])?,
         check_linear(op, x, w[1], bias[1])?,
         check_linear(op, x, w[2], bias[2])?,
-    ];
-    launch_linear3(b, op, kernel, x, w, biases)
+    ])
+}
+
+/// Fresh outputs of `rows` rows for `linear3`'s three weights.
+fn outputs3(b: &CudaBackend, rows: usize, w: [&CudaWeight; 3]) -> Result<[CudaTensor; 3]> {
+    Ok([
+        b.output(rows, w[0].rows)?,
+        b.output(rows, w[1].rows)?,
+        b.output(rows, w[2].rows)?,
+    ])
 }
 
 /// The one GEMV launch of a checked `linear3` into fresh outputs.
@@ -332,11 +341,7 @@ fn launch_linear3(
     w: [&CudaWeight; 3],
     biases: [Option<&CudaSlice<bf16>>; 3],
 ) -> Result<[CudaTensor; 3]> {
-    let mut ys = [
-        b.output(x.rows, w[0].rows)?,
-        b.output(x.rows, w[1].rows)?,
-        b.output(x.rows, w[2].rows)?,
-    ];
+    let mut ys = outputs3(b, x.rows, w)?;
     let [y0, y1, y2] = &mut ys;
     let outs: [&mut CudaSlice<bf16>; 3] = [
         &mut **y0.bf16_mut(op)?,
@@ -450,8 +455,8 @@ fn product(
     bias: Option<&CudaSlice<bf16>>,
     mut dest: Dest<'_>,
 ) -> Result<()> {
-    if let WeightBuf::Fp8 { codes, scales } = &w.data {
-        return super::fp8_linear::product(b, op, x, (codes, scales, w.rows), bias, dest);
+    if let Some(w) = fp8_weight(w) {
+        return super::fp8_linear::product(b, op, x, w, bias, dest);
     }
     let (xd, wd) = (x.bf16(op)?, w.bf16(op)?);
     let (rows, out, inner) = (x.rows, w.rows, x.cols);
