@@ -1,6 +1,8 @@
 //! `linear`: `y = x @ w^T (+ bias)` for `x: [rows, k]`, `w: [n, k]`.
 //!
-//! Two paths, chosen by the number of rows:
+//! Paths, chosen by the weight's storage and the number of rows (on CPUs
+//! with AMX, quantized weights take [`super::amx`]'s tile GEMM from its
+//! `MIN_ROWS` rows instead of the last three):
 //! - `rows <= GEMV_MAX_ROWS` (decode): [`super::gemv`], one pass over the
 //!   weights per group of up to 4 rows, memory-bandwidth bound; for
 //!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
@@ -42,7 +44,8 @@ const GEMV_MAX_ROWS: usize = 16;
 /// goldens see (golden_moe's Q8_0 check says where it matters).
 pub(crate) const QUANT_MAX_ROWS: usize = 32;
 
-/// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`]: the
+/// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`] (where
+/// [`takes_amx`] does not): the
 /// k-quants on the SIMD paths from [`quant::kgemm::min_rows`] rows (17,
 /// batched decode steps included: measured by `decode_rows_timing` in
 /// quant/kgemm_tests.rs, Qwen2.5-1.5B shapes, CPU time, the GEMM against
@@ -50,6 +53,12 @@ pub(crate) const QUANT_MAX_ROWS: usize = 32;
 /// 0.74-0.88x, at 32 rows 0.63-0.87x; Q6_K on AVX2 past `QUANT_MAX_ROWS`).
 /// Q4_1 (on AVX2) takes it for batched decode steps alone: from 17 rows
 /// to `QUANT_MAX_ROWS`.
+/// Whether `rows` x rows against blocks of `ty` with `k` columns take
+/// [`super::amx`]'s tile GEMM (on CPUs with AMX, from its `MIN_ROWS`).
+pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
+    quant::supported(ty) && super::amx::takes(rows, k)
+}
+
 pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {
     quant::kgemm::handles(ty, isa)
         && rows >= quant::kgemm::min_rows(ty, isa)
@@ -120,7 +129,7 @@ pub fn linear3_quant(
         let ViewData::Quant(ty, _) = w[i].view().data else {
             return None;
         };
-        if w[i].cols != k || w[i].fp8_act || takes_kgemm(ty, rows, isa) {
+        if w[i].cols != k || w[i].fp8_act || takes_kgemm(ty, rows, isa) || takes_amx(ty, rows, k) {
             return None;
         }
         types[i] = ty;
@@ -175,6 +184,11 @@ pub(crate) fn linear_into(
         return;
     }
     if let ViewData::Quant(ty, bytes) = w.data {
+        if takes_amx(ty, rows, k) {
+            super::amx::matmul(x, rows, w, y, threads);
+            add_bias(y, n, bias);
+            return;
+        }
         let isa = quant::Isa::detect();
         let done = if takes_kgemm(ty, rows, isa) {
             quant::kgemm::matmul(x, rows, k, ty, bytes, y, threads, isa)

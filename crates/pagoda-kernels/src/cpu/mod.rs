@@ -14,11 +14,12 @@
 //! This backend is also the reference other backends are tested against, so
 //! every op is checked against a naive f64 implementation in `tests/`.
 //!
-//! Files: [`storage`] (types), [`matmul`] + [`gemv`] + [`quant`] (linear), [`attention`]
+//! Files: [`storage`] (types), [`matmul`] + [`gemv`] + [`quant`] + [`amx`] (linear), [`attention`]
 //! (store_kv, paged attention), [`norm`], [`ops`] (embedding, rope,
 //! activations), [`moe`] (mixture-of-experts routing and expert MLPs),
 //! `math`, `convert` and `simd` (vectorized helpers).
 
+pub(crate) mod amx;
 mod attention;
 mod convert;
 mod gemv;

@@ -116,7 +116,16 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
             if !gemm && rows > QUANT_MAX_ROWS {
                 continue; // dequantized tiles, not the block kernels
             }
-            if gemm {
+            if crate::cpu::matmul::takes_amx(ty, rows, k) {
+                let v = b.load_weight(HostTensor {
+                    shape: vec![n, k],
+                    data: HostData::Quant(QuantData {
+                        ty,
+                        bytes: bytes.clone(),
+                    }),
+                });
+                crate::cpu::amx::matmul(&x, rows, v.unwrap().view(), &mut want, 2);
+            } else if gemm {
                 assert!(kgemm::matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));
             } else {
                 assert!(matmul(&x, rows, k, ty, &bytes, &mut want, 2, isa));

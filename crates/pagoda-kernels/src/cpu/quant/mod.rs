@@ -40,7 +40,7 @@ mod kgemm_tests;
 mod one_row_tests;
 pub mod scalar;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod widen;
 #[cfg(target_arch = "x86_64")]
 mod x86;

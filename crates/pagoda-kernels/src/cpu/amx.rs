@@ -1,0 +1,416 @@
+//! `y = x @ w^T` for quantized weights on Intel AMX: the weight widened to
+//! bf16 panels, the activations rounded to bf16, products accumulated in f32
+//! by the tile unit (`tdpbf16ps`).
+//!
+//! - When: x86-64 Linux CPUs that list AMX-TILE and AMX-BF16 (and AVX-512
+//!   F/BW for the packing code), once the kernel has granted the process
+//!   the tile data state ([`available`]: `arch_prctl(ARCH_REQ_XCOMP_PERM)`
+//!   once; a refusal leaves the other paths in place). [`super::matmul`]
+//!   takes this path for enough rows ([`MIN_ROWS`]).
+//! - Operands: the weight is the A operand (16 weight rows by 32 k of a
+//!   row-major bf16 panel: rows widened with [`WeightView::rows_to_f32`], then
+//!   rounded), the activations the B operand (packed once per call into 1 KiB
+//!   tiles of 16 k-pairs by 16 x rows, the layout `tdpbf16ps` reads), so the
+//!   weight needs no transpose; each 16 by 16 f32 result tile is transposed
+//!   on its way into `y` (one per 16 x rows, 16 features and the whole k).
+//! - Work: parallel over blocks of weight rows (each widened once per call
+//!   into a per-thread panel that stays in L2), each block multiplied by
+//!   every x row, two weight tiles by two activation tiles at a time (four
+//!   result tiles in `tmm0..3`, A in `tmm4..5`, B in `tmm6..7`).
+//! - Numbers: both operands rounded to nearest-even bf16 (a relative error of
+//!   at most 2^-9 each, finer than the 8-bit activations of the block
+//!   kernels), products and sums in f32. Padding (x rows past a multiple of
+//!   32, weight rows past a multiple of 32) is zeros and never written out.
+
+use super::storage::WeightView;
+use rayon::prelude::*;
+
+/// Fewest x rows that take this path (below it the integer block kernels
+/// read the weights once with less work per row).
+pub(crate) const MIN_ROWS: usize = 16;
+
+/// Elements of k per tile (32 bf16 = one 64-byte tile row).
+const KC: usize = 32;
+
+/// Bytes a weight panel may take (per thread, kept in L2).
+const PANEL_BYTES: usize = 512 << 10;
+
+/// Whether this path runs here: the CPU has AMX-TILE, AMX-BF16, AVX-512 F
+/// and BW, SIMD is not turned off ([`super::set_simd_enabled`]), and the
+/// kernel granted the tile data state (asked once per process).
+pub(crate) fn available() -> bool {
+    super::simd::has_avx2_f16c() && imp::granted()
+}
+
+/// Whether `matmul` takes `rows` x rows against a weight of `k` columns.
+pub(crate) fn takes(rows: usize, k: usize) -> bool {
+    rows >= MIN_ROWS && k > 0 && k.is_multiple_of(KC) && available()
+}
+
+/// `y = x @ w^T` for `x: [rows, k]`, `y: [rows, w.rows]` (every element
+/// written); the caller checked [`takes`].
+pub(crate) fn matmul(x: &[f32], rows: usize, w: WeightView<'_>, y: &mut [f32], threads: usize) {
+    let (k, n) = (w.cols, w.rows);
+    assert!(takes(rows, k) && x.len() == rows * k && y.len() == rows * n);
+    imp::matmul(x, rows, k, w, y, threads);
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod imp {
+    use super::*;
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    use std::cell::RefCell;
+    use std::sync::OnceLock;
+
+    /// The CPU lists the features and the kernel granted the tile data.
+    pub(super) fn granted() -> bool {
+        static GRANTED: OnceLock<bool> = OnceLock::new();
+        *GRANTED.get_or_init(|| {
+            // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+            let l7 = __cpuid_count(7, 0);
+            let listed = (l7.edx >> 22) & 1 == 1
+                && (l7.edx >> 24) & 1 == 1
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw");
+            listed && request_tile_data()
+        })
+    }
+
+    /// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: Linux hands
+    /// out the tile data state per process, on request; 0 is granted.
+    fn request_tile_data() -> bool {
+        const SYS_ARCH_PRCTL: i64 = 158;
+        const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+        const XFEATURE_XTILEDATA: i64 = 18;
+        let ret: i64;
+        // SAFETY: a plain system call with two integer arguments; it reads
+        // and writes no memory of ours, and `syscall` clobbers only rcx and
+        // r11 (declared) besides the result in rax.
+        unsafe {
+            asm!(
+                "syscall",
+                inlateout("rax") SYS_ARCH_PRCTL => ret,
+                in("rdi") ARCH_REQ_XCOMP_PERM,
+                in("rsi") XFEATURE_XTILEDATA,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret == 0
+    }
+
+    /// The tile configuration (palette 1): all eight tiles 16 rows of 64 bytes.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+        tail: [u8; 16],
+    }
+
+    const CONFIG: TileConfig = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+        tail: [0; 16],
+    };
+
+    thread_local! {
+        /// The packed activations of the call running on this thread.
+        static PACKED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+        /// A worker's widened weight rows (f32) and their bf16 panel.
+        static PANEL: RefCell<(Vec<f32>, Vec<u16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    }
+
+    /// Round to nearest even bf16 (the values here are finite).
+    #[inline(always)]
+    fn bf16(v: f32) -> u32 {
+        let b = v.to_bits();
+        b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16
+    }
+
+    /// `y`'s pointer, shared by tasks that write disjoint columns.
+    #[derive(Clone, Copy)]
+    struct Out(*mut f32);
+    // SAFETY: each task writes only its own block's columns of `y`
+    // (disjoint), and `matmul` holds `y` borrowed until every task is done.
+    unsafe impl Send for Out {}
+    unsafe impl Sync for Out {}
+
+    pub(super) fn matmul(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        w: WeightView<'_>,
+        y: &mut [f32],
+        threads: usize,
+    ) {
+        let n = w.rows;
+        // Activation tiles: 16 x rows each, an even count (pairs of tiles).
+        let tiles = rows.div_ceil(16).next_multiple_of(2);
+        let kcs = k / KC;
+        let words = tiles * kcs * 256;
+        // Weight rows per task: what fits the panel, whole pairs of tiles,
+        // and enough tasks to share between the threads.
+        let stride = k + KC;
+        let fit = (PANEL_BYTES / (2 * stride)) / 32 * 32;
+        let share = n.div_ceil(4 * threads.max(1)).next_multiple_of(32);
+        let nb = fit.min(share).max(32);
+        let out = Out(y.as_mut_ptr());
+        let run = |packed: &mut Vec<u32>| {
+            packed.clear();
+            packed.resize(words, 0);
+            pack(x, rows, k, packed);
+            let packed = &packed[..];
+            (0..n.div_ceil(nb)).into_par_iter().for_each(|b| {
+                let (n0, n1) = (b * nb, ((b + 1) * nb).min(n));
+                PANEL.with(|cell| {
+                    let mut fresh = (Vec::new(), Vec::new());
+                    let mut held = cell.try_borrow_mut();
+                    let bufs = match held.as_mut() {
+                        Ok(b) => &mut **b,
+                        Err(_) => &mut fresh,
+                    };
+                    let panel = widen(w, n0, n1, stride, bufs);
+                    // SAFETY: AMX-BF16 and AVX-512 F/BW are present and the
+                    // tile data granted (`takes`, checked by the caller);
+                    // the panel holds (n1 - n0) rounded up to 32 rows of
+                    // `stride` elements, `packed` every activation tile of
+                    // `kcs` chunks, and block `b` writes columns n0..n1 of
+                    // the `rows` rows of `y` ([rows, n]) alone.
+                    unsafe { block(panel, stride, n1 - n0, packed, tiles, kcs, rows, n, n0, out) };
+                });
+            });
+        };
+        PACKED.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut b) => run(&mut b),
+            Err(_) => run(&mut Vec::new()),
+        });
+    }
+
+    /// Packs `x` ([rows, k] f32) into bf16 activation tiles: tile `t`, chunk
+    /// `c` is 256 words at `(t * kcs + c) * 256`, word `p * 16 + r` holding
+    /// x row `16 t + r` at k `32 c + 2 p` (low half) and `+ 1` (high half).
+    /// Rows past `rows` stay zero.
+    fn pack(x: &[f32], rows: usize, k: usize, packed: &mut [u32]) {
+        let kcs = k / KC;
+        packed
+            .par_chunks_mut(kcs * 256)
+            .enumerate()
+            .for_each(|(t, tile)| {
+                for r in 0..16 {
+                    let row = t * 16 + r;
+                    if row >= rows {
+                        break;
+                    }
+                    let xr = &x[row * k..(row + 1) * k];
+                    for (c, chunk) in xr.chunks_exact(KC).enumerate() {
+                        let dst = &mut tile[c * 256..(c + 1) * 256];
+                        for (p, pair) in chunk.chunks_exact(2).enumerate() {
+                            dst[p * 16 + r] = bf16(pair[0]) | (bf16(pair[1]) << 16);
+                        }
+                    }
+                }
+            });
+    }
+
+    /// Weight rows `n0..n1` widened and rounded into a bf16 panel of
+    /// `stride` elements a row, rows up to the next multiple of 32 zero.
+    fn widen<'b>(
+        w: WeightView<'_>,
+        n0: usize,
+        n1: usize,
+        stride: usize,
+        (f, panel): &'b mut (Vec<f32>, Vec<u16>),
+    ) -> &'b [u16] {
+        let (k, nr) = (w.cols, n1 - n0);
+        let padded = nr.next_multiple_of(32);
+        f.resize(nr * k, 0.0);
+        w.rows_to_f32(n0, n1, &mut f[..nr * k]);
+        panel.resize(padded * stride, 0);
+        for (dst, src) in panel.chunks_exact_mut(stride).zip(f.chunks_exact(k)) {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = bf16(*s) as u16;
+            }
+        }
+        panel[nr * stride..padded * stride].fill(0);
+        &panel[..padded * stride]
+    }
+
+    /// One block of weight rows (`nr` of them, `panel` padded to 32) against
+    /// every activation tile: pairs of weight tiles by pairs of activation
+    /// tiles, each result transposed into `y` at columns `n0..n0 + nr`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn block(
+        panel: &[u16],
+        stride: usize,
+        nr: usize,
+        packed: &[u32],
+        tiles: usize,
+        kcs: usize,
+        rows: usize,
+        n: usize,
+        n0: usize,
+        y: Out,
+    ) {
+        let mut acc = [[0f32; 256]; 4];
+        let a_stride = stride * 2;
+        // SAFETY (all the asm below): the configuration is a valid palette-1
+        // layout; every tile load reads 16 rows of 64 bytes inside `panel`
+        // (rows j0..j0 + 32 of `stride` elements, k < stride) or inside
+        // `packed` (tiles t and t + 1, chunks 0..kcs, 1 KiB each), and every
+        // store writes one 1 KiB array of `acc`. The tile registers are
+        // used by no code but this function's, which configures them first
+        // and releases them last.
+        asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
+        for j0 in (0..nr).step_by(32) {
+            let a0 = panel.as_ptr().add(j0 * stride);
+            let a1 = a0.add(16 * stride);
+            for t in (0..tiles).step_by(2) {
+                let b0 = packed.as_ptr().add(t * kcs * 256);
+                let b1 = b0.add(kcs * 256);
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    "2:",
+                    "tileloadd tmm4, [{a0} + {sa}*1]",
+                    "tileloadd tmm6, [{b0} + {sb}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {sb}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {sa}*1]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "add {a0}, 64",
+                    "add {a1}, 64",
+                    "add {b0}, 1024",
+                    "add {b1}, 1024",
+                    "dec {c}",
+                    "jnz 2b",
+                    "tilestored [{o0} + {so}*1], tmm0",
+                    "tilestored [{o1} + {so}*1], tmm1",
+                    "tilestored [{o2} + {so}*1], tmm2",
+                    "tilestored [{o3} + {so}*1], tmm3",
+                    a0 = inout(reg) a0 => _,
+                    a1 = inout(reg) a1 => _,
+                    b0 = inout(reg) b0 => _,
+                    b1 = inout(reg) b1 => _,
+                    c = inout(reg) kcs => _,
+                    sa = in(reg) a_stride,
+                    sb = in(reg) 64usize,
+                    so = in(reg) 64usize,
+                    o0 = in(reg) acc[0].as_mut_ptr(),
+                    o1 = in(reg) acc[1].as_mut_ptr(),
+                    o2 = in(reg) acc[2].as_mut_ptr(),
+                    o3 = in(reg) acc[3].as_mut_ptr(),
+                    options(nostack),
+                );
+                // acc[2 i + h]: weight rows j0 + 16 i.., x rows 16 (t + h)...
+                for (i, pair) in acc.chunks_exact(2).enumerate() {
+                    let j = j0 + 16 * i;
+                    if j >= nr {
+                        break;
+                    }
+                    for (h, a) in pair.iter().enumerate() {
+                        let r0 = 16 * (t + h);
+                        if r0 >= rows {
+                            break;
+                        }
+                        store_transposed(
+                            a,
+                            y,
+                            n,
+                            r0,
+                            (rows - r0).min(16),
+                            n0 + j,
+                            (nr - j).min(16),
+                        );
+                    }
+                }
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+
+    /// `y[r0 + r][c0 + j] = a[j * 16 + r]` for `r < nrows`, `j < ncols`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn store_transposed(
+        a: &[f32; 256],
+        y: Out,
+        n: usize,
+        r0: usize,
+        nrows: usize,
+        c0: usize,
+        ncols: usize,
+    ) {
+        let mut v: [__m512; 16] = std::array::from_fn(|j| _mm512_loadu_ps(a.as_ptr().add(j * 16)));
+        // Four rounds, each swapping bit `b` of the row index with bit `b`
+        // of the column index (rows i and i + b trade their b-blocks).
+        for b in [8usize, 4, 2, 1] {
+            let lo: [i32; 16] = std::array::from_fn(|e| {
+                if e & b == 0 {
+                    e as i32
+                } else {
+                    (16 + e - b) as i32
+                }
+            });
+            let hi: [i32; 16] = std::array::from_fn(|e| {
+                if e & b == 0 {
+                    (e + b) as i32
+                } else {
+                    (16 + e) as i32
+                }
+            });
+            let (lo, hi) = (
+                _mm512_loadu_si512(lo.as_ptr().cast()),
+                _mm512_loadu_si512(hi.as_ptr().cast()),
+            );
+            for i in (0..16).filter(|i| i & b == 0) {
+                let (p, q) = (v[i], v[i + b]);
+                v[i] = _mm512_permutex2var_ps(p, lo, q);
+                v[i + b] = _mm512_permutex2var_ps(p, hi, q);
+            }
+        }
+        let mask: __mmask16 = if ncols >= 16 {
+            0xffff
+        } else {
+            (1u16 << ncols) - 1
+        };
+        for (r, row) in v.iter().enumerate().take(nrows) {
+            _mm512_mask_storeu_ps(y.0.add((r0 + r) * n + c0), mask, *row);
+        }
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod imp {
+    use super::*;
+
+    pub(super) fn granted() -> bool {
+        false
+    }
+
+    pub(super) fn matmul(
+        _: &[f32],
+        _: usize,
+        _: usize,
+        _: WeightView<'_>,
+        _: &mut [f32],
+        _: usize,
+    ) {
+        unreachable!("amx::takes is false off x86-64 Linux")
+    }
+}
+
+#[cfg(test)]
+#[path = "amx_tests.rs"]
+mod tests;
