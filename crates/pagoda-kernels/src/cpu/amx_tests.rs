@@ -5,12 +5,33 @@
 //! On a machine without AMX the checks have nothing to run and say so.
 
 use super::*;
-use crate::cpu::quant::tests::{dequant, random_blocks, Rng, TYPES};
+use crate::cpu::quant::tests::{cpu_seconds_per_call, dequant, random_blocks, Rng, TYPES};
 use crate::cpu::storage::ViewData;
 use crate::GgmlType;
 
-fn round_bf16(v: f32) -> f64 {
-    half::bf16::from_f32(v).to_f64()
+/// One output's references in f64: the dot of the bf16-rounded operands,
+/// the exact dot, and the sum of the products' magnitudes (the tolerances'
+/// scale).
+struct Dots {
+    rounded: f64,
+    exact: f64,
+    mag: f64,
+}
+
+fn dots(x: &[f32], w: &[f32]) -> Dots {
+    let round = |v: f32| half::bf16::from_f32(v).to_f64();
+    let mut d = Dots {
+        rounded: 0.0,
+        exact: 0.0,
+        mag: 0.0,
+    };
+    for (&a, &b) in x.iter().zip(w) {
+        let p = a as f64 * b as f64;
+        d.rounded += round(a) * round(b);
+        d.exact += p;
+        d.mag += p.abs();
+    }
+    d
 }
 
 fn view(ty: GgmlType, bytes: &[u8], n: usize, k: usize) -> WeightView<'_> {
@@ -52,18 +73,11 @@ fn tiles_match_products_of_the_rounded_operands() {
                 for r in 0..rows {
                     for j in 0..n {
                         let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
-                        let rounded: f64 = xr
-                            .iter()
-                            .zip(wr)
-                            .map(|(a, b)| round_bf16(*a) * round_bf16(*b))
-                            .sum();
-                        let exact: f64 =
-                            xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        let mag: f64 = xr
-                            .iter()
-                            .zip(wr)
-                            .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                            .sum();
+                        let Dots {
+                            rounded,
+                            exact,
+                            mag,
+                        } = dots(xr, wr);
                         let got = y[r * n + j] as f64;
                         // f32 sums of k products: a few ulps of the magnitude.
                         assert!(
@@ -104,16 +118,7 @@ fn long_rows_and_wide_weights() {
         for r in (0..rows).step_by(7) {
             for j in 0..n {
                 let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[j * k..(j + 1) * k]);
-                let rounded: f64 = xr
-                    .iter()
-                    .zip(wr)
-                    .map(|(a, b)| round_bf16(*a) * round_bf16(*b))
-                    .sum();
-                let mag: f64 = xr
-                    .iter()
-                    .zip(wr)
-                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                    .sum();
+                let Dots { rounded, mag, .. } = dots(xr, wr);
                 let got = y[r * n + j] as f64;
                 assert!(
                     (got - rounded).abs() <= 1e-5 * mag + 1e-30,
@@ -189,23 +194,7 @@ fn amx_timing() {
     if !here() {
         return;
     }
-    let cpu = || {
-        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
-        let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
-            .split(' ')
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
-        (f[11] + f[12]) / 100.0
-    };
-    let time = |f: &mut dyn FnMut()| {
-        let c = cpu();
-        let mut runs = 0;
-        while cpu() - c < 0.5 || runs < 2 {
-            f();
-            runs += 1;
-        }
-        (cpu() - c) / runs as f64
-    };
+    let time = |f: &mut dyn FnMut()| cpu_seconds_per_call(0.5, f);
     let rows_list: Vec<usize> = std::env::var("AMX_ROWS").map_or(vec![16, 24, 32, 64, 512], |v| {
         v.split(',').map(|r| r.parse().unwrap()).collect()
     });

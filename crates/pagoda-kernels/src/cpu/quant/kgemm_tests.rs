@@ -5,7 +5,7 @@
 //! around the tiles' and the dispatch's edges, on every path here; Q4_1
 //! (32-blocks, its rows padded to whole groups) as well.
 
-use super::tests::{dequant, random_blocks, Rng};
+use super::tests::{cpu_seconds_per_call, dequant, random_blocks, Rng};
 use super::*;
 
 const K_QUANTS: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
@@ -256,7 +256,6 @@ fn gemm_handles_extreme_quants() {
 fn kgemm_timing() {
     use crate::cpu::{CpuBackend, CpuOptions, WeightDtype};
     use crate::{Backend, HostData, HostTensor, QuantData};
-    use std::time::Instant;
     let opts = CpuOptions {
         threads: 2,
         weight_dtype: WeightDtype::F32,
@@ -300,25 +299,7 @@ fn kgemm_timing() {
         );
         let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
         let xt = quant.tensor_from_host(rows, k, &x).unwrap();
-        // Process CPU seconds (all threads; the machine may be loaded).
-        let cpu = || {
-            let s = std::fs::read_to_string("/proc/self/stat").unwrap();
-            let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
-                .split(' ')
-                .map(|v| v.parse().unwrap_or(0.0))
-                .collect();
-            (f[11] + f[12]) / 100.0
-        };
-        let time = |f: &mut dyn FnMut()| {
-            let (t, c) = (Instant::now(), cpu());
-            let mut runs = 0;
-            while cpu() - c < 1.0 || runs < 2 {
-                f();
-                runs += 1;
-            }
-            let _ = t;
-            (cpu() - c) / runs as f64
-        };
+        let time = |f: &mut dyn FnMut()| cpu_seconds_per_call(1.0, f);
         let tk = time(&mut || {
             std::hint::black_box(quant.linear(&xt, &wq, None).unwrap());
         });
@@ -353,23 +334,7 @@ fn kgemm_timing() {
 #[ignore]
 fn decode_rows_timing() {
     let mut rng = Rng(6);
-    let cpu = || {
-        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
-        let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
-            .split(' ')
-            .map(|v| v.parse().unwrap_or(0.0))
-            .collect();
-        (f[11] + f[12]) / 100.0
-    };
-    let time = |f: &mut dyn FnMut()| {
-        let c = cpu();
-        let mut runs = 0;
-        while cpu() - c < 0.5 || runs < 2 {
-            f();
-            runs += 1;
-        }
-        (cpu() - c) / runs as f64
-    };
+    let time = |f: &mut dyn FnMut()| cpu_seconds_per_call(0.5, f);
     let isa = Isa::detect();
     for (ty, n, k) in [
         (GgmlType::Q4_K, 8960, 1536),

@@ -70,6 +70,27 @@ pub(crate) fn random_blocks(ty: GgmlType, rows: usize, k: usize, rng: &mut Rng) 
     b
 }
 
+/// Process CPU seconds per call of `f` (all threads, so a loaded machine
+/// does not count against it), over at least `min_s` CPU seconds and two
+/// calls: the timing tests' clock.
+pub(crate) fn cpu_seconds_per_call(min_s: f64, f: &mut dyn FnMut()) -> f64 {
+    let cpu = || {
+        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let f: Vec<f64> = s[s.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
+        (f[11] + f[12]) / 100.0
+    };
+    let c = cpu();
+    let mut calls = 0;
+    while cpu() - c < min_s || calls < 2 {
+        f();
+        calls += 1;
+    }
+    (cpu() - c) / calls as f64
+}
+
 pub(crate) fn dequant(ty: GgmlType, b: &[u8], elements: usize) -> Vec<f32> {
     let mut out = vec![0f32; elements];
     pagoda_gguf::dequant::dequantize_into(ty, b, &mut out).unwrap();
