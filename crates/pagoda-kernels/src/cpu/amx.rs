@@ -6,7 +6,7 @@
 //!   F/BW for the packing code), once the kernel has granted the process
 //!   the tile data state ([`available`]: `arch_prctl(ARCH_REQ_XCOMP_PERM)`
 //!   once; a refusal leaves the other paths in place). [`super::matmul`]
-//!   takes this path for enough rows ([`MIN_ROWS`]).
+//!   takes this path for enough rows ([`MIN_ROWS`], [`KGEMM_MIN_ROWS`]).
 //! - Operands: the weight is the A operand (16 weight rows by 32 k of a
 //!   row-major bf16 panel: rows widened with [`WeightView::rows_to_f32`], then
 //!   rounded), the activations the B operand (packed once per call into 1 KiB
@@ -28,6 +28,11 @@ use rayon::prelude::*;
 /// Fewest x rows that take this path (below it the integer block kernels
 /// read the weights once with less work per row).
 pub(crate) const MIN_ROWS: usize = 16;
+
+/// Fewest x rows that take this path for blocks the integer GEMM
+/// ([`super::quant::kgemm`]) takes: it keeps up with the tiles below
+/// (`super::matmul::takes_amx` has the figures).
+pub(crate) const KGEMM_MIN_ROWS: usize = 32;
 
 /// Elements of k per tile (32 bf16 = one 64-byte tile row).
 const KC: usize = 32;

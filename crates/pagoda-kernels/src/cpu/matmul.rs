@@ -44,6 +44,23 @@ const GEMV_MAX_ROWS: usize = 16;
 /// goldens see (golden_moe's Q8_0 check says where it matters).
 pub(crate) const QUANT_MAX_ROWS: usize = 32;
 
+/// Whether `rows` x rows against blocks of `ty` with `k` columns take
+/// [`super::amx`]'s tile GEMM (on CPUs with AMX): from its `MIN_ROWS` (16)
+/// for the types [`quant::kgemm`] does not take, from `KGEMM_MIN_ROWS` (32)
+/// for those it does. Measured by `amx_timing` (amx_tests.rs) on a 2-core
+/// Sapphire Rapids guest, CPU time of the tiles against the path taken
+/// without them: Q4_1 and Q8_0 at 16 rows 0.60-0.67x the block kernels',
+/// Q4_K / Q6_K at 16 rows 0.99-1.24x the block kernels', at 24 rows
+/// 0.99-1.14x the integer GEMM's, at 32 rows 0.79-0.94x, at 64 rows 0.54-0.64x.
+pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
+    let min = if quant::kgemm::handles(ty, quant::Isa::detect()) {
+        super::amx::KGEMM_MIN_ROWS
+    } else {
+        super::amx::MIN_ROWS
+    };
+    quant::supported(ty) && rows >= min && super::amx::takes(rows, k)
+}
+
 /// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`] (where
 /// [`takes_amx`] does not): the
 /// k-quants on the SIMD paths from [`quant::kgemm::min_rows`] rows (17,
@@ -53,12 +70,6 @@ pub(crate) const QUANT_MAX_ROWS: usize = 32;
 /// 0.74-0.88x, at 32 rows 0.63-0.87x; Q6_K on AVX2 past `QUANT_MAX_ROWS`).
 /// Q4_1 (on AVX2) takes it for batched decode steps alone: from 17 rows
 /// to `QUANT_MAX_ROWS`.
-/// Whether `rows` x rows against blocks of `ty` with `k` columns take
-/// [`super::amx`]'s tile GEMM (on CPUs with AMX, from its `MIN_ROWS`).
-pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
-    quant::supported(ty) && super::amx::takes(rows, k)
-}
-
 pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {
     quant::kgemm::handles(ty, isa)
         && rows >= quant::kgemm::min_rows(ty, isa)

@@ -2,8 +2,8 @@
 //! (many x rows against one weight: [`super::super::matmul`] dequantizes a
 //! tile once and runs the f32 GEMM).
 //!
-//! Q4_1, Q4_K and Q6_K (the types of the default model and of Q4_K_M files)
-//! have SIMD widening; every other type, and machines without AVX2, take
+//! Q4_1, Q8_0, Q4_K, Q5_K and Q6_K (the types of the default model and of
+//! Q4_K_M / Q5_K_M files) have SIMD widening; every other type, and machines without AVX2, take
 //! `pagoda_gguf`'s portable dequantizers. The SIMD code performs the same f32
 //! operations in the same order as those (a multiply, then an add or
 //! subtract; no fused multiply-add), so its output is bitwise identical.
@@ -15,7 +15,9 @@ use crate::GgmlType;
 /// has no dequantizer.
 pub(super) fn widen(ty: GgmlType, bytes: &[u8], out: &mut [f32], simd: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if simd && matches!(ty, GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q6_K) {
+    use GgmlType as T;
+    #[cfg(target_arch = "x86_64")]
+    if simd && matches!(ty, T::Q4_1 | T::Q8_0 | T::Q4_K | T::Q5_K | T::Q6_K) {
         let (bs, ts) = (ty.block_size(), ty.type_size());
         let blocks = out.len() / bs;
         assert!(out.len().is_multiple_of(bs) && bytes.len() >= blocks * ts);
@@ -39,7 +41,7 @@ mod x86 {
     use super::super::x86::fp16;
     use crate::GgmlType;
 
-    /// Every block of `bytes` (Q4_1, Q4_K or Q6_K) widened into `out`, in
+    /// Every block of `bytes` (Q4_1, Q8_0, Q4_K, Q5_K or Q6_K) widened into `out`, in
     /// one loop per type (the per-block functions inlined).
     #[target_feature(enable = "avx2,f16c")]
     pub unsafe fn blocks(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
@@ -51,9 +53,19 @@ mod x86 {
                     q4_1(b.as_ptr(), o.as_mut_ptr());
                 }
             }
+            GgmlType::Q8_0 => {
+                for (o, b) in pairs {
+                    q8_0(b.as_ptr(), o.as_mut_ptr());
+                }
+            }
             GgmlType::Q4_K => {
                 for (o, b) in pairs {
                     q4_k(b.as_ptr(), o.as_mut_ptr());
+                }
+            }
+            GgmlType::Q5_K => {
+                for (o, b) in pairs {
+                    q5_k(b.as_ptr(), o.as_mut_ptr());
                 }
             }
             _ => {
@@ -99,6 +111,55 @@ mod x86 {
         for i in 0..4 {
             let v = _mm256_add_ps(_mm256_mul_ps(u8x8(q.as_ptr().add(8 * i)), dv), mv);
             _mm256_storeu_ps(y.add(8 * i), v);
+        }
+    }
+
+    /// Q8_0 (34 bytes): `x = q d`, q signed.
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn q8_0(b: *const u8, y: *mut f32) {
+        let d = _mm256_set1_ps(fp16(b));
+        for i in 0..4 {
+            let p = b.add(2 + 8 * i) as *const __m128i;
+            let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p)));
+            _mm256_storeu_ps(y.add(8 * i), _mm256_mul_ps(q, d));
+        }
+    }
+
+    /// Q5_K (176 bytes): `x = (d sc) q - dmin m` per 32-element sub-block,
+    /// q's fifth bit from `qh` (bit `2 i` for the low nibbles of quarter
+    /// `i`, bit `2 i + 1` for the high ones).
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    unsafe fn q5_k(b: *const u8, y: *mut f32) {
+        let (d, dmin) = (fp16(b), fp16(b.add(2)));
+        let scales = std::slice::from_raw_parts(b.add(4), 12);
+        let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+        let (m4, sixteen) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(16));
+        // 16 where `qh`'s bit `bit` is set, else 0.
+        let high = |bit: i32| {
+            let u = _mm256_set1_epi8((1u8 << bit) as i8);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, u), u);
+            _mm256_and_si256(set, sixteen)
+        };
+        let mut q = [0u8; 64];
+        for i in 0..4 {
+            let x = _mm256_loadu_si256(b.add(48 + 32 * i) as *const __m256i);
+            let lo = _mm256_add_epi8(_mm256_and_si256(x, m4), high(2 * i as i32));
+            let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+            let hi = _mm256_add_epi8(hi, high(2 * i as i32 + 1));
+            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, lo);
+            _mm256_storeu_si256(q.as_mut_ptr().add(32) as *mut __m256i, hi);
+            let (sc1, m1) = scale_min_k4(2 * i, scales);
+            let (sc2, m2) = scale_min_k4(2 * i + 1, scales);
+            let yo = y.add(64 * i);
+            mul_sub(q.as_ptr(), d * sc1 as f32, dmin * m1 as f32, yo);
+            mul_sub(
+                q.as_ptr().add(32),
+                d * sc2 as f32,
+                dmin * m2 as f32,
+                yo.add(32),
+            );
         }
     }
 
