@@ -78,7 +78,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     let mut a = Args {
         schema: String::new(),
         requests: 256,
-        threads: pagoda_engine::structured::mask_threads_for(true),
+        threads: pagoda_engine::structured::mask_threads_for(true)?,
         families: 0,
         stagger: 18,
         min_out: 100,

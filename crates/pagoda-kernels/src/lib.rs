@@ -22,6 +22,7 @@ pub mod error;
 pub mod fp8;
 pub mod fp8_matrix;
 pub mod host;
+pub mod knob;
 pub mod kv_dtype;
 pub mod logit_adjust;
 pub mod sampling_options;

@@ -325,7 +325,7 @@ fn bench_shape(s: &Shape) {
             }
         }
     }
-    g.set_small_linear(SmallLinear::from_env());
+    g.set_small_linear(SmallLinear::from_env().unwrap());
     g.set_decode_fusion(true);
 }
 

@@ -110,7 +110,7 @@ fn bench_shape(g: &CudaBackend, model: &str, ops: &[Op]) {
             layer[2][ri] * 1e6
         );
     }
-    g.set_small_linear(SmallLinear::from_env());
+    g.set_small_linear(SmallLinear::from_env().unwrap());
 }
 
 /// q, k and v as three `linear`s on the old path, three on the tensor-core
@@ -171,7 +171,7 @@ fn bench_qkv(g: &CudaBackend, model: &str, dims: [usize; 3], inner: usize) {
             old / one
         );
     }
-    g.set_small_linear(SmallLinear::from_env());
+    g.set_small_linear(SmallLinear::from_env().unwrap());
 }
 
 #[test]

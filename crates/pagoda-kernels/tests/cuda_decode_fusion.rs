@@ -90,7 +90,7 @@ fn gate_up_silu_equals_the_sequence() {
         }
     }
     g.set_decode_fusion(true);
-    g.set_small_linear(SmallLinear::from_env());
+    g.set_small_linear(SmallLinear::from_env().unwrap());
 }
 
 /// Shapes the fused launch does not take are the sequence's errors, never a
@@ -116,7 +116,7 @@ fn gate_up_silu_checks_shapes() {
         y.iter().all(|&v| (v - want).abs() <= want * 4e-3),
         "{y:?} != {want}"
     );
-    g.set_small_linear(SmallLinear::from_env());
+    g.set_small_linear(SmallLinear::from_env().unwrap());
 }
 
 /// A cos/sin table of `max_pos` rows for rotary width `rd` (theta 10000).

@@ -255,7 +255,7 @@ impl GrammarCompiler {
         Ok(GrammarCompiler {
             factory,
             vocab_size,
-            families: step::mask_threads() * masks::FAMILIES_PER_WORKER,
+            families: step::mask_threads()? * masks::FAMILIES_PER_WORKER,
             templates: Mutex::new(Vec::new()),
         })
     }

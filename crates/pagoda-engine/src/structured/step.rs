@@ -22,7 +22,7 @@ use std::time::Instant;
 
 /// Mask worker threads when the forward pass runs on the host's cores
 /// (see [`mask_threads_for`]).
-pub fn mask_threads() -> usize {
+pub fn mask_threads() -> Result<usize, StructuredError> {
     mask_threads_for(false)
 }
 
@@ -31,32 +31,33 @@ pub fn mask_threads() -> usize {
 /// runs, so every core but two (the engine thread and the server's) takes
 /// a share of the step's rows, up to 16; with the forward pass on the
 /// host's cores the workers share those cores with it: up to 4.
-/// `PAGODA_MASK_THREADS=N` (1-256) sets the count instead.
-pub fn mask_threads_for(device: bool) -> usize {
+/// `PAGODA_MASK_THREADS=N` (1-256) sets the count instead; any other value
+/// is an error.
+pub fn mask_threads_for(device: bool) -> Result<usize, StructuredError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let env = std::env::var("PAGODA_MASK_THREADS").ok();
-    let (n, bad) = threads_of(cores, device, env.as_deref());
-    if bad {
-        tracing::warn!(value = ?env, "PAGODA_MASK_THREADS is not a count of 1-256: ignored");
-    }
-    n
+    threads_of(cores, device, env.as_deref()).map_err(|message| StructuredError {
+        kind: "structured output",
+        message,
+    })
 }
 
 /// [`mask_threads_for`] on `cores` cores with `env` as the variable's
-/// value: the count, and whether `env` was set but not a count.
-fn threads_of(cores: usize, device: bool, env: Option<&str>) -> (usize, bool) {
-    if let Some(v) = env {
-        match v.trim().parse::<usize>() {
-            Ok(n) if (1..=256).contains(&n) => return (n, false),
-            _ => {}
-        }
+/// value.
+fn threads_of(cores: usize, device: bool, env: Option<&str>) -> Result<usize, String> {
+    if let Some(v) = env.map(str::trim).filter(|v| !v.is_empty()) {
+        return match v.parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "PAGODA_MASK_THREADS={v:?} (expected a count of 1-256)"
+            )),
+        };
     }
-    let n = if device {
+    Ok(if device {
         cores.saturating_sub(2).clamp(1, 16)
     } else {
         cores.clamp(1, 4)
-    };
-    (n, env.is_some())
+    })
 }
 
 pub(crate) struct StructuredEngine {
@@ -80,26 +81,32 @@ pub(crate) struct StructuredEngine {
 }
 
 /// Whether a step's advance starts the next step's masks in the same job
-/// (with `PAGODA_MASK_PIPELINE=on` or `1`), or the advance is waited for
-/// alone and each step starts all its masks itself (the default: on an
-/// H100 the pipeline measured no gain, see BENCHMARKS.md).
-pub fn pipelined() -> bool {
-    matches!(
-        std::env::var("PAGODA_MASK_PIPELINE").as_deref(),
-        Ok("on" | "1")
-    )
+/// (with `PAGODA_MASK_PIPELINE=on`, `1` or `true`), or the advance is
+/// waited for alone and each step starts all its masks itself (the default,
+/// also `off`, `0`, `false` or `auto`: on an H100 the pipeline measured no
+/// gain, see BENCHMARKS.md). Any other value is an error.
+pub fn pipelined() -> Result<bool, StructuredError> {
+    let mut c = pagoda_kernels::knob::ON_OFF;
+    c[0] = ("auto", false);
+    knob("PAGODA_MASK_PIPELINE", &c, false)
 }
 
 /// Whether a request whose grammar a step's token completes is ended at the
 /// next step's mask join, the engine never waiting for the advance (the
 /// default), or on that token, the engine waiting for the advance before
-/// emitting the step's outputs (`PAGODA_GUIDE_DEFER=off` or `0`). The
-/// outputs' tokens are the same either way.
-pub fn deferred() -> bool {
-    !matches!(
-        std::env::var("PAGODA_GUIDE_DEFER").as_deref(),
-        Ok("off" | "0")
-    )
+/// emitting the step's outputs (`PAGODA_GUIDE_DEFER=off`, `0` or `false`;
+/// any value not an on/off name is an error). The outputs' tokens are the
+/// same either way.
+pub fn deferred() -> Result<bool, StructuredError> {
+    knob("PAGODA_GUIDE_DEFER", &pagoda_kernels::knob::ON_OFF, true)
+}
+
+/// An on/off environment knob ([`pagoda_kernels::knob`]).
+fn knob(name: &str, choices: &[(&str, bool)], default: bool) -> Result<bool, StructuredError> {
+    pagoda_kernels::knob::choice(name, choices, default).map_err(|e| StructuredError {
+        kind: "structured output",
+        message: e.to_string(),
+    })
 }
 
 /// The structured-output compiler and mask workers of a device engine,
@@ -171,7 +178,7 @@ impl StructuredEngine {
             kind: "structured output",
             message: "structured outputs need the model's tokenizer".into(),
         })?;
-        let threads = mask_threads_for(device);
+        let threads = mask_threads_for(device)?;
         let compiler = GrammarCompiler::new(tokenizer.clone(), vocab_size, eos)?
             .with_families(threads * super::FAMILIES_PER_WORKER);
         let workers = MaskWorkers::new(threads).map_err(|e| StructuredError {
@@ -185,8 +192,8 @@ impl StructuredEngine {
             spare: Vec::new(),
             pipe: None,
             pipe_index: HashMap::new(),
-            pipelined: pipelined(),
-            deferred: deferred(),
+            pipelined: pipelined()?,
+            deferred: deferred()?,
             times: GuideTimes::default(),
         })
     }
@@ -485,18 +492,19 @@ mod tests {
     #[test]
     fn mask_threads_take_the_cores_a_device_leaves_free() {
         // Beside a CPU forward pass: up to 4.
-        assert_eq!(threads_of(2, false, None), (2, false));
-        assert_eq!(threads_of(16, false, None), (4, false));
+        assert_eq!(threads_of(2, false, None), Ok(2));
+        assert_eq!(threads_of(16, false, None), Ok(4));
         // Beside a device's: all cores but two, 1-16.
-        assert_eq!(threads_of(1, true, None), (1, false));
-        assert_eq!(threads_of(2, true, None), (1, false));
-        assert_eq!(threads_of(16, true, None), (14, false));
-        assert_eq!(threads_of(64, true, None), (16, false));
-        // The variable wins when it is a count; else it is reported.
-        assert_eq!(threads_of(16, true, Some("4")), (4, false));
-        assert_eq!(threads_of(16, true, Some(" 8 ")), (8, false));
-        assert_eq!(threads_of(16, true, Some("0")), (14, true));
-        assert_eq!(threads_of(16, false, Some("many")), (4, true));
+        assert_eq!(threads_of(1, true, None), Ok(1));
+        assert_eq!(threads_of(2, true, None), Ok(1));
+        assert_eq!(threads_of(16, true, None), Ok(14));
+        assert_eq!(threads_of(64, true, None), Ok(16));
+        // The variable wins when it is a count; else it is an error.
+        assert_eq!(threads_of(16, true, Some("4")), Ok(4));
+        assert_eq!(threads_of(16, true, Some(" 8 ")), Ok(8));
+        assert_eq!(threads_of(16, true, Some(" ")), Ok(14));
+        assert!(threads_of(16, true, Some("0")).is_err());
+        assert!(threads_of(16, false, Some("many")).is_err());
     }
 
     #[test]
@@ -508,7 +516,7 @@ mod tests {
         let tok = Arc::new(Tokenizer::from_hf_file(path).unwrap());
         for device in [false, true] {
             let s = StructuredEngine::new(Some(&tok), 49152, &[2], device).unwrap();
-            let threads = mask_threads_for(device);
+            let threads = mask_threads_for(device).unwrap();
             assert_eq!(s.workers.threads(), threads);
             assert_eq!(
                 s.compiler.families,

@@ -172,23 +172,26 @@ pub(crate) fn partition_kernel(
 }
 
 /// The environment variable that makes new backends run FP8-cache decode
-/// attention on the CUDA-core kernel (value `cores`; anything else keeps the
-/// tensor-core one).
+/// attention on the CUDA-core kernel (value `cores`; `auto` or `mma` keeps
+/// the tensor-core one; any other value is an error).
 pub const DECODE_KERNEL_ENV: &str = "PAGODA_DECODE_ATTENTION";
 
 /// The environment variable that makes new backends merge split decode
-/// attention in a second launch (value `separate`; anything else merges in
-/// the partition kernel), to compare the two.
+/// attention in a second launch (value `separate`; `auto` or `partition`
+/// merges in the partition kernel; any other value is an error), to compare
+/// the two.
 pub const DECODE_MERGE_ENV: &str = "PAGODA_DECODE_MERGE";
 
 /// Whether [`DECODE_MERGE_ENV`] asks for the separate merge launch.
-pub(crate) fn separate_merge_from_env() -> bool {
-    std::env::var(DECODE_MERGE_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("separate"))
+pub(crate) fn separate_merge_from_env() -> Result<bool> {
+    let c = [("auto", false), ("partition", false), ("separate", true)];
+    crate::knob::choice(DECODE_MERGE_ENV, &c, false)
 }
 
 /// Whether [`DECODE_KERNEL_ENV`] asks for the CUDA-core FP8 kernel.
-pub(crate) fn cores_from_env() -> bool {
-    std::env::var(DECODE_KERNEL_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("cores"))
+pub(crate) fn cores_from_env() -> Result<bool> {
+    let c = [("auto", false), ("mma", false), ("cores", true)];
+    crate::knob::choice(DECODE_KERNEL_ENV, &c, false)
 }
 
 impl CudaBackend {

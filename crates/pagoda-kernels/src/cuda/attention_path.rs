@@ -80,12 +80,14 @@ pub fn prefer_tiled(ctx: &ForwardContext, p: &AttentionParams, tiled: bool) -> A
 }
 
 /// The environment variable that makes new backends prefer the tiled
-/// prefill kernel (value `tiled`; anything else keeps the grouped one).
+/// prefill kernel (value `tiled`; `auto` or `grouped` keeps the grouped one;
+/// any other value is an error).
 pub const PREFILL_KERNEL_ENV: &str = "PAGODA_PREFILL_ATTENTION";
 
 /// Whether [`PREFILL_KERNEL_ENV`] asks for the tiled prefill kernel.
-pub(crate) fn tiled_from_env() -> bool {
-    std::env::var(PREFILL_KERNEL_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("tiled"))
+pub(crate) fn tiled_from_env() -> crate::Result<bool> {
+    let c = [("auto", false), ("grouped", false), ("tiled", true)];
+    crate::knob::choice(PREFILL_KERNEL_ENV, &c, false)
 }
 
 #[cfg(test)]

@@ -185,7 +185,7 @@ impl Device {
             startup,
         };
         let env = std::env::var(launch::PDL_ENV).ok();
-        let wanted = pdl_supported && launch::pdl_env_on(env.as_deref());
+        let wanted = launch::pdl_env_on(env.as_deref())? && pdl_supported;
         if wanted && !dev.probe_pdl() {
             return Ok(Device {
                 pdl_supported: false,

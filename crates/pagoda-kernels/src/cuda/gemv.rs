@@ -41,16 +41,13 @@ use half::bf16;
 pub const SMALL_LINEAR_ENV: &str = "PAGODA_SMALL_LINEAR";
 
 /// The environment variable turning the decode fusions of new backends
-/// off (`off`, `0` or `false`; anything else leaves them on).
+/// off (`off`, `0` or `false`; `on`, `1`, `true` or `auto` leaves them on;
+/// any other value is an error).
 pub const DECODE_FUSION_ENV: &str = "PAGODA_DECODE_FUSION";
 
 /// Whether [`DECODE_FUSION_ENV`] leaves the fusions on.
-pub(crate) fn fusion_from_env() -> bool {
-    let v = std::env::var(DECODE_FUSION_ENV).unwrap_or_default();
-    !matches!(
-        v.trim().to_ascii_lowercase().as_str(),
-        "off" | "0" | "false"
-    )
+pub(crate) fn fusion_from_env() -> Result<bool> {
+    crate::knob::choice(DECODE_FUSION_ENV, &crate::knob::ON_OFF, true)
 }
 
 /// Most rows the tensor-core GEMV takes (its two m16 row halves).
@@ -94,20 +91,18 @@ pub enum GemvKernel {
 }
 
 impl SmallLinear {
-    /// The path [`SMALL_LINEAR_ENV`] names (unset, empty or unknown: `Auto`).
-    pub fn from_env() -> SmallLinear {
-        Self::parse(&std::env::var(SMALL_LINEAR_ENV).unwrap_or_default())
-    }
+    /// The names [`SMALL_LINEAR_ENV`] takes.
+    const NAMES: [(&'static str, SmallLinear); 4] = [
+        ("auto", SmallLinear::Auto),
+        ("warp", SmallLinear::Warp),
+        ("mma", SmallLinear::Mma),
+        ("cublas", SmallLinear::Cublas),
+    ];
 
-    /// `warp`, `mma` and `cublas` (any case, trimmed); anything else is
-    /// `Auto`.
-    pub fn parse(v: &str) -> SmallLinear {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "mma" => SmallLinear::Mma,
-            "cublas" => SmallLinear::Cublas,
-            "warp" => SmallLinear::Warp,
-            _ => SmallLinear::Auto,
-        }
+    /// The path [`SMALL_LINEAR_ENV`] names (unset or empty: `Auto`; a name
+    /// other than `auto`, `warp`, `mma` and `cublas` is an error).
+    pub fn from_env() -> Result<SmallLinear> {
+        crate::knob::choice(SMALL_LINEAR_ENV, &Self::NAMES, SmallLinear::Auto)
     }
 
     pub(crate) fn to_u8(self) -> u8 {
@@ -399,11 +394,12 @@ mod tests {
 
     #[test]
     fn env_values_parse() {
-        assert_eq!(SmallLinear::parse(""), SmallLinear::Auto);
-        assert_eq!(SmallLinear::parse("other"), SmallLinear::Auto);
-        assert_eq!(SmallLinear::parse(" Warp "), SmallLinear::Warp);
-        assert_eq!(SmallLinear::parse("CUBLAS"), SmallLinear::Cublas);
-        assert_eq!(SmallLinear::parse("mma"), SmallLinear::Mma);
+        let parse = |v| crate::knob::parse("K", Some(v), &SmallLinear::NAMES, SmallLinear::Auto);
+        assert_eq!(parse("").unwrap(), SmallLinear::Auto);
+        assert!(parse("other").is_err());
+        assert_eq!(parse(" Warp ").unwrap(), SmallLinear::Warp);
+        assert_eq!(parse("CUBLAS").unwrap(), SmallLinear::Cublas);
+        assert_eq!(parse("mma").unwrap(), SmallLinear::Mma);
         for p in [
             SmallLinear::Mma,
             SmallLinear::Warp,

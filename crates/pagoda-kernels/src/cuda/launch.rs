@@ -142,7 +142,8 @@ pub(crate) fn param_sizes(f: &CudaFunction) -> Option<Vec<u8>> {
 }
 
 /// The environment variable that turns programmatic dependent launch off
-/// (`off`, `0` or `false`); on by default where supported.
+/// (`off`, `0` or `false`; `on`, `1`, `true` or `auto` leaves it on where
+/// supported, the default; any other value is an error).
 pub const PDL_ENV: &str = "PAGODA_PDL";
 
 /// Whether the device and driver take programmatic dependent launch inside
@@ -153,13 +154,8 @@ pub(crate) fn pdl_supported(cc: (i32, i32), driver_version: i32) -> bool {
 }
 
 /// Whether `env` (the value of [`PDL_ENV`], if set) leaves PDL on.
-pub(crate) fn pdl_env_on(env: Option<&str>) -> bool {
-    !env.is_some_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "off" | "0" | "false"
-        )
-    })
+pub(crate) fn pdl_env_on(env: Option<&str>) -> Result<bool> {
+    crate::knob::parse(PDL_ENV, env, &crate::knob::ON_OFF, true)
 }
 
 /// The driver's CUDA version (e.g. 13000 for 13.0), or 0 if it cannot say.
@@ -339,10 +335,11 @@ mod tests {
     #[test]
     fn pdl_env_turns_it_off_only_when_asked() {
         for on in [None, Some("on"), Some(""), Some("1"), Some("auto")] {
-            assert!(pdl_env_on(on), "{on:?}");
+            assert!(pdl_env_on(on).unwrap(), "{on:?}");
         }
         for off in ["off", "OFF", " 0", "false", "False "] {
-            assert!(!pdl_env_on(Some(off)), "{off}");
+            assert!(!pdl_env_on(Some(off)).unwrap(), "{off}");
         }
+        assert!(pdl_env_on(Some("of")).is_err());
     }
 }

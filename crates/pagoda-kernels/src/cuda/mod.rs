@@ -164,6 +164,8 @@ impl CudaBackend {
     /// them with NVRTC on first use, then from the disk cache).
     pub fn new(opts: CudaOptions) -> Result<Self> {
         let dev = device::Device::open(opts.device)?;
+        // Read on first use; a bad value stops the backend here instead.
+        moe_stream::from_env()?;
         let pool = pool::Pool::new(dev.stream.clone());
         let decode_counters = dev
             .stream
@@ -175,16 +177,16 @@ impl CudaBackend {
             dev,
             poison: AtomicBool::new(false),
             syncs: AtomicU64::new(0),
-            tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()),
-            core_decode: AtomicBool::new(attention_decode::cores_from_env()),
+            tiled_prefill: AtomicBool::new(attention_path::tiled_from_env()?),
+            core_decode: AtomicBool::new(attention_decode::cores_from_env()?),
             decode_partition: AtomicUsize::new(
                 attention_decode::partition_from_env()?.unwrap_or(0),
             ),
             split_floats_seen: AtomicUsize::new(0),
             decode_counters,
-            separate_decode_merge: AtomicBool::new(attention_decode::separate_merge_from_env()),
-            small_linear: AtomicU8::new(SmallLinear::from_env().to_u8()),
-            decode_fusion: AtomicBool::new(gemv::fusion_from_env()),
+            separate_decode_merge: AtomicBool::new(attention_decode::separate_merge_from_env()?),
+            small_linear: AtomicU8::new(SmallLinear::from_env()?.to_u8()),
+            decode_fusion: AtomicBool::new(gemv::fusion_from_env()?),
             masks: Default::default(),
             kv_fp8: false,
             fp8_weights: false,

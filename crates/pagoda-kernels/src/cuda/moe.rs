@@ -583,7 +583,8 @@ impl MoePath {
             MoePath::for_shape(rows, top_k, n_exp, hidden, inter),
             (rows, top_k, n_exp),
             fp8,
-            super::moe_stream::from_env(),
+            // A bad value stops `CudaBackend::new`: no step gets here with one.
+            super::moe_stream::from_env().unwrap_or(super::moe_stream::StreamUse::Grouped),
         )
     }
 }

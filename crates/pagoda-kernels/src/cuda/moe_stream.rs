@@ -21,7 +21,7 @@
 use super::moe::{Dims, Scratch};
 use super::storage::CudaTensor;
 use super::CudaBackend;
-use crate::Result;
+use crate::{KernelError, Result};
 use cudarc::driver::{CudaFunction, CudaView, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -31,9 +31,10 @@ use std::sync::OnceLock;
 /// GEMMs would take at 16-slot tiles (where they measured 1.2-1.5x faster
 /// than the grouped GEMMs on an H200, 17-511 rows at the Qwen3-30B-A3B
 /// shape) and for FP8 experts' GEMV steps past
-/// [`super::moe::FP8_GEMV_MAX_ROWS`] rows; `stream-all` for every GEMV
-/// step too (slower at 1-8 rows); `grouped` keeps the paths [`super::moe::MoePath::for_shape`]
-/// picks.
+/// [`super::moe::FP8_GEMV_MAX_ROWS`] rows (also `auto`); `stream-all` for
+/// every GEMV step too (slower at 1-8 rows); `grouped` keeps the paths
+/// [`super::moe::MoePath::for_shape`] picks. Any other value is an error
+/// (from `CudaBackend::new`).
 pub const MOE_KERNEL_ENV: &str = "PAGODA_MOE_KERNEL";
 
 /// What [`MOE_KERNEL_ENV`] asks for.
@@ -62,17 +63,24 @@ const ROW_BYTES: usize = 128;
 pub(crate) const TILE_ROWS: usize = 16;
 
 /// What [`MOE_KERNEL_ENV`] asks for (read once per process).
-pub(crate) fn from_env() -> StreamUse {
-    static USE: OnceLock<StreamUse> = OnceLock::new();
-    *USE.get_or_init(|| parse_env(std::env::var(MOE_KERNEL_ENV).ok().as_deref()))
+pub(crate) fn from_env() -> Result<StreamUse> {
+    static USE: OnceLock<std::result::Result<StreamUse, String>> = OnceLock::new();
+    USE.get_or_init(|| {
+        let v = std::env::var(MOE_KERNEL_ENV).ok();
+        parse_env(v.as_deref()).map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(KernelError::Unsupported)
 }
 
-fn parse_env(v: Option<&str>) -> StreamUse {
-    match v.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-        Some("grouped") => StreamUse::Off,
-        Some("stream-all") => StreamUse::All,
-        _ => StreamUse::Grouped,
-    }
+fn parse_env(v: Option<&str>) -> Result<StreamUse> {
+    let c = [
+        ("auto", StreamUse::Grouped),
+        ("stream", StreamUse::Grouped),
+        ("stream-all", StreamUse::All),
+        ("grouped", StreamUse::Off),
+    ];
+    crate::knob::parse(MOE_KERNEL_ENV, v, &c, StreamUse::Grouped)
 }
 
 /// Dynamic shared memory of a block: `STAGES` stages of `ROWS` weight rows
@@ -136,13 +144,14 @@ mod tests {
 
     #[test]
     fn only_stream_values_select_the_stream_kernels() {
-        assert_eq!(parse_env(Some("stream")), StreamUse::Grouped);
-        assert_eq!(parse_env(Some(" Stream ")), StreamUse::Grouped);
-        assert_eq!(parse_env(Some("stream-all")), StreamUse::All);
-        assert_eq!(parse_env(None), StreamUse::Grouped);
-        assert_eq!(parse_env(Some("grouped")), StreamUse::Off);
-        assert_eq!(parse_env(Some(" Grouped ")), StreamUse::Off);
-        assert_eq!(parse_env(Some("")), StreamUse::Grouped);
+        assert_eq!(parse_env(Some("stream")).unwrap(), StreamUse::Grouped);
+        assert_eq!(parse_env(Some(" Stream ")).unwrap(), StreamUse::Grouped);
+        assert_eq!(parse_env(Some("stream-all")).unwrap(), StreamUse::All);
+        assert_eq!(parse_env(None).unwrap(), StreamUse::Grouped);
+        assert_eq!(parse_env(Some("grouped")).unwrap(), StreamUse::Off);
+        assert_eq!(parse_env(Some(" Grouped ")).unwrap(), StreamUse::Off);
+        assert_eq!(parse_env(Some("")).unwrap(), StreamUse::Grouped);
+        assert!(parse_env(Some("streams")).is_err());
     }
 
     #[test]
