@@ -177,14 +177,14 @@ pub(crate) fn partition_kernel(
 pub const DECODE_KERNEL_ENV: &str = "PAGODA_DECODE_ATTENTION";
 
 /// The environment variable that makes new backends merge split decode
-/// attention in a second launch (value `separate`; `auto` or `partition`
+/// attention in a second launch (value `separate`; `auto` or `fused`
 /// merges in the partition kernel; any other value is an error), to compare
 /// the two.
 pub const DECODE_MERGE_ENV: &str = "PAGODA_DECODE_MERGE";
 
 /// Whether [`DECODE_MERGE_ENV`] asks for the separate merge launch.
 pub(crate) fn separate_merge_from_env() -> Result<bool> {
-    let c = [("auto", false), ("partition", false), ("separate", true)];
+    let c = [("auto", false), ("fused", false), ("separate", true)];
     crate::knob::choice(DECODE_MERGE_ENV, &c, false)
 }
 
