@@ -210,6 +210,12 @@ impl Backend for CpuBackend {
             "" => String::new(),
             level => format!(", {level}"),
         };
+        // Kept blocks take the tile GEMM for batched rows where it runs.
+        let simd = if self.keep_quantized && amx::available() {
+            simd + ", amx-bf16"
+        } else {
+            simd
+        };
         format!(
             "cpu ({} threads, {dtype} weights{quant}{simd})",
             self.threads
