@@ -39,16 +39,24 @@ pub fn parse<T: Copy>(
         })
 }
 
-/// The names of an on/off knob (`auto` is on).
-pub const ON_OFF: [(&str, bool); 7] = [
-    ("auto", true),
-    ("on", true),
-    ("1", true),
-    ("true", true),
-    ("off", false),
-    ("0", false),
-    ("false", false),
-];
+/// The names of an on/off knob: `on`, `1`, `true`; `off`, `0`, `false`;
+/// and `auto` for `default`.
+pub const fn on_off_names(default: bool) -> [(&'static str, bool); 7] {
+    [
+        ("auto", default),
+        ("on", true),
+        ("1", true),
+        ("true", true),
+        ("off", false),
+        ("0", false),
+        ("false", false),
+    ]
+}
+
+/// An on/off knob: [`choice`] over [`on_off_names`].
+pub fn on_off(name: &str, default: bool) -> Result<bool> {
+    choice(name, &on_off_names(default), default)
+}
 
 #[cfg(test)]
 mod tests {
@@ -61,8 +69,8 @@ mod tests {
         assert_eq!(parse("K", Some("  "), &c, 0).unwrap(), 0);
         assert_eq!(parse("K", Some(" Tiled "), &c, 0).unwrap(), 1);
         assert_eq!(parse("K", Some("GROUPED"), &c, 0).unwrap(), 2);
-        assert!(!parse("K", Some("off"), &ON_OFF, true).unwrap());
-        assert!(parse("K", Some("1"), &ON_OFF, false).unwrap());
+        assert!(!parse("K", Some("off"), &on_off_names(true), true).unwrap());
+        assert!(parse("K", Some("1"), &on_off_names(false), false).unwrap());
     }
 
     #[test]

@@ -36,10 +36,7 @@ pub fn mask_threads() -> Result<usize, StructuredError> {
 pub fn mask_threads_for(device: bool) -> Result<usize, StructuredError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let env = std::env::var("PAGODA_MASK_THREADS").ok();
-    threads_of(cores, device, env.as_deref()).map_err(|message| StructuredError {
-        kind: "structured output",
-        message,
-    })
+    threads_of(cores, device, env.as_deref()).map_err(env_error)
 }
 
 /// [`mask_threads_for`] on `cores` cores with `env` as the variable's
@@ -86,9 +83,7 @@ pub(crate) struct StructuredEngine {
 /// also `off`, `0`, `false` or `auto`: on an H100 the pipeline measured no
 /// gain, see BENCHMARKS.md). Any other value is an error.
 pub fn pipelined() -> Result<bool, StructuredError> {
-    let mut c = pagoda_kernels::knob::ON_OFF;
-    c[0] = ("auto", false);
-    knob("PAGODA_MASK_PIPELINE", &c, false)
+    on_off("PAGODA_MASK_PIPELINE", false)
 }
 
 /// Whether a request whose grammar a step's token completes is ended at the
@@ -98,15 +93,20 @@ pub fn pipelined() -> Result<bool, StructuredError> {
 /// any value not an on/off name is an error). The outputs' tokens are the
 /// same either way.
 pub fn deferred() -> Result<bool, StructuredError> {
-    knob("PAGODA_GUIDE_DEFER", &pagoda_kernels::knob::ON_OFF, true)
+    on_off("PAGODA_GUIDE_DEFER", true)
 }
 
-/// An on/off environment knob ([`pagoda_kernels::knob`]).
-fn knob(name: &str, choices: &[(&str, bool)], default: bool) -> Result<bool, StructuredError> {
-    pagoda_kernels::knob::choice(name, choices, default).map_err(|e| StructuredError {
+/// An on/off environment knob ([`pagoda_kernels::knob::on_off`]).
+fn on_off(name: &str, default: bool) -> Result<bool, StructuredError> {
+    pagoda_kernels::knob::on_off(name, default).map_err(|e| env_error(e.to_string()))
+}
+
+/// A knob's bad value as the grammar engine's error.
+fn env_error(message: String) -> StructuredError {
+    StructuredError {
         kind: "structured output",
-        message: e.to_string(),
-    })
+        message,
+    }
 }
 
 /// The structured-output compiler and mask workers of a device engine,

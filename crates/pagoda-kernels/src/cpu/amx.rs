@@ -163,27 +163,6 @@ mod imp {
         }
     }
 
-    #[test]
-    fn vector_rounding_is_the_scalar_rounding() {
-        if !granted() {
-            return;
-        }
-        // Ties both ways, values next to them, signs, and a 7-element tail.
-        let mut src = vec![1.0f32, -2.5, 0.0, -0.0, 1e-30, 65504.0];
-        for hi in [0x3f80_0000u32, 0xbf81_0000, 0x4000_0000] {
-            for lo in [0x7fff, 0x8000, 0x8001, 0x18000, 0xffff] {
-                src.push(f32::from_bits(hi | lo));
-            }
-        }
-        src.extend((0..32).map(|i| (i as f32 * 0.37).sin() * 1e3));
-        let mut got = vec![0u16; src.len()];
-        // SAFETY: `granted` saw AVX-512 F.
-        unsafe { round_row(&src, &mut got) };
-        for (g, v) in got.iter().zip(&src) {
-            assert_eq!(*g as u32, bf16(*v), "{v}");
-        }
-    }
-
     /// `y`'s pointer, shared by tasks that write disjoint columns.
     #[derive(Clone, Copy)]
     struct Out(*mut f32);
@@ -435,6 +414,32 @@ mod imp {
         };
         for (r, row) in v.iter().enumerate().take(nrows) {
             _mm512_mask_storeu_ps(y.0.add((r0 + r) * n + c0), mask, *row);
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn vector_rounding_is_the_scalar_rounding() {
+            if !granted() {
+                return;
+            }
+            // Ties both ways, values next to them, signs, and a 7-element tail.
+            let mut src = vec![1.0f32, -2.5, 0.0, -0.0, 1e-30, 65504.0];
+            for hi in [0x3f80_0000u32, 0xbf81_0000, 0x4000_0000] {
+                for lo in [0x7fff, 0x8000, 0x8001, 0x18000, 0xffff] {
+                    src.push(f32::from_bits(hi | lo));
+                }
+            }
+            src.extend((0..32).map(|i| (i as f32 * 0.37).sin() * 1e3));
+            let mut got = vec![0u16; src.len()];
+            // SAFETY: `granted` saw AVX-512 F.
+            unsafe { round_row(&src, &mut got) };
+            for (g, v) in got.iter().zip(&src) {
+                assert_eq!(*g as u32, bf16(*v), "{v}");
+            }
         }
     }
 }

@@ -47,7 +47,7 @@ pub const DECODE_FUSION_ENV: &str = "PAGODA_DECODE_FUSION";
 
 /// Whether [`DECODE_FUSION_ENV`] leaves the fusions on.
 pub(crate) fn fusion_from_env() -> Result<bool> {
-    crate::knob::choice(DECODE_FUSION_ENV, &crate::knob::ON_OFF, true)
+    crate::knob::on_off(DECODE_FUSION_ENV, true)
 }
 
 /// Most rows the tensor-core GEMV takes (its two m16 row halves).

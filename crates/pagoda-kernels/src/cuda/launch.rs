@@ -155,7 +155,7 @@ pub(crate) fn pdl_supported(cc: (i32, i32), driver_version: i32) -> bool {
 
 /// Whether `env` (the value of [`PDL_ENV`], if set) leaves PDL on.
 pub(crate) fn pdl_env_on(env: Option<&str>) -> Result<bool> {
-    crate::knob::parse(PDL_ENV, env, &crate::knob::ON_OFF, true)
+    crate::knob::parse(PDL_ENV, env, &crate::knob::on_off_names(true), true)
 }
 
 /// The driver's CUDA version (e.g. 13000 for 13.0), or 0 if it cannot say.

@@ -142,24 +142,12 @@ mod x86 {
             let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, u), u);
             _mm256_and_si256(set, sixteen)
         };
-        let mut q = [0u8; 64];
         for i in 0..4 {
             let x = _mm256_loadu_si256(b.add(48 + 32 * i) as *const __m256i);
             let lo = _mm256_add_epi8(_mm256_and_si256(x, m4), high(2 * i as i32));
             let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
             let hi = _mm256_add_epi8(hi, high(2 * i as i32 + 1));
-            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, lo);
-            _mm256_storeu_si256(q.as_mut_ptr().add(32) as *mut __m256i, hi);
-            let (sc1, m1) = scale_min_k4(2 * i, scales);
-            let (sc2, m2) = scale_min_k4(2 * i + 1, scales);
-            let yo = y.add(64 * i);
-            mul_sub(q.as_ptr(), d * sc1 as f32, dmin * m1 as f32, yo);
-            mul_sub(
-                q.as_ptr().add(32),
-                d * sc2 as f32,
-                dmin * m2 as f32,
-                yo.add(32),
-            );
+            k_quarter(lo, hi, i, (d, dmin), scales, y);
         }
     }
 
@@ -169,25 +157,41 @@ mod x86 {
     unsafe fn q4_k(b: *const u8, y: *mut f32) {
         let (d, dmin) = (fp16(b), fp16(b.add(2)));
         let scales = std::slice::from_raw_parts(b.add(4), 12);
-        let mut q = [0u8; 64];
         for i in 0..4 {
             let x = _mm256_loadu_si256(b.add(16 + 32 * i) as *const __m256i);
             let m4 = _mm256_set1_epi8(0x0F);
             let lo = _mm256_and_si256(x, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, lo);
-            _mm256_storeu_si256(q.as_mut_ptr().add(32) as *mut __m256i, hi);
-            let (sc1, m1) = scale_min_k4(2 * i, scales);
-            let (sc2, m2) = scale_min_k4(2 * i + 1, scales);
-            let yo = y.add(64 * i);
-            mul_sub(q.as_ptr(), d * sc1 as f32, dmin * m1 as f32, yo);
-            mul_sub(
-                q.as_ptr().add(32),
-                d * sc2 as f32,
-                dmin * m2 as f32,
-                yo.add(32),
-            );
+            k_quarter(lo, hi, i, (d, dmin), scales, y);
         }
+    }
+
+    /// Quarter `i` (64 elements) of a Q4_K / Q5_K block from its quants:
+    /// `lo` (sub-block `2 i`) and `hi` (sub-block `2 i + 1`), each element
+    /// `(d sc) q - dmin m` with its sub-block's 6-bit scale and minimum.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn k_quarter(
+        lo: __m256i,
+        hi: __m256i,
+        i: usize,
+        (d, dmin): (f32, f32),
+        scales: &[u8],
+        y: *mut f32,
+    ) {
+        let mut q = [0u8; 64];
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, lo);
+        _mm256_storeu_si256(q.as_mut_ptr().add(32) as *mut __m256i, hi);
+        let (sc1, m1) = scale_min_k4(2 * i, scales);
+        let (sc2, m2) = scale_min_k4(2 * i + 1, scales);
+        let yo = y.add(64 * i);
+        mul_sub(q.as_ptr(), d * sc1 as f32, dmin * m1 as f32, yo);
+        mul_sub(
+            q.as_ptr().add(32),
+            d * sc2 as f32,
+            dmin * m2 as f32,
+            yo.add(32),
+        );
     }
 
     /// Q6_K (210 bytes): `x = (d sc) (q - 32)`, 16 elements per scale.
