@@ -8,8 +8,9 @@
 //!   quantized weights, up to `QUANT_MAX_ROWS` rows, [`super::quant`]'s
 //!   integer block dot products, one pass over the blocks.
 //! - for Q4_K / Q5_K / Q6_K blocks on the SIMD paths, from
-//!   [`super::quant::kgemm::min_rows`] rows (batched decode from 17 but
-//!   for Q6_K on AVX2, which takes it past `QUANT_MAX_ROWS`),
+//!   [`super::quant::kgemm::min_rows`] rows (batched decode from 8 with
+//!   VNNI, from 17 on AVX2 but for Q6_K, which takes it past
+//!   `QUANT_MAX_ROWS`),
 //!   [`super::quant::kgemm`]'s integer GEMM over 8-bit activations; more
 //!   rows than `QUANT_MAX_ROWS` otherwise (prefill):
 //!   the `gemm` crate's f32 kernels (multi-threaded).
@@ -63,11 +64,10 @@ pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
 
 /// Whether `rows` x rows against blocks of `ty` take [`quant::kgemm`] (where
 /// [`takes_amx`] does not): the
-/// k-quants on the SIMD paths from [`quant::kgemm::min_rows`] rows (17,
-/// batched decode steps included: measured by `decode_rows_timing` in
-/// quant/kgemm_tests.rs, Qwen2.5-1.5B shapes, CPU time, the GEMM against
-/// the block kernels with AVX-512 VNNI at 16 rows 0.92-1.12x, at 24 rows
-/// 0.74-0.88x, at 32 rows 0.63-0.87x; Q6_K on AVX2 past `QUANT_MAX_ROWS`).
+/// k-quants on the SIMD paths from [`quant::kgemm::min_rows`] rows (8 with
+/// VNNI, 17 on AVX2; batched decode steps included, measured by
+/// `decode_rows_timing` in quant/kgemm_tests.rs against the block kernels;
+/// Q6_K on AVX2 past `QUANT_MAX_ROWS`).
 /// Q4_1 (on AVX2) takes it for batched decode steps alone: from 17 rows
 /// to `QUANT_MAX_ROWS`.
 pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {

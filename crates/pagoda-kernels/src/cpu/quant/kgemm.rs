@@ -1,6 +1,6 @@
 //! Many-row products of k-quant weights (Q4_K, Q5_K, Q6_K), for prefill
-//! and batched decode steps of 17 rows or more, and of Q4_1 for batched
-//! decode steps of 17-32 rows on AVX2:
+//! and batched decode steps ([`min_rows`]: 8 rows or more with VNNI, 17 on
+//! AVX2), and of Q4_1 for batched decode steps of 17-32 rows on AVX2:
 //! an integer GEMM over 8-bit activations in which every weight block is
 //! unpacked once per call and reused by every x row.
 //!
@@ -22,18 +22,23 @@
 //!   same), reordered like the weights, with the block scale per lane and
 //!   the per-sub-block sums times it.
 //! - A group's value for one (x row, weight row) pair is
-//!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; in tiles of 4 x rows
-//!   by 2 weight rows each load serves several products, and K is taken in
-//!   slices of 1024 so that a tile's operands stay in L1.
+//!   `sum_lanes dot * (d sc) * da + off * (da bsum)`; in register tiles of
+//!   x rows by weight rows each load serves several products, and K is
+//!   taken in slices so that a tile's operands stay in L1.
+//! - The VNNI path lays two groups side by side ([`x86::Layout`], paired)
+//!   so that each 512-bit `vpdpbusd` and each f32 step of a group's
+//!   epilogue serves two groups.
 //!
 //! Runs on the AVX-512 VNNI and AVX2 paths ([`super::Isa`]); elsewhere
 //! [`matmul`] returns false and the caller takes the dequantized tiles.
-//! The tiles of the VNNI path are here; on AVX2 (no `vpdpbusd`) the
-//! products are [`super::kgemm_avx2`]'s, whose `vpmaddubsw` pair sums are
-//! added in 16-bit lanes for as many steps as cannot overflow and widened
-//! once per run, a third fewer integer instructions than widening every
-//! step. The weight panel is reordered in registers (a transpose of 4-byte
-//! runs per block), not element by element.
+//! Here are the layouts, the panel and the activations; the products are
+//! [`super::kgemm_vnni`]'s (4 x 4 tiles with the 32 registers of
+//! AVX-512) and on AVX2 (no `vpdpbusd`) [`super::kgemm_avx2`]'s (4 x 2),
+//! whose `vpmaddubsw` pair sums are added in 16-bit lanes for as many
+//! steps as cannot overflow and widened once per run, a third fewer
+//! integer instructions than widening every step. The weight panel is
+//! reordered in registers (a transpose of 4-byte runs per block), not
+//! element by element.
 
 use super::Isa;
 use crate::GgmlType;
@@ -77,18 +82,21 @@ pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
 }
 
 /// Fewest x rows of `ty` that take this GEMM on `isa` where it is
-/// [`preferred`]: batched decode steps from 17 rows with VNNI, and on AVX2
-/// for Q4_K and Q5_K; Q6_K on AVX2 only past the block kernels' 32 rows.
-/// `decode_rows_timing` on a 2-core AMD EPYC without AVX-512 (CPU time,
-/// Qwen2.5-1.5B shapes, the GEMM against the block kernels): Q4_K 0.98-1.0x
-/// at 12-16 rows, 0.64-0.85x at 24, 0.74-0.76x at 32; Q5_K 0.63x at 16,
-/// 0.76x at 32; Q6_K 1.2-1.35x at 8-32 rows. Q4_1 takes it from 17 rows
-/// up to the block kernels' 32 (never for prefill: [`preferred`]).
+/// [`preferred`]: batched decode steps from 8 rows with VNNI, from 17 on
+/// AVX2 for Q4_K and Q5_K; Q6_K on AVX2 only past the block kernels' 32
+/// rows. `decode_rows_timing` (CPU time, Qwen2.5-1.5B shapes, the GEMM
+/// against the block kernels): with VNNI on a Zen 4 (the 4 x 4 tiles of
+/// [`super::kgemm_vnni`]) 0.81-1.01x at 8 rows, 0.5-0.9x at 16, 0.37-0.96x
+/// at 32, and 1.26-1.69x at 4 (so the blocks keep those); on a 2-core AMD
+/// EPYC without AVX-512, Q4_K 0.98-1.0x at 12-16 rows, 0.64-0.85x at 24,
+/// 0.74-0.76x at 32; Q5_K 0.63x at 16, 0.76x at 32; Q6_K 1.2-1.35x at
+/// 8-32 rows. Q4_1 takes it from 17 rows up to the block kernels' 32
+/// (never for prefill: [`preferred`]).
 pub fn min_rows(ty: GgmlType, isa: Isa) -> usize {
-    if isa == Isa::Avx512Vnni || ty != GgmlType::Q6_K {
-        17
-    } else {
-        33
+    match (isa, ty) {
+        (Isa::Avx512Vnni, _) => 8,
+        (_, GgmlType::Q6_K) => 33,
+        _ => 17,
     }
 }
 
@@ -124,18 +132,15 @@ pub fn matmul(
 pub(super) mod x86 {
     use super::super::act::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
     use super::super::scalar::{f16_at, scale_min_k4};
-    use super::super::x86::{
-        hsum, prefetch_ahead, unpack_q45_k, unpack_q6_k, KBlock, WEIGHT_PREFETCH,
-    };
+    use super::super::x86::{prefetch_ahead, unpack_q45_k, unpack_q6_k, KBlock, WEIGHT_PREFETCH};
     use super::sub_len;
     use crate::GgmlType;
     use rayon::prelude::*;
-    use std::arch::asm;
     use std::arch::x86_64::*;
     use std::cell::RefCell;
 
-    /// Reordered activations: `q` (`rows * kp` bytes, `kp` = `k` rounded up
-    /// to whole groups of 256, the padding zero), per (row, group) 8 lanes
+    /// Reordered activations: `q` (`rows * kp` bytes, `kp` = `k` padded as
+    /// [`Layout`] says, the padding zero), per (row, group) 8 lanes
     /// of the block scale `d` (the same in every lane for the k-quants'
     /// 256-blocks; Q4_1's 32-blocks one a lane) and 8 lanes of `d *
     /// sum(q over the lane's sub-block)`.
@@ -147,8 +152,9 @@ pub(super) mod x86 {
     }
 
     /// A task's reordered weight rows: `q` (`kp` bytes per row, as for
-    /// [`Acts`]) and per (row, group) 8 lanes of `d sc` (Q4_1: `d`) then 8
-    /// of the offset factor (Q4_1: `m`; zero in padding lanes).
+    /// [`Acts`]) and per (row, group) 8 lanes of `d sc` (Q4_1: `d`) and 8
+    /// of the offset factor (Q4_1: `m`; zero in padding lanes), where
+    /// [`Layout`] puts them.
     #[derive(Default)]
     pub(in super::super) struct Panel {
         pub(in super::super) q: Vec<u8>,
@@ -165,13 +171,77 @@ pub(super) mod x86 {
     // SAFETY: tasks of `matmul` write disjoint columns of `y`.
     unsafe impl Sync for SharedOut {}
 
+    /// Where a group's bytes and factors lie in a reordered row. Unpaired
+    /// (AVX2), step `s` of group `g` is the 32 bytes at `32 (g S + s)` (`S`
+    /// = `sub / 4` steps a group) and its factors the 16 floats at `16 g`
+    /// (8 `d sc`, then 8 offsets). Paired (VNNI, whose 512-bit products
+    /// take two groups at once), groups `2 h` and `2 h + 1` alternate step
+    /// by step, 64 bytes a step, and their factors are the 32 floats at `32
+    /// h` (16 `d sc`, then 16 offsets); rows are padded to an even number of
+    /// groups with zero lanes. The activations' `d` and `s` are 8 lanes a
+    /// group in both, so two groups' lanes are adjacent already.
+    #[derive(Clone, Copy, Debug)]
+    pub(in super::super) struct Layout {
+        pub(in super::super) sub: usize,
+        /// Reordered row length in bytes (K padded to whole groups, pairs).
+        pub(in super::super) kp: usize,
+        pub(in super::super) paired: bool,
+    }
+
+    impl Layout {
+        pub(in super::super) fn new(ty: GgmlType, k: usize, paired: bool) -> Layout {
+            let sub = sub_len(ty).expect("a type the GEMM handles");
+            let kp = k.next_multiple_of(256);
+            let kp = if paired {
+                kp.next_multiple_of(16 * sub)
+            } else {
+                kp
+            };
+            Layout { sub, kp, paired }
+        }
+
+        pub(in super::super) fn groups(self) -> usize {
+            self.kp / (8 * self.sub)
+        }
+
+        /// Byte offset of step `s` of group `g` in a reordered row.
+        fn step_at(self, g: usize, s: usize) -> usize {
+            let steps = self.sub / 4;
+            if self.paired {
+                ((g / 2) * steps + s) * 64 + (g % 2) * 32
+            } else {
+                (g * steps + s) * 32
+            }
+        }
+
+        /// Float offsets of group `g`'s 8 `d sc` and 8 offset factors in a
+        /// row's `16 groups` factors.
+        fn factors_at(self, g: usize) -> (usize, usize) {
+            if self.paired {
+                let base = 32 * (g / 2) + 8 * (g % 2);
+                (base, base + 16)
+            } else {
+                (16 * g, 16 * g + 8)
+            }
+        }
+    }
+
     /// Most bytes of reordered weights per task and K slice (kept in L2
     /// while every x row passes over them).
     const PANEL_BYTES: usize = 192 * 1024;
 
     /// Elements of K per slice: a tile's x rows and weight rows of one
-    /// slice stay in L1 while it runs.
-    const SLICE: usize = 1024;
+    /// slice stay in L1 while it runs. The VNNI tiles (4 x 4, whose f32
+    /// sums are reduced and added to the output once a slice) take twice
+    /// the AVX2 ones' (4 x 2): `products_timing` on a Zen 4, 32 rows, Q4_K
+    /// 1.2-1.4x at 2048 against 1024, no clear gain past it.
+    const fn slice(vnni: bool) -> usize {
+        if vnni {
+            2048
+        } else {
+            1024
+        }
+    }
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
@@ -193,10 +263,11 @@ pub(super) mod x86 {
                 Ok(a) => &mut **a,
                 Err(_) => &mut fresh,
             };
-            prepare_acts(x, rows, k, ty, sub, acts);
+            let layout = Layout::new(ty, k, vnni);
+            prepare_acts(x, rows, k, ty, layout, acts);
             let rb = super::super::row_bytes(ty, k);
-            let kp = k.next_multiple_of(256);
-            let per_row = kp.min(SLICE) * 5 / 4;
+            let kp = layout.kp;
+            let per_row = kp.min(slice(vnni)) * 5 / 4;
             let by_bytes = (PANEL_BYTES / per_row).max(2);
             let by_tasks = n.div_ceil(threads.max(1) * 4).max(2);
             let chunk = by_bytes.min(by_tasks).next_multiple_of(2);
@@ -214,10 +285,20 @@ pub(super) mod x86 {
                     // SAFETY: AVX2 (and VNNI where `vnni`) checked by
                     // `handles`; `w` holds `n` rows of `rb` bytes.
                     unsafe {
-                        prepare_panel(ty, &w[j0 * rb..j1 * rb], j1 - j0, k, sub, panel);
-                        let per_slice = (SLICE / (8 * sub)).max(1);
+                        prepare_panel(ty, &w[j0 * rb..j1 * rb], j1 - j0, k, layout, panel);
+                        let per_slice = (slice(vnni) / (8 * sub)).max(1);
                         if vnni {
-                            multiply(acts, panel, rows, (j0, j1), n, kp, sub, per_slice, out);
+                            super::super::kgemm_vnni::multiply(
+                                acts,
+                                panel,
+                                rows,
+                                (j0, j1),
+                                n,
+                                kp,
+                                sub,
+                                per_slice,
+                                out,
+                            );
                         } else {
                             super::super::kgemm_avx2::multiply(
                                 ty,
@@ -238,14 +319,16 @@ pub(super) mod x86 {
         });
     }
 
-    /// Reorders `nat` (one block, natural order) into `out` by groups: step
-    /// `s` of group `g` holds 4 elements of each of its 8 sub-blocks.
-    fn interleave<T: Copy>(nat: &[T; 256], sub: usize, out: &mut [T]) {
-        let steps = sub / 4;
+    /// Reorders `nat` (one 256-block, natural order, whose first group is
+    /// `g0`) into the reordered row `out` ([`Layout`]): step `s` of a group
+    /// holds 4 elements of each of its 8 sub-blocks.
+    fn interleave<T: Copy>(nat: &[T; 256], layout: Layout, g0: usize, out: &mut [T]) {
+        let sub = layout.sub;
         for g in 0..256 / (8 * sub) {
-            for s in 0..steps {
+            for s in 0..sub / 4 {
+                let at = layout.step_at(g0 + g, s);
                 for l in 0..8 {
-                    let (src, dst) = (g * 8 * sub + l * sub + 4 * s, (g * steps + s) * 32 + 4 * l);
+                    let (src, dst) = (g * 8 * sub + l * sub + 4 * s, at + 4 * l);
                     out[dst..dst + 4].copy_from_slice(&nat[src..src + 4]);
                 }
             }
@@ -254,9 +337,15 @@ pub(super) mod x86 {
 
     /// Quantizes every x row (to 256-blocks; for Q4_1 to 32-blocks, as its
     /// block kernels do) and reorders it into `a`.
-    fn prepare_acts(x: &[f32], rows: usize, k: usize, ty: GgmlType, sub: usize, a: &mut Acts) {
-        let kp = k.next_multiple_of(256);
-        let groups = kp / (8 * sub);
+    pub(in super::super) fn prepare_acts(
+        x: &[f32],
+        rows: usize,
+        k: usize,
+        ty: GgmlType,
+        layout: Layout,
+        a: &mut Acts,
+    ) {
+        let (sub, kp, groups) = (layout.sub, layout.kp, layout.groups());
         a.q.resize(rows * kp, 0);
         a.d.resize(rows * groups * 8, 0.0);
         a.s.resize(rows * groups * 8, 0.0);
@@ -285,7 +374,7 @@ pub(super) mod x86 {
                                 (0.0, 0.0)
                             };
                         }
-                        interleave(&nat, sub, &mut q[256 * g..256 * (g + 1)]);
+                        interleave(&nat, layout, g, q);
                     }
                     return;
                 }
@@ -294,7 +383,7 @@ pub(super) mod x86 {
                 for (i, xb) in x.chunks_exact(256).enumerate() {
                     quantize_q8k(xb, &mut b);
                     let b = &b[0];
-                    interleave(&b.q, sub, &mut q[256 * i..256 * (i + 1)]);
+                    interleave(&b.q, layout, gb * i, q);
                     for g in 0..gb {
                         for l in 0..8 {
                             let v = if sub == 32 {
@@ -307,89 +396,115 @@ pub(super) mod x86 {
                         }
                     }
                 }
+                // Whole zero blocks where the layout pads K.
+                for i in k / 256..kp / 256 {
+                    interleave(&[0; 256], layout, gb * i, q);
+                }
+                d[8 * gb * (k / 256)..].fill(0.0);
+                s[8 * gb * (k / 256)..].fill(0.0);
             });
     }
 
-    /// Unpacks `cols` weight rows of `ty` into the panel.
+    /// Unpacks `cols` weight rows of `ty` into the panel, laid out as
+    /// `layout` says (its padding zero).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn prepare_panel(
+    pub(in super::super) unsafe fn prepare_panel(
         ty: GgmlType,
         w: &[u8],
         cols: usize,
         k: usize,
-        sub: usize,
+        layout: Layout,
         p: &mut Panel,
     ) {
-        let (ts, kp) = (ty.type_size(), k.next_multiple_of(256));
-        let (groups, gb) = (kp / (8 * sub), 256 / (8 * sub));
+        let (ts, kp, groups) = (ty.type_size(), layout.kp, layout.groups());
+        let (sub, gb) = (layout.sub, 256 / (8 * layout.sub));
         p.q.resize(cols * kp, 0);
         p.f.resize(cols * groups * 16, 0.0);
         if ty == GgmlType::Q4_1 {
             // 8 blocks of 32 a group, one a lane; lanes past `k` zero.
             let (per_row, m4) = (k / 32, _mm_set1_epi8(0x0F));
             for c in 0..cols {
+                let f = &mut p.f[16 * c * groups..16 * (c + 1) * groups];
                 for g in 0..groups {
-                    let f = &mut p.f[16 * (c * groups + g)..16 * (c * groups + g + 1)];
+                    let (fs, fo) = layout.factors_at(g);
                     let u: [__m256i; 8] = std::array::from_fn(|l| {
                         let i = 8 * g + l;
                         if i >= per_row {
-                            (f[l], f[8 + l]) = (0.0, 0.0);
+                            (f[fs + l], f[fo + l]) = (0.0, 0.0);
                             return _mm256_setzero_si256();
                         }
                         let b =
                             std::slice::from_raw_parts(w.as_ptr().add((c * per_row + i) * ts), ts);
-                        (f[l], f[8 + l]) = (f16_at(b, 0), f16_at(b, 2));
+                        (f[fs + l], f[fo + l]) = (f16_at(b, 0), f16_at(b, 2));
                         let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
                         let lo = _mm_and_si128(qs, m4);
                         let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
                         _mm256_set_m128i(hi, lo)
                     });
-                    interleave_block(&u, sub, p.q.as_mut_ptr().add(c * kp + 256 * g));
+                    interleave_block(&u, layout, g, p.q.as_mut_ptr().add(c * kp));
                 }
             }
             return;
         }
-        for i in 0..cols * k / 256 {
-            let b = w.as_ptr().add(i * ts);
-            // The panel is one pass over its weight rows, streamed as the
-            // block kernels stream theirs.
-            prefetch_ahead(b, WEIGHT_PREFETCH, ts);
-            let kb: KBlock = match ty {
-                GgmlType::Q4_K => unpack_q45_k::<false>(b),
-                GgmlType::Q5_K => unpack_q45_k::<true>(b),
-                _ => unpack_q6_k(b),
-            };
-            interleave_block(&kb.u, sub, p.q.as_mut_ptr().add(256 * i));
-            let f = &mut p.f[16 * gb * i..16 * gb * (i + 1)];
-            if sub == 32 {
-                let sb = std::slice::from_raw_parts(b.add(4), 12);
-                for l in 0..8 {
-                    let (sc, m) = scale_min_k4(l, sb);
-                    f[l] = kb.d * sc as f32;
-                    f[8 + l] = kb.dm * m as f32;
-                }
-            } else {
-                let sb = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
-                for g in 0..2 {
+        let per_row = k / 256;
+        for c in 0..cols {
+            let (q, f) = (
+                p.q.as_mut_ptr().add(c * kp),
+                &mut p.f[16 * c * groups..16 * (c + 1) * groups],
+            );
+            for i in 0..per_row {
+                let b = w.as_ptr().add((c * per_row + i) * ts);
+                // The panel is one pass over its weight rows, streamed as
+                // the block kernels stream theirs.
+                prefetch_ahead(b, WEIGHT_PREFETCH, ts);
+                let kb: KBlock = match ty {
+                    GgmlType::Q4_K => unpack_q45_k::<false>(b),
+                    GgmlType::Q5_K => unpack_q45_k::<true>(b),
+                    _ => unpack_q6_k(b),
+                };
+                interleave_block(&kb.u, layout, gb * i, q);
+                if sub == 32 {
+                    let (fs, fo) = layout.factors_at(i);
+                    let sb = std::slice::from_raw_parts(b.add(4), 12);
                     for l in 0..8 {
-                        let ds = kb.d * sb[8 * g + l] as f32;
-                        f[16 * g + l] = ds;
-                        f[16 * g + 8 + l] = -32.0 * ds;
+                        let (sc, m) = scale_min_k4(l, sb);
+                        f[fs + l] = kb.d * sc as f32;
+                        f[fo + l] = kb.dm * m as f32;
+                    }
+                } else {
+                    let sb = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+                    for g in 0..2 {
+                        let (fs, fo) = layout.factors_at(2 * i + g);
+                        for l in 0..8 {
+                            let ds = kb.d * sb[8 * g + l] as f32;
+                            f[fs + l] = ds;
+                            f[fo + l] = -32.0 * ds;
+                        }
                     }
                 }
+            }
+            // Zero lanes where the layout pads K.
+            for g in gb * per_row..groups {
+                interleave_block(&[_mm256_setzero_si256(); 8], layout, g, q);
+                let (fs, fo) = layout.factors_at(g);
+                f[fs..fs + 8].fill(0.0);
+                f[fo..fo + 8].fill(0.0);
             }
         }
     }
 
     /// [`interleave`] of one unpacked block (`u[j]`: elements `32 j..32 j +
-    /// 32`) into the 256 bytes at `out`, in registers: each 4-step run of
-    /// the 8 lanes is a transpose of 8 rows of 4 i32, two rows to a
-    /// register (row `l` in the low half, `l + 4` in the high one).
+    /// 32`, the block's first group `g0`) into the reordered row at `out`,
+    /// in registers: each 4-step run of the 8 lanes is a transpose of 8
+    /// rows of 4 i32, two rows to a register (row `l` in the low half, `l +
+    /// 4` in the high one).
     #[target_feature(enable = "avx2")]
-    unsafe fn interleave_block(u: &[__m256i; 8], sub: usize, out: *mut u8) {
+    unsafe fn interleave_block(u: &[__m256i; 8], layout: Layout, g0: usize, out: *mut u8) {
         // For sub-blocks of 32 (Q4_K, Q5_K) the rows of run `h` are the
-        // halves `h` of `u[l]`; for 16 (Q6_K), the rows of group `h` are
-        // sub-blocks `8 h + l`, the halves `l % 2` of `u[4 h + l / 2]`.
+        // halves `h` of `u[l]` (steps `4 h..4 h + 4` of the block's one
+        // group); for 16 (Q6_K), the rows of group `h` are sub-blocks `8 h +
+        // l`, the halves `l % 2` of `u[4 h + l / 2]` (its 4 steps).
+        let sub = layout.sub;
         for h in 0..2 {
             let rows: [__m256i; 4] = std::array::from_fn(|l| {
                 let (lo, hi, upper) = if sub == 32 {
@@ -414,162 +529,12 @@ pub(super) mod x86 {
                 _mm256_unpackhi_epi64(t2, t3),
             ];
             for (s, v) in steps.iter().enumerate() {
-                _mm256_storeu_si256(out.add(128 * h + 32 * s) as *mut __m256i, *v);
-            }
-        }
-    }
-
-    /// Every x row against the panel's weight rows `j0..j1` with VNNI, in
-    /// tiles of `MR` x `NR`, K slice by K slice (`per_slice` groups, summed
-    /// into the output), written to columns `j0..j1` of `out` (`[rows, n]`).
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn multiply(
-        a: &Acts,
-        p: &Panel,
-        rows: usize,
-        (j0, j1): (usize, usize),
-        n: usize,
-        k: usize,
-        sub: usize,
-        per_slice: usize,
-        out: &SharedOut,
-    ) {
-        let groups = k / (8 * sub);
-        let cols = j1 - j0;
-        let mut t = [[0f32; NR]; MR];
-        for g0 in (0..groups).step_by(per_slice) {
-            let g1 = (g0 + per_slice).min(groups);
-            for r0 in (0..rows).step_by(MR) {
-                let rn = (rows - r0).min(MR);
-                for c0 in (0..cols).step_by(NR) {
-                    let cn = (cols - c0).min(NR);
-                    let row = |i: usize| r0 + i.min(rn - 1);
-                    let col = |i: usize| c0 + i.min(cn - 1);
-                    let tile = Tile {
-                        aq: std::array::from_fn(|i| a.q.as_ptr().add(row(i) * k)),
-                        ad: std::array::from_fn(|i| a.d.as_ptr().add(row(i) * groups * 8)),
-                        as_: std::array::from_fn(|i| a.s.as_ptr().add(row(i) * groups * 8)),
-                        wq: std::array::from_fn(|i| p.q.as_ptr().add(col(i) * k)),
-                        wf: std::array::from_fn(|i| p.f.as_ptr().add(col(i) * groups * 16)),
-                        g0,
-                        g1,
-                    };
-                    macro_rules! go {
-                        ($s:literal) => {
-                            match (rn, cn) {
-                                (4, 2) => tile.run::<4, 2, 1, $s>(&mut t),
-                                (3, 2) => tile.run::<3, 2, 1, $s>(&mut t),
-                                (2, 2) => tile.run::<2, 2, 2, $s>(&mut t),
-                                (1, 2) => tile.run::<1, 2, 2, $s>(&mut t),
-                                (4, _) => tile.run::<4, 1, 2, $s>(&mut t),
-                                (3, _) => tile.run::<3, 1, 2, $s>(&mut t),
-                                (2, _) => tile.run::<2, 1, 2, $s>(&mut t),
-                                _ => tile.run::<1, 1, 2, $s>(&mut t),
-                            }
-                        };
-                    }
-                    if sub == 32 {
-                        go!(8)
-                    } else {
-                        go!(4)
-                    }
-                    for (r, tr) in t.iter().enumerate().take(rn) {
-                        for (c, v) in tr.iter().enumerate().take(cn) {
-                            // SAFETY: `(r0 + r) * n + j0 + c0 + c < rows * n`,
-                            // a column of this task's alone.
-                            let o = out.0.add((r0 + r) * n + j0 + c0 + c);
-                            *o = if g0 == 0 { *v } else { *o + *v };
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// x rows per tile (both paths: the AVX2 one in `kgemm_avx2`).
-    pub(in super::super) const MR: usize = 4;
-    /// Weight rows per tile (both paths).
-    pub(in super::super) const NR: usize = 2;
-
-    /// Pointers to up to `MR` reordered x rows and `NR` weight rows.
-    struct Tile {
-        aq: [*const i8; MR],
-        ad: [*const f32; MR],
-        as_: [*const f32; MR],
-        wq: [*const u8; NR],
-        wf: [*const f32; NR],
-        /// The groups of this K slice.
-        g0: usize,
-        g1: usize,
-    }
-
-    /// `acc + u . s` per 4 bytes (`u` unsigned, `s` signed): `vpdpbusd`.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    unsafe fn dot(mut acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        asm!(
-            "vpdpbusd {a}, {u}, {s}",
-            a = inout(ymm_reg) acc,
-            u = in(ymm_reg) u,
-            s = in(ymm_reg) s,
-            options(pure, nomem, nostack)
-        );
-        acc
-    }
-
-    impl Tile {
-        /// `out[r][c]` for the first `R` x rows and `C` weight rows, groups of
-        /// `S` steps (`vpdpbusd`), the integer sums spread over `P` sets of
-        /// registers (enough independent chains to hide latency).
-        #[target_feature(enable = "avx2,fma")]
-        #[inline]
-        unsafe fn run<const R: usize, const C: usize, const P: usize, const S: usize>(
-            &self,
-            out: &mut [[f32; NR]; MR],
-        ) {
-            let zero = _mm256_setzero_si256();
-            let mut acc = [[_mm256_setzero_ps(); C]; R];
-            for g in self.g0..self.g1 {
-                let mut part = [[[zero; C]; R]; P];
-                for s in 0..S {
-                    let isum = &mut part[s % P];
-                    let off = (g * S + s) * 32;
-                    let mut wv = [zero; C];
-                    for (c, v) in wv.iter_mut().enumerate() {
-                        *v = _mm256_loadu_si256(self.wq[c].add(off) as *const __m256i);
-                    }
-                    for (r, row) in isum.iter_mut().enumerate() {
-                        let av = _mm256_loadu_si256(self.aq[r].add(off) as *const __m256i);
-                        for (c, v) in row.iter_mut().enumerate() {
-                            *v = dot(*v, wv[c], av);
-                        }
-                    }
-                }
-                let mut isum = part[0];
-                for q in &part[1..] {
-                    for r in 0..R {
-                        for c in 0..C {
-                            isum[r][c] = _mm256_add_epi32(isum[r][c], q[r][c]);
-                        }
-                    }
-                }
-                for r in 0..R {
-                    let d = _mm256_loadu_ps(self.ad[r].add(8 * g));
-                    let sums = _mm256_loadu_ps(self.as_[r].add(8 * g));
-                    for c in 0..C {
-                        let f = self.wf[c].add(16 * g);
-                        let scale = _mm256_mul_ps(_mm256_loadu_ps(f), d);
-                        let v = _mm256_cvtepi32_ps(isum[r][c]);
-                        let a = _mm256_fmadd_ps(v, scale, acc[r][c]);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(f.add(8)), sums, a);
-                    }
-                }
-            }
-            for r in 0..R {
-                for c in 0..C {
-                    out[r][c] = hsum(acc[r][c]);
-                }
+                let at = if sub == 32 {
+                    layout.step_at(g0, 4 * h + s)
+                } else {
+                    layout.step_at(g0 + h, s)
+                };
+                _mm256_storeu_si256(out.add(at) as *mut __m256i, *v);
             }
         }
     }

@@ -18,7 +18,7 @@
 //! The sums are the same integers as the VNNI path's, in the same f32
 //! order, so the two paths agree to f32 rounding of the final lane sums.
 
-use super::kgemm::x86::{Acts, Panel, SharedOut, MR, NR};
+use super::kgemm::x86::{Acts, Panel, SharedOut};
 use super::x86::hsum;
 use crate::GgmlType;
 use std::arch::x86_64::*;
@@ -35,6 +35,11 @@ pub(super) fn steps_in_i16(ty: GgmlType) -> usize {
         _ => 2,
     }
 }
+
+/// x rows per tile.
+const MR: usize = 4;
+/// Weight rows per tile.
+const NR: usize = 2;
 
 /// One tile's operands: x rows from `aq` (stride `k` bytes), their block
 /// scales `ad` and scaled sums `as_` (8 lanes a group, stride `8 groups`);

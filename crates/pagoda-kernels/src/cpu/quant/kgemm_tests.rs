@@ -85,7 +85,7 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
     let (n, k) = (40, 512);
     let isa = Isa::detect();
     for ty in TYPES {
-        assert_eq!(kgemm::min_rows(ty, Isa::Avx512Vnni), 17);
+        assert_eq!(kgemm::min_rows(ty, Isa::Avx512Vnni), 8);
     }
     assert_eq!(kgemm::min_rows(GgmlType::Q4_K, Isa::Avx2), 17);
     assert_eq!(kgemm::min_rows(GgmlType::Q5_K, Isa::Avx2), 17);
@@ -145,11 +145,13 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
 fn gemm_matches_dequantized_weights_and_the_block_kernels() {
     let mut rng = Rng(0xC0FFEE);
     // Odd n: tiles of one weight row and a short last panel; K of one
-    // slice and of two (the second summed into the output).
+    // slice and of two on both paths (1536 and 2304; the second summed
+    // into the output), and of an odd number of 256-groups (768, 2304: the
+    // VNNI layout pads them to pairs).
     // Q4_1 also at a K of no whole groups (576: two and a quarter).
     let shapes = TYPES
         .iter()
-        .flat_map(|&ty| [(37, 768, ty), (9, 1536, ty)])
+        .flat_map(|&ty| [(37, 768, ty), (9, 1536, ty), (6, 2304, ty)])
         .chain([(37, 576, GgmlType::Q4_1), (5, 32, GgmlType::Q4_1)]);
     for (n, k, ty) in shapes {
         let w = random_blocks(ty, n, k, &mut rng);
@@ -360,5 +362,91 @@ fn decode_rows_timing() {
                 tk * 1e3
             );
         }
+    }
+}
+
+/// The products alone (panel and activations prepared once), one thread,
+/// best of many calls, in G integer MACs a second, with the time to
+/// prepare the panel: the AVX2 tiles and, where the CPU has it, the VNNI
+/// ones (their paired layout). `cargo test --release -p pagoda-kernels
+/// --lib products_timing -- --ignored --nocapture` (`KGEMM_ROWS`, 32 by
+/// default).
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn products_timing() {
+    use kgemm::x86::{prepare_acts, prepare_panel, Acts, Layout, Panel, SharedOut};
+    let mut rng = Rng(7);
+    let rows: usize = std::env::var("KGEMM_ROWS").map_or(32, |v| v.parse().unwrap());
+    let best = |f: &mut dyn FnMut()| {
+        (0..60)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::MAX, f64::min)
+    };
+    for (ty, cols, k) in [
+        (GgmlType::Q4_K, 128, 1536),
+        (GgmlType::Q4_K, 32, 8960),
+        (GgmlType::Q6_K, 32, 8960),
+    ] {
+        let bytes = random_blocks(ty, cols, k, &mut rng);
+        let x: Vec<f32> = (0..rows * k).map(|_| rng.f()).collect();
+        let mut y = vec![0f32; rows * cols];
+        let out = SharedOut(y.as_mut_ptr());
+        let macs = (rows * cols * k) as f64;
+        print!("{ty:?} {rows} x [{cols}, {k}]:");
+        for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+            if !isa.is_available() {
+                continue;
+            }
+            let layout = Layout::new(ty, k, isa == Isa::Avx512Vnni);
+            let (mut acts, mut panel) = (Acts::default(), Panel::default());
+            prepare_acts(&x, rows, k, ty, layout, &mut acts);
+            let slice: usize = std::env::var("KGEMM_SLICE").map_or(1024, |v| v.parse().unwrap());
+            let per_slice = slice / (8 * layout.sub);
+            let (kp, sub) = (layout.kp, layout.sub);
+            // SAFETY: `isa` is available; `acts` and `panel` are prepared
+            // for `rows` and `cols` rows in `layout`.
+            unsafe {
+                let tp = best(&mut || prepare_panel(ty, &bytes, cols, k, layout, &mut panel));
+                let tm = best(&mut || {
+                    if isa == Isa::Avx2 {
+                        super::kgemm_avx2::multiply(
+                            ty,
+                            &acts,
+                            &panel,
+                            rows,
+                            (0, cols),
+                            cols,
+                            kp,
+                            sub,
+                            per_slice,
+                            &out,
+                        )
+                    } else {
+                        super::kgemm_vnni::multiply(
+                            &acts,
+                            &panel,
+                            rows,
+                            (0, cols),
+                            cols,
+                            kp,
+                            sub,
+                            per_slice,
+                            &out,
+                        )
+                    }
+                });
+                print!(
+                    " {isa:?} panel {:.1} us, products {:.1} G/s;",
+                    tp * 1e6,
+                    macs / tm / 1e9
+                );
+            }
+        }
+        println!();
     }
 }

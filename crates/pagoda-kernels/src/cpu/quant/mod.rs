@@ -36,6 +36,8 @@ pub mod kgemm;
 mod kgemm_avx2;
 #[cfg(test)]
 mod kgemm_tests;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod kgemm_vnni;
 #[cfg(test)]
 mod one_row_tests;
 pub mod scalar;
