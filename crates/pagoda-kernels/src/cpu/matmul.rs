@@ -68,8 +68,8 @@ pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
 /// VNNI, 17 on AVX2; batched decode steps included, measured by
 /// `decode_rows_timing` in quant/kgemm_tests.rs against the block kernels;
 /// Q6_K on AVX2 past `QUANT_MAX_ROWS`).
-/// Q4_1 (on AVX2) takes it for batched decode steps alone: from 17 rows
-/// to `QUANT_MAX_ROWS`.
+/// Q4_1 takes it for batched decode steps alone: from `min_rows` (16 with
+/// VNNI, 17 on AVX2) to `QUANT_MAX_ROWS`.
 pub(crate) fn takes_kgemm(ty: crate::GgmlType, rows: usize, isa: quant::Isa) -> bool {
     quant::kgemm::handles(ty, isa)
         && rows >= quant::kgemm::min_rows(ty, isa)

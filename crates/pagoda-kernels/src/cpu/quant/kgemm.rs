@@ -1,6 +1,7 @@
 //! Many-row products of k-quant weights (Q4_K, Q5_K, Q6_K), for prefill
 //! and batched decode steps ([`min_rows`]: 8 rows or more with VNNI, 17 on
-//! AVX2), and of Q4_1 for batched decode steps of 17-32 rows on AVX2:
+//! AVX2), and of Q4_1 for batched decode steps of 16-32 rows (17-32 on
+//! AVX2):
 //! an integer GEMM over 8-bit activations in which every weight block is
 //! unpacked once per call and reused by every x row.
 //!
@@ -53,18 +54,13 @@ fn sub_len(ty: GgmlType) -> Option<usize> {
     }
 }
 
-/// Whether [`matmul`] handles `ty` on `isa`: the k-quants on both SIMD
-/// paths, Q4_1 on AVX2 (its 32-blocks one lane each, 8 to a group, the
-/// activations in 32-blocks as for its block kernels; with VNNI those
-/// kernels stay, unmeasured against this GEMM there).
+/// Whether [`matmul`] handles `ty` on `isa`: the k-quants and Q4_1 (its
+/// 32-blocks one lane each, 8 to a group, the activations in 32-blocks as
+/// for its block kernels) on both SIMD paths.
 pub fn handles(ty: GgmlType, isa: Isa) -> bool {
     cfg!(target_arch = "x86_64")
         && sub_len(ty).is_some()
-        && match isa {
-            Isa::Avx2 => true,
-            Isa::Avx512Vnni => ty != GgmlType::Q4_1,
-            Isa::Scalar => false,
-        }
+        && isa != Isa::Scalar
         && isa.is_available()
 }
 
@@ -90,10 +86,13 @@ pub fn preferred(ty: GgmlType, isa: Isa) -> bool {
 /// at 32, and 1.26-1.69x at 4 (so the blocks keep those); on a 2-core AMD
 /// EPYC without AVX-512, Q4_K 0.98-1.0x at 12-16 rows, 0.64-0.85x at 24,
 /// 0.74-0.76x at 32; Q5_K 0.63x at 16, 0.76x at 32; Q6_K 1.2-1.35x at
-/// 8-32 rows. Q4_1 takes it from 17 rows up to the block kernels' 32
-/// (never for prefill: [`preferred`]).
+/// 8-32 rows. Q4_1 takes it up to the block kernels' 32 rows (never for
+/// prefill: [`preferred`]) from 16 with VNNI (SmolLM2 shapes on the Zen 4:
+/// 0.71-0.97x at 16 rows, 0.54-0.72x at 32, 1.1-1.4x at 12) and from 17
+/// on AVX2.
 pub fn min_rows(ty: GgmlType, isa: Isa) -> usize {
     match (isa, ty) {
+        (Isa::Avx512Vnni, GgmlType::Q4_1) => 16,
         (Isa::Avx512Vnni, _) => 8,
         (_, GgmlType::Q6_K) => 33,
         _ => 17,
@@ -171,19 +170,21 @@ pub(super) mod x86 {
     // SAFETY: tasks of `matmul` write disjoint columns of `y`.
     unsafe impl Sync for SharedOut {}
 
-    /// Where a group's bytes and factors lie in a reordered row. Unpaired
+    /// Where a group's bytes and factors lie in a reordered row (`kp` = K
+    /// rounded up to whole groups of 256, the padding zero). Unpaired
     /// (AVX2), step `s` of group `g` is the 32 bytes at `32 (g S + s)` (`S`
     /// = `sub / 4` steps a group) and its factors the 16 floats at `16 g`
     /// (8 `d sc`, then 8 offsets). Paired (VNNI, whose 512-bit products
     /// take two groups at once), groups `2 h` and `2 h + 1` alternate step
     /// by step, 64 bytes a step, and their factors are the 32 floats at `32
-    /// h` (16 `d sc`, then 16 offsets); rows are padded to an even number of
-    /// groups with zero lanes. The activations' `d` and `s` are 8 lanes a
-    /// group in both, so two groups' lanes are adjacent already.
+    /// h` (16 `d sc`, then 16 offsets); where a row has an odd number of
+    /// groups, its last one lies alone as unpaired (the same offsets: `g`
+    /// even). The activations' `d` and `s` are 8 lanes a group in both, so
+    /// two groups' lanes are adjacent already.
     #[derive(Clone, Copy, Debug)]
     pub(in super::super) struct Layout {
         pub(in super::super) sub: usize,
-        /// Reordered row length in bytes (K padded to whole groups, pairs).
+        /// Reordered row length in bytes.
         pub(in super::super) kp: usize,
         pub(in super::super) paired: bool,
     }
@@ -192,11 +193,6 @@ pub(super) mod x86 {
         pub(in super::super) fn new(ty: GgmlType, k: usize, paired: bool) -> Layout {
             let sub = sub_len(ty).expect("a type the GEMM handles");
             let kp = k.next_multiple_of(256);
-            let kp = if paired {
-                kp.next_multiple_of(16 * sub)
-            } else {
-                kp
-            };
             Layout { sub, kp, paired }
         }
 
@@ -204,10 +200,15 @@ pub(super) mod x86 {
             self.kp / (8 * self.sub)
         }
 
+        /// Whether group `g` lies paired with its neighbour.
+        fn pairs(self, g: usize) -> bool {
+            self.paired && (g ^ 1) < self.groups()
+        }
+
         /// Byte offset of step `s` of group `g` in a reordered row.
         fn step_at(self, g: usize, s: usize) -> usize {
             let steps = self.sub / 4;
-            if self.paired {
+            if self.pairs(g) {
                 ((g / 2) * steps + s) * 64 + (g % 2) * 32
             } else {
                 (g * steps + s) * 32
@@ -217,7 +218,7 @@ pub(super) mod x86 {
         /// Float offsets of group `g`'s 8 `d sc` and 8 offset factors in a
         /// row's `16 groups` factors.
         fn factors_at(self, g: usize) -> (usize, usize) {
-            if self.paired {
+            if self.pairs(g) {
                 let base = 32 * (g / 2) + 8 * (g % 2);
                 (base, base + 16)
             } else {
@@ -396,12 +397,6 @@ pub(super) mod x86 {
                         }
                     }
                 }
-                // Whole zero blocks where the layout pads K.
-                for i in k / 256..kp / 256 {
-                    interleave(&[0; 256], layout, gb * i, q);
-                }
-                d[8 * gb * (k / 256)..].fill(0.0);
-                s[8 * gb * (k / 256)..].fill(0.0);
             });
     }
 
@@ -482,13 +477,6 @@ pub(super) mod x86 {
                         }
                     }
                 }
-            }
-            // Zero lanes where the layout pads K.
-            for g in gb * per_row..groups {
-                interleave_block(&[_mm256_setzero_si256(); 8], layout, g, q);
-                let (fs, fo) = layout.factors_at(g);
-                f[fs..fs + 8].fill(0.0);
-                f[fo..fo + 8].fill(0.0);
             }
         }
     }

@@ -28,15 +28,16 @@ fn paths(ty: GgmlType) -> Vec<Isa> {
 #[test]
 fn the_gemm_runs_where_it_says_and_only_on_k_quants_and_q4_1() {
     assert!(!kgemm::handles(GgmlType::Q4_K, Isa::Scalar));
-    // Q4_1 on AVX2 alone, and never for prefill rows.
-    assert_eq!(
-        kgemm::handles(GgmlType::Q4_1, Isa::Avx2),
-        cfg!(target_arch = "x86_64") && Isa::Avx2.is_available()
-    );
+    // Q4_1 on both SIMD paths, but never for prefill rows.
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        assert_eq!(
+            kgemm::handles(GgmlType::Q4_1, isa),
+            cfg!(target_arch = "x86_64") && isa.is_available()
+        );
+    }
     for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni] {
         assert!(!kgemm::preferred(GgmlType::Q4_1, isa));
     }
-    assert!(!kgemm::handles(GgmlType::Q4_1, Isa::Avx512Vnni));
     for ty in [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
@@ -84,9 +85,10 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
     let mut rng = Rng(0x5EED);
     let (n, k) = (40, 512);
     let isa = Isa::detect();
-    for ty in TYPES {
+    for ty in K_QUANTS {
         assert_eq!(kgemm::min_rows(ty, Isa::Avx512Vnni), 8);
     }
+    assert_eq!(kgemm::min_rows(GgmlType::Q4_1, Isa::Avx512Vnni), 16);
     assert_eq!(kgemm::min_rows(GgmlType::Q4_K, Isa::Avx2), 17);
     assert_eq!(kgemm::min_rows(GgmlType::Q5_K, Isa::Avx2), 17);
     assert_eq!(

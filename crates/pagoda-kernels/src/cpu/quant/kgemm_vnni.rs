@@ -52,8 +52,7 @@ struct Tile {
 /// # Safety
 /// AVX2, FMA, AVX-512F, VL and VNNI; `a` and `p` prepared for `rows` x rows
 /// and `j1 - j0` weight rows with sub-blocks of `sub`, reordered to `k`
-/// columns in the paired layout (an even number of groups; `per_slice`
-/// even); `out` holds `rows * n` values of which
+/// columns in the paired layout (`per_slice` even); `out` holds `rows * n` values of which
 /// this call alone writes columns `j0..j1`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
@@ -136,7 +135,8 @@ impl Tile {
 
     /// The f32 sums of the first `R` x rows against the first `C` weight
     /// rows into `acc[r * VC + c]` (16 lanes each, overwritten), group pairs
-    /// of `S` steps ([`super::kgemm::x86::Layout`]: 64 bytes a step, two groups' 8 lanes).
+    /// of `S` steps ([`super::kgemm::x86::Layout`]: 64 bytes a step, two
+    /// groups' 8 lanes) and a row's odd last group alone (256-bit steps).
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
     #[inline]
     unsafe fn run<const R: usize, const C: usize, const S: usize>(&self, acc: *mut __m512) {
@@ -163,6 +163,34 @@ impl Tile {
                     let scale = _mm512_mul_ps(_mm512_loadu_ps(f), d);
                     let t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*iv), scale, fsum[r][c]);
                     fsum[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(f.add(16)), sums, t);
+                }
+            }
+        }
+        if self.g1 % 2 == 1 {
+            // A row's odd last group, alone: 256-bit steps and factors.
+            let g = self.g1 - 1;
+            let mut isum = [[_mm256_setzero_si256(); C]; R];
+            for s in 0..S {
+                let off = (g * S + s) * 32;
+                let w: [__m256i; C] = std::array::from_fn(|c| {
+                    _mm256_loadu_si256(self.wq.add(c * self.k + off) as *const __m256i)
+                });
+                for (r, ir) in isum.iter_mut().enumerate() {
+                    let x = _mm256_loadu_si256(self.aq.add(r * self.k + off) as *const __m256i);
+                    for (iv, wv) in ir.iter_mut().zip(&w) {
+                        *iv = _mm256_dpbusd_epi32(*iv, *wv, x);
+                    }
+                }
+            }
+            for (r, ir) in isum.iter().enumerate() {
+                let d = _mm256_loadu_ps(self.ad.add((r * self.groups + g) * 8));
+                let sums = _mm256_loadu_ps(self.as_.add((r * self.groups + g) * 8));
+                for (c, iv) in ir.iter().enumerate() {
+                    let f = self.wf.add((c * self.groups + g) * 16);
+                    let scale = _mm256_mul_ps(_mm256_loadu_ps(f), d);
+                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(*iv), scale);
+                    let t = _mm256_fmadd_ps(_mm256_loadu_ps(f.add(8)), sums, t);
+                    fsum[r][c] = _mm512_add_ps(fsum[r][c], _mm512_zextps256_ps512(t));
                 }
             }
         }
