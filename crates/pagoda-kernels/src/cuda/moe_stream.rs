@@ -67,7 +67,11 @@ pub(crate) fn from_env() -> Result<StreamUse> {
     static USE: OnceLock<std::result::Result<StreamUse, String>> = OnceLock::new();
     USE.get_or_init(|| {
         let v = std::env::var(MOE_KERNEL_ENV).ok();
-        parse_env(v.as_deref()).map_err(|e| e.to_string())
+        // The message alone: it is wrapped in `Unsupported` again below.
+        parse_env(v.as_deref()).map_err(|e| match e {
+            KernelError::Unsupported(m) => m,
+            e => e.to_string(),
+        })
     })
     .clone()
     .map_err(KernelError::Unsupported)
