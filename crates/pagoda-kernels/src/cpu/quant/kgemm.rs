@@ -170,6 +170,51 @@ pub(super) mod x86 {
     // SAFETY: tasks of `matmul` write disjoint columns of `y`.
     unsafe impl Sync for SharedOut {}
 
+    /// One tile's operands for the products ([`super::super::kgemm_vnni`],
+    /// [`super::super::kgemm_avx2`]): x rows from `aq` (stride `k` bytes),
+    /// their block scales `ad` and scaled sums `as_` (8 lanes a group,
+    /// stride `8 groups`); weight rows from `wq` (stride `k`) and their
+    /// factors `wf` (stride `16 groups`); the groups `g0..g1` of one K slice.
+    pub(in super::super) struct Tile {
+        pub(in super::super) aq: *const i8,
+        pub(in super::super) ad: *const f32,
+        pub(in super::super) as_: *const f32,
+        pub(in super::super) wq: *const u8,
+        pub(in super::super) wf: *const f32,
+        pub(in super::super) k: usize,
+        pub(in super::super) groups: usize,
+        pub(in super::super) g0: usize,
+        pub(in super::super) g1: usize,
+    }
+
+    impl Tile {
+        /// The tile from x row `r0` and panel row `c0` over groups `g0..g1`
+        /// of rows reordered to `k` bytes.
+        ///
+        /// # Safety
+        /// `a` and `p` hold those rows (the pointers are computed, not read).
+        pub(in super::super) unsafe fn at(
+            a: &Acts,
+            p: &Panel,
+            (r0, c0): (usize, usize),
+            k: usize,
+            groups: usize,
+            (g0, g1): (usize, usize),
+        ) -> Tile {
+            Tile {
+                aq: a.q.as_ptr().add(r0 * k),
+                ad: a.d.as_ptr().add(r0 * groups * 8),
+                as_: a.s.as_ptr().add(r0 * groups * 8),
+                wq: p.q.as_ptr().add(c0 * k),
+                wf: p.f.as_ptr().add(c0 * groups * 16),
+                k,
+                groups,
+                g0,
+                g1,
+            }
+        }
+    }
+
     /// Where a group's bytes and factors lie in a reordered row (`kp` = K
     /// rounded up to whole groups of 256, the padding zero). Unpaired
     /// (AVX2), step `s` of group `g` is the 32 bytes at `32 (g S + s)` (`S`
@@ -200,9 +245,10 @@ pub(super) mod x86 {
             self.kp / (8 * self.sub)
         }
 
-        /// Whether group `g` lies paired with its neighbour.
+        /// Whether group `g` lies paired with its neighbour (which exists:
+        /// its end is within `kp`; no division, as this runs per step).
         fn pairs(self, g: usize) -> bool {
-            self.paired && (g ^ 1) < self.groups()
+            self.paired && ((g ^ 1) + 1) * 8 * self.sub <= self.kp
         }
 
         /// Byte offset of step `s` of group `g` in a reordered row.
@@ -236,7 +282,7 @@ pub(super) mod x86 {
     /// sums are reduced and added to the output once a slice) take twice
     /// the AVX2 ones' (4 x 2): `products_timing` on a Zen 4, 32 rows, Q4_K
     /// 1.2-1.4x at 2048 against 1024, no clear gain past it.
-    const fn slice(vnni: bool) -> usize {
+    pub(in super::super) const fn slice(vnni: bool) -> usize {
         if vnni {
             2048
         } else {

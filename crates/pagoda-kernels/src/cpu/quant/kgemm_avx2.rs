@@ -18,7 +18,7 @@
 //! The sums are the same integers as the VNNI path's, in the same f32
 //! order, so the two paths agree to f32 rounding of the final lane sums.
 
-use super::kgemm::x86::{Acts, Panel, SharedOut};
+use super::kgemm::x86::{Acts, Panel, SharedOut, Tile};
 use super::x86::hsum;
 use crate::GgmlType;
 use std::arch::x86_64::*;
@@ -40,22 +40,6 @@ pub(super) fn steps_in_i16(ty: GgmlType) -> usize {
 const MR: usize = 4;
 /// Weight rows per tile.
 const NR: usize = 2;
-
-/// One tile's operands: x rows from `aq` (stride `k` bytes), their block
-/// scales `ad` and scaled sums `as_` (8 lanes a group, stride `8 groups`);
-/// weight rows from `wq` (stride `k`) and their factors `wf` (stride `16
-/// groups`); the groups `g0..g1` of one K slice.
-struct Tile {
-    aq: *const i8,
-    ad: *const f32,
-    as_: *const f32,
-    wq: *const u8,
-    wf: *const f32,
-    k: usize,
-    groups: usize,
-    g0: usize,
-    g1: usize,
-}
 
 /// Every x row against the panel's weight rows `j0..j1`, tile by tile, K
 /// slice by K slice (`per_slice` groups), summed into columns `j0..j1` of
@@ -94,28 +78,18 @@ pub(super) unsafe fn multiply(
             let rn = (rows - r0).min(MR);
             for c0 in (0..cols).step_by(NR) {
                 let cn = (cols - c0).min(NR);
-                let tile = Tile {
-                    aq: a.q.as_ptr().add(r0 * k),
-                    ad: a.d.as_ptr().add(r0 * groups * 8),
-                    as_: a.s.as_ptr().add(r0 * groups * 8),
-                    wq: p.q.as_ptr().add(c0 * k),
-                    wf: p.f.as_ptr().add(c0 * groups * 16),
-                    k,
-                    groups,
-                    g0,
-                    g1,
-                };
+                let tile = Tile::at(a, p, (r0, c0), k, groups, (g0, g1));
                 macro_rules! go {
                     ($s:literal, $h:literal) => {
                         match (rn, cn) {
-                            (4, 2) => tile.run::<4, 2, $s, $h>(acc, held),
-                            (3, 2) => tile.run::<3, 2, $s, $h>(acc, held),
-                            (2, 2) => tile.run::<2, 2, $s, $h>(acc, held),
-                            (1, 2) => tile.run::<1, 2, $s, $h>(acc, held),
-                            (4, _) => tile.run::<4, 1, $s, $h>(acc, held),
-                            (3, _) => tile.run::<3, 1, $s, $h>(acc, held),
-                            (2, _) => tile.run::<2, 1, $s, $h>(acc, held),
-                            _ => tile.run::<1, 1, $s, $h>(acc, held),
+                            (4, 2) => tile.run_avx2::<4, 2, $s, $h>(acc, held),
+                            (3, 2) => tile.run_avx2::<3, 2, $s, $h>(acc, held),
+                            (2, 2) => tile.run_avx2::<2, 2, $s, $h>(acc, held),
+                            (1, 2) => tile.run_avx2::<1, 2, $s, $h>(acc, held),
+                            (4, _) => tile.run_avx2::<4, 1, $s, $h>(acc, held),
+                            (3, _) => tile.run_avx2::<3, 1, $s, $h>(acc, held),
+                            (2, _) => tile.run_avx2::<2, 1, $s, $h>(acc, held),
+                            _ => tile.run_avx2::<1, 1, $s, $h>(acc, held),
                         }
                     };
                 }
@@ -145,7 +119,7 @@ impl Tile {
     /// are summed in `held` (same layout, i32 lanes).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn run<const R: usize, const C: usize, const S: usize, const H: usize>(
+    unsafe fn run_avx2<const R: usize, const C: usize, const S: usize, const H: usize>(
         &self,
         acc: *mut __m256,
         held: *mut __m256i,

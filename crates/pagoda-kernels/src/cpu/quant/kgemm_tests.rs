@@ -372,7 +372,7 @@ fn decode_rows_timing() {
 /// prepare the panel: the AVX2 tiles and, where the CPU has it, the VNNI
 /// ones (their paired layout). `cargo test --release -p pagoda-kernels
 /// --lib products_timing -- --ignored --nocapture` (`KGEMM_ROWS`, 32 by
-/// default).
+/// default; `KGEMM_SLICE`, each path's own K slice by default).
 #[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore]
@@ -407,7 +407,8 @@ fn products_timing() {
             let layout = Layout::new(ty, k, isa == Isa::Avx512Vnni);
             let (mut acts, mut panel) = (Acts::default(), Panel::default());
             prepare_acts(&x, rows, k, ty, layout, &mut acts);
-            let slice: usize = std::env::var("KGEMM_SLICE").map_or(1024, |v| v.parse().unwrap());
+            let slice = std::env::var("KGEMM_SLICE")
+                .map_or(kgemm::x86::slice(layout.paired), |v| v.parse().unwrap());
             let per_slice = slice / (8 * layout.sub);
             let (kp, sub) = (layout.kp, layout.sub);
             // SAFETY: `isa` is available; `acts` and `panel` are prepared

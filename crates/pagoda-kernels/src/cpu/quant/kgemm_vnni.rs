@@ -20,30 +20,13 @@
 //! The sums are the same integers as the AVX2 path's; only the f32 order
 //! of the lane sums differs.
 
-use super::kgemm::x86::{Acts, Panel, SharedOut};
+use super::kgemm::x86::{Acts, Panel, SharedOut, Tile};
 use std::arch::x86_64::*;
 
 /// x rows per tile.
 pub(super) const VR: usize = 4;
 /// Weight rows per tile.
 pub(super) const VC: usize = 4;
-
-/// One tile's operands, laid out as in [`super::kgemm_avx2`]: x rows from
-/// `aq` (stride `k` bytes), their block scales `ad` and scaled sums `as_` (8
-/// lanes a group, stride `8 groups`); weight rows from `wq` (stride `k`) and
-/// their factors `wf` (stride `16 groups`); the groups `g0..g1` of one K
-/// slice.
-struct Tile {
-    aq: *const i8,
-    ad: *const f32,
-    as_: *const f32,
-    wq: *const u8,
-    wf: *const f32,
-    k: usize,
-    groups: usize,
-    g0: usize,
-    g1: usize,
-}
 
 /// Every x row against the panel's weight rows `j0..j1`, tile by tile, K
 /// slice by K slice (`per_slice` groups), summed into columns `j0..j1` of
@@ -52,8 +35,8 @@ struct Tile {
 /// # Safety
 /// AVX2, FMA, AVX-512F, VL and VNNI; `a` and `p` prepared for `rows` x rows
 /// and `j1 - j0` weight rows with sub-blocks of `sub`, reordered to `k`
-/// columns in the paired layout (`per_slice` even); `out` holds `rows * n` values of which
-/// this call alone writes columns `j0..j1`.
+/// columns in the paired layout (`per_slice` even); `out` holds `rows * n`
+/// values of which this call alone writes columns `j0..j1`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
 pub(super) unsafe fn multiply(
@@ -78,21 +61,11 @@ pub(super) unsafe fn multiply(
             let rn = (rows - r0).min(VR);
             for c0 in (0..cols).step_by(VC) {
                 let cn = (cols - c0).min(VC);
-                let tile = Tile {
-                    aq: a.q.as_ptr().add(r0 * k),
-                    ad: a.d.as_ptr().add(r0 * groups * 8),
-                    as_: a.s.as_ptr().add(r0 * groups * 8),
-                    wq: p.q.as_ptr().add(c0 * k),
-                    wf: p.f.as_ptr().add(c0 * groups * 16),
-                    k,
-                    groups,
-                    g0,
-                    g1,
-                };
+                let tile = Tile::at(a, p, (r0, c0), k, groups, (g0, g1));
                 if sub == 32 {
-                    tile.dispatch::<8>(rn, cn, acc)
+                    tile.dispatch_vnni::<8>(rn, cn, acc)
                 } else {
-                    tile.dispatch::<4>(rn, cn, acc)
+                    tile.dispatch_vnni::<4>(rn, cn, acc)
                 }
                 for r in 0..rn {
                     for c in 0..cn {
@@ -109,19 +82,19 @@ pub(super) unsafe fn multiply(
 }
 
 impl Tile {
-    /// [`Tile::run`] for a tile of `rn` x rows by `cn` weight rows (at most
+    /// [`Tile::run_vnni`] for a tile of `rn` x rows by `cn` weight rows (at most
     /// [`VR`] by [`VC`]).
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
     #[inline]
-    unsafe fn dispatch<const S: usize>(&self, rn: usize, cn: usize, acc: *mut __m512) {
+    unsafe fn dispatch_vnni<const S: usize>(&self, rn: usize, cn: usize, acc: *mut __m512) {
         const { assert!(VR == 4 && VC == 4, "the arms below cover 4 x 4 tiles") };
         macro_rules! cols {
             ($r:literal) => {
                 match cn {
-                    1 => self.run::<$r, 1, S>(acc),
-                    2 => self.run::<$r, 2, S>(acc),
-                    3 => self.run::<$r, 3, S>(acc),
-                    _ => self.run::<$r, 4, S>(acc),
+                    1 => self.run_vnni::<$r, 1, S>(acc),
+                    2 => self.run_vnni::<$r, 2, S>(acc),
+                    3 => self.run_vnni::<$r, 3, S>(acc),
+                    _ => self.run_vnni::<$r, 4, S>(acc),
                 }
             };
         }
@@ -139,7 +112,7 @@ impl Tile {
     /// groups' 8 lanes) and a row's odd last group alone (256-bit steps).
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
     #[inline]
-    unsafe fn run<const R: usize, const C: usize, const S: usize>(&self, acc: *mut __m512) {
+    unsafe fn run_vnni<const R: usize, const C: usize, const S: usize>(&self, acc: *mut __m512) {
         let mut fsum = [[_mm512_setzero_ps(); C]; R];
         for h in self.g0 / 2..self.g1 / 2 {
             let mut isum = [[_mm512_setzero_si512(); C]; R];
