@@ -1,5 +1,5 @@
 //! `y = x @ w^T` for quantized weights on Intel AMX: the weight widened to
-//! bf16 panels, the activations rounded to bf16, products accumulated in f32
+//! bf16 a slice at a time, the activations rounded to bf16, products accumulated in f32
 //! by the tile unit (`tdpbf16ps`).
 //!
 //! - When: x86-64 Linux CPUs that list AMX-TILE and AMX-BF16 (and AVX-512
@@ -8,37 +8,38 @@
 //!   once; a refusal leaves the other paths in place). [`super::matmul`]
 //!   takes this path for enough rows ([`MIN_ROWS`], [`KGEMM_MIN_ROWS`]).
 //! - Operands: the weight is the A operand (16 weight rows by 32 k of a
-//!   row-major bf16 panel: rows widened with [`WeightView::rows_to_f32`], then
+//!   row-major bf16 slice: blocks widened straight to bf16 where
+//!   [`super::quant::widen_bf16`] has the type, else through f32 and
 //!   rounded), the activations the B operand (packed once per call into 1 KiB
 //!   tiles of 16 k-pairs by 16 x rows, the layout `tdpbf16ps` reads), so the
 //!   weight needs no transpose; each 16 by 16 f32 result tile is transposed
 //!   on its way into `y` (one per 16 x rows, 16 features and the whole k).
-//! - Work: parallel over blocks of weight rows (each widened once per call
-//!   into a per-thread panel that stays in L2), each block multiplied by
-//!   every x row, two weight tiles by two activation tiles at a time (four
-//!   result tiles in `tmm0..3`, A in `tmm4..5`, B in `tmm6..7`).
+//! - Work: parallel over tasks of blocks of 32 weight rows. K is taken in
+//!   slices of 256: a block's slice is widened into a per-thread buffer
+//!   that stays in L1 (with the activations' slice, which every block of
+//!   the task reuses) and multiplied, two weight tiles by two activation
+//!   tiles at a time (by one for an odd last tile of 16 x rows), into the
+//!   block's f32 result tiles, loaded and stored once a slice (`tmm0..3`
+//!   results, A in `tmm4..5`, B in `tmm6..7`).
 //! - Numbers: both operands rounded to nearest-even bf16 (a relative error of
 //!   at most 2^-9 each, finer than the 8-bit activations of the block
 //!   kernels), products and sums in f32. Padding (x rows past a multiple of
-//!   32, weight rows past a multiple of 32) is zeros and never written out.
+//!   16, weight rows past a multiple of 32) is zeros and never written out.
 
 use super::storage::WeightView;
 use rayon::prelude::*;
 
 /// Fewest x rows that take this path (below it the integer block kernels
 /// read the weights once with less work per row).
-pub(crate) const MIN_ROWS: usize = 16;
+pub(crate) const MIN_ROWS: usize = 8;
 
-/// Fewest x rows that take this path for blocks the integer GEMM
-/// ([`super::quant::kgemm`]) takes: it keeps up with the tiles below
+/// Fewest x rows that take this path for the k-quants, which the integer
+/// GEMM ([`super::quant::kgemm`]) prefers: it keeps up with the tiles below
 /// (`super::matmul::takes_amx` has the figures).
-pub(crate) const KGEMM_MIN_ROWS: usize = 32;
+pub(crate) const KGEMM_MIN_ROWS: usize = 16;
 
 /// Elements of k per tile (32 bf16 = one 64-byte tile row).
 const KC: usize = 32;
-
-/// Bytes a weight panel may take (per thread, kept in L2).
-const PANEL_BYTES: usize = 512 << 10;
 
 /// Whether this path runs here: the CPU has AMX-TILE, AMX-BF16, AVX-512 F
 /// and BW, SIMD is not turned off ([`super::set_simd_enabled`]), and the
@@ -62,6 +63,7 @@ pub(crate) fn matmul(x: &[f32], rows: usize, w: WeightView<'_>, y: &mut [f32], t
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
+    use super::super::storage::ViewData;
     use super::*;
     use std::arch::asm;
     use std::arch::x86_64::*;
@@ -126,13 +128,6 @@ mod imp {
         tail: [0; 16],
     };
 
-    thread_local! {
-        /// The packed activations of the call running on this thread.
-        static PACKED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
-        /// A worker's widened weight rows (f32) and their bf16 panel.
-        static PANEL: RefCell<(Vec<f32>, Vec<u16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-    }
-
     /// Round to nearest even bf16 (the values here are finite).
     #[inline(always)]
     fn bf16(v: f32) -> u32 {
@@ -171,6 +166,24 @@ mod imp {
     unsafe impl Send for Out {}
     unsafe impl Sync for Out {}
 
+    /// A worker's buffers: the bf16 slice of 32 weight rows (`SLICE_STRIDE`
+    /// elements a row), an f32 row piece for weights widened through f32,
+    /// and the f32 result tiles of its blocks of 32 weight rows (two per
+    /// activation tile and block: `acc[(b * tiles + t) * 2 + i]` holds
+    /// weight rows `16 i..16 i + 16` of block `b` by x rows `16 t..`).
+    #[derive(Default)]
+    struct Work {
+        slice: Vec<u16>,
+        f: Vec<f32>,
+        acc: Vec<[f32; 256]>,
+    }
+
+    thread_local! {
+        /// The packed activations of the call running on this thread.
+        static PACKED: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+        static WORK: RefCell<Work> = RefCell::new(Work::default());
+    }
+
     pub(super) fn matmul(
         x: &[f32],
         rows: usize,
@@ -180,41 +193,38 @@ mod imp {
         threads: usize,
     ) {
         let n = w.rows;
-        // Activation tiles: 16 x rows each, an even count (pairs of tiles).
-        let tiles = rows.div_ceil(16).next_multiple_of(2);
+        // Activation tiles: 16 x rows each.
+        let tiles = rows.div_ceil(16);
         let kcs = k / KC;
         let words = tiles * kcs * 256;
-        // Weight rows per task: what fits the panel, whole pairs of tiles,
-        // and enough tasks to share between the threads.
-        let stride = k + KC;
-        let fit = (PANEL_BYTES / (2 * stride)) / 32 * 32;
-        let share = n.div_ceil(4 * threads.max(1)).next_multiple_of(32);
-        let nb = fit.min(share).max(32);
+        // Blocks of 32 weight rows per task: enough tasks to share.
+        let blocks = n.div_ceil(32);
+        let per_task = blocks.div_ceil(4 * threads.max(1)).max(1);
         let out = Out(y.as_mut_ptr());
         let run = |packed: &mut Vec<u32>| {
             packed.clear();
             packed.resize(words, 0);
             pack(x, rows, k, packed);
             let packed = &packed[..];
-            (0..n.div_ceil(nb)).into_par_iter().for_each(|b| {
-                let (n0, n1) = (b * nb, ((b + 1) * nb).min(n));
-                PANEL.with(|cell| {
-                    let mut fresh = (Vec::new(), Vec::new());
-                    let mut held = cell.try_borrow_mut();
-                    let bufs = match held.as_mut() {
-                        Ok(b) => &mut **b,
-                        Err(_) => &mut fresh,
-                    };
-                    let panel = widen(w, n0, n1, stride, bufs);
-                    // SAFETY: AMX-BF16 and AVX-512 F/BW are present and the
-                    // tile data granted (`takes`, checked by the caller);
-                    // the panel holds (n1 - n0) rounded up to 32 rows of
-                    // `stride` elements, `packed` every activation tile of
-                    // `kcs` chunks, and block `b` writes columns n0..n1 of
-                    // the `rows` rows of `y` ([rows, n]) alone.
-                    unsafe { block(panel, stride, n1 - n0, packed, tiles, kcs, rows, n, n0, out) };
+            (0..blocks.div_ceil(per_task))
+                .into_par_iter()
+                .for_each(|task| {
+                    let bs = (task * per_task, ((task + 1) * per_task).min(blocks));
+                    WORK.with(|cell| {
+                        let mut fresh = Work::default();
+                        let mut held = cell.try_borrow_mut();
+                        let work = match held.as_mut() {
+                            Ok(b) => &mut **b,
+                            Err(_) => &mut fresh,
+                        };
+                        // SAFETY: AMX-BF16 and AVX-512 F/BW are present and the
+                        // tile data granted (`takes`, checked by the caller);
+                        // `packed` holds `tiles` activation tiles of `kcs`
+                        // chunks, and this task writes columns 32 bs.0..32 bs.1
+                        // (at most n) of the `rows` rows of `y` ([rows, n]) alone.
+                        unsafe { task_blocks(w, bs, work, packed, tiles, rows, out) };
+                    });
                 });
-            });
         };
         PACKED.with(|cell| match cell.try_borrow_mut() {
             Ok(mut b) => run(&mut b),
@@ -248,124 +258,224 @@ mod imp {
             });
     }
 
-    /// Weight rows `n0..n1` widened and rounded into a bf16 panel of
-    /// `stride` elements a row, rows up to the next multiple of 32 zero.
-    fn widen<'b>(
+    /// Elements of k widened at a time (a whole number of blocks of every
+    /// type: 256 or the row's rest, a multiple of 32).
+    const SLICE: usize = 256;
+
+    /// Elements a row of the widened slice takes (one cache line past
+    /// `SLICE`, so that a tile's 16 rows do not share cache sets).
+    const SLICE_STRIDE: usize = SLICE + 32;
+
+    /// Weight rows `r0..r0 + nr`, elements `k0..k0 + len` (whole blocks), as
+    /// bf16 rows of `SLICE_STRIDE` in `dst`: straight from the blocks where
+    /// [`super::super::quant::widen_bf16`] has the type, else through f32
+    /// (`f`) and rounded.
+    fn widen(
         w: WeightView<'_>,
-        n0: usize,
-        n1: usize,
-        stride: usize,
-        (f, panel): &'b mut (Vec<f32>, Vec<u16>),
-    ) -> &'b [u16] {
-        let (k, nr) = (w.cols, n1 - n0);
-        let padded = nr.next_multiple_of(32);
-        f.resize(nr * k, 0.0);
-        w.rows_to_f32(n0, n1, &mut f[..nr * k]);
-        panel.resize(padded * stride, 0);
-        for (dst, src) in panel.chunks_exact_mut(stride).zip(f.chunks_exact(k)) {
-            // SAFETY: this path runs only where `granted` saw AVX-512 F.
-            unsafe { round_row(src, &mut dst[..k]) };
+        (r0, nr): (usize, usize),
+        (k0, len): (usize, usize),
+        dst: &mut [u16],
+        f: &mut Vec<f32>,
+    ) {
+        use super::super::quant::{dequantize, row_bytes, widen_bf16};
+        let k = w.cols;
+        if let ViewData::Quant(ty, bytes) = w.data {
+            if widen_bf16::rows(ty, bytes, k, (r0, nr), (k0, len), dst, SLICE_STRIDE) {
+                return;
+            }
         }
-        panel[nr * stride..padded * stride].fill(0);
-        &panel[..padded * stride]
+        f.resize(len, 0.0);
+        for (i, d) in dst.chunks_exact_mut(SLICE_STRIDE).take(nr).enumerate() {
+            let at = (r0 + i) * k + k0;
+            match w.data {
+                ViewData::F32(v) => f.copy_from_slice(&v[at..at + len]),
+                ViewData::F16(v) => super::super::convert::f16_to_f32(&v[at..at + len], f),
+                ViewData::BF16(v) => super::super::convert::bf16_to_f32(&v[at..at + len], f),
+                ViewData::Quant(ty, bytes) => {
+                    let (rb, bs, ts) = (row_bytes(ty, k), ty.block_size(), ty.type_size());
+                    let row = (r0 + i) * rb;
+                    dequantize(
+                        ty,
+                        &bytes[row + k0 / bs * ts..row + (k0 + len) / bs * ts],
+                        f,
+                    );
+                }
+            }
+            // SAFETY: this path runs only where `granted` saw AVX-512 F.
+            unsafe { round_row(f, &mut d[..len]) };
+        }
     }
 
-    /// One block of weight rows (`nr` of them, `panel` padded to 32) against
-    /// every activation tile: pairs of weight tiles by pairs of activation
-    /// tiles, each result transposed into `y` at columns `n0..n0 + nr`.
+    /// The blocks `bs.0..bs.1` of 32 weight rows (those below `w.rows`)
+    /// against every activation tile. K is taken in slices: each block's
+    /// slice is widened into `work.slice` (where the tile loads find it in
+    /// L1, with the activations' slice, which every block of the task
+    /// reuses) and multiplied, two weight tiles by two activation tiles at a
+    /// time (by one for an odd last tile), into the block's result tiles in
+    /// `work.acc`, loaded and stored once a slice; then each result tile is
+    /// transposed into `y`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn block(
-        panel: &[u16],
-        stride: usize,
-        nr: usize,
+    unsafe fn task_blocks(
+        w: WeightView<'_>,
+        bs: (usize, usize),
+        work: &mut Work,
         packed: &[u32],
         tiles: usize,
-        kcs: usize,
         rows: usize,
-        n: usize,
-        n0: usize,
         y: Out,
     ) {
-        let mut acc = [[0f32; 256]; 4];
-        let a_stride = stride * 2;
+        let (k, n) = (w.cols, w.rows);
+        let kcs = k / KC;
+        let Work { slice, f, acc } = work;
+        slice.resize(32 * SLICE_STRIDE, 0);
+        acc.resize((bs.1 - bs.0) * tiles * 2, [0.0; 256]);
+        let (sa, s64) = (SLICE_STRIDE * 2, 64usize);
         // SAFETY (all the asm below): the configuration is a valid palette-1
-        // layout; every tile load reads 16 rows of 64 bytes inside `panel`
-        // (rows j0..j0 + 32 of `stride` elements, k < stride) or inside
-        // `packed` (tiles t and t + 1, chunks 0..kcs, 1 KiB each), and every
-        // store writes one 1 KiB array of `acc`. The tile registers are
-        // used by no code but this function's, which configures them first
-        // and releases them last.
+        // layout; every tile load reads 16 rows of 64 bytes inside `slice`
+        // (rows 0..32 of `SLICE_STRIDE` elements, k < SLICE), inside
+        // `packed` (tile t or t + 1 < tiles, chunks c0..c0 + cs of kcs, 1
+        // KiB each) or one 1 KiB array of `acc`, and every store writes one
+        // array of `acc`. The tile registers are used by no code but this
+        // function's, which configures them first and releases them last.
         asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
-        for j0 in (0..nr).step_by(32) {
-            let a0 = panel.as_ptr().add(j0 * stride);
-            let a1 = a0.add(16 * stride);
-            for t in (0..tiles).step_by(2) {
-                let b0 = packed.as_ptr().add(t * kcs * 256);
-                let b1 = b0.add(kcs * 256);
-                asm!(
-                    "tilezero tmm0",
-                    "tilezero tmm1",
-                    "tilezero tmm2",
-                    "tilezero tmm3",
-                    "2:",
-                    "tileloadd tmm4, [{a0} + {sa}*1]",
-                    "tileloadd tmm6, [{b0} + {sb}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tileloadd tmm7, [{b1} + {sb}*1]",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tileloadd tmm5, [{a1} + {sa}*1]",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    "add {a0}, 64",
-                    "add {a1}, 64",
-                    "add {b0}, 1024",
-                    "add {b1}, 1024",
-                    "dec {c}",
-                    "jnz 2b",
-                    "tilestored [{o0} + {so}*1], tmm0",
-                    "tilestored [{o1} + {so}*1], tmm1",
-                    "tilestored [{o2} + {so}*1], tmm2",
-                    "tilestored [{o3} + {so}*1], tmm3",
-                    a0 = inout(reg) a0 => _,
-                    a1 = inout(reg) a1 => _,
-                    b0 = inout(reg) b0 => _,
-                    b1 = inout(reg) b1 => _,
-                    c = inout(reg) kcs => _,
-                    sa = in(reg) a_stride,
-                    sb = in(reg) 64usize,
-                    so = in(reg) 64usize,
-                    o0 = in(reg) acc[0].as_mut_ptr(),
-                    o1 = in(reg) acc[1].as_mut_ptr(),
-                    o2 = in(reg) acc[2].as_mut_ptr(),
-                    o3 = in(reg) acc[3].as_mut_ptr(),
-                    options(nostack),
-                );
-                // acc[2 i + h]: weight rows j0 + 16 i.., x rows 16 (t + h)...
-                for (i, pair) in acc.chunks_exact(2).enumerate() {
-                    let j = j0 + 16 * i;
-                    if j >= nr {
-                        break;
-                    }
-                    for (h, a) in pair.iter().enumerate() {
-                        let r0 = 16 * (t + h);
-                        if r0 >= rows {
-                            break;
+        for k0 in (0..k).step_by(SLICE) {
+            let len = (k - k0).min(SLICE);
+            let (c0, cs) = (k0 / KC, len / KC);
+            for b in bs.0..bs.1 {
+                let nr = (n - 32 * b).min(32);
+                // Rows past `nr` (the last block's) zero in every slice.
+                slice[nr * SLICE_STRIDE..].fill(0);
+                widen(w, (32 * b, nr), (k0, len), slice, f);
+                let a0 = slice.as_ptr();
+                let a1 = a0.add(16 * SLICE_STRIDE);
+                let acc = acc[(b - bs.0) * tiles * 2..].as_mut_ptr();
+                for t in (0..tiles).step_by(2) {
+                    let b0 = packed.as_ptr().add((t * kcs + c0) * 256);
+                    // Result tiles: tmm0 / tmm2 weight halves 0 / 1 by x
+                    // tile t, tmm1 / tmm3 by x tile t + 1.
+                    let o = [
+                        acc.add(2 * t),
+                        acc.add(2 * t + 2),
+                        acc.add(2 * t + 1),
+                        acc.add(2 * t + 3),
+                    ];
+                    if t + 1 < tiles {
+                        let b1 = b0.add(kcs * 256);
+                        if k0 == 0 {
+                            asm!(
+                                "tilezero tmm0",
+                                "tilezero tmm1",
+                                "tilezero tmm2",
+                                "tilezero tmm3",
+                                options(nostack, nomem)
+                            );
+                        } else {
+                            asm!(
+                                "tileloadd tmm0, [{o0} + {s}*1]",
+                                "tileloadd tmm1, [{o1} + {s}*1]",
+                                "tileloadd tmm2, [{o2} + {s}*1]",
+                                "tileloadd tmm3, [{o3} + {s}*1]",
+                                o0 = in(reg) o[0], o1 = in(reg) o[1], o2 = in(reg) o[2], o3 = in(reg) o[3],
+                                s = in(reg) s64,
+                                options(nostack, readonly),
+                            );
                         }
-                        store_transposed(
-                            a,
-                            y,
-                            n,
-                            r0,
-                            (rows - r0).min(16),
-                            n0 + j,
-                            (nr - j).min(16),
+                        asm!(
+                            "2:",
+                            "tileloadd tmm4, [{a0} + {sa}*1]",
+                            "tileloadd tmm6, [{b0} + {s}*1]",
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tileloadd tmm7, [{b1} + {s}*1]",
+                            "tdpbf16ps tmm1, tmm4, tmm7",
+                            "tileloadd tmm5, [{a1} + {sa}*1]",
+                            "tdpbf16ps tmm2, tmm5, tmm6",
+                            "tdpbf16ps tmm3, tmm5, tmm7",
+                            "add {a0}, 64",
+                            "add {a1}, 64",
+                            "add {b0}, 1024",
+                            "add {b1}, 1024",
+                            "dec {c}",
+                            "jnz 2b",
+                            "tilestored [{o0} + {s}*1], tmm0",
+                            "tilestored [{o1} + {s}*1], tmm1",
+                            "tilestored [{o2} + {s}*1], tmm2",
+                            "tilestored [{o3} + {s}*1], tmm3",
+                            a0 = inout(reg) a0 => _,
+                            a1 = inout(reg) a1 => _,
+                            b0 = inout(reg) b0 => _,
+                            b1 = inout(reg) b1 => _,
+                            c = inout(reg) cs => _,
+                            sa = in(reg) sa,
+                            s = in(reg) s64,
+                            o0 = in(reg) o[0],
+                            o1 = in(reg) o[1],
+                            o2 = in(reg) o[2],
+                            o3 = in(reg) o[3],
+                            options(nostack),
+                        );
+                    } else {
+                        if k0 == 0 {
+                            asm!("tilezero tmm0", "tilezero tmm2", options(nostack, nomem));
+                        } else {
+                            asm!(
+                                "tileloadd tmm0, [{o0} + {s}*1]",
+                                "tileloadd tmm2, [{o2} + {s}*1]",
+                                o0 = in(reg) o[0], o2 = in(reg) o[2],
+                                s = in(reg) s64,
+                                options(nostack, readonly),
+                            );
+                        }
+                        asm!(
+                            "2:",
+                            "tileloadd tmm4, [{a0} + {sa}*1]",
+                            "tileloadd tmm6, [{b0} + {s}*1]",
+                            "tdpbf16ps tmm0, tmm4, tmm6",
+                            "tileloadd tmm5, [{a1} + {sa}*1]",
+                            "tdpbf16ps tmm2, tmm5, tmm6",
+                            "add {a0}, 64",
+                            "add {a1}, 64",
+                            "add {b0}, 1024",
+                            "dec {c}",
+                            "jnz 2b",
+                            "tilestored [{o0} + {s}*1], tmm0",
+                            "tilestored [{o2} + {s}*1], tmm2",
+                            a0 = inout(reg) a0 => _,
+                            a1 = inout(reg) a1 => _,
+                            b0 = inout(reg) b0 => _,
+                            c = inout(reg) cs => _,
+                            sa = in(reg) sa,
+                            s = in(reg) s64,
+                            o0 = in(reg) o[0],
+                            o2 = in(reg) o[2],
+                            options(nostack),
                         );
                     }
                 }
             }
         }
         asm!("tilerelease", options(nostack, nomem));
+        for b in bs.0..bs.1 {
+            let (j0, nr) = (32 * b, (n - 32 * b).min(32));
+            for t in 0..tiles {
+                let r0 = 16 * t;
+                for i in 0..2 {
+                    let j = 16 * i;
+                    if j >= nr {
+                        break;
+                    }
+                    store_transposed(
+                        &acc[((b - bs.0) * tiles + t) * 2 + i],
+                        y,
+                        n,
+                        r0,
+                        (rows - r0).min(16),
+                        j0 + j,
+                        (nr - j).min(16),
+                    );
+                }
+            }
+        }
     }
 
     /// `y[r0 + r][c0 + j] = a[j * 16 + r]` for `r < nrows`, `j < ncols`.

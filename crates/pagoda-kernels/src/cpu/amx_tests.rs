@@ -218,7 +218,8 @@ fn amx_timing() {
             let mut y = vec![0f32; rows * n];
             pool.install(|| {
                 let ta = time(&mut || matmul(&x, rows, view(ty, &bytes, n, k), &mut y, 2));
-                let (name, tb) = if kgemm::handles(ty, isa) && rows > 16 {
+                // The path these rows take without the tiles.
+                let (name, tb) = if crate::cpu::matmul::takes_kgemm(ty, rows, isa) {
                     ("kgemm", time(&mut || {
                         kgemm::matmul(&x, rows, k, ty, &bytes, &mut y, 2, isa);
                     }))

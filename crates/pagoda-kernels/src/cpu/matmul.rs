@@ -46,15 +46,17 @@ const GEMV_MAX_ROWS: usize = 16;
 pub(crate) const QUANT_MAX_ROWS: usize = 32;
 
 /// Whether `rows` x rows against blocks of `ty` with `k` columns take
-/// [`super::amx`]'s tile GEMM (on CPUs with AMX): from its `MIN_ROWS` (16)
-/// for the types [`quant::kgemm`] does not take, from `KGEMM_MIN_ROWS` (32)
-/// for those it does. Measured by `amx_timing` (amx_tests.rs) on a 2-core
-/// Sapphire Rapids guest, CPU time of the tiles against the path taken
-/// without them: Q4_1 and Q8_0 at 16 rows 0.60-0.67x the block kernels',
-/// Q4_K / Q6_K at 16 rows 0.99-1.24x the block kernels', at 24 rows
-/// 0.99-1.14x the integer GEMM's, at 32 rows 0.79-0.94x, at 64 rows 0.54-0.64x.
+/// [`super::amx`]'s tile GEMM (on CPUs with AMX): from its `MIN_ROWS` (8)
+/// for Q4_1, Q8_0 and the other types that [`quant::kgemm`] does not
+/// prefer, from `KGEMM_MIN_ROWS` (16) for the k-quants, which it does.
+/// Measured by `amx_timing` (amx_tests.rs) on a 2-core Sapphire Rapids
+/// guest, CPU time of the tiles (blocks widened straight to bf16 a slice at
+/// a time) against the path taken without them: Q4_1 and Q8_0 at 8 rows
+/// 0.64-0.76x the block kernels'; Q4_K / Q6_K against the integer GEMM
+/// 1.37-1.42x at 8 rows, 1.13-1.29x at 12, 0.88-1.06x at 16, 0.89x at 24,
+/// 0.68-0.72x at 32, 0.56-0.60x at 64.
 pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
-    let min = if quant::kgemm::handles(ty, quant::Isa::detect()) {
+    let min = if quant::kgemm::preferred(ty, quant::Isa::detect()) {
         super::amx::KGEMM_MIN_ROWS
     } else {
         super::amx::MIN_ROWS

@@ -44,6 +44,7 @@ pub mod scalar;
 #[cfg(test)]
 pub(crate) mod tests;
 mod widen;
+pub(crate) mod widen_bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -346,6 +346,64 @@ fn simd_widening_equals_the_portable_dequantizers() {
     }
 }
 
+/// Blocks widened straight to bf16 ([`super::widen_bf16`]) are the portable
+/// dequantizers' f32 rounded to nearest even, bit for bit; the types it
+/// lacks write nothing and say so.
+#[test]
+fn bf16_widening_is_the_rounded_dequantizer() {
+    use super::widen_bf16;
+    let mut rng = Rng(4242);
+    let mut ran = 0;
+    for ty in TYPES {
+        let k = 512;
+        let w = random_blocks(ty, 3, k, &mut rng);
+        // Rows 1..3, the second half of each (past the first block), at a
+        // stride longer than the piece.
+        let (bs, stride) = (ty.block_size(), k + 40);
+        let (k0, len) = if bs < k { (k / 2, k / 2) } else { (0, k) };
+        let mut got = vec![0xFFFFu16; 2 * stride];
+        let w_rows = (1, 2);
+        if !widen_bf16::handles(ty) {
+            assert!(!widen_bf16::rows(
+                ty,
+                &w,
+                k,
+                w_rows,
+                (k0, len),
+                &mut got,
+                stride
+            ));
+            assert!(got.iter().all(|&g| g == 0xFFFF), "{ty:?} wrote");
+            continue;
+        }
+        assert!(widen_bf16::rows(
+            ty,
+            &w,
+            k,
+            w_rows,
+            (k0, len),
+            &mut got,
+            stride
+        ));
+        let want = dequant(ty, &w, 3 * k);
+        for i in 0..2 {
+            for j in 0..stride {
+                let g = got[i * stride + j];
+                if j >= len {
+                    assert_eq!(g, 0xFFFF, "{ty:?} wrote past the piece");
+                    continue;
+                }
+                let e = half::bf16::from_f32(want[(1 + i) * k + k0 + j]).to_bits();
+                assert_eq!(g, e, "{ty:?} row {} element {}", 1 + i, k0 + j);
+            }
+        }
+        ran += 1;
+    }
+    if ran == 0 {
+        eprintln!("no AVX512-BF16 here: the bf16 widening has nothing to check");
+    }
+}
+
 /// The SIMD activation quantizer gives the portable one's values (no value
 /// of random data lies exactly halfway between two integers).
 #[test]
