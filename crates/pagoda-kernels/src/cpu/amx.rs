@@ -14,13 +14,15 @@
 //!   tiles of 16 k-pairs by 16 x rows, the layout `tdpbf16ps` reads), so the
 //!   weight needs no transpose; each 16 by 16 f32 result tile is transposed
 //!   on its way into `y` (one per 16 x rows, 16 features and the whole k).
-//! - Work: parallel over tasks of blocks of 32 weight rows. K is taken in
-//!   slices of 256: a block's slice is widened into a per-thread buffer
+//! - Work: parallel over tasks of blocks of 32 weight rows. For up to 64 x
+//!   rows (batched decode) K is taken in slices of 256: a block's slice is widened into a per-thread buffer
 //!   that stays in L1 (with the activations' slice, which every block of
 //!   the task reuses) and multiplied, two weight tiles by two activation
 //!   tiles at a time (by one for an odd last tile of 16 x rows), into the
 //!   block's f32 result tiles, loaded and stored once a slice (`tmm0..3`
-//!   results, A in `tmm4..5`, B in `tmm6..7`).
+//!   results, A in `tmm4..5`, B in `tmm6..7`). For more (prefill) a block's
+//!   whole rows are widened once, into L2, and each result tile stays in
+//!   its register across the whole k.
 //! - Numbers: both operands rounded to nearest-even bf16 (a relative error of
 //!   at most 2^-9 each, finer than the 8-bit activations of the block
 //!   kernels), products and sums in f32. Padding (x rows past a multiple of
@@ -166,7 +168,7 @@ mod imp {
     unsafe impl Send for Out {}
     unsafe impl Sync for Out {}
 
-    /// A worker's buffers: the bf16 slice of 32 weight rows (`SLICE_STRIDE`
+    /// A worker's buffers: the bf16 slice of 32 weight rows (`stride_for`
     /// elements a row), an f32 row piece for weights widened through f32,
     /// and the f32 result tiles of its blocks of 32 weight rows (two per
     /// activation tile and block: `acc[(b * tiles + t) * 2 + i]` holds
@@ -200,6 +202,9 @@ mod imp {
         // Blocks of 32 weight rows per task: enough tasks to share.
         let blocks = n.div_ceil(32);
         let per_task = blocks.div_ceil(4 * threads.max(1)).max(1);
+        // Blocks that share each slice of the activations (in L1), so that
+        // their result tiles take at most 32 KiB.
+        let group = (16 / tiles).max(1);
         let out = Out(y.as_mut_ptr());
         let run = |packed: &mut Vec<u32>| {
             packed.clear();
@@ -217,12 +222,16 @@ mod imp {
                             Ok(b) => &mut **b,
                             Err(_) => &mut fresh,
                         };
-                        // SAFETY: AMX-BF16 and AVX-512 F/BW are present and the
-                        // tile data granted (`takes`, checked by the caller);
-                        // `packed` holds `tiles` activation tiles of `kcs`
-                        // chunks, and this task writes columns 32 bs.0..32 bs.1
-                        // (at most n) of the `rows` rows of `y` ([rows, n]) alone.
-                        unsafe { task_blocks(w, bs, work, packed, tiles, rows, out) };
+                        for g in (bs.0..bs.1).step_by(group) {
+                            let g = (g, (g + group).min(bs.1));
+                            // SAFETY: AMX-BF16 and AVX-512 F/BW are present and
+                            // the tile data granted (`takes`, checked by the
+                            // caller); `packed` holds `tiles` activation tiles of
+                            // `kcs` chunks, and this task writes columns 32 g.0..
+                            // 32 g.1 (at most n) of the `rows` rows of `y`
+                            // ([rows, n]) alone.
+                            unsafe { blocks_of(w, g, work, packed, tiles, rows, out) };
+                        }
                     });
                 });
         };
@@ -258,34 +267,53 @@ mod imp {
             });
     }
 
-    /// Elements of k widened at a time (a whole number of blocks of every
-    /// type: 256 or the row's rest, a multiple of 32).
+    /// Elements of k widened at a time for up to [`MAX_SLICED_TILES`]
+    /// activation tiles (a whole number of blocks of every type: 256 or the
+    /// row's rest, a multiple of 32).
     const SLICE: usize = 256;
 
-    /// Elements a row of the widened slice takes (one cache line past
-    /// `SLICE`, so that a tile's 16 rows do not share cache sets).
-    const SLICE_STRIDE: usize = SLICE + 32;
+    /// Most activation tiles that take k in slices. Past them (prefill) a
+    /// block's whole rows are widened once (into L2) and each result tile
+    /// stays in its register across the whole k: slices would load and
+    /// store every result tile once a slice (Qwen2.5-1.5B prefill chunks
+    /// ran 0.86x as fast sliced).
+    const MAX_SLICED_TILES: usize = 4;
+
+    /// Elements of k taken at a time for `tiles` activation tiles.
+    fn slice_len(tiles: usize, k: usize) -> usize {
+        if tiles <= MAX_SLICED_TILES {
+            SLICE
+        } else {
+            k
+        }
+    }
+
+    /// Elements a row of the widened slice takes for slices of `len`: one
+    /// cache line more, so that a tile's 16 rows do not share cache sets.
+    fn stride_for(len: usize) -> usize {
+        len + 32
+    }
 
     /// Weight rows `r0..r0 + nr`, elements `k0..k0 + len` (whole blocks), as
-    /// bf16 rows of `SLICE_STRIDE` in `dst`: straight from the blocks where
+    /// bf16 rows of `stride` in `dst`: straight from the blocks where
     /// [`super::super::quant::widen_bf16`] has the type, else through f32
     /// (`f`) and rounded.
     fn widen(
         w: WeightView<'_>,
         (r0, nr): (usize, usize),
         (k0, len): (usize, usize),
-        dst: &mut [u16],
+        (dst, stride): (&mut [u16], usize),
         f: &mut Vec<f32>,
     ) {
         use super::super::quant::{dequantize, row_bytes, widen_bf16};
         let k = w.cols;
         if let ViewData::Quant(ty, bytes) = w.data {
-            if widen_bf16::rows(ty, bytes, k, (r0, nr), (k0, len), dst, SLICE_STRIDE) {
+            if widen_bf16::rows(ty, bytes, k, (r0, nr), (k0, len), dst, stride) {
                 return;
             }
         }
         f.resize(len, 0.0);
-        for (i, d) in dst.chunks_exact_mut(SLICE_STRIDE).take(nr).enumerate() {
+        for (i, d) in dst.chunks_exact_mut(stride).take(nr).enumerate() {
             let at = (r0 + i) * k + k0;
             match w.data {
                 ViewData::F32(v) => f.copy_from_slice(&v[at..at + len]),
@@ -309,14 +337,14 @@ mod imp {
     /// The blocks `bs.0..bs.1` of 32 weight rows (those below `w.rows`)
     /// against every activation tile. K is taken in slices: each block's
     /// slice is widened into `work.slice` (where the tile loads find it in
-    /// L1, with the activations' slice, which every block of the task
-    /// reuses) and multiplied, two weight tiles by two activation tiles at a
+    /// L1, with the activations' slice, which every block here reuses) and
+    /// multiplied, two weight tiles by two activation tiles at a
     /// time (by one for an odd last tile), into the block's result tiles in
     /// `work.acc`, loaded and stored once a slice; then each result tile is
     /// transposed into `y`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn task_blocks(
+    unsafe fn blocks_of(
         w: WeightView<'_>,
         bs: (usize, usize),
         work: &mut Work,
@@ -328,27 +356,29 @@ mod imp {
         let (k, n) = (w.cols, w.rows);
         let kcs = k / KC;
         let Work { slice, f, acc } = work;
-        slice.resize(32 * SLICE_STRIDE, 0);
+        let piece = slice_len(tiles, k);
+        let stride = stride_for(piece);
+        slice.resize(32 * stride, 0);
         acc.resize((bs.1 - bs.0) * tiles * 2, [0.0; 256]);
-        let (sa, s64) = (SLICE_STRIDE * 2, 64usize);
+        let (sa, s64) = (stride * 2, 64usize);
         // SAFETY (all the asm below): the configuration is a valid palette-1
         // layout; every tile load reads 16 rows of 64 bytes inside `slice`
-        // (rows 0..32 of `SLICE_STRIDE` elements, k < SLICE), inside
+        // (rows 0..32 of `stride` elements, k < piece), inside
         // `packed` (tile t or t + 1 < tiles, chunks c0..c0 + cs of kcs, 1
         // KiB each) or one 1 KiB array of `acc`, and every store writes one
         // array of `acc`. The tile registers are used by no code but this
         // function's, which configures them first and releases them last.
         asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
-        for k0 in (0..k).step_by(SLICE) {
-            let len = (k - k0).min(SLICE);
+        for k0 in (0..k).step_by(piece) {
+            let len = (k - k0).min(piece);
             let (c0, cs) = (k0 / KC, len / KC);
             for b in bs.0..bs.1 {
                 let nr = (n - 32 * b).min(32);
                 // Rows past `nr` (the last block's) zero in every slice.
-                slice[nr * SLICE_STRIDE..].fill(0);
-                widen(w, (32 * b, nr), (k0, len), slice, f);
+                slice[nr * stride..].fill(0);
+                widen(w, (32 * b, nr), (k0, len), (slice, stride), f);
                 let a0 = slice.as_ptr();
-                let a1 = a0.add(16 * SLICE_STRIDE);
+                let a1 = a0.add(16 * stride);
                 let acc = acc[(b - bs.0) * tiles * 2..].as_mut_ptr();
                 for t in (0..tiles).step_by(2) {
                     let b0 = packed.as_ptr().add((t * kcs + c0) * 256);

@@ -64,7 +64,9 @@ fn tiles_match_products_of_the_rounded_operands() {
         for n in [1usize, 33, 70] {
             let bytes = random_blocks(ty, n, k, &mut rng);
             let wf = dequant(ty, &bytes, n * k);
-            for rows in [MIN_ROWS, 17, 32, 33, 50] {
+            // Up to 64 rows k in slices (one odd tile, pairs, a lone last
+            // tile); 97 (seven tiles) the whole k at once.
+            for rows in [MIN_ROWS, 17, 32, 33, 50, 97] {
                 let x: Vec<f32> = (0..rows * k)
                     .map(|i| rng.f() * (1 + i % 5) as f32)
                     .collect();
