@@ -38,7 +38,7 @@ pub(crate) const MIN_ROWS: usize = 8;
 /// Fewest x rows that take this path for the k-quants, which the integer
 /// GEMM ([`super::quant::kgemm`]) prefers: it keeps up with the tiles below
 /// (`super::matmul::takes_amx` has the figures).
-pub(crate) const KGEMM_MIN_ROWS: usize = 16;
+pub(crate) const KGEMM_MIN_ROWS: usize = 32;
 
 /// Elements of k per tile (32 bf16 = one 64-byte tile row).
 const KC: usize = 32;

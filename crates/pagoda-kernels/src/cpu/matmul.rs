@@ -48,13 +48,14 @@ pub(crate) const QUANT_MAX_ROWS: usize = 32;
 /// Whether `rows` x rows against blocks of `ty` with `k` columns take
 /// [`super::amx`]'s tile GEMM (on CPUs with AMX): from its `MIN_ROWS` (8)
 /// for Q4_1, Q8_0 and the other types that [`quant::kgemm`] does not
-/// prefer, from `KGEMM_MIN_ROWS` (16) for the k-quants, which it does.
-/// Measured by `amx_timing` (amx_tests.rs) on a 2-core Sapphire Rapids
-/// guest, CPU time of the tiles (blocks widened straight to bf16 a slice at
-/// a time) against the path taken without them: Q4_1 and Q8_0 at 8 rows
-/// 0.64-0.76x the block kernels'; Q4_K / Q6_K against the integer GEMM
-/// 1.37-1.42x at 8 rows, 1.13-1.29x at 12, 0.88-1.06x at 16, 0.89x at 24,
-/// 0.68-0.72x at 32, 0.56-0.60x at 64.
+/// prefer, from `KGEMM_MIN_ROWS` (32) for the k-quants, which it does.
+/// Measured whole decode steps on a 2-core Sapphire Rapids guest (`pagoda
+/// bench decode --batch-sizes ... --context 200`, median ms a step, tiles
+/// against the path taken without them; weights streamed from memory, which
+/// `amx_timing`'s repeated single products do not show): SmolLM2-135M Q4_1
+/// 40 / 40-43 at 8 rows, 53-55 / 69 at 16; Qwen2.5-1.5B Q4_K_M 273-295 /
+/// 228-232 at 16 rows, 341-383 / 306-341 at 24, 353-370 / 441-465 (the
+/// tiles before blocks were widened straight to bf16) at 32.
 pub(crate) fn takes_amx(ty: crate::GgmlType, rows: usize, k: usize) -> bool {
     let min = if quant::kgemm::preferred(ty, quant::Isa::detect()) {
         super::amx::KGEMM_MIN_ROWS

@@ -53,8 +53,22 @@ pub(crate) fn rows(
     assert!(k.is_multiple_of(bs) && k0.is_multiple_of(bs) && len.is_multiple_of(bs));
     assert!(k0 + len <= k && w.len() >= (r0 + nr) * rb);
     assert!(nr == 0 || out.len() >= (nr - 1) * stride + len);
+    let bytes = len / bs * ts;
     for i in 0..nr {
-        let src = &w[(r0 + i) * rb + k0 / bs * ts..(r0 + i) * rb + (k0 + len) / bs * ts];
+        let at = (r0 + i) * rb + k0 / bs * ts;
+        let src = &w[at..at + bytes];
+        // The row's next piece, which the caller widens after its other
+        // rows (many rows apart: no hardware prefetcher follows them all).
+        let next = (rb - k0 / bs * ts - bytes).min(bytes);
+        #[cfg(target_arch = "x86_64")]
+        for line in (0..next).step_by(64) {
+            // SAFETY: a prefetch reads no memory and cannot fault; the
+            // address lies inside `w` anyway (the row's next piece).
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(w.as_ptr().add(at + bytes + line) as *const i8)
+            };
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `handles` saw AVX-512 F/BW, AVX512-BF16, AVX2, FMA and
         // F16C; `src` holds `len / bs` whole blocks and the slice of `out`
