@@ -10,7 +10,7 @@
 //! (the same kernels on the same quantized activations).
 
 use super::act::{self, BlockQ8, BlockQ8K};
-use super::{dot_fn, one_row_fn, row_bytes, Dot, DotOneRow, Isa, ROWS_PER_CALL};
+use super::{dot_fn, one_row_fn, one_row_q8_fn, row_bytes, Dot, DotOneRow, Isa, ROWS_PER_CALL};
 use crate::GgmlType;
 use rayon::prelude::*;
 
@@ -25,8 +25,10 @@ pub struct Target<'a> {
 /// A matrix as the tasks see it: its kernel, weight rows and output.
 struct Job<'a> {
     dot: Dot,
-    /// The one-x-row kernel, taken when there is one and one x row.
+    /// The one-x-row kernel, taken when there is one and one x row (of
+    /// 256-blocks for the k-quants, 32-blocks for the others).
     one_row: Option<DotOneRow>,
+    one_row8: Option<DotOneRow<BlockQ8>>,
     w: &'a [u8],
     rb: usize,
     n: usize,
@@ -60,6 +62,7 @@ pub fn matmul_many(
         jobs.push(Job {
             dot,
             one_row: one_row_fn(t.ty, isa).filter(|_| rows == 1),
+            one_row8: one_row_q8_fn(t.ty, isa).filter(|_| rows == 1),
             w: t.w,
             rb,
             n,
@@ -91,17 +94,31 @@ pub fn matmul_many(
     let (jobs, a8, a8k) = (&jobs, &a8[..], &a8k[..]);
     tasks.into_par_iter().for_each(|(m, j0, j1)| {
         let job = &jobs[m];
-        // SAFETY: `dot` came from `dot_fn` and `one_row` from `one_row_fn`
+        // SAFETY: `dot` came from `dot_fn` and the one-row kernels from
+        // `one_row_fn` / `one_row_q8_fn`
         // (paths this machine runs), the rows hold whole blocks, and this
         // task alone writes columns j0..j1 (with one x row, `y[j0..j1]`).
         unsafe {
-            match (job.dot, job.one_row) {
-                (Dot::Q8K(_), Some(f)) => {
-                    let y = std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0);
-                    f(&job.w[j0 * job.rb..j1 * job.rb], job.rb, a8k, y);
+            let w = &job.w[j0 * job.rb..j1 * job.rb];
+            match (job.dot, job.one_row, job.one_row8) {
+                (Dot::Q8K(_), Some(f), _) => {
+                    f(
+                        w,
+                        job.rb,
+                        a8k,
+                        std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0),
+                    );
                 }
-                (Dot::Q8(f), _) => rows_into(job, f, a8, rows, j0, j1),
-                (Dot::Q8K(f), None) => rows_into(job, f, a8k, rows, j0, j1),
+                (Dot::Q8(_), _, Some(f)) => {
+                    f(
+                        w,
+                        job.rb,
+                        a8,
+                        std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0),
+                    );
+                }
+                (Dot::Q8(f), _, None) => rows_into(job, f, a8, rows, j0, j1),
+                (Dot::Q8K(f), None, _) => rows_into(job, f, a8k, rows, j0, j1),
             }
         }
     });

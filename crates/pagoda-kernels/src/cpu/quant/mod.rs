@@ -150,8 +150,9 @@ enum Dot {
 }
 
 /// `out[j] = dot(w row j, a)` for `out.len()` consecutive weight rows of
-/// `rb` bytes and one quantized x row `a`.
-pub(super) type DotOneRow = unsafe fn(&[u8], usize, &[BlockQ8K], &mut [f32]);
+/// `rb` bytes and one quantized x row `a` (256-blocks for the k-quants,
+/// 32-blocks for the 32-block formats).
+pub(super) type DotOneRow<A = BlockQ8K> = unsafe fn(&[u8], usize, &[A], &mut [f32]);
 
 /// The one-x-row kernel over many weight rows for `ty` on `isa`, where
 /// there is one (the k-quants of a Q4_K_M / Q5_K_M file on the SIMD paths);
@@ -178,6 +179,39 @@ fn one_row_fn(ty: GgmlType, isa: Isa) -> Option<DotOneRow> {
         Isa::Avx2 => simd!(avx2_one_row),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => simd!(vnni_one_row),
+        _ => None,
+    }
+}
+
+/// The one-x-row kernel of a 32-block format (Q4_0, Q4_1, Q5_0, Q5_1,
+/// Q8_0, IQ4_NL) on `isa`'s SIMD paths: four weight rows a pass against
+/// the x row, where the row-by-row kernel paid its set-up and final sum
+/// per weight row (18 blocks a row at SmolLM2's K of 576). Its values are
+/// [`Dot`]'s up to the f32 summation order.
+fn one_row_q8_fn(ty: GgmlType, isa: Isa) -> Option<DotOneRow<BlockQ8>> {
+    if !isa.is_available() {
+        return None;
+    }
+    use GgmlType as T;
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! simd {
+        ($m:ident) => {
+            match ty {
+                T::Q4_0 => Some(x86::$m::q4_0_one_row as DotOneRow<BlockQ8>),
+                T::Q4_1 => Some(x86::$m::q4_1_one_row as DotOneRow<BlockQ8>),
+                T::Q5_0 => Some(x86::$m::q5_0_one_row as DotOneRow<BlockQ8>),
+                T::Q5_1 => Some(x86::$m::q5_1_one_row as DotOneRow<BlockQ8>),
+                T::Q8_0 => Some(x86::$m::q8_0_one_row as DotOneRow<BlockQ8>),
+                T::IQ4_NL => Some(x86::$m::iq4_nl_one_row as DotOneRow<BlockQ8>),
+                _ => None,
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => simd!(avx2),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => simd!(vnni),
         _ => None,
     }
 }
@@ -257,7 +291,10 @@ pub fn matmul(
         Dot::Q8(f) => {
             let mut a = vec![BlockQ8::default(); x.len() / 32];
             act::quantize_q8(x, &mut a);
-            run(w, rb, &a, rows, y, threads, f);
+            match one_row_q8_fn(ty, isa) {
+                Some(f1) if rows == 1 => run_one_row(w, rb, &a, y, threads, f1),
+                _ => run(w, rb, &a, rows, y, threads, f),
+            }
         }
         Dot::Q8K(f) => {
             let mut a = vec![BlockQ8K::default(); x.len() / 256];
@@ -291,7 +328,14 @@ fn task_rows(n: usize, rb: usize, threads: usize) -> usize {
 
 /// `y[j] = dot(w row j, a)` for one x row (`a`), in parallel over chunks of
 /// weight rows, each chunk one call of `f`.
-fn run_one_row(w: &[u8], rb: usize, a: &[BlockQ8K], y: &mut [f32], threads: usize, f: DotOneRow) {
+fn run_one_row<A: Sync>(
+    w: &[u8],
+    rb: usize,
+    a: &[A],
+    y: &mut [f32],
+    threads: usize,
+    f: DotOneRow<A>,
+) {
     let chunk = task_rows(y.len(), rb, threads);
     y.par_chunks_mut(chunk).enumerate().for_each(|(c, yc)| {
         let j0 = c * chunk;

@@ -1,11 +1,12 @@
-//! Tests of the one-x-row k-quant kernels ([`super::one_row_fn`]): on every
-//! SIMD path, against the row-by-row kernels ([`super::dot_fn`]) and the
-//! dequantized weights, on odd weight-row counts and chunk boundaries; and
-//! an ignored timing of the two at decode shapes.
+//! Tests of the one-x-row kernels ([`super::one_row_fn`] for the k-quants,
+//! [`super::one_row_q8_fn`] for the 32-block formats): on every SIMD path,
+//! against the row-by-row kernels ([`super::dot_fn`]) and the dequantized
+//! weights, on odd weight-row counts and chunk boundaries; and an ignored
+//! timing of the two at decode shapes.
 
-use super::act::{quantize_q8k, BlockQ8K};
+use super::act::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
 use super::tests::{dequant, random_blocks, Rng};
-use super::{dot_fn, matmul, one_row_fn, row_bytes, Dot, DotOneRow, Isa};
+use super::{dot_fn, matmul, one_row_fn, one_row_q8_fn, row_bytes, Dot, DotOneRow, Isa};
 use crate::GgmlType;
 
 const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
@@ -49,6 +50,73 @@ fn one_row_kernels_exist_exactly_on_the_simd_paths() {
         }
     }
     assert!(one_row_fn(GgmlType::Q4_0, Isa::detect()).is_none());
+}
+
+/// The 32-block formats' one-row kernels (four weight rows a pass) do each
+/// weight row's arithmetic in the row-by-row kernel's order, so they equal
+/// it bit for bit, on odd row counts and from any start row; through
+/// `matmul` at one x row (which takes them) the product stays near the
+/// dequantized weights' on 1 and 2 threads.
+#[test]
+fn one_row_32_block_kernels_equal_the_row_kernels_bitwise() {
+    use GgmlType as T;
+    let mut rng = Rng(0x00B1_0C32);
+    for ty in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q8_0, T::IQ4_NL] {
+        assert!(one_row_q8_fn(ty, Isa::Scalar).is_none());
+        for (n, k) in [(1, 32), (6, 64), (13, 576), (37, 1536)] {
+            let w = random_blocks(ty, n, k, &mut rng);
+            let rb = row_bytes(ty, k);
+            let x: Vec<f32> = (0..k).map(|_| rng.f()).collect();
+            let mut a = vec![BlockQ8::default(); k / 32];
+            quantize_q8(&x, &mut a);
+            let wf = dequant(ty, &w, n * k);
+            for isa in Isa::available() {
+                let Some(f) = one_row_q8_fn(ty, isa) else {
+                    assert_eq!(isa, Isa::Scalar, "{ty:?} has a one-row kernel on {isa:?}");
+                    continue;
+                };
+                let Some(Dot::Q8(row)) = dot_fn(ty, isa) else {
+                    panic!("{ty:?} has a 32-block kernel on {isa:?}");
+                };
+                let mut want = vec![0f32; n];
+                for (j, o) in want.iter_mut().enumerate() {
+                    // SAFETY: `row` runs here (dot_fn checked); whole blocks.
+                    unsafe { row(&w[j * rb..(j + 1) * rb], &a, 1, std::slice::from_mut(o)) };
+                }
+                for j0 in [0, n / 2, n - 1] {
+                    let mut got = vec![f32::NAN; n - j0];
+                    // SAFETY: `f` runs here; rows j0..n are whole blocks.
+                    unsafe { f(&w[j0 * rb..n * rb], rb, &a, &mut got) };
+                    for (j, (g, e)) in got.iter().zip(&want[j0..]).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{ty:?} {isa:?} [{n}, {k}] row {}",
+                            j0 + j
+                        );
+                    }
+                }
+                for threads in [1, 2] {
+                    let mut y = vec![f32::NAN; n];
+                    assert!(matmul(&x, 1, k, ty, &w, &mut y, threads, isa));
+                    for (j, g) in y.iter().enumerate() {
+                        let wr = &wf[j * k..(j + 1) * k];
+                        let e: f64 = x.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        // The activation rounding: half a step per element.
+                        let mut bound = 1e-4;
+                        for (xb, wb) in x.chunks(32).zip(wr.chunks(32)) {
+                            let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                            bound += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0;
+                        }
+                        assert!(
+                            (*g as f64 - e).abs() <= bound,
+                            "{ty:?} {isa:?} [{n}, {k}] {threads} threads row {j}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Odd weight-row counts, every start row of a chunk, and 1 to 6 blocks per

@@ -489,7 +489,53 @@ macro_rules! kernels {
             /// unpacked once): `$unpack(block) -> (u8 quants, d, m)`; the
             /// sum is `d da (u . a) + (m - off d) s`, `s = da sum(a)`.
             macro_rules! legacy {
-                ($fname:ident, $bytes:expr, $off:expr, $signed:expr, |$b:ident| $unpack:expr) => {
+                ($fname:ident, $one:ident, $bytes:expr, $off:expr, $signed:expr, |$b:ident| $unpack:expr) => {
+                    /// One x row against `out.len()` consecutive weight rows of
+                    /// `rb` bytes (decode): `N` weight rows a pass, each with its
+                    /// own sums, so that the x block is loaded once for all of
+                    /// them and no sum chains every block to the one before.
+                    #[target_feature(enable = "avx2,fma,f16c")]
+                    pub unsafe fn $one(w: &[u8], rb: usize, a: &[BlockQ8], out: &mut [f32]) {
+                        #[target_feature(enable = "avx2,fma,f16c")]
+                        #[inline]
+                        unsafe fn pass<const N: usize>(w: *const u8, rb: usize, a: &[BlockQ8], out: &mut [f32]) {
+                            let mut acc = [_mm256_setzero_ps(); N];
+                            let mut corr = [0f32; N];
+                            for (i, a) in a.iter().enumerate() {
+                                let x = load(a.q.as_ptr() as *const u8);
+                                for r in 0..N {
+                                    let $b = w.add(r * rb + i * $bytes);
+                                    prefetch_ahead($b, $prefetch, $bytes);
+                                    let (u, d, m): (__m256i, f32, f32) = $unpack;
+                                    let ua = if $signed { _mm256_abs_epi8(u) } else { u };
+                                    let mo = if $off == 0.0 { m } else { m - $off * d };
+                                    let s = if $signed { _mm256_sign_epi8(x, u) } else { x };
+                                    let p = _mm256_cvtepi32_ps(udot(ua, s));
+                                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), p, acc[r]);
+                                    corr[r] += mo * a.s;
+                                }
+                            }
+                            for r in 0..N {
+                                out[r] = hsum(acc[r]) + corr[r];
+                            }
+                        }
+                        let n = out.len();
+                        assert!(rb == a.len() * $bytes && w.len() >= n * rb);
+                        let w = w.as_ptr();
+                        let mut j = 0;
+                        while j + 4 <= n {
+                            pass::<4>(w.add(j * rb), rb, a, &mut out[j..j + 4]);
+                            j += 4;
+                        }
+                        let rest = &mut out[j..];
+                        match rest.len() {
+                            3 => pass::<3>(w.add(j * rb), rb, a, rest),
+                            2 => pass::<2>(w.add(j * rb), rb, a, rest),
+                            1 => pass::<1>(w.add(j * rb), rb, a, rest),
+                            _ => {}
+                        }
+                    }
+
                     #[target_feature(enable = "avx2,fma,f16c")]
                     unsafe fn $fname<const R: usize>(w: &[u8], a: &[BlockQ8], out: &mut [f32]) {
                         let nb = a.len() / R;
@@ -521,30 +567,30 @@ macro_rules! kernels {
                 };
             }
 
-            legacy!(q4_0_r, 18, 8.0, false, |b| (
+            legacy!(q4_0_r, q4_0_one_row, 18, 8.0, false, |b| (
                 nibbles(b.add(2)),
                 fp16(b),
                 0.0
             ));
-            legacy!(q4_1_r, 20, 0.0, false, |b| {
+            legacy!(q4_1_r, q4_1_one_row, 20, 0.0, false, |b| {
                 let (d, m) = fp16x2(b);
                 (nibbles(b.add(4)), d, m)
             });
-            legacy!(q5_0_r, 22, 16.0, false, |b| {
+            legacy!(q5_0_r, q5_0_one_row, 22, 16.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(2) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh));
                 (u, fp16(b), 0.0)
             });
-            legacy!(q5_1_r, 24, 0.0, false, |b| {
+            legacy!(q5_1_r, q5_1_one_row, 24, 0.0, false, |b| {
                 let qh = u32::from_le_bytes(*(b.add(4) as *const [u8; 4]));
                 let u = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(qh));
                 let (d, m) = fp16x2(b);
                 (u, d, m)
             });
             // Q8_0: signed weights, so `|w| . (a with w's sign)`.
-            legacy!(q8_0_r, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
+            legacy!(q8_0_r, q8_0_one_row, 34, 0.0, true, |b| (load(b.add(2)), fp16(b), 0.0));
             // IQ4_NL: the nibbles looked up in the table, signed like Q8_0.
-            legacy!(iq4_nl_r, 18, 0.0, true, |b| (
+            legacy!(iq4_nl_r, iq4_nl_one_row, 18, 0.0, true, |b| (
                 iq4_values(nibbles(b.add(2))),
                 fp16(b),
                 0.0
