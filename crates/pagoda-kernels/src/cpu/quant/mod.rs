@@ -12,8 +12,11 @@
 //!   for the k-quants and IQ4_XS), then every weight row is dotted with every x row, block by
 //!   block, in parallel over chunks of output features. The weight row stays
 //!   in L1 across the x rows, so the weights stream once per call. At one x
-//!   row the k-quants on the SIMD paths take a kernel per chunk of weight
-//!   rows instead ([`one_row_fn`]), with no call per weight row.
+//!   row the SIMD paths take a kernel per chunk of weight rows instead, with
+//!   no call per weight row: [`one_row_fn`] for the k-quants,
+//!   [`one_row_q8_fn`] for the 32-block formats (four weight rows a pass,
+//!   bitwise the row kernels' values; SmolLM2 Q4_1 decode 1.13-1.27x on a
+//!   2-core AMD EPYC with AVX2, BENCHMARKS.md).
 //! - Several matrices of the same x rows (a step's q, k and v): [`fused`],
 //!   one pass over all of them with the activations quantized once.
 //! - Many rows (prefill, and batched decode steps from 17 rows): Q4_K,

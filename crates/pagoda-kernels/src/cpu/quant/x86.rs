@@ -37,7 +37,8 @@
 //! unmeasured there.)
 //!
 //! One x row against runs of k-quant weight rows (decode): `one_row`
-//! (x86_one_row.rs), on the same unpacking and integer steps.
+//! (x86_one_row.rs), on the same unpacking and integer steps; for the
+//! 32-block formats each set's `*_one_row` (four weight rows a pass).
 //!
 //! Safety: every function needs AVX2, FMA and F16C (and the VNNI set AVX-512
 //! VNNI + VL), detected by the caller ([`super::Isa::available`]), and a
