@@ -278,15 +278,17 @@ pub(super) mod x86 {
     const PANEL_BYTES: usize = 192 * 1024;
 
     /// Elements of K per slice: a tile's x rows and weight rows of one
-    /// slice stay in L1 while it runs. The VNNI tiles (4 x 4, whose f32
-    /// sums are reduced and added to the output once a slice) take twice
-    /// the AVX2 ones' (4 x 2): `products_timing` on a Zen 4, 32 rows, Q4_K
-    /// 1.2-1.4x at 2048 against 1024, no clear gain past it.
+    /// slice stay in L1 while it runs (4 x 2 AVX2 tiles at 4096: 24 KiB),
+    /// and each tile's f32 sums are reduced and added to the output once a
+    /// slice. `products_timing` (one thread, 32 rows): VNNI (4 x 4 tiles)
+    /// on a Zen 4, Q4_K 1.2-1.4x at 2048 against 1024, no clear gain past
+    /// it; AVX2 on a 2-core AMD EPYC (Zen 3) at 4096 against 1024, three
+    /// alternating rounds, Q4_K 1.04-1.15x and Q6_K 1.01-1.09x.
     pub(in super::super) const fn slice(vnni: bool) -> usize {
         if vnni {
             2048
         } else {
-            1024
+            4096
         }
     }
 

@@ -147,13 +147,14 @@ fn linear_switches_to_the_gemm_at_its_row_count() {
 fn gemm_matches_dequantized_weights_and_the_block_kernels() {
     let mut rng = Rng(0xC0FFEE);
     // Odd n: tiles of one weight row and a short last panel; K of one
-    // slice and of two on both paths (1536 and 2304; the second summed
-    // into the output), and of an odd number of 256-groups (768, 2304: the
-    // VNNI layout pads them to pairs).
+    // slice and of several (2304: two VNNI slices; 8448: three AVX2 ones
+    // and five VNNI ones, the later ones summed into the output), and of an
+    // odd number of 256-groups (768, 2304, 8448: the VNNI layout pads them
+    // to pairs).
     // Q4_1 also at a K of no whole groups (576: two and a quarter).
     let shapes = TYPES
         .iter()
-        .flat_map(|&ty| [(37, 768, ty), (9, 1536, ty), (6, 2304, ty)])
+        .flat_map(|&ty| [(37, 768, ty), (9, 1536, ty), (6, 2304, ty), (3, 8448, ty)])
         .chain([(37, 576, GgmlType::Q4_1), (5, 32, GgmlType::Q4_1)]);
     for (n, k, ty) in shapes {
         let w = random_blocks(ty, n, k, &mut rng);
