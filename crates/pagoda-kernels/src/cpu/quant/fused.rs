@@ -95,28 +95,15 @@ pub fn matmul_many(
     tasks.into_par_iter().for_each(|(m, j0, j1)| {
         let job = &jobs[m];
         // SAFETY: `dot` came from `dot_fn` and the one-row kernels from
-        // `one_row_fn` / `one_row_q8_fn`
-        // (paths this machine runs), the rows hold whole blocks, and this
-        // task alone writes columns j0..j1 (with one x row, `y[j0..j1]`).
+        // `one_row_fn` / `one_row_q8_fn` (paths this machine runs), the rows
+        // hold whole blocks, and this task alone writes columns j0..j1 (with
+        // one x row, `y[j0..j1]`).
         unsafe {
             let w = &job.w[j0 * job.rb..j1 * job.rb];
+            let y = || std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0);
             match (job.dot, job.one_row, job.one_row8) {
-                (Dot::Q8K(_), Some(f), _) => {
-                    f(
-                        w,
-                        job.rb,
-                        a8k,
-                        std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0),
-                    );
-                }
-                (Dot::Q8(_), _, Some(f)) => {
-                    f(
-                        w,
-                        job.rb,
-                        a8,
-                        std::slice::from_raw_parts_mut(job.y.add(j0), j1 - j0),
-                    );
-                }
+                (Dot::Q8K(_), Some(f), _) => f(w, job.rb, a8k, y()),
+                (Dot::Q8(_), _, Some(f)) => f(w, job.rb, a8, y()),
                 (Dot::Q8(f), _, None) => rows_into(job, f, a8, rows, j0, j1),
                 (Dot::Q8K(f), None, _) => rows_into(job, f, a8k, rows, j0, j1),
             }

@@ -164,7 +164,9 @@ impl Tile {
                     }
                 }
             }
-            for run in 0..if H == 2 { 0 } else { S / H } {
+            // (Q6_K's pairs above took the whole group.)
+            let runs = if H == 2 { 0 } else { S / H };
+            for run in 0..runs {
                 let mut h = [[zero; C]; R];
                 // A loop the compiler keeps rolled (its count hidden):
                 // unrolled, it hoisted every step's loads ahead of the
@@ -188,7 +190,7 @@ impl Tile {
                         if run > 0 {
                             wide = _mm256_add_epi32(slot.read(), wide);
                         }
-                        if run + 1 < S / H {
+                        if run + 1 < runs {
                             slot.write(wide);
                         } else {
                             isum[r][c] = wide;

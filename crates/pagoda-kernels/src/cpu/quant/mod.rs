@@ -189,8 +189,9 @@ fn one_row_fn(ty: GgmlType, isa: Isa) -> Option<DotOneRow> {
 /// The one-x-row kernel of a 32-block format (Q4_0, Q4_1, Q5_0, Q5_1,
 /// Q8_0, IQ4_NL) on `isa`'s SIMD paths: four weight rows a pass against
 /// the x row, where the row-by-row kernel paid its set-up and final sum
-/// per weight row (18 blocks a row at SmolLM2's K of 576). Its values are
-/// [`Dot`]'s up to the f32 summation order.
+/// per weight row (18 blocks a row at SmolLM2's K of 576). Each weight
+/// row's sums run in [`Dot`]'s order, so its values are [`Dot`]'s bit for
+/// bit.
 fn one_row_q8_fn(ty: GgmlType, isa: Isa) -> Option<DotOneRow<BlockQ8>> {
     if !isa.is_available() {
         return None;

@@ -37,6 +37,32 @@ fn spread(ty: GgmlType, isa: Isa) -> Option<DotOneRow> {
     None
 }
 
+/// `matmul` at one x row (which takes the one-row kernels) on 1 and 2
+/// threads against the f64 product of the dequantized weights `wf`, within
+/// the rounding of activations quantized in blocks of `block`: half a step
+/// per element.
+fn matmul_near_dequantized(ty: GgmlType, isa: Isa, x: &[f32], w: &[u8], wf: &[f32], block: usize) {
+    let k = x.len();
+    let n = wf.len() / k;
+    for threads in [1, 2] {
+        let mut y = vec![f32::NAN; n];
+        assert!(matmul(x, 1, k, ty, w, &mut y, threads, isa));
+        for (j, g) in y.iter().enumerate() {
+            let wr = &wf[j * k..(j + 1) * k];
+            let e: f64 = x.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let mut bound = 1e-4;
+            for (xb, wb) in x.chunks(block).zip(wr.chunks(block)) {
+                let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                bound += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0;
+            }
+            assert!(
+                (*g as f64 - e).abs() <= bound,
+                "{ty:?} {isa:?} [{n}, {k}] {threads} threads row {j}: {g} vs {e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn one_row_kernels_exist_exactly_on_the_simd_paths() {
     for ty in TYPES {
@@ -96,24 +122,7 @@ fn one_row_32_block_kernels_equal_the_row_kernels_bitwise() {
                         );
                     }
                 }
-                for threads in [1, 2] {
-                    let mut y = vec![f32::NAN; n];
-                    assert!(matmul(&x, 1, k, ty, &w, &mut y, threads, isa));
-                    for (j, g) in y.iter().enumerate() {
-                        let wr = &wf[j * k..(j + 1) * k];
-                        let e: f64 = x.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        // The activation rounding: half a step per element.
-                        let mut bound = 1e-4;
-                        for (xb, wb) in x.chunks(32).zip(wr.chunks(32)) {
-                            let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
-                            bound += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0;
-                        }
-                        assert!(
-                            (*g as f64 - e).abs() <= bound,
-                            "{ty:?} {isa:?} [{n}, {k}] {threads} threads row {j}: {g} vs {e}"
-                        );
-                    }
-                }
+                matmul_near_dequantized(ty, isa, &x, &w, &wf, 32);
             }
         }
     }
@@ -159,24 +168,7 @@ fn one_row_kernels_equal_the_row_kernels_on_odd_row_counts() {
                         );
                     }
                 }
-                for threads in [1, 2] {
-                    let mut y = vec![f32::NAN; n];
-                    assert!(matmul(&x, 1, k, ty, &w, &mut y, threads, isa));
-                    for (j, g) in y.iter().enumerate() {
-                        let wr = &wf[j * k..(j + 1) * k];
-                        let e: f64 = x.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        // The activation rounding: half a step per element.
-                        let mut bound = 1e-4;
-                        for (xb, wb) in x.chunks(256).zip(wr.chunks(256)) {
-                            let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
-                            bound += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d / 2.0;
-                        }
-                        assert!(
-                            (*g as f64 - e).abs() <= bound,
-                            "{ty:?} {isa:?} [{n}, {k}] {threads} threads row {j}: {g} vs {e}"
-                        );
-                    }
-                }
+                matmul_near_dequantized(ty, isa, &x, &w, &wf, 256);
             }
         }
     }
